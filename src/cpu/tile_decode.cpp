@@ -1,0 +1,147 @@
+// Tile decode for the CPU path: a portable scalar version built from the shared trellis header,
+// and an AVX2/F16C version used when the CPU supports it. Both produce identical fp16 values
+// (tests/cpu/tile_decode_test.cpp checks every state of every codebook and every K).
+//
+// The vector version keeps the exact rounding of the format: the two fp16 halves of 3INST/MCG are
+// normal numbers (exponent forced to 0b011xx), so they widen to fp32 with integer shifts, their
+// sum is exact in fp32, and vcvtps2ph (round to nearest even) performs the single fp16 rounding.
+// For MUL1, h * k_inv + k_bias is exact in fp32 (22 significant bits), so FMA + vcvtps2ph equals
+// the GPU's __hfma.
+#include <cstdint>
+
+#include "cpu/tile_decode.hpp"
+
+#include "exl3/cpu/linear.hpp"
+#include "exl3/trellis/tile.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define EXL3_X86 1
+#endif
+
+namespace exl3::cpu {
+namespace {
+
+using trellis::Codebook;
+
+// Circular word buffer: ext[0] = U[last], ext[1..n] = U[0..n-1], ext[n+1] = U[0], so every
+// 16-bit window (which may wrap around the tile) is inside one 64-bit pair ext[w], ext[w+1].
+struct StateWindow {
+  uint32_t ext[8 * trellis::kMaxBits + 2];
+
+  StateWindow(const uint16_t* tile, int K) {
+    const int n = trellis::tile_words32(K);
+    for (int i = 0; i < n; ++i) ext[i + 1] = trellis::tile_word32(tile, i);
+    ext[0] = ext[n];
+    ext[n + 1] = ext[1];
+  }
+
+  // State of position p; bit index shifted by 32 so that negative window starts stay >= 0.
+  uint32_t state(int K, int p) const {
+    const int start = (p + 1) * K - trellis::kStateBits + 32;
+    const int w = start >> 5;
+    const int off = start & 31;
+    const uint64_t pair = (static_cast<uint64_t>(ext[w]) << 32) | ext[w + 1];
+    return static_cast<uint32_t>(pair >> (48 - off)) & 0xFFFFu;
+  }
+};
+
+#if defined(EXL3_X86)
+
+#define EXL3_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// fp16 bits (normal numbers only) in the low 16 bits of each lane -> fp32.
+EXL3_AVX2 inline __m256 widen_normal_half(__m256i h) {
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)), 16);
+  const __m256i mag = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x7FFF)), 13),
+                                       _mm256_set1_epi32(112 << 23));
+  return _mm256_castsi256_ps(_mm256_or_si256(sign, mag));
+}
+
+// Round each lane to the nearest fp16 value (ties to even), returned as fp32.
+EXL3_AVX2 inline __m256 round_half(__m256 v) {
+  return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+EXL3_AVX2 inline __m256 decode8(__m256i s, Codebook cb) {
+  if (cb == Codebook::kMul1) {
+    const __m256i x = _mm256_mullo_epi32(s, _mm256_set1_epi32(static_cast<int>(trellis::kMul1Mult)));
+    const __m256i m8 = _mm256_set1_epi32(0x00FF00FF);
+    const __m256i pairs = _mm256_add_epi32(_mm256_and_si256(x, m8), _mm256_and_si256(_mm256_srli_epi32(x, 8), m8));
+    const __m256i bs = _mm256_add_epi32(_mm256_and_si256(pairs, _mm256_set1_epi32(0xFFFF)), _mm256_srli_epi32(pairs, 16));
+    const __m256 h = _mm256_add_ps(_mm256_cvtepi32_ps(bs), _mm256_set1_ps(1024.0f));
+    const __m256 v = _mm256_fmadd_ps(h, _mm256_set1_ps(trellis::half_to_float(trellis::kMul1InvBits)),
+                                     _mm256_set1_ps(trellis::half_to_float(trellis::kMul1BiasBits)));
+    return round_half(v);
+  }
+  __m256i x;
+  if (cb == Codebook::kMcg) {
+    x = _mm256_mullo_epi32(s, _mm256_set1_epi32(static_cast<int>(trellis::kMcgMult)));
+  } else {
+    x = _mm256_add_epi32(_mm256_mullo_epi32(s, _mm256_set1_epi32(static_cast<int>(trellis::k3InstMult))),
+                         _mm256_set1_epi32(static_cast<int>(trellis::k3InstAdd)));
+  }
+  const __m256i y = _mm256_xor_si256(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(trellis::kHalfPairMask))),
+                                     _mm256_set1_epi32(static_cast<int>(trellis::kHalfPairXor)));
+  const __m256 lo = widen_normal_half(y);
+  const __m256 hi = widen_normal_half(_mm256_srli_epi32(y, 16));
+  return round_half(_mm256_add_ps(lo, hi));
+}
+
+EXL3_AVX2 void decode_tile_avx2(const uint16_t* tile, int K, Codebook cb, float* out) {
+  const StateWindow win(tile, K);
+  alignas(32) uint32_t states[trellis::kTileSize];
+  for (int p = 0; p < trellis::kTileSize; ++p) states[p] = win.state(K, p);
+  alignas(32) float vals[trellis::kTileSize];
+  for (int p = 0; p < trellis::kTileSize; p += 8) {
+    const __m256i s = _mm256_load_si256(reinterpret_cast<const __m256i*>(states + p));
+    _mm256_store_ps(vals + p, decode8(s, cb));
+  }
+  for (int p = 0; p < trellis::kTileSize; ++p) out[trellis::perm_index(p)] = vals[p];
+}
+
+bool cpu_has_avx2() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+#endif  // EXL3_X86
+
+}  // namespace
+
+namespace detail {
+
+void decode_tile_scalar(const uint16_t* tile, int K, Codebook cb, float* out) {
+  const StateWindow win(tile, K);
+  for (int p = 0; p < trellis::kTileSize; ++p) {
+    out[trellis::perm_index(p)] = trellis::decode(win.state(K, p), cb);
+  }
+}
+
+bool decode_tile_vector(const uint16_t* tile, int K, Codebook cb, float* out) {
+#if defined(EXL3_X86)
+  if (cpu_has_avx2()) {
+    decode_tile_avx2(tile, K, cb, out);
+    return true;
+  }
+#else
+  (void)tile, (void)K, (void)cb, (void)out;
+#endif
+  return false;
+}
+
+}  // namespace detail
+
+void decode_tile_f32(const uint16_t* tile, int K, Codebook cb, float* out) {
+  if (!detail::decode_tile_vector(tile, K, cb, out)) detail::decode_tile_scalar(tile, K, cb, out);
+}
+
+const char* decode_path_name() {
+#if defined(EXL3_X86)
+  if (cpu_has_avx2()) return "avx2";
+#endif
+  return "scalar";
+}
+
+}  // namespace exl3::cpu
