@@ -88,15 +88,20 @@ EXL3_AVX2 inline __m256 decode8(__m256i s, Codebook cb) {
   return round_half(_mm256_add_ps(lo, hi));
 }
 
+// n must be a multiple of 8.
+EXL3_AVX2 void decode_states_avx2(const uint32_t* states, int n, Codebook cb, float* out) {
+  for (int p = 0; p < n; p += 8) {
+    const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(states + p));
+    _mm256_storeu_ps(out + p, decode8(s, cb));
+  }
+}
+
 EXL3_AVX2 void decode_tile_avx2(const uint16_t* tile, int K, Codebook cb, float* out) {
   const StateWindow win(tile, K);
   alignas(32) uint32_t states[trellis::kTileSize];
   for (int p = 0; p < trellis::kTileSize; ++p) states[p] = win.state(K, p);
   alignas(32) float vals[trellis::kTileSize];
-  for (int p = 0; p < trellis::kTileSize; p += 8) {
-    const __m256i s = _mm256_load_si256(reinterpret_cast<const __m256i*>(states + p));
-    _mm256_store_ps(vals + p, decode8(s, cb));
-  }
+  decode_states_avx2(states, trellis::kTileSize, cb, vals);
   for (int p = 0; p < trellis::kTileSize; ++p) out[trellis::perm_index(p)] = vals[p];
 }
 
@@ -127,6 +132,18 @@ bool decode_tile_vector(const uint16_t* tile, int K, Codebook cb, float* out) {
   }
 #else
   (void)tile, (void)K, (void)cb, (void)out;
+#endif
+  return false;
+}
+
+bool decode_states_vector(const uint32_t* states, int n, Codebook cb, float* out) {
+#if defined(EXL3_X86)
+  if (cpu_has_avx2() && n % 8 == 0) {
+    decode_states_avx2(states, n, cb, out);
+    return true;
+  }
+#else
+  (void)states, (void)n, (void)cb, (void)out;
 #endif
   return false;
 }

@@ -14,4 +14,7 @@ void decode_tile_scalar(const uint16_t* tile, int K, trellis::Codebook cb, float
 // AVX2/F16C path; returns false (and writes nothing) when the CPU lacks it.
 bool decode_tile_vector(const uint16_t* tile, int K, trellis::Codebook cb, float* out);
 
+// The AVX2/F16C codebook decode of n (multiple of 8) 16-bit states; false when unavailable.
+bool decode_states_vector(const uint32_t* states, int n, trellis::Codebook cb, float* out);
+
 }  // namespace exl3::cpu::detail

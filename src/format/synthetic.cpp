@@ -1,0 +1,171 @@
+// Synthetic checkpoint writer. Any int16 words form a valid tail-biting trellis (every window of
+// the circular bitstream is a state), so uniformly random words are a valid EXL3 tensor.
+#include "exl3/format/synthetic.hpp"
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "exl3/error.hpp"
+#include "exl3/format/safetensors.hpp"
+#include "exl3/trellis/bitstream.hpp"
+#include "exl3/trellis/half.hpp"
+
+namespace exl3 {
+
+namespace {
+
+class Builder {
+ public:
+  Builder(const SyntheticSpec& spec) : spec_(spec), rng_(spec.seed) {}
+
+  void exl3_linear(const std::string& prefix, int64_t in, int64_t out, int bits) {
+    if (in % 128 != 0 || out % 128 != 0) fail("synthetic checkpoint: {} is {}x{}, dims must be multiples of 128", prefix, in, out);
+    std::vector<uint16_t> trellis(static_cast<size_t>(in / 16 * (out / 16) * 16 * bits));
+    for (auto& w : trellis) w = static_cast<uint16_t>(rng_());
+    writer_.add<uint16_t>(prefix + ".trellis", DType::kI16, {in / 16, out / 16, 16 * bits}, trellis);
+    writer_.add<uint16_t>(prefix + ".suh", DType::kF16, {in}, scales(in, 1.0 / (1.24 * std::sqrt(static_cast<double>(in)))));
+    writer_.add<uint16_t>(prefix + ".svh", DType::kF16, {out}, scales(out, 1.0));
+    if (spec_.codebook != trellis::Codebook::k3Inst) {
+      const bool mcg = spec_.codebook == trellis::Codebook::kMcg;
+      const int32_t marker = mcg ? trellis::kMcgMarker : trellis::kMul1Marker;
+      writer_.add<int32_t>(prefix + (mcg ? ".mcg" : ".mul1"), DType::kI32, {}, std::span<const int32_t>(&marker, 1));
+    }
+    ++linears_;
+  }
+
+  void bf16_tensor(const std::string& name, std::vector<int64_t> shape, double scale, double offset = 0.0) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<uint16_t> v(static_cast<size_t>(n));
+    for (auto& x : v) x = trellis::float_to_bf16(static_cast<float>(offset + scale * nd(rng_)));
+    writer_.add<uint16_t>(name, DType::kBF16, std::move(shape), v);
+  }
+
+  void f16_tensor(const std::string& name, std::vector<int64_t> shape, double scale) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<uint16_t> v(static_cast<size_t>(n));
+    for (auto& x : v) x = trellis::float_to_half(static_cast<float>(scale * nd(rng_)));
+    writer_.add<uint16_t>(name, DType::kF16, std::move(shape), v);
+  }
+
+  SafetensorsWriter& writer() { return writer_; }
+  int64_t linears() const { return linears_; }
+  std::mt19937_64& rng() { return rng_; }
+
+ private:
+  // Random signs times log-normal magnitudes around `base`, as fp16 bits.
+  std::vector<uint16_t> scales(int64_t n, double base) {
+    std::normal_distribution<double> nd(0.0, 0.25);
+    std::vector<uint16_t> v(static_cast<size_t>(n));
+    for (auto& x : v) {
+      const double sign = (rng_() & 1u) ? -1.0 : 1.0;
+      x = trellis::float_to_half(static_cast<float>(sign * base * std::exp(nd(rng_))));
+    }
+    return v;
+  }
+
+  const SyntheticSpec& spec_;
+  std::mt19937_64 rng_;
+  SafetensorsWriter writer_;
+  int64_t linears_ = 0;
+};
+
+nlohmann::json make_config(const SyntheticSpec& s, int64_t padded_vocab) {
+  const bool moe = s.num_experts > 0;
+  nlohmann::json c = {{"architectures", {moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"}},
+                      {"model_type", moe ? "qwen3_moe" : "qwen3"},
+                      {"hidden_size", s.hidden_size},
+                      {"intermediate_size", s.intermediate_size},
+                      {"num_hidden_layers", s.num_layers},
+                      {"num_attention_heads", s.num_heads},
+                      {"num_key_value_heads", s.num_kv_heads},
+                      {"head_dim", s.head_dim},
+                      {"vocab_size", padded_vocab},
+                      {"rms_norm_eps", 1e-6},
+                      {"rope_theta", 10000.0},
+                      {"max_position_embeddings", 4096},
+                      {"hidden_act", "silu"},
+                      {"tie_word_embeddings", false},
+                      {"torch_dtype", "bfloat16"}};
+  if (moe) {
+    c["num_experts"] = s.num_experts;
+    c["num_experts_per_tok"] = s.experts_per_tok;
+    c["moe_intermediate_size"] = s.moe_intermediate_size;
+    c["norm_topk_prob"] = true;
+  }
+  c["quantization_config"] = {{"quant_method", "exl3"},
+                              {"version", "exl3-synthetic"},
+                              {"bits", s.bits},
+                              {"head_bits", s.head_bits},
+                              {"calibration", {{"rows", 0}, {"cols", 0}}},
+                              {"out_scales", "always"},
+                              {"codebook", trellis::codebook_name(s.codebook)}};
+  return c;
+}
+
+}  // namespace
+
+SyntheticResult write_synthetic_checkpoint(const std::filesystem::path& dir, const SyntheticSpec& s) {
+  if (!trellis::valid_bits(s.bits) || !trellis::valid_bits(s.head_bits)) {
+    fail("synthetic checkpoint: bits {} / head bits {} must be in 1..8", s.bits, s.head_bits);
+  }
+  std::filesystem::create_directories(dir);
+  Builder b(s);
+  const int64_t h = s.hidden_size, q = s.num_heads * s.head_dim, kv = s.num_kv_heads * s.head_dim;
+  const int64_t vocab = (s.vocab_size + 127) / 128 * 128;
+  b.bf16_tensor("model.embed_tokens.weight", {vocab, h}, 0.05);
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    b.bf16_tensor(p + "input_layernorm.weight", {h}, 0.02, 1.0);
+    b.bf16_tensor(p + "post_attention_layernorm.weight", {h}, 0.02, 1.0);
+    b.bf16_tensor(p + "self_attn.q_norm.weight", {s.head_dim}, 0.02, 1.0);
+    b.bf16_tensor(p + "self_attn.k_norm.weight", {s.head_dim}, 0.02, 1.0);
+    b.exl3_linear(p + "self_attn.q_proj", h, q, s.bits);
+    b.exl3_linear(p + "self_attn.k_proj", h, kv, s.bits);
+    b.exl3_linear(p + "self_attn.v_proj", h, kv, s.bits);
+    b.exl3_linear(p + "self_attn.o_proj", q, h, s.bits);
+    if (s.num_experts > 0) {
+      b.f16_tensor(p + "mlp.gate.weight", {s.num_experts, h}, 0.05);
+      for (int64_t e = 0; e < s.num_experts; ++e) {
+        const std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
+        b.exl3_linear(ep + "gate_proj", h, s.moe_intermediate_size, s.bits);
+        b.exl3_linear(ep + "up_proj", h, s.moe_intermediate_size, s.bits);
+        b.exl3_linear(ep + "down_proj", s.moe_intermediate_size, h, s.bits);
+      }
+    } else {
+      b.exl3_linear(p + "mlp.gate_proj", h, s.intermediate_size, s.bits);
+      b.exl3_linear(p + "mlp.up_proj", h, s.intermediate_size, s.bits);
+      b.exl3_linear(p + "mlp.down_proj", s.intermediate_size, h, s.bits);
+    }
+  }
+  b.bf16_tensor("model.norm.weight", {h}, 0.02, 1.0);
+  b.exl3_linear("lm_head", h, vocab, s.head_bits);
+  b.writer().set_metadata("format", "pt");
+  b.writer().set_metadata("producer", "exl3 synthetic (random valid trellis; not a trained model)");
+
+  SyntheticResult res;
+  res.model_file = dir / "model.safetensors";
+  res.num_exl3_linears = b.linears();
+  res.bytes = b.writer().data_bytes();
+  b.writer().write(res.model_file);
+  write_file_atomic(dir / "config.json", make_config(s, vocab).dump(2) + "\n");
+
+  SafetensorsWriter in;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> x(static_cast<size_t>(s.input_rows * h));
+  for (auto& v : x) v = trellis::float_to_half(nd(b.rng()));
+  in.add<uint16_t>("x", DType::kF16, {s.input_rows, h}, x);
+  res.input_file = dir / "sample_input.safetensors";
+  in.write(res.input_file);
+  return res;
+}
+
+}  // namespace exl3

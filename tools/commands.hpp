@@ -1,0 +1,23 @@
+// The `exl3` CLI: each command registers its options on a CLI11 subcommand and returns a
+// callback that runs it. Commands are thin: parse, call the library, print.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace exl3::cli {
+
+using Runner = std::function<int()>;
+
+// Options every command shares.
+struct Common {
+  int threads = 0;  // 0 = all cores
+};
+
+Runner add_inspect(CLI::App& app, Common& common);
+Runner add_dequant(CLI::App& app, Common& common);
+Runner add_linear(CLI::App& app, Common& common);
+Runner add_sample(CLI::App& app, Common& common);
+
+}  // namespace exl3::cli

@@ -1,0 +1,69 @@
+// exl3: inspect, dequantize and run EXL3 (exllamav3 trellis) checkpoints.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <tbb/global_control.h>
+
+#include "commands.hpp"
+#include "exl3/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "exl3 — EXL3 trellis-quantized LLM engine.\n\n"
+      "EXL3 stores each linear layer as 16x16 tiles of a tail-biting bitshift trellis (K = 1..8 bits per\n"
+      "weight) between two Hadamard-128 rotations with per-channel scales (suh, svh). exl3 reads\n"
+      "checkpoints written by exllamav3 bit-exactly.\n\n"
+      "Examples:\n"
+      "  exl3 inspect ./my-model-exl3                 list every EXL3 linear and tensor\n"
+      "  exl3 inspect ./my-model-exl3 --json | jq .totals\n"
+      "  exl3 dequant ./m --prefix model.layers.0.mlp.down_proj --out w.safetensors\n"
+      "  exl3 linear ./m --prefix lm_head --input x.safetensors --out y.safetensors\n"
+      "  exl3 sample ./demo-model                     write a small random EXL3 checkpoint",
+      "exl3"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "exl3 0.1.0");
+  exl3::cli::Common common;
+  app.add_option("--threads,-t", common.threads, "CPU worker threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+
+  std::vector<std::pair<CLI::App*, exl3::cli::Runner>> cmds;
+  auto reg = [&](const char* name, const char* help, auto adder) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    cmds.emplace_back(sub, adder(*sub, common));
+  };
+  reg("inspect", "List the EXL3 linears, unquantized tensors and model summary of a checkpoint",
+      exl3::cli::add_inspect);
+  reg("dequant", "Decode one EXL3 linear to its weight (original basis, F32) and W_hat (rotated, F16)",
+      exl3::cli::add_dequant);
+  reg("linear", "Run one EXL3 linear layer on inputs from a safetensors file (CPU reference path)",
+      exl3::cli::add_linear);
+  reg("sample", "Write a small synthetic EXL3 checkpoint (random valid trellis) and a sample input",
+      exl3::cli::add_sample);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  std::unique_ptr<tbb::global_control> threads;
+  if (common.threads > 0) {
+    threads = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
+                                                    static_cast<size_t>(common.threads));
+  }
+  try {
+    for (auto& [sub, run] : cmds) {
+      if (sub->parsed()) return run();
+    }
+  } catch (const exl3::Error& e) {
+    fmt::print(stderr, "exl3: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "exl3: internal error: {}\n", e.what());
+    return 2;
+  }
+  return 0;
+}
