@@ -1,8 +1,14 @@
 // CPU reference EXL3 linear: reconstruction (rotated and original basis) and the forward pass.
 #include "exl3/cpu/linear.hpp"
 
+#include "cpu/tile_decode.hpp"
+
 #include <algorithm>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -85,37 +91,63 @@ float load_act(const void* x, ActDType act, int64_t idx) {
   }
 }
 
-// acc[m][16] += x_rows[m][16 rows of tile] . tile[16][16]. The hot loop of the forward pass; the
-// AVX2 clone lets the compiler use 256-bit FMAs where the CPU has them.
-template <int Dummy>
-inline void tile_mac(const float* tile, const float* x, int64_t x_stride, int64_t m, float* acc) {
-  for (int64_t mm = 0; mm < m; ++mm) {
-    const float* xr = x + mm * x_stride;
-    float* a = acc + mm * tr::kTileDim;
-    for (int r = 0; r < tr::kTileDim; ++r) {
-      const float xv = xr[r];
-      const float* t = tile + r * tr::kTileDim;
-      for (int c = 0; c < tr::kTileDim; ++c) a[c] += xv * t[c];
+// The forward pass works on tiles in sequence (tensor-core) order, so no per-tile un-permutation
+// is needed. Position p = 8t + e of a tile sits at row 2(t%4) + [0,1,8,9][e%4] and column
+// t/4 + (e >= 4 ? 8 : 0). So lane-group t multiplies one of four 8-float "row quads" of x
+// (xq[a][e] = x[2a + [0,1,8,9][e%4]]) and accumulates into one of eight 8-float column groups,
+// whose halves sum to columns c0 and c0 + 8 at the end.
+constexpr int kRowQuads = 4 * 8;   // floats of x per (row, tile row i)
+constexpr int kColGroups = 8 * 8;  // accumulator floats per (row, tile column j)
+
+void make_row_quads(const float* x_rot, int64_t in, float* xq) {
+  for (int64_t i = 0; i < in / tr::kTileDim; ++i) {
+    for (int a = 0; a < 4; ++a) {
+      for (int e = 0; e < 8; ++e) {
+        xq[i * kRowQuads + a * 8 + e] = x_rot[16 * i + 2 * a + (e & 1) + ((e & 2) << 2)];
+      }
+    }
+  }
+}
+
+// acc[m][64] += per-row products of one tile (values in sequence order).
+inline void tile_mac(const float* vals, const float* xq, int64_t xq_stride, int64_t m, float* acc) {
+  for (int64_t row = 0; row < m; ++row) {
+    const float* xr = xq + row * xq_stride;
+    float* a = acc + row * kColGroups;
+    for (int t = 0; t < 32; ++t) {
+      const float* xv = xr + (t & 3) * 8;
+      const float* v = vals + 8 * t;
+      float* at = a + (t >> 2) * 8;
+      for (int e = 0; e < 8; ++e) at[e] += xv[e] * v[e];
     }
   }
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) void tile_mac_avx2(const float* tile, const float* x,
-                                                       int64_t x_stride, int64_t m, float* acc) {
-  tile_mac<1>(tile, x, x_stride, m, acc);
+// Same arithmetic with the 8 column-group accumulators and 4 row quads held in registers.
+__attribute__((target("avx2,fma"))) void tile_mac_avx2(const float* vals, const float* xq, int64_t xq_stride,
+                                                       int64_t m, float* acc) {
+  for (int64_t row = 0; row < m; ++row) {
+    const float* xr = xq + row * xq_stride;
+    float* a = acc + row * kColGroups;
+    __m256 x[4], s[8];
+    for (int q = 0; q < 4; ++q) x[q] = _mm256_loadu_ps(xr + 8 * q);
+    for (int g = 0; g < 8; ++g) s[g] = _mm256_loadu_ps(a + 8 * g);
+    for (int t = 0; t < 32; ++t) s[t >> 2] = _mm256_fmadd_ps(x[t & 3], _mm256_loadu_ps(vals + 8 * t), s[t >> 2]);
+    for (int g = 0; g < 8; ++g) _mm256_storeu_ps(a + 8 * g, s[g]);
+  }
 }
 #endif
 
-void tile_mac_dispatch(const float* tile, const float* x, int64_t x_stride, int64_t m, float* acc) {
+void tile_mac_dispatch(const float* vals, const float* xq, int64_t xq_stride, int64_t m, float* acc) {
 #if defined(__x86_64__)
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (avx2) {
-    tile_mac_avx2(tile, x, x_stride, m, acc);
+    tile_mac_avx2(vals, xq, xq_stride, m, acc);
     return;
   }
 #endif
-  tile_mac<0>(tile, x, x_stride, m, acc);
+  tile_mac(vals, xq, xq_stride, m, acc);
 }
 
 }  // namespace
@@ -178,19 +210,29 @@ void linear_forward(const LinearView& w, const void* x, ActDType act, int64_t m,
     for (int64_t k0 = 0; k0 < in; k0 += tr::kHadDim) tr::had128_inplace(dst + k0);
   });
 
+  // Row quads of x' for every (row, tile row), the layout tile_mac consumes.
+  const int64_t xq_stride = tiles_k(w) * kRowQuads;
+  std::vector<float> xq(static_cast<size_t>(m * xq_stride));
+  tbb::parallel_for(int64_t{0}, m, [&](int64_t row) { make_row_quads(xr.data() + row * in, in, xq.data() + row * xq_stride); });
+
   // y' = x' @ W_hat, one output-tile column per task, each tile decoded once for all rows.
   std::vector<float> yr(static_cast<size_t>(m * out));
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, tiles_n(w)), [&](const tbb::blocked_range<int64_t>& cols) {
-    std::vector<float> acc(static_cast<size_t>(m * tr::kTileDim));
-    alignas(32) float tile[tr::kTileSize];
+    std::vector<float> acc(static_cast<size_t>(m * kColGroups));
+    alignas(32) float vals[tr::kTileSize];
     for (int64_t j = cols.begin(); j < cols.end(); ++j) {
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t i = 0; i < tiles_k(w); ++i) {
-        decode_tile_f32(tile_at(w, i, j), w.bits, w.codebook, tile);
-        tile_mac_dispatch(tile, xr.data() + 16 * i, in, m, acc.data());
+        decode_tile_seq(tile_at(w, i, j), w.bits, w.codebook, vals);
+        tile_mac_dispatch(vals, xq.data() + i * kRowQuads, xq_stride, m, acc.data());
       }
       for (int64_t row = 0; row < m; ++row) {
-        std::copy_n(acc.data() + row * tr::kTileDim, tr::kTileDim, yr.data() + row * out + 16 * j);
+        const float* a = acc.data() + row * kColGroups;
+        float* dst = yr.data() + row * out + 16 * j;
+        for (int c0 = 0; c0 < 8; ++c0) {
+          dst[c0] = (a[c0 * 8 + 0] + a[c0 * 8 + 1]) + (a[c0 * 8 + 2] + a[c0 * 8 + 3]);
+          dst[c0 + 8] = (a[c0 * 8 + 4] + a[c0 * 8 + 5]) + (a[c0 * 8 + 6] + a[c0 * 8 + 7]);
+        }
       }
     }
   });

@@ -8,6 +8,7 @@
 // For MUL1, h * k_inv + k_bias is exact in fp32 (22 significant bits), so FMA + vcvtps2ph equals
 // the GPU's __hfma.
 #include <cstdint>
+#include <cstring>
 
 #include "cpu/tile_decode.hpp"
 
@@ -45,6 +46,15 @@ struct StateWindow {
     return static_cast<uint32_t>(pair >> (48 - off)) & 0xFFFFu;
   }
 };
+
+// Row-major destination of each sequence position, as a table so the scatter is one load each.
+struct PermTable {
+  uint8_t dst[trellis::kTileSize];
+  constexpr PermTable() : dst() {
+    for (int p = 0; p < trellis::kTileSize; ++p) dst[p] = static_cast<uint8_t>(trellis::perm_index(p));
+  }
+};
+constexpr PermTable kPerm;
 
 #if defined(EXL3_X86)
 
@@ -96,13 +106,54 @@ EXL3_AVX2 void decode_states_avx2(const uint32_t* states, int n, Codebook cb, fl
   }
 }
 
-EXL3_AVX2 void decode_tile_avx2(const uint16_t* tile, int K, Codebook cb, float* out) {
-  const StateWindow win(tile, K);
-  alignas(32) uint32_t states[trellis::kTileSize];
-  for (int p = 0; p < trellis::kTileSize; ++p) states[p] = win.state(K, p);
-  alignas(32) float vals[trellis::kTileSize];
-  decode_states_avx2(states, trellis::kTileSize, cb, vals);
-  for (int p = 0; p < trellis::kTileSize; ++p) out[trellis::perm_index(p)] = vals[p];
+
+// Per-K constants of the byte-shuffle state extraction. For a group of 8 positions starting at
+// p (p % 8 == 0), p*K bits is a whole number of bytes, so window i of the group starts at byte
+// q_i = ((1+i)K) / 8, bit o_i = ((1+i)K) % 8 of the group's 16-byte slice of the padded stream
+// (2 bytes of wrap-around prefix make the window start (p+1+i)K - 16 non-negative). The shuffle
+// puts bytes q_i, q_i+1, q_i+2 big-endian into lane i; a shift by 16 - o_i leaves the state.
+struct ShuffleTable {
+  alignas(32) uint8_t mask[trellis::kMaxBits + 1][32];
+  alignas(32) uint32_t shift[trellis::kMaxBits + 1][8];
+  constexpr ShuffleTable() : mask(), shift() {
+    for (int K = 1; K <= trellis::kMaxBits; ++K) {
+      for (int i = 0; i < 8; ++i) {
+        const int bit = (1 + i) * K;
+        const int q = bit / 8;
+        const int lane_base = (i % 4) * 4 + (i / 4) * 16;  // byte of lane i in the 256-bit vector
+        mask[K][lane_base + 0] = 0x80;                      // zero
+        mask[K][lane_base + 1] = static_cast<uint8_t>(q + 2);
+        mask[K][lane_base + 2] = static_cast<uint8_t>(q + 1);
+        mask[K][lane_base + 3] = static_cast<uint8_t>(q);
+        shift[K][i] = static_cast<uint32_t>(16 - bit % 8);
+      }
+    }
+  }
+};
+constexpr ShuffleTable kShuffle;
+
+// Decodes a tile to fp32 values in sequence order (vals[p]).
+EXL3_AVX2 void decode_seq_avx2(const uint16_t* tile, int K, Codebook cb, float* vals) {
+  // Big-endian byte stream with 2 bytes of wrap-around prefix and 16 bytes of suffix.
+  alignas(32) uint8_t bytes[2 + 32 * trellis::kMaxBits + 16];
+  const int nbytes = 32 * K;
+  for (int w = 0; w < 8 * K; ++w) {
+    const uint32_t be = __builtin_bswap32(trellis::tile_word32(tile, w));
+    std::memcpy(bytes + 2 + 4 * w, &be, 4);
+  }
+  bytes[0] = bytes[nbytes];
+  bytes[1] = bytes[nbytes + 1];
+  std::memcpy(bytes + 2 + nbytes, bytes + 2, 16);
+
+  const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(kShuffle.mask[K]));
+  const __m256i shift = _mm256_load_si256(reinterpret_cast<const __m256i*>(kShuffle.shift[K]));
+  const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+  for (int p = 0; p < trellis::kTileSize; p += 8) {
+    const __m128i slice = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + p * K / 8));
+    const __m256i gathered = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(slice), mask);
+    const __m256i states = _mm256_and_si256(_mm256_srlv_epi32(gathered, shift), low16);
+    _mm256_storeu_ps(vals + p, decode8(states, cb));
+  }
 }
 
 bool cpu_has_avx2() {
@@ -117,21 +168,19 @@ bool cpu_has_avx2() {
 
 namespace detail {
 
-void decode_tile_scalar(const uint16_t* tile, int K, Codebook cb, float* out) {
+void decode_seq_scalar(const uint16_t* tile, int K, Codebook cb, float* vals) {
   const StateWindow win(tile, K);
-  for (int p = 0; p < trellis::kTileSize; ++p) {
-    out[trellis::perm_index(p)] = trellis::decode(win.state(K, p), cb);
-  }
+  for (int p = 0; p < trellis::kTileSize; ++p) vals[p] = trellis::decode(win.state(K, p), cb);
 }
 
-bool decode_tile_vector(const uint16_t* tile, int K, Codebook cb, float* out) {
+bool decode_seq_vector(const uint16_t* tile, int K, Codebook cb, float* vals) {
 #if defined(EXL3_X86)
   if (cpu_has_avx2()) {
-    decode_tile_avx2(tile, K, cb, out);
+    decode_seq_avx2(tile, K, cb, vals);
     return true;
   }
 #else
-  (void)tile, (void)K, (void)cb, (void)out;
+  (void)tile, (void)K, (void)cb, (void)vals;
 #endif
   return false;
 }
@@ -150,8 +199,14 @@ bool decode_states_vector(const uint32_t* states, int n, Codebook cb, float* out
 
 }  // namespace detail
 
+void decode_tile_seq(const uint16_t* tile, int K, Codebook cb, float* vals) {
+  if (!detail::decode_seq_vector(tile, K, cb, vals)) detail::decode_seq_scalar(tile, K, cb, vals);
+}
+
 void decode_tile_f32(const uint16_t* tile, int K, Codebook cb, float* out) {
-  if (!detail::decode_tile_vector(tile, K, cb, out)) detail::decode_tile_scalar(tile, K, cb, out);
+  alignas(32) float vals[trellis::kTileSize];
+  decode_tile_seq(tile, K, cb, vals);
+  for (int p = 0; p < trellis::kTileSize; ++p) out[kPerm.dst[p]] = vals[p];
 }
 
 const char* decode_path_name() {

@@ -22,18 +22,22 @@ TEST(TileDecode, AllPathsMatchHeader) {
         for (auto& w : tile) w = static_cast<uint16_t>(rng());
         uint16_t ref_bits[256];
         tr::decode_tile_bits(tile.data(), K, cb, ref_bits);
-        float scalar[256], vec[256], dispatch[256];
+        float scalar[256], vec[256], seq[256], rowmajor[256];
         std::fill_n(scalar, 256, NAN);
-        exl3::cpu::detail::decode_tile_scalar(tile.data(), K, cb, scalar);
-        exl3::cpu::decode_tile_f32(tile.data(), K, cb, dispatch);
-        const bool have_vec = exl3::cpu::detail::decode_tile_vector(tile.data(), K, cb, vec);
-        for (int i = 0; i < 256; ++i) {
-          const float ref = tr::half_to_float(ref_bits[i]);
-          ASSERT_EQ(scalar[i], ref) << "K=" << K << " cb=" << c << " i=" << i;
-          ASSERT_EQ(dispatch[i], ref);
+        std::fill_n(vec, 256, NAN);
+        std::fill_n(rowmajor, 256, NAN);
+        exl3::cpu::detail::decode_seq_scalar(tile.data(), K, cb, scalar);
+        exl3::cpu::decode_tile_seq(tile.data(), K, cb, seq);
+        exl3::cpu::decode_tile_f32(tile.data(), K, cb, rowmajor);
+        const bool have_vec = exl3::cpu::detail::decode_seq_vector(tile.data(), K, cb, vec);
+        for (int p = 0; p < 256; ++p) {
+          const float ref = tr::decode(tr::unpack_state(tile.data(), K, p), cb);
+          ASSERT_EQ(scalar[p], ref) << "K=" << K << " cb=" << c << " p=" << p;
+          ASSERT_EQ(seq[p], ref);
           if (have_vec) {
-            ASSERT_EQ(vec[i], ref) << "vector path K=" << K << " cb=" << c << " i=" << i;
+            ASSERT_EQ(vec[p], ref) << "vector path K=" << K << " cb=" << c << " p=" << p;
           }
+          ASSERT_EQ(rowmajor[tr::perm_index(p)], tr::half_to_float(ref_bits[tr::perm_index(p)]));
         }
       }
     }
