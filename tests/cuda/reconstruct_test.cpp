@@ -21,8 +21,8 @@ TEST(CudaReconstruct, MatchesCpuBitExact) {
       const auto expect = exl3::cpu::reconstruct_w_hat(v);
 
       uint16_t *d_t = nullptr, *d_o = nullptr;
-      EXL3_CUDA_OK(cudaMalloc(&d_t, trellis.size() * 2));
-      EXL3_CUDA_OK(cudaMalloc(&d_o, expect.size() * 2));
+      EXL3_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_t), trellis.size() * 2));
+      EXL3_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_o), expect.size() * 2));
       EXL3_CUDA_OK(cudaMemset(d_o, 0xFF, expect.size() * 2));  // poison (fp16 NaN)
       EXL3_CUDA_OK(cudaMemcpy(d_t, trellis.data(), trellis.size() * 2, cudaMemcpyHostToDevice));
       EXL3_CUDA_OK(exl3::cuda::reconstruct_w_hat(d_t, in, out, K, cb, d_o, nullptr));

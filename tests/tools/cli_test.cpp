@@ -1,0 +1,170 @@
+// End-to-end tests of the `exl3` binary: what a user types, what a script parses.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/format/safetensors.hpp"
+#include "test_support.hpp"
+
+using ::testing::HasSubstr;
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out;  // stdout + stderr
+};
+
+Run exl3_cli(const std::string& args) {
+  const std::string cmd = fmt::format("'{}' {} 2>&1", EXL3_CLI_PATH, args);
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string q(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
+
+}  // namespace
+
+TEST(Cli, HelpTeaches) {
+  const auto r = exl3_cli("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("inspect"));
+  EXPECT_THAT(r.out, HasSubstr("Examples:"));
+  for (const char* cmd : {"inspect", "dequant", "linear", "sample"}) {
+    const auto h = exl3_cli(fmt::format("{} --help", cmd));
+    EXPECT_EQ(h.code, 0) << cmd;
+    EXPECT_THAT(h.out, ::testing::AnyOf(HasSubstr("PATH"), HasSubstr("OUT_DIR"))) << cmd;
+  }
+  EXPECT_NE(exl3_cli("").code, 0);            // a subcommand is required
+  EXPECT_NE(exl3_cli("frobnicate").code, 0);  // unknown subcommand
+}
+
+TEST(Cli, InspectConformanceJson) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto r = exl3_cli("inspect --json " + q(dir / "tensors" / "exl3_public_3inst.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["linears"].size(), 9u);  // 8 K cases + the legacy case
+  int legacy = 0;
+  for (const auto& l : j["linears"]) {
+    EXPECT_EQ(l["in_features"], 256);
+    EXPECT_EQ(l["out_features"], 384);
+    EXPECT_EQ(l["codebook"], "3inst");
+    EXPECT_GT(l["bytes"].get<uint64_t>(), 0u);
+    if (l["rotation"] == "su_sv") ++legacy;
+  }
+  EXPECT_EQ(legacy, 1);
+  EXPECT_TRUE(j["tensors"].is_array());
+  const auto text = exl3_cli("inspect " + q(dir / "models" / "tiny-qwen3moe-exl3"));
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_THAT(text.out, HasSubstr("Qwen3MoeForCausalLM"));
+  EXPECT_THAT(text.out, HasSubstr("model.layers.1.mlp.experts.7.down_proj"));
+  EXPECT_THAT(text.out, HasSubstr("MoE layers"));
+}
+
+TEST(Cli, DequantMatchesGolden) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  exl3::test::TempDir tmp;
+  const auto file = dir / "tensors" / "exl3_public_mul1.safetensors";
+  const auto r = exl3_cli(fmt::format("dequant {} --prefix cb_mul1.k4.layer --out {}", q(file), q(tmp / "w.safetensors")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto got = exl3::TensorStore::open(tmp / "w.safetensors");
+  const auto golden = exl3::TensorStore::open(file);
+  EXPECT_EQ(exl3::copy_tensor<uint16_t>(got.at("w_hat")), exl3::copy_tensor<uint16_t>(golden.at("cb_mul1.k4.expected.w_hat")));
+  const auto w = exl3::read_as_float(got.at("weight"));
+  const auto ref = exl3::read_as_double(golden.at("cb_mul1.k4.expected.weight"));
+  EXPECT_LE(exl3::test::rel_l2(std::span<const float>(w), std::span<const double>(ref)), 1e-6);
+  EXPECT_EQ(got.at("weight").info->shape, (std::vector<int64_t>{256, 384}));
+}
+
+// `exl3 linear` on every golden case against exllamav3's fp64 expectation.
+TEST(Cli, LinearAllConformanceCases) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  exl3::test::TempDir tmp;
+  for (const char* cb : {"3inst", "mcg", "mul1"}) {
+    const auto file = dir / "tensors" / fmt::format("exl3_public_{}.safetensors", cb);
+    const auto golden = exl3::TensorStore::open(file);
+    for (int K = 1; K <= 8; ++K) {
+      const std::string name = fmt::format("cb_{}.k{}", cb, K);
+      const auto& x = golden.at(name + ".input.x");
+      exl3::SafetensorsWriter xw;
+      const auto xv = exl3::copy_tensor<uint16_t>(x);
+      xw.add<uint16_t>("x", exl3::DType::kF16, x.info->shape, xv);
+      xw.write(tmp / "x.safetensors");
+      const auto r = exl3_cli(fmt::format("linear {} --prefix {}.layer --input {} --out {}", q(file), name,
+                                          q(tmp / "x.safetensors"), q(tmp / "y.safetensors")));
+      ASSERT_EQ(r.code, 0) << r.out;
+      const auto y = exl3::read_as_float(exl3::TensorStore::open(tmp / "y.safetensors").at("y"));
+      const auto ref = exl3::read_as_double(golden.at(name + ".expected.y_fp64"));
+      EXPECT_LE(exl3::test::rel_l2(std::span<const float>(y), std::span<const double>(ref)), 1e-3) << name;
+    }
+  }
+}
+
+TEST(Cli, SampleInspectLinearFlow) {
+  exl3::test::TempDir tmp;
+  const auto model = tmp / "model";
+  auto r = exl3_cli(fmt::format("sample {} --codebook mcg --bits 3 --seed 5", q(model)));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = exl3_cli("inspect --json " + q(model));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["model"]["architecture"], "Qwen3MoeForCausalLM");
+  for (const auto& l : j["linears"]) {
+    EXPECT_EQ(l["codebook"], "mcg");
+    EXPECT_EQ(l["bits"], l["name"] == "lm_head" ? 6 : 3);
+  }
+  r = exl3_cli(fmt::format("linear {} -p model.layers.1.self_attn.q_proj -i {} -o {}", q(model),
+                           q(model / "sample_input.safetensors"), q(tmp / "y.safetensors")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto y = exl3::TensorStore::open(tmp / "y.safetensors");
+  EXPECT_EQ(y.at("y").info->shape, (std::vector<int64_t>{4, 256}));
+}
+
+TEST(Cli, ErrorsNameTheProblem) {
+  exl3::test::TempDir tmp;
+  auto r = exl3_cli("inspect " + q(tmp / "does-not-exist"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("does-not-exist"));
+  EXPECT_THAT(r.out, HasSubstr("exl3: error:"));
+
+  exl3::test::write_file(tmp / "junk.safetensors", "this is not a safetensors file at all");
+  r = exl3_cli("inspect " + q(tmp / "junk.safetensors"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("junk.safetensors"));
+
+  const auto model = tmp / "m";
+  ASSERT_EQ(exl3_cli("sample " + q(model)).code, 0);
+  r = exl3_cli(fmt::format("dequant {} --prefix model.layers.0.self_attn.qq_proj --out {}", q(model), q(tmp / "w.st")));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("qq_proj"));
+
+  exl3::SafetensorsWriter xw;
+  std::vector<int32_t> xi(256, 1);
+  xw.add<int32_t>("x", exl3::DType::kI32, {1, 256}, xi);
+  xw.write(tmp / "xi.safetensors");
+  r = exl3_cli(fmt::format("linear {} -p lm_head -i {} -o {}", q(model), q(tmp / "xi.safetensors"), q(tmp / "y.st")));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("I32"));
+
+  exl3::SafetensorsWriter xw2;
+  std::vector<float> wide(1024, 1.0f);
+  xw2.add<float>("x", exl3::DType::kF32, {2, 512}, wide);
+  xw2.write(tmp / "wide.safetensors");
+  r = exl3_cli(fmt::format("linear {} -p lm_head -i {} -o {}", q(model), q(tmp / "wide.safetensors"), q(tmp / "y.st")));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("exceeds in_features"));
+}
