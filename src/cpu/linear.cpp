@@ -1,6 +1,7 @@
 // CPU reference EXL3 linear: reconstruction (rotated and original basis) and the forward pass.
 #include "exl3/cpu/linear.hpp"
 
+#include "cpu/cpu_features.hpp"
 #include "cpu/tile_decode.hpp"
 
 #include <algorithm>
@@ -141,7 +142,7 @@ __attribute__((target("avx2,fma"))) void tile_mac_avx2(const float* vals, const 
 
 void tile_mac_dispatch(const float* vals, const float* xq, int64_t xq_stride, int64_t m, float* acc) {
 #if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool avx2 = cpu_has_avx2_fma();
   if (avx2) {
     tile_mac_avx2(vals, xq, xq_stride, m, acc);
     return;

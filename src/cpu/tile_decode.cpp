@@ -12,6 +12,8 @@
 
 #include "cpu/tile_decode.hpp"
 
+#include "cpu/cpu_features.hpp"
+
 #include "exl3/cpu/linear.hpp"
 #include "exl3/trellis/tile.hpp"
 
@@ -157,8 +159,7 @@ EXL3_AVX2 void decode_seq_avx2(const uint16_t* tile, int K, Codebook cb, float* 
 }
 
 bool cpu_has_avx2() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c");
+  static const bool ok = cpu_has_avx2_fma(/*need_f16c=*/true);
   return ok;
 }
 

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cpu/cpu_features.hpp"
 #include "exl3/trellis/half.hpp"
 #include "test_support.hpp"
 
@@ -15,7 +16,7 @@ __attribute__((target("f16c"))) static uint16_t hw_float_to_half(float f) {
   return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
 }
 __attribute__((target("f16c"))) static float hw_half_to_float(uint16_t h) { return _cvtsh_ss(h); }
-static bool have_f16c() { return __builtin_cpu_supports("f16c"); }
+static bool have_f16c() { return exl3::cpu::cpu_has_f16c(); }
 #endif
 
 namespace tr = exl3::trellis;

@@ -1,0 +1,239 @@
+// exl3_bench_gemm: EXL3 linear (Exl3LinearCuda) vs cuBLAS BF16 GEMM and the device copy
+// bandwidth, all measured in the same run on the same (m, k, n).
+//
+// Timing: each timed call is one CUDA graph replay (all kernels of one run) between two events,
+// queued behind a ~50 us spin kernel so host launch gaps never show; median of --reps. Weights
+// rotate through enough distinct random sets (>= 512 MiB together) that they are never
+// L2-resident. Data: random trellis words (every bit pattern is a valid trellis), random-sign
+// suh/svh with |.| in [0.05, 1], x ~ N(0, 1). No zeros anywhere.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench_spin.hpp"
+#include "exl3/cuda/linear.hpp"
+#include "exl3/format/safetensors.hpp"
+#include "exl3/trellis/half.hpp"
+
+namespace tr = exl3::trellis;
+
+namespace {
+
+#define CK(expr)                                                                                       \
+  do {                                                                                                 \
+    cudaError_t e_ = (expr);                                                                           \
+    if (e_ != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", #expr, cudaGetErrorString(e_))); \
+  } while (0)
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  size_t p = 0;
+  while (p < s.size()) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    v.push_back(std::stoll(s.substr(p, q - p)));
+    p = q + 1;
+  }
+  return v;
+}
+
+struct Timer {
+  cudaStream_t s;
+  cudaEvent_t a, b;
+  Timer() {
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+  }
+  // Median microseconds of `reps` calls of fn(rep) enqueued on s behind a spin.
+  template <typename F>
+  double median_us(int reps, F&& fn) {
+    std::vector<double> t;
+    for (int r = 0; r < reps + 3; ++r) {
+      CK(exl3::bench::spin(s, 50.0));
+      CK(cudaEventRecord(a, s));
+      fn(r);
+      CK(cudaEventRecord(b, s));
+      CK(cudaEventSynchronize(b));
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, a, b));
+      if (r >= 3) t.push_back(ms * 1000.0);  // first 3 are warm-up
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  }
+};
+
+void* dalloc(size_t bytes) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, bytes));
+  return p;
+}
+
+void fill_random(void* d, size_t bytes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint64_t> h((bytes + 7) / 8);
+  for (auto& v : h) v = rng();
+  CK(cudaMemcpy(d, h.data(), bytes, cudaMemcpyHostToDevice));
+}
+
+void fill_normal_16(void* d, size_t count, bool bf16, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<uint16_t> h(count);
+  for (auto& v : h) v = bf16 ? tr::float_to_bf16(scale * nd(rng)) : tr::float_to_half(scale * nd(rng));
+  CK(cudaMemcpy(d, h.data(), count * 2, cudaMemcpyHostToDevice));
+}
+
+double copy_bandwidth(Timer& tm) {
+  const size_t bytes = 2ull << 30;
+  void* a = dalloc(bytes);
+  void* b = dalloc(bytes);
+  CK(cudaMemset(a, 1, bytes));
+  const double us = tm.median_us(10, [&](int) { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, tm.s)); });
+  CK(cudaFree(a));
+  CK(cudaFree(b));
+  return 2.0 * static_cast<double>(bytes) / (us * 1e-6) / 1e9;  // read + write, GB/s
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"EXL3 GEMM benchmark: exl3 CUDA linear vs cuBLAS BF16 and copy bandwidth (same run)"};
+  std::string shapes_s = "4096x4096,6144x2048,2048x6144,8192x28672", bits_s = "2,3,4,5,6,8",
+              m_s = "1,2,4,8,16,32,64,128,256,1024,4096", cb_s = "mcg", json_path;
+  int reps = 30;
+  int64_t mma_max_m = 256;
+  app.add_option("--shapes", shapes_s, "Comma list of KxN (in x out features)")->capture_default_str();
+  app.add_option("--bits", bits_s, "Comma list of K")->capture_default_str();
+  app.add_option("--m", m_s, "Comma list of row counts")->capture_default_str();
+  app.add_option("--codebook", cb_s, "3inst | mcg | mul1")->capture_default_str();
+  app.add_option("--reps", reps, "Timed repetitions per case (median reported)")->capture_default_str();
+  app.add_option("--mma-max-m", mma_max_m, "Largest m on the tensor-core path")->capture_default_str();
+  app.add_option("--json", json_path, "Write all results to this JSON file");
+  CLI11_PARSE(app, argc, argv);
+  const auto cb = cb_s == "mul1" ? tr::Codebook::kMul1 : cb_s == "3inst" ? tr::Codebook::k3Inst : tr::Codebook::kMcg;
+
+  try {
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, 0));
+    Timer tm;
+    const double copy_gbs = copy_bandwidth(tm);
+    fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name, prop.multiProcessorCount,
+               copy_gbs);
+    nlohmann::json out = {{"device", prop.name}, {"sms", prop.multiProcessorCount}, {"copy_gbs", copy_gbs},
+                          {"codebook", cb_s}, {"reps", reps}, {"cases", nlohmann::json::array()}};
+    cublasHandle_t cublas;
+    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+    cublasSetStream(cublas, tm.s);
+    const auto ms = parse_list(m_s);
+    const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+
+    for (const auto& shape : [&] {
+           std::vector<std::pair<int64_t, int64_t>> v;
+           size_t p = 0;
+           while (p < shapes_s.size()) {
+             size_t q = shapes_s.find(',', p);
+             if (q == std::string::npos) q = shapes_s.size();
+             const auto t = shapes_s.substr(p, q - p);
+             v.emplace_back(std::stoll(t.substr(0, t.find('x'))), std::stoll(t.substr(t.find('x') + 1)));
+             p = q + 1;
+           }
+           return v;
+         }()) {
+      const auto [k, n] = shape;
+      // cuBLAS BF16 baseline: rotate weights (>= 512 MiB in all) and inputs.
+      const size_t wbytes = static_cast<size_t>(k * n) * 2;
+      const int nb_bf16 = static_cast<int>(std::clamp<size_t>((512ull << 20) / wbytes + 1, 2, 8));
+      std::vector<void*> wb(nb_bf16);
+      for (int i = 0; i < nb_bf16; ++i) {
+        wb[i] = dalloc(wbytes);
+        fill_normal_16(wb[i], static_cast<size_t>(k * n), true, 100 + i, 0.02f);
+      }
+      void* xb = dalloc(static_cast<size_t>(max_m * k) * 2);
+      void* xh = dalloc(static_cast<size_t>(max_m * k) * 2);
+      void* yb = dalloc(static_cast<size_t>(max_m * n) * 4);
+      fill_normal_16(xb, static_cast<size_t>(max_m * k), true, 7);
+      fill_normal_16(xh, static_cast<size_t>(max_m * k), false, 8);
+      std::map<int64_t, double> cublas_us;
+      for (int64_t m : ms) {
+        const float alpha = 1.0f, beta = 0.0f;
+        cublas_us[m] = tm.median_us(reps, [&](int r) {
+          cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                       &alpha, wb[r % nb_bf16], CUDA_R_16BF, static_cast<int>(n), xb, CUDA_R_16BF, static_cast<int>(k),
+                       &beta, yb, CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        });
+      }
+      for (auto* p : wb) CK(cudaFree(p));
+
+      for (int64_t K : parse_list(bits_s)) {
+        const size_t tbytes = static_cast<size_t>(k / 16 * (n / 16) * 16 * K) * 2;
+        const int nb = static_cast<int>(std::clamp<size_t>((512ull << 20) / tbytes + 1, 2, 16));
+        std::vector<std::unique_ptr<exl3::cuda::Exl3LinearCuda>> layers;
+        exl3::cuda::LinearOptions opts;
+        opts.max_m = max_m;
+        opts.mma_max_m = mma_max_m;
+        std::mt19937_64 rng(1000 + K);
+        std::uniform_real_distribution<float> mag(0.05f, 1.0f);
+        for (int i = 0; i < nb; ++i) {
+          std::vector<uint16_t> trellis(tbytes / 2), suh(k), svh(n);
+          for (auto& w : trellis) w = static_cast<uint16_t>(rng());
+          for (auto& v : suh) v = tr::float_to_half(((rng() & 1) ? -1.f : 1.f) * mag(rng));
+          for (auto& v : svh) v = tr::float_to_half(((rng() & 1) ? -1.f : 1.f) * mag(rng));
+          layers.push_back(std::make_unique<exl3::cuda::Exl3LinearCuda>("bench", trellis.data(), k, n,
+                                                                        static_cast<int>(K), cb, suh.data(),
+                                                                        svh.data(), nullptr, opts));
+        }
+        const size_t ws_bytes = layers[0]->workspace_bytes();
+        void* ws = dalloc(ws_bytes);
+        for (int64_t m : ms) {
+          // One graph per weight set, so each timed call is one replay.
+          std::vector<cudaGraphExec_t> graphs(nb);
+          for (int i = 0; i < nb; ++i) {
+            cudaGraph_t g;
+            CK(cudaStreamBeginCapture(tm.s, cudaStreamCaptureModeThreadLocal));
+            CK(layers[i]->run(xh, exl3::cuda::DType::kF16, yb, exl3::cuda::DType::kF16, m, ws, ws_bytes, tm.s));
+            CK(cudaStreamEndCapture(tm.s, &g));
+            CK(cudaGraphInstantiate(&graphs[i], g, 0));
+            CK(cudaGraphDestroy(g));
+          }
+          const double us = tm.median_us(reps, [&](int r) { CK(cudaGraphLaunch(graphs[r % nb], tm.s)); });
+          for (auto g : graphs) CK(cudaGraphExecDestroy(g));
+          const double bytes = static_cast<double>(tbytes) + 2.0 * (k + n) + 2.0 * m * k + 2.0 * m * n;
+          const double gbs = bytes / (us * 1e-6) / 1e9;
+          const bool mma = layers[0]->path_for(m) == exl3::cuda::LinearPath::kMma;
+          const double vs_cublas = cublas_us[m] / us;
+          fmt::print("{:>5}x{:<5} K={} m={:<5} {:>9.1f} us  {:>6.0f} GB/s  {:>5.1f}% copy  {:>5.2f}x cuBLAS ({:.1f} us)  "
+                     "[{} split {}]\n",
+                     k, n, K, m, us, gbs, 100.0 * gbs / copy_gbs, vs_cublas, cublas_us[m], mma ? "mma" : "cublas",
+                     mma ? layers[0]->split_k() : 1);
+          out["cases"].push_back({{"k", k}, {"n", n}, {"bits", K}, {"m", m}, {"us", us}, {"gbs", gbs},
+                                  {"pct_copy", 100.0 * gbs / copy_gbs}, {"cublas_bf16_us", cublas_us[m]},
+                                  {"speedup_vs_cublas", vs_cublas}, {"path", mma ? "mma" : "cublas"},
+                                  {"split_k", mma ? layers[0]->split_k() : 1}, {"weight_sets", nb}});
+        }
+        CK(cudaFree(ws));
+      }
+      CK(cudaFree(xb));
+      CK(cudaFree(xh));
+      CK(cudaFree(yb));
+    }
+    cublasDestroy(cublas);
+    if (!json_path.empty()) exl3::write_file_atomic(json_path, out.dump(2) + "\n");
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "exl3_bench_gemm: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

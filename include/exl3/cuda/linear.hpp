@@ -1,0 +1,94 @@
+// CUDA EXL3 linear layer: prepared once, then run with no allocation, no host sync and no
+// data-dependent host control flow, so every run can be captured in a CUDA graph.
+//
+//   y = had128(had128(x * suh) @ W_hat) * svh + bias
+//
+// Paths, chosen by the row count m against the plan (Exl3LinearCuda::path_for):
+//   kMma    : m <= mma_max_m. Prologue (suh, input rotation, per-row power-of-two range guard ->
+//             fp16 x'), a tensor-core kernel that decodes each 16x16 trellis tile straight into
+//             mma.m16n8k16 B fragments once for up to 64 rows, split-K partials in fp32, then an
+//             epilogue that sums the partials in a fixed order, rotates, scales and adds bias.
+//             Row results are batch-invariant bit for bit: the split-K plan depends on (k, n)
+//             only, and every row's arithmetic is independent of the other rows.
+//   kCublas : m > mma_max_m. Same prologue/epilogue around W_hat decoded to fp16 in the caller's
+//             workspace and cuBLAS GemmEx (fp16 x fp16 -> fp32). Deterministic run to run, but
+//             not batch-invariant (cuBLAS picks its algorithm by shape).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "exl3/trellis/codebook.hpp"
+
+namespace exl3 {
+class Exl3LinearData;
+}
+
+namespace exl3::cuda {
+
+enum class DType : uint8_t { kF16, kBF16, kF32 };
+enum class LinearPath : uint8_t { kMma, kCublas };
+
+struct LinearOptions {
+  int64_t max_m = 4096;      // largest batch the workspace is sized for
+  int64_t mma_max_m = 128;   // m above this uses the cuBLAS path (crossover measured on H200)
+  int split_k = 0;           // 0 = planned from (k, n) and the SM count
+};
+
+// Bytes of one element of `t`.
+size_t dtype_size(DType t);
+
+class Exl3LinearCuda {
+ public:
+  // Uploads the tensors (one cudaMalloc per tensor, synchronous). Throws exl3::Error on bad
+  // options or CUDA failures, naming the layer.
+  Exl3LinearCuda(const Exl3LinearData& data, const LinearOptions& opts = {});
+  // Raw form (host pointers; trellis int16 bits [in/16, out/16, 16K], suh/svh fp16 bits, bias
+  // fp32 or null). `name` labels errors.
+  Exl3LinearCuda(const char* name, const uint16_t* trellis, int64_t in_features, int64_t out_features, int K,
+                 trellis::Codebook cb, const uint16_t* suh, const uint16_t* svh, const float* bias,
+                 const LinearOptions& opts = {});
+  ~Exl3LinearCuda();
+  Exl3LinearCuda(const Exl3LinearCuda&) = delete;
+  Exl3LinearCuda& operator=(const Exl3LinearCuda&) = delete;
+
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+  int bits() const { return K_; }
+  trellis::Codebook codebook() const { return cb_; }
+  int split_k() const { return split_k_; }
+  const LinearOptions& options() const { return opts_; }
+
+  LinearPath path_for(int64_t m) const;
+  // Workspace bytes needed by run() for any m <= max_m (256-byte aligned sub-buffers).
+  size_t workspace_bytes() const;
+  // Workspace bytes for one path at one m (what the benchmark reports).
+  size_t workspace_bytes(int64_t m) const;
+
+  // x: [m, in] in `in_type`; y: [m, out] in `out_type`; both device pointers. m in 1..max_m.
+  // Asynchronous on `stream`; returns the first CUDA error (never throws, never syncs).
+  cudaError_t run(const void* x, DType in_type, void* y, DType out_type, int64_t m, void* workspace,
+                  size_t workspace_size, cudaStream_t stream) const;
+
+  // Decodes W_hat (fp16 bits, row-major [in, out]) into `out` (device).
+  cudaError_t reconstruct(uint16_t* out, cudaStream_t stream) const;
+
+ private:
+  void init(const char* name, const uint16_t* trellis, const uint16_t* suh, const uint16_t* svh,
+            const float* bias);
+
+  int64_t in_ = 0, out_ = 0;
+  int K_ = 0;
+  trellis::Codebook cb_ = trellis::Codebook::k3Inst;
+  LinearOptions opts_;
+  int split_k_ = 1;
+  uint16_t* d_trellis_ = nullptr;
+  uint16_t* d_suh_ = nullptr;
+  uint16_t* d_svh_ = nullptr;
+  float* d_bias_ = nullptr;
+  void* cublas_ = nullptr;  // cublasHandle_t, created only when the cuBLAS path is reachable
+};
+
+}  // namespace exl3::cuda

@@ -1,0 +1,37 @@
+// Internal launchers of the CUDA EXL3 linear (src/cuda). Every launcher returns the launch's
+// cudaError_t and never synchronises.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "exl3/cuda/linear.hpp"
+#include "exl3/trellis/codebook.hpp"
+
+namespace exl3::cuda::detail {
+
+// x [m, k] (in_type) * suh, Hadamard-128 per chunk, divided by a per-row power of two that keeps
+// |x'| inside fp16 range -> xr [m, k] fp16 and row_scale[m] (the divisor).
+cudaError_t rotate_input(const void* x, DType in_type, const uint16_t* suh, int64_t m, int64_t k, __half* xr,
+                         float* row_scale, cudaStream_t stream);
+
+// y[m, n] = (had128(sum_s partial[s, m, n]) * row_scale[m]) * svh + bias, stored as out_type.
+cudaError_t rotate_output(const float* partial, int splits, const float* row_scale, const uint16_t* svh,
+                          const float* bias, int64_t m, int64_t n, void* y, DType out_type, cudaStream_t stream);
+
+// partial[s, m, n] = xr[m, k_s] @ W_hat[k_s, n] for each of `splits` k ranges (tensor cores).
+cudaError_t mma_gemm(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr, int64_t m, int64_t k,
+                     int64_t n, int splits, float* partial, cudaStream_t stream);
+
+// Per-K entry points (one translation unit each, so the 8 bit widths compile in parallel).
+template <int K>
+cudaError_t mma_gemm_k(const uint16_t* trellis, trellis::Codebook cb, const __half* xr, int64_t m, int64_t k,
+                       int64_t n, int splits, float* partial, cudaStream_t stream);
+
+template <int K>
+int mma_blocks_per_sm_k(trellis::Codebook cb);
+int mma_blocks_per_sm(int K, trellis::Codebook cb);
+
+}  // namespace exl3::cuda::detail

@@ -1,0 +1,219 @@
+// Exl3LinearCuda: upload once, plan split-K from the shape and the device, then run either path
+// with only kernel launches (graph-capturable).
+#include "exl3/cuda/linear.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include <cublas_v2.h>
+
+#include "cuda/kernels.hpp"
+#include "exl3/cuda/reconstruct.hpp"
+#include "exl3/error.hpp"
+#include "exl3/trellis/bitstream.hpp"
+#include "exl3/format/checkpoint.hpp"
+
+namespace exl3::cuda {
+
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr size_t kCublasWorkspace = 32u << 20;  // cuBLAS's recommended workspace on Hopper
+
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+void check(cudaError_t e, const std::string& what, const char* layer) {
+  if (e != cudaSuccess) fail("CUDA linear '{}': {}: {}", layer, what, cudaGetErrorString(e));
+}
+
+// Sub-buffers of the caller's workspace for one run.
+struct Carve {
+  __half* xr = nullptr;
+  float* row_scale = nullptr;
+  float* partial = nullptr;
+  uint16_t* w_hat = nullptr;
+  void* cublas_ws = nullptr;
+  size_t bytes = 0;
+};
+
+Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas) {
+  Carve c;
+  auto* p = static_cast<char*>(base);
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    char* at = p == nullptr ? nullptr : p + off;
+    off += align_up(bytes);
+    return at;
+  };
+  c.xr = reinterpret_cast<__half*>(take(static_cast<size_t>(m * k) * 2));
+  c.row_scale = reinterpret_cast<float*>(take(static_cast<size_t>(m) * 4));
+  c.partial = reinterpret_cast<float*>(take(static_cast<size_t>(splits) * m * n * 4));
+  if (cublas) {
+    c.w_hat = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(k * n) * 2));
+    c.cublas_ws = take(kCublasWorkspace);
+  }
+  c.bytes = off;
+  return c;
+}
+
+// Split-K from the shape and the device only (never from m, so rows stay batch-invariant).
+// Each split gets >= 8 k-tiles; among 1..16 splits take the fewest whose last wave of blocks is
+// well filled (>= 88% over all waves), since a nearly empty last wave nearly doubles the time.
+int plan_split_k(int64_t k, int64_t n, int K, trellis::Codebook cb) {
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int64_t slots = static_cast<int64_t>(sms) * detail::mma_blocks_per_sm(K, cb);
+  const int64_t blocks_x = n / 128;
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(16, k / 16 / 8));
+  int64_t best = 1;
+  double best_eff = 0.0;
+  for (int64_t s = 1; s <= cap; ++s) {
+    const double waves = static_cast<double>(blocks_x * s) / static_cast<double>(slots);
+    const double score = waves / std::ceil(waves);  // fill of the GPU over all waves
+    if (score >= 0.88) return static_cast<int>(s);
+    if (score > best_eff) {
+      best_eff = score;
+      best = s;
+    }
+  }
+  return static_cast<int>(best);
+}
+
+}  // namespace
+
+size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+int detail::mma_blocks_per_sm(int K, trellis::Codebook cb) {
+  switch (K) {
+    case 1: return mma_blocks_per_sm_k<1>(cb);
+    case 2: return mma_blocks_per_sm_k<2>(cb);
+    case 3: return mma_blocks_per_sm_k<3>(cb);
+    case 4: return mma_blocks_per_sm_k<4>(cb);
+    case 5: return mma_blocks_per_sm_k<5>(cb);
+    case 6: return mma_blocks_per_sm_k<6>(cb);
+    case 7: return mma_blocks_per_sm_k<7>(cb);
+    default: return mma_blocks_per_sm_k<8>(cb);
+  }
+}
+
+cudaError_t detail::mma_gemm(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr, int64_t m,
+                             int64_t k, int64_t n, int splits, float* partial, cudaStream_t stream) {
+  switch (K) {
+    case 1: return mma_gemm_k<1>(trellis, cb, xr, m, k, n, splits, partial, stream);
+    case 2: return mma_gemm_k<2>(trellis, cb, xr, m, k, n, splits, partial, stream);
+    case 3: return mma_gemm_k<3>(trellis, cb, xr, m, k, n, splits, partial, stream);
+    case 4: return mma_gemm_k<4>(trellis, cb, xr, m, k, n, splits, partial, stream);
+    case 5: return mma_gemm_k<5>(trellis, cb, xr, m, k, n, splits, partial, stream);
+    case 6: return mma_gemm_k<6>(trellis, cb, xr, m, k, n, splits, partial, stream);
+    case 7: return mma_gemm_k<7>(trellis, cb, xr, m, k, n, splits, partial, stream);
+    case 8: return mma_gemm_k<8>(trellis, cb, xr, m, k, n, splits, partial, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+Exl3LinearCuda::Exl3LinearCuda(const Exl3LinearData& data, const LinearOptions& opts)
+    : in_(data.info().in_features), out_(data.info().out_features), K_(data.info().bits), cb_(data.info().codebook),
+      opts_(opts) {
+  init(data.info().prefix.c_str(), data.trellis().data(), data.suh().data(), data.svh().data(),
+       data.bias().empty() ? nullptr : data.bias().data());
+}
+
+Exl3LinearCuda::Exl3LinearCuda(const char* name, const uint16_t* trellis, int64_t in_features, int64_t out_features,
+                               int K, trellis::Codebook cb, const uint16_t* suh, const uint16_t* svh, const float* bias,
+                               const LinearOptions& opts)
+    : in_(in_features), out_(out_features), K_(K), cb_(cb), opts_(opts) {
+  init(name, trellis, suh, svh, bias);
+}
+
+void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint16_t* suh, const uint16_t* svh,
+                          const float* bias) {
+  if (!trellis::valid_bits(K_)) fail("CUDA linear '{}': bits {} outside 1..8", name, K_);
+  if (in_ <= 0 || out_ <= 0 || in_ % 128 != 0 || out_ % 128 != 0) {
+    fail("CUDA linear '{}': {}x{} must be positive multiples of 128", name, in_, out_);
+  }
+  if (in_ > (1 << 30) || out_ > (1 << 30)) fail("CUDA linear '{}': {}x{} is too large", name, in_, out_);
+  if (opts_.max_m < 1 || opts_.mma_max_m < 0) {
+    fail("CUDA linear '{}': max_m {} / mma_max_m {} must be positive", name, opts_.max_m, opts_.mma_max_m);
+  }
+  split_k_ = opts_.split_k > 0 ? opts_.split_k : plan_split_k(in_, out_, K_, cb_);
+  if (split_k_ > in_ / 16) fail("CUDA linear '{}': split_k {} exceeds the {} k-tiles", name, split_k_, in_ / 16);
+
+  const size_t tbytes = static_cast<size_t>(in_ / 16 * (out_ / 16) * 16 * K_) * 2;
+  check(cudaMalloc(reinterpret_cast<void**>(&d_trellis_), tbytes), "allocating trellis", name);
+  check(cudaMalloc(reinterpret_cast<void**>(&d_suh_), static_cast<size_t>(in_) * 2), "allocating suh", name);
+  check(cudaMalloc(reinterpret_cast<void**>(&d_svh_), static_cast<size_t>(out_) * 2), "allocating svh", name);
+  check(cudaMemcpy(d_trellis_, trellis, tbytes, cudaMemcpyHostToDevice), "uploading trellis", name);
+  check(cudaMemcpy(d_suh_, suh, static_cast<size_t>(in_) * 2, cudaMemcpyHostToDevice), "uploading suh", name);
+  check(cudaMemcpy(d_svh_, svh, static_cast<size_t>(out_) * 2, cudaMemcpyHostToDevice), "uploading svh", name);
+  if (bias != nullptr) {
+    check(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4), "allocating bias", name);
+    check(cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice), "uploading bias", name);
+  }
+  if (opts_.max_m > opts_.mma_max_m) {
+    cublasHandle_t h = nullptr;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) fail("CUDA linear '{}': cublasCreate failed", name);
+    cublas_ = h;
+  }
+}
+
+Exl3LinearCuda::~Exl3LinearCuda() {
+  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  cudaFree(d_trellis_);
+  cudaFree(d_suh_);
+  cudaFree(d_svh_);
+  cudaFree(d_bias_);
+}
+
+LinearPath Exl3LinearCuda::path_for(int64_t m) const {
+  return m <= opts_.mma_max_m ? LinearPath::kMma : LinearPath::kCublas;
+}
+
+size_t Exl3LinearCuda::workspace_bytes(int64_t m) const {
+  const bool cublas = path_for(m) == LinearPath::kCublas;
+  return carve(nullptr, m, in_, out_, cublas ? 1 : split_k_, cublas).bytes;
+}
+
+size_t Exl3LinearCuda::workspace_bytes() const {
+  size_t bytes = workspace_bytes(std::min(opts_.max_m, std::max<int64_t>(opts_.mma_max_m, 1)));
+  if (opts_.max_m > opts_.mma_max_m) bytes = std::max(bytes, workspace_bytes(opts_.max_m));
+  return bytes;
+}
+
+cudaError_t Exl3LinearCuda::reconstruct(uint16_t* out, cudaStream_t stream) const {
+  return reconstruct_w_hat(d_trellis_, in_, out_, K_, cb_, out, stream);
+}
+
+cudaError_t Exl3LinearCuda::run(const void* x, DType in_type, void* y, DType out_type, int64_t m, void* workspace,
+                                size_t workspace_size, cudaStream_t stream) const {
+  if (m < 1 || m > opts_.max_m || x == nullptr || y == nullptr) return cudaErrorInvalidValue;
+  const bool cublas = path_for(m) == LinearPath::kCublas;
+  const int splits = cublas ? 1 : split_k_;
+  const Carve ws = carve(workspace, m, in_, out_, splits, cublas);
+  if (workspace == nullptr || workspace_size < ws.bytes) return cudaErrorInvalidValue;
+
+  cudaError_t e = detail::rotate_input(x, in_type, d_suh_, m, in_, ws.xr, ws.row_scale, stream);
+  if (e != cudaSuccess) return e;
+  if (!cublas) {
+    e = detail::mma_gemm(d_trellis_, K_, cb_, ws.xr, m, in_, out_, splits, ws.partial, stream);
+  } else {
+    e = reconstruct_w_hat(d_trellis_, in_, out_, K_, cb_, ws.w_hat, stream);
+    if (e != cudaSuccess) return e;
+    auto h = static_cast<cublasHandle_t>(cublas_);
+    if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetWorkspace(h, ws.cublas_ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
+      return cudaErrorUnknown;
+    }
+    // Row-major Y'[m,n] = X'[m,k] W_hat[k,n] is column-major Y'^T = W_hat^T X'^T.
+    const float alpha = 1.0f, beta = 0.0f;
+    const cublasStatus_t st =
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m), static_cast<int>(in_),
+                     &alpha, ws.w_hat, CUDA_R_16F, static_cast<int>(out_), ws.xr, CUDA_R_16F, static_cast<int>(in_),
+                     &beta, ws.partial, CUDA_R_32F, static_cast<int>(out_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    e = st == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
+  }
+  if (e != cudaSuccess) return e;
+  return detail::rotate_output(ws.partial, splits, ws.row_scale, d_svh_, d_bias_, m, out_, y, out_type, stream);
+}
+
+}  // namespace exl3::cuda

@@ -1,0 +1,8 @@
+// K = 2 instances of the tensor-core EXL3 GEMM (one file per bit width so builds parallelise).
+#include "cuda/mma_gemm.cuh"
+
+namespace exl3::cuda::detail {
+template cudaError_t mma_gemm_k<2>(const uint16_t*, trellis::Codebook, const __half*, int64_t, int64_t, int64_t, int,
+                                   float*, cudaStream_t);
+template int mma_blocks_per_sm_k<2>(trellis::Codebook);
+}  // namespace exl3::cuda::detail
