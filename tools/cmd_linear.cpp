@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -6,6 +7,9 @@
 
 #include "commands.hpp"
 #include "exl3/cpu/linear.hpp"
+#if defined(EXL3_HAVE_CUDA)
+#include "exl3/cuda/linear.hpp"
+#endif
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 
@@ -32,11 +36,14 @@ Runner add_linear(CLI::App& app, Common&) {
   app.add_option("--input,-i", o->input, "safetensors file holding tensor `x` (F16/BF16/F32, [m, in_features])")
       ->required();
   app.add_option("--out,-o", o->out, "Output .safetensors file; receives `y` (F32, [m, out_features])")->required();
-  app.add_option("--device", o->device, "Compute device")->check(CLI::IsMember({"cpu"}));
+  app.add_option("--device", o->device, "Compute device: cpu (reference path) or cuda (GPU kernels)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   app.footer(
       "Computes y = had128(had128(x * suh) @ W_hat) * svh + bias with fp32 accumulation, decoding the\n"
-      "trellis tile by tile (the CPU reference path). Inputs narrower than the (padded) in_features\n"
-      "are zero-extended, as exllamav3 does.");
+      "trellis tile by tile (the CPU reference path), or with --device cuda through the GPU kernels\n"
+      "(tensor-core trellis GEMM up to 128 rows, cuBLAS beyond). Inputs narrower than the (padded)\n"
+      "in_features are zero-extended, as exllamav3 does.");
   return [o] {
     const auto ckpt = Checkpoint::open(o->path);
     const auto data = Exl3LinearData::load(ckpt, o->prefix);
@@ -59,18 +66,33 @@ Runner add_linear(CLI::App& app, Common&) {
       std::copy_n(vals.begin() + r * width, width, xin.begin() + r * view.in_features);
     }
 
-    std::vector<float> y(static_cast<size_t>(m * view.out_features));
+    std::vector<float> y;
+    std::string where;
     const auto t0 = std::chrono::steady_clock::now();
-    cpu::linear_forward(view, xin.data(), cpu::ActDType::kF32, m, y.data());
+    if (o->device == "cuda") {
+#if defined(EXL3_HAVE_CUDA)
+      where = fmt::format("cuda, {}", cuda::device_name());  // fails clearly without a device
+      cuda::LinearOptions opts;
+      opts.max_m = std::max<int64_t>(m, 1);
+      const cuda::Exl3LinearCuda layer(data, opts);
+      y = cuda::linear_forward_host(layer, xin.data(), m);
+#else
+      fail("this exl3 was built without CUDA (EXL3_CUDA=OFF); use --device cpu");
+#endif
+    } else {
+      y.resize(static_cast<size_t>(m * view.out_features));
+      cpu::linear_forward(view, xin.data(), cpu::ActDType::kF32, m, y.data());
+      where = fmt::format("cpu, {}", cpu::decode_path_name());
+    }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
     SafetensorsWriter w;
     w.add<float>("y", DType::kF32, {m, view.out_features}, y);
     w.set_metadata("prefix", o->prefix);
     w.write(o->out);
-    fmt::print("linear {} ({}x{}, K={}, {}): x [{}, {}] {} -> y [{}, {}] F32 in {:.2f} ms (cpu, {}) -> {}\n",
-               o->prefix, view.in_features, view.out_features, view.bits, trellis::codebook_name(view.codebook), m,
-               width, dtype_name(x.info->dtype), m, view.out_features, ms, cpu::decode_path_name(), o->out);
+    fmt::print("linear {} ({}x{}, K={}, {}): x [{}, {}] {} -> y [{}, {}] F32 in {:.2f} ms ({}) -> {}\n", o->prefix,
+               view.in_features, view.out_features, view.bits, trellis::codebook_name(view.codebook), m, width,
+               dtype_name(x.info->dtype), m, view.out_features, ms, where, o->out);
     return 0;
   };
 }

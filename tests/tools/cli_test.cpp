@@ -1,5 +1,6 @@
 // End-to-end tests of the `exl3` binary: what a user types, what a script parses.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,9 @@
 #include <sys/wait.h>
 
 #include "exl3/format/checkpoint.hpp"
+#if defined(EXL3_HAVE_CUDA)
+#include "exl3/cuda/reconstruct.hpp"
+#endif
 #include "exl3/format/safetensors.hpp"
 #include "test_support.hpp"
 
@@ -22,8 +26,14 @@ struct Run {
   std::string out;  // stdout + stderr
 };
 
+// The binary under test: $EXL3_CLI when set (e.g. a copy on another machine), else the build's.
+std::string cli_path() {
+  const char* env = std::getenv("EXL3_CLI");
+  return env != nullptr && *env != '\0' ? env : EXL3_CLI_PATH;
+}
+
 Run exl3_cli(const std::string& args) {
-  const std::string cmd = fmt::format("'{}' {} 2>&1", EXL3_CLI_PATH, args);
+  const std::string cmd = fmt::format("'{}' {} 2>&1", cli_path(), args);
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return {-1, "popen failed"};
   std::string out;
@@ -167,4 +177,33 @@ TEST(Cli, ErrorsNameTheProblem) {
   r = exl3_cli(fmt::format("linear {} -p lm_head -i {} -o {}", q(model), q(tmp / "wide.safetensors"), q(tmp / "y.st")));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("exceeds in_features"));
+}
+
+// `exl3 linear --device cuda`: the golden case on a GPU, a clear error without one.
+TEST(Cli, LinearOnCudaDevice) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  exl3::test::TempDir tmp;
+  const auto file = dir / "tensors" / "exl3_public_mcg.safetensors";
+  const auto golden = exl3::TensorStore::open(file);
+  const auto& x = golden.at("cb_mcg.k3.input.x");
+  exl3::SafetensorsWriter xw;
+  const auto xv = exl3::copy_tensor<uint16_t>(x);
+  xw.add<uint16_t>("x", exl3::DType::kF16, x.info->shape, xv);
+  xw.write(tmp / "x.safetensors");
+  const auto r = exl3_cli(fmt::format("linear {} --prefix cb_mcg.k3.layer --device cuda --input {} --out {}", q(file),
+                                      q(tmp / "x.safetensors"), q(tmp / "y.safetensors")));
+#if defined(EXL3_HAVE_CUDA)
+  if (exl3::cuda::device_count() == 0) {
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_THAT(r.out, HasSubstr("no CUDA device"));
+    return;
+  }
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto y = exl3::read_as_float(exl3::TensorStore::open(tmp / "y.safetensors").at("y"));
+  const auto ref = exl3::read_as_double(golden.at("cb_mcg.k3.expected.y_fp64"));
+  EXPECT_LE(exl3::test::rel_l2(std::span<const float>(y), std::span<const double>(ref)), 1e-3);
+#else
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("without CUDA"));
+#endif
 }

@@ -17,6 +17,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -90,5 +92,12 @@ class Exl3LinearCuda {
   float* d_bias_ = nullptr;
   void* cublas_ = nullptr;  // cublasHandle_t, created only when the cuBLAS path is reachable
 };
+
+// Convenience for tools and tests: copies fp32 x [m, in] to the device, runs the layer (fp32 in
+// and out), copies y [m, out] back and synchronises. Throws exl3::Error naming the failing step.
+std::vector<float> linear_forward_host(const Exl3LinearCuda& layer, const float* x, int64_t m);
+
+// Name of device 0 ("NVIDIA H200"), or throws exl3::Error when there is none.
+std::string device_name();
 
 }  // namespace exl3::cuda
