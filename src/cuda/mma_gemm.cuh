@@ -28,8 +28,10 @@ constexpr int kMmaWarps = 4;
 constexpr int kTilesPerWarp = 2;
 // k-steps of trellis words and A fragments in flight per warp (fewer for the 64-row variant,
 // whose ring would otherwise cost too many registers).
+// The decode-sized variant is bound by global-load latency (Nsight: long-scoreboard stalls
+// dominate), so it keeps 8 steps in flight and trades occupancy for them.
 template <int MT>
-constexpr int kPrefetchFor = MT >= 4 ? 2 : 4;
+constexpr int kPrefetchFor = MT >= 4 ? 2 : (MT == 2 ? 4 : 8);
 
 // (x & kHalfPairMask) ^ kHalfPairXor in one LOP3: with both constants as immediates the compiler
 // emits two, and this sits on the per-weight critical path.
@@ -67,30 +69,52 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
   }
 }
 
-// 16 bits starting at bit R (MSB-first) of the 96-bit value v0:v1:v2.
+// 16 bits starting at bit R (MSB-first) of the 96-bit value v0:v1:v2. Byte-aligned windows inside
+// one word are a single PRMT; others a funnel shift plus a shift or mask.
 template <int R>
 __device__ __forceinline__ uint32_t window16(uint32_t v0, uint32_t v1, uint32_t v2) {
-  if constexpr (R + 16 <= 32) {
-    return (v0 >> (16 - R)) & 0xFFFFu;
-  } else if constexpr (R < 32) {
-    return __funnelshift_l(v1, v0, R) >> 16;
-  } else if constexpr (R + 16 <= 64) {
-    return (v1 >> (48 - R)) & 0xFFFFu;
+  static_assert(R >= 0 && R + 16 <= 96, "window outside the three words");
+  constexpr int W = R / 32, B = R % 32;  // word holding the first bit, bit offset inside it
+  const uint32_t lo = W == 0 ? v0 : (W == 1 ? v1 : v2);
+  if constexpr (B + 16 <= 32) {
+    if constexpr (B % 8 == 0) {
+      return __byte_perm(lo, 0u, 0x4400u | ((3u - B / 8) << 4) | (2u - B / 8));
+    } else {
+      return (lo >> (16 - B)) & 0xFFFFu;
+    }
   } else {
-    return __funnelshift_l(v2, v1, R - 32) >> 16;
+    const uint32_t next = W == 0 ? v1 : v2;  // the window straddles into the next word
+    return __funnelshift_l(next, lo, B) >> 16;
   }
 }
 
-// The lane's 8 states from its three words, normalised so the first window starts at bit 0.
+// For K = 4 and 8 every lane's window span starts at the same bit offset within its first word
+// (8*lane*K is a multiple of 32), so the windows sit at compile-time positions of the raw words.
+template <int K>
+constexpr bool kLaneInvariantOffset = (8 * K) % 32 == 0;
+template <int K>
+constexpr int kFixedOffset = ((K - 16) % 32 + 32) % 32;
+
+template <int K, tr::Codebook CB, int O>
+__device__ __forceinline__ void decode_windows(uint32_t v0, uint32_t v1, uint32_t v2, uint32_t (&b)[4]) {
+  b[0] = decode_pair<CB>(window16<O + 0 * K>(v0, v1, v2), window16<O + 1 * K>(v0, v1, v2));
+  b[1] = decode_pair<CB>(window16<O + 2 * K>(v0, v1, v2), window16<O + 3 * K>(v0, v1, v2));
+  b[2] = decode_pair<CB>(window16<O + 4 * K>(v0, v1, v2), window16<O + 5 * K>(v0, v1, v2));
+  b[3] = decode_pair<CB>(window16<O + 6 * K>(v0, v1, v2), window16<O + 7 * K>(v0, v1, v2));
+}
+
+// The lane's 8 states from its three words: at fixed positions for K = 4, 8, otherwise after
+// normalising the words so the first window starts at bit 0.
 template <int K, tr::Codebook CB>
 __device__ __forceinline__ void decode_lane(uint32_t u0, uint32_t u1, uint32_t u2, int off, uint32_t (&b)[4]) {
-  const uint32_t v0 = __funnelshift_l(u1, u0, off);
-  const uint32_t v1 = __funnelshift_l(u2, u1, off);
-  const uint32_t v2 = u2 << off;
-  b[0] = decode_pair<CB>(window16<0 * K>(v0, v1, v2), window16<1 * K>(v0, v1, v2));
-  b[1] = decode_pair<CB>(window16<2 * K>(v0, v1, v2), window16<3 * K>(v0, v1, v2));
-  b[2] = decode_pair<CB>(window16<4 * K>(v0, v1, v2), window16<5 * K>(v0, v1, v2));
-  b[3] = decode_pair<CB>(window16<6 * K>(v0, v1, v2), window16<7 * K>(v0, v1, v2));
+  if constexpr (kLaneInvariantOffset<K>) {
+    decode_windows<K, CB, kFixedOffset<K>>(u0, u1, u2, b);
+  } else {
+    const uint32_t v0 = __funnelshift_l(u1, u0, off);
+    const uint32_t v1 = __funnelshift_l(u2, u1, off);
+    const uint32_t v2 = u2 << off;
+    decode_windows<K, CB, 0>(v0, v1, v2, b);
+  }
 }
 
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -101,7 +125,7 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
 }
 
 template <int K, tr::Codebook CB, int MT>
-__global__ void __launch_bounds__(32 * kMmaWarps) mma_gemm_kernel(const uint32_t* __restrict__ trellis,
+__global__ void __launch_bounds__(32 * kMmaWarps, MT == 1 ? 4 : 1) mma_gemm_kernel(const uint32_t* __restrict__ trellis,
                                                                   const __half* __restrict__ xr, int m, int k, int n,
                                                                   int splits, float* __restrict__ partial) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -120,7 +144,11 @@ __global__ void __launch_bounds__(32 * kMmaWarps) mma_gemm_kernel(const uint32_t
   const int w1 = (w0 + 1) % kWords, w2 = (w0 + 2) % kWords;
 
   const int64_t tile_stride = static_cast<int64_t>(tiles_n) * kWords;  // words per tile row
+  // Lane pointers to its three words in tile (kt_begin, j0); each k-step adds tile_stride.
   const uint32_t* col_base = trellis + static_cast<int64_t>(j0) * kWords;
+  const uint32_t* lp0 = col_base + w0;
+  const uint32_t* lp1 = col_base + w1;
+  const uint32_t* lp2 = col_base + w2;
 
   float acc[MT][kTilesPerWarp][2][4];
 #pragma unroll
@@ -142,12 +170,13 @@ __global__ void __launch_bounds__(32 * kMmaWarps) mma_gemm_kernel(const uint32_t
   Stage ring[kPrefetch];
   const uint32_t* xr32 = reinterpret_cast<const uint32_t*>(xr);
   auto load = [&](int kt, Stage& st) {
-    const uint32_t* p = col_base + kt * tile_stride;
+    const int64_t row = kt * tile_stride;
 #pragma unroll
     for (int t = 0; t < kTilesPerWarp; ++t) {
-      st.w[t][0] = __ldg(p + t * kWords + w0);
-      st.w[t][1] = __ldg(p + t * kWords + w1);
-      st.w[t][2] = __ldg(p + t * kWords + w2);
+      st.w[t][0] = __ldg(lp0 + row + t * kWords);
+      st.w[t][1] = __ldg(lp1 + row + t * kWords);
+      // K = 4 spans exactly 2 words (lane-invariant bit offset 20), so its third load is skipped.
+      st.w[t][2] = K != 4 ? __ldg(lp2 + row + t * kWords) : 0u;
     }
     // A fragments: rows row0 + 16a + g (+8), columns 16*kt + 2c (+8). Rows >= m are zero.
     const int col32 = 8 * kt + c;  // fp16 column pair index

@@ -47,7 +47,11 @@ __device__ __forceinline__ float load_act(const void* x, DType t, int64_t idx) {
   }
 }
 
-// One block per row: pass 1 finds the range guard, pass 2 rotates each 128-chunk.
+// Grid (m, column slices): every block reads its whole row once for the range guard (the row is
+// small and L2-resident, and the guard must be the same for every slice), then rotates its own
+// slice of kColsPerBlock columns. Many blocks per row keep decode-sized batches fast.
+constexpr int kColsPerBlock = kWarpsPerBlock * 128;
+
 __global__ void rotate_input_kernel(const void* __restrict__ x, DType in_type, const uint16_t* __restrict__ suh,
                                     int64_t k, __half* __restrict__ xr, float* __restrict__ row_scale) {
   const int64_t row = blockIdx.x;
@@ -71,24 +75,24 @@ __global__ void rotate_input_kernel(const void* __restrict__ x, DType in_type, c
   float scale = 1.0f;
   const float bound = row_max * kHadGain;
   if (bound > kHalfSafe && bound < INFINITY) scale = exp2f(ceilf(log2f(bound / kHalfSafe)));
-  if (threadIdx.x == 0) row_scale[row] = scale;
+  if (blockIdx.y == 0 && threadIdx.x == 0) row_scale[row] = scale;
   const float mul = exl3::trellis::kHadScale / scale;
 
-  for (int64_t c0 = static_cast<int64_t>(warp) * 128; c0 < k; c0 += kWarpsPerBlock * 128) {
-    float v[4];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kColsPerBlock + warp * 128;
+  if (c0 >= k) return;
+  float v[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t col = c0 + 4 * lane + i;
-      v[i] = load_act(x, in_type, row * k + col) * __half2float(su[col]);
-    }
-    had4x32(v, lane);
-    __half2 lo = __floats2half2_rn(v[0] * mul, v[1] * mul);
-    __half2 hi = __floats2half2_rn(v[2] * mul, v[3] * mul);
-    uint2 packed;
-    packed.x = *reinterpret_cast<uint32_t*>(&lo);
-    packed.y = *reinterpret_cast<uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(xr + row * k + c0 + 4 * lane) = packed;
+  for (int i = 0; i < 4; ++i) {
+    const int64_t col = c0 + 4 * lane + i;
+    v[i] = load_act(x, in_type, row * k + col) * __half2float(su[col]);
   }
+  had4x32(v, lane);
+  __half2 lo = __floats2half2_rn(v[0] * mul, v[1] * mul);
+  __half2 hi = __floats2half2_rn(v[2] * mul, v[3] * mul);
+  uint2 packed;
+  packed.x = *reinterpret_cast<uint32_t*>(&lo);
+  packed.y = *reinterpret_cast<uint32_t*>(&hi);
+  *reinterpret_cast<uint2*>(xr + row * k + c0 + 4 * lane) = packed;
 }
 
 __global__ void rotate_output_kernel(const float* __restrict__ partial, int splits, const float* __restrict__ row_scale,
@@ -140,7 +144,8 @@ __global__ void rotate_output_kernel(const float* __restrict__ partial, int spli
 cudaError_t rotate_input(const void* x, DType in_type, const uint16_t* suh, int64_t m, int64_t k, __half* xr,
                          float* row_scale, cudaStream_t stream) {
   if (m <= 0 || k % 128 != 0 || m > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  rotate_input_kernel<<<static_cast<unsigned>(m), 32 * kWarpsPerBlock, 0, stream>>>(x, in_type, suh, k, xr, row_scale);
+  const dim3 grid(static_cast<unsigned>(m), static_cast<unsigned>((k + kColsPerBlock - 1) / kColsPerBlock));
+  rotate_input_kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(x, in_type, suh, k, xr, row_scale);
   return cudaGetLastError();
 }
 
