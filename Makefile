@@ -50,14 +50,14 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 600
 
 test-sanitize: deps
-	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEXL3_CUDA=OFF -DEXL3_WERROR=ON \
-	  -DEXL3_SANITIZE=ON -DEXL3_BUILD_BENCH=OFF
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g1" -DEXL3_CUDA=OFF \
+	  -DEXL3_WERROR=ON -DEXL3_SANITIZE=ON -DEXL3_BUILD_BENCH=OFF
 	cmake --build $(BUILD)-asan -j$(JOBS)
 	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure -j$(JOBS) --timeout 900
 
 fuzz: deps
-	CC=clang CXX=clang++ cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DEXL3_CUDA=OFF \
+	CC=clang CXX=clang++ cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g1" -DEXL3_CUDA=OFF \
 	  -DEXL3_FUZZ=ON -DEXL3_BUILD_TESTS=OFF -DEXL3_BUILD_BENCH=OFF
 	cmake --build $(BUILD)-fuzz -j$(JOBS)
 	@set -e; for t in $(BUILD)-fuzz/fuzz/fuzz_*; do \

@@ -19,5 +19,9 @@ Runner add_inspect(CLI::App& app, Common& common);
 Runner add_dequant(CLI::App& app, Common& common);
 Runner add_linear(CLI::App& app, Common& common);
 Runner add_sample(CLI::App& app, Common& common);
+Runner add_quantize(CLI::App& app, Common& common);
+Runner add_sample_hf(CLI::App& app, Common& common);
+Runner add_bench(CLI::App& app, Common& common);
+Runner add_encode_tiles(CLI::App& app, Common& common);  // group: `bench quant`, later gemm/model
 
 }  // namespace exl3::cli

@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
       "  exl3 inspect ./my-model-exl3 --json | jq .totals\n"
       "  exl3 dequant ./m --prefix model.layers.0.mlp.down_proj --out w.safetensors\n"
       "  exl3 linear ./m --prefix lm_head --input x.safetensors --out y.safetensors\n"
-      "  exl3 sample ./demo-model                     write a small random EXL3 checkpoint",
+      "  exl3 sample ./demo-model                     write a small random EXL3 checkpoint\n"
+      "  exl3 quantize ./hf-model ./model-exl3 --bits 4   convert a Hugging Face model",
       "exl3"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "exl3 0.1.0");
@@ -38,10 +39,15 @@ int main(int argc, char** argv) {
       exl3::cli::add_inspect);
   reg("dequant", "Decode one EXL3 linear to its weight (original basis, F32) and W_hat (rotated, F16)",
       exl3::cli::add_dequant);
-  reg("linear", "Run one EXL3 linear layer on inputs from a safetensors file (CPU reference path)",
+  reg("linear", "Run one EXL3 linear layer on inputs from a safetensors file (CPU reference or CUDA)",
       exl3::cli::add_linear);
   reg("sample", "Write a small synthetic EXL3 checkpoint (random valid trellis) and a sample input",
       exl3::cli::add_sample);
+  reg("quantize", "Convert a Hugging Face model (safetensors) to an EXL3 checkpoint", exl3::cli::add_quantize);
+  reg("sample-hf", "Write a small synthetic Hugging Face model (input for quantize)", exl3::cli::add_sample_hf);
+  reg("bench", "Benchmarks (bench quant: encoder quality and speed)", exl3::cli::add_bench);
+  reg("encode-tiles", "Run the trellis tile encoder (CPU or CUDA) on raw tiles from a safetensors file",
+      exl3::cli::add_encode_tiles);
 
   try {
     app.parse(argc, argv);

@@ -21,13 +21,13 @@ namespace tr = exl3::trellis;
 namespace {
 
 // Encodes one 16-row block (given as a [16, cols] target) and writes its states and values.
-void encode_block(const float* target, int64_t cols, int64_t block, int K, tr::Codebook cb,
+void encode_block(const float* target, int64_t cols, int64_t block, int K, tr::Codebook cb, Device device,
                   uint16_t* states, float* q) {
   const int64_t tn = cols / 16;
   std::vector<float> seq(static_cast<size_t>(tn * tr::kTileSize)), dec(seq.size());
   for (int64_t j = 0; j < tn; ++j)
     gather_tile(target, cols, 0, j, 1.0f, seq.data() + j * tr::kTileSize);
-  encode_tiles(seq.data(), tn, K, cb, states + block * tn * tr::kTileSize, dec.data());
+  encode_tiles_on(device, seq.data(), tn, K, cb, states + block * tn * tr::kTileSize, dec.data());
   for (int64_t j = 0; j < tn; ++j) scatter_tile(dec.data() + j * tr::kTileSize, cols, block, j, q);
 }
 
@@ -63,7 +63,7 @@ double quadratic_trace(const float* x, const float* h, int64_t rows, int64_t col
 }  // namespace
 
 void quantize_blocks(const float* w_r, int64_t rows, int64_t cols, const float* l, int K,
-                     tr::Codebook cb, uint16_t* states, float* q) {
+                     tr::Codebook cb, Device device, uint16_t* states, float* q) {
   const int64_t blocks = rows / 16;
   if (l == nullptr) {
     // No feedback: all tiles are independent, so encode them as one parallel batch.
@@ -73,7 +73,7 @@ void quantize_blocks(const float* w_r, int64_t rows, int64_t cols, const float* 
       for (int64_t j = 0; j < tn; ++j)
         gather_tile(w_r, cols, i, j, 1.0f, seq.data() + (i * tn + j) * tr::kTileSize);
     }
-    encode_tiles(seq.data(), blocks * tn, K, cb, states, dec.data());
+    encode_tiles_on(device, seq.data(), blocks * tn, K, cb, states, dec.data());
     for (int64_t i = 0; i < blocks; ++i) {
       for (int64_t j = 0; j < tn; ++j)
         scatter_tile(dec.data() + (i * tn + j) * tr::kTileSize, cols, i, j, q);
@@ -85,7 +85,7 @@ void quantize_blocks(const float* w_r, int64_t rows, int64_t cols, const float* 
   for (int64_t b = blocks - 1; b >= 0; --b) {
     const int64_t r0 = 16 * b;
     for (int64_t i = 0; i < 16 * cols; ++i) target[i] = w_r[r0 * cols + i] + comp[r0 * cols + i];
-    encode_block(target.data(), cols, b, K, cb, states, q);
+    encode_block(target.data(), cols, b, K, cb, device, states, q);
     if (b == 0) break;
     for (int64_t i = 0; i < 16 * cols; ++i) err[i] = w_r[r0 * cols + i] - q[r0 * cols + i];
     // Push E_b into every earlier row r: F[r] += sum_t L[r0 + t, r] E_b[t].

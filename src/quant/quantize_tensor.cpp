@@ -101,7 +101,7 @@ QuantizedTensor run(const float* weight, int64_t in, int64_t out, const QuantOpt
   const double drift = r.ldlq_applied ? detail::ldlq_drift(K) : 1.0;
   r.g_scale = o.g_scale > 0.0
                   ? o.g_scale
-                  : detail::search_global_scale(reg.w.data(), rows, cols, K, o.codebook, drift);
+                  : detail::search_global_scale(reg.w.data(), rows, cols, K, o.codebook, o.device, drift);
   const auto g = static_cast<float>(r.g_scale);
   double ss = 0.0;
   for (auto& x : reg.w) {
@@ -113,7 +113,7 @@ QuantizedTensor run(const float* weight, int64_t in, int64_t out, const QuantOpt
   std::vector<uint16_t> states(static_cast<size_t>(rows * cols));
   std::vector<float> q(states.size());
   detail::quantize_blocks(reg.w.data(), rows, cols, r.ldlq_applied ? h->l.data() : nullptr, K,
-                          o.codebook, states.data(), q.data());
+                          o.codebook, o.device, states.data(), q.data());
 
   double se = 0.0;
   for (size_t i = 0; i < q.size(); ++i) {

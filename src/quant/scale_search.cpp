@@ -52,7 +52,7 @@ std::vector<std::pair<int64_t, int64_t>> sample_tiles(const float* w, int64_t ro
 
 // Mean squared error of each scale over the given tiles (sequence order), in one encoder batch.
 std::vector<double> evaluate(const std::vector<float>& tiles, const std::vector<double>& scales,
-                             int K, tr::Codebook cb) {
+                             int K, tr::Codebook cb, Device device) {
   const int64_t n = static_cast<int64_t>(tiles.size()) / tr::kTileSize;
   std::vector<double> mse(scales.size(), std::numeric_limits<double>::infinity());
   std::vector<size_t> live;
@@ -67,7 +67,7 @@ std::vector<double> evaluate(const std::vector<float>& tiles, const std::vector<
   }
   std::vector<uint16_t> states(batch.size());
   std::vector<float> decoded(batch.size());
-  encode_tiles(batch.data(), static_cast<int64_t>(live.size()) * n, K, cb, states.data(),
+  encode_tiles_on(device, batch.data(), static_cast<int64_t>(live.size()) * n, K, cb, states.data(),
                decoded.data());
   for (size_t s = 0; s < live.size(); ++s) {
     const double g = scales[live[s]];
@@ -97,7 +97,7 @@ double ldlq_drift(int K) {
 }
 
 double search_global_scale(const float* w_r, int64_t rows, int64_t cols, int K, tr::Codebook cb,
-                           double drift) {
+                           Device device, double drift) {
   const auto picks = sample_tiles(w_r, rows, cols);
   std::vector<float> all(picks.size() * tr::kTileSize), sub;
   for (size_t i = 0; i < picks.size(); ++i) {
@@ -111,12 +111,12 @@ double search_global_scale(const float* w_r, int64_t rows, int64_t cols, int K, 
 
   std::vector<double> coarse;
   for (int i = 0; i < 10; ++i) coarse.push_back(0.1 + 0.2 * i);
-  const auto mse1 = evaluate(sub, coarse, K, cb);
+  const auto mse1 = evaluate(sub, coarse, K, cb, device);
   const double center = coarse[std::min_element(mse1.begin(), mse1.end()) - mse1.begin()];
 
   std::vector<double> fine;
   for (int i = 0; i < 5; ++i) fine.push_back(center + kFineStep * (i - 2));
-  const auto mse2 = evaluate(all, fine, K, cb);
+  const auto mse2 = evaluate(all, fine, K, cb, device);
   const auto best = static_cast<int>(std::min_element(mse2.begin(), mse2.end()) - mse2.begin());
   double offset = 0.0;
   if (best > 0 && best < 4) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "exl3/cpu/linear.hpp"
+#include "exl3/quant/encode.hpp"
 #include "exl3/trellis/codebook.hpp"
 
 namespace exl3::quant {
@@ -32,6 +33,7 @@ struct QuantOptions {
   bool ldlq = true;          // error feedback when a Hessian is given; false = plain tile encoding
   double g_scale = 0.0;      // > 0: use this global scale instead of searching for one
   int threads = 0;           // 0 = the caller's TBB arena
+  Device device = Device::kCpu;  // where the tile encoder runs (exl3/quant/encode.hpp)
 };
 
 // Non-owning view of a Hessian H = E[x^T x] over the layer's inputs, [in, in] row-major, fp32 or

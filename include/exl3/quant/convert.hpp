@@ -1,0 +1,197 @@
+// Model conversion: a Hugging Face safetensors model -> an EXL3 checkpoint laid out exactly as
+// exllamav3's `convert.py` + `compile.py` write it (format spec sections 4 and 5.6).
+//
+// The pipeline, one tensor at a time (the source is mmapped; at most one source tensor is held):
+//   plan      config.json architecture -> which tensors are EXL3 linears (and their allocation
+//             group), which are copied through (embeddings, norms, routers, ...)
+//   allocate  integer K per linear so the decoder linears average at most --bits (spec 5.6)
+//   convert   quantize / copy each tensor into OUT_DIR/.exl3-partial/units/, journaled, so an
+//             interrupted run resumes where it stopped
+//   assemble  stream the staged tensors into shards (+ index), write quantization_config.json,
+//             copy the tokenizer files, write config.json LAST, remove the partial folder.
+// A folder without config.json is never a finished conversion.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/format/dtype.hpp"
+#include "exl3/quant/quantize.hpp"
+#include "exl3/trellis/codebook.hpp"
+
+namespace exl3::quant {
+
+// The `version` recorded in quantization_config.
+inline constexpr const char* kConverterVersion = "exl3-0.1.0";
+// exllamav3's default K for multi-token-prediction layers (`mtp_bits`); they are outside the budget.
+inline constexpr int kMtpBits = 4;
+// head_bits value that keeps lm_head unquantized.
+inline constexpr int kHeadBitsUnquantized = 16;
+
+// ---- plan -----------------------------------------------------------------------------------
+
+// The architectures (config.json architectures[0]) the converter knows how to map.
+const std::vector<std::string>& supported_architectures();
+
+enum class LinearRole : uint8_t {
+  kDecoder,  // a linear of model.layers.N (N < num_hidden_layers): in the bit budget
+  kHead,     // lm_head: head_bits, outside the budget
+  kMtp,      // a linear of a layer >= num_hidden_layers (GLM-4.5 next-token layers): kMtpBits
+};
+
+// One output module: an EXL3 linear, or one tensor copied through unquantized.
+struct PlanItem {
+  enum class Kind : uint8_t { kExl3Linear, kPlain };
+  Kind kind = Kind::kPlain;
+  std::string name;    // linear: output prefix ("model.layers.3.self_attn.q_proj"); plain: tensor name
+  std::string source;  // source tensor: HF weight [out, in] for a linear
+  std::string bias;    // linear: source bias tensor, or empty
+
+  // EXL3 linears
+  LinearRole role = LinearRole::kDecoder;
+  int layer = -1;                // decoder layer index, -1 outside model.layers
+  std::string group;             // allocation group id, e.g. "model.layers.3.self_attn.qkv"
+  int64_t in_features = 0;       // unpadded
+  int64_t out_features = 0;
+  int bits = 0;                  // K, set by the allocation
+
+  // plain tensors
+  DType out_dtype = DType::kF16;  // stored dtype (bf16/fp16 kept, fp32/fp64 -> fp16, routers fp16)
+  std::string role_name;          // "embedding" | "norm" | "router" | "bias" | "linear" | "other"
+};
+
+struct ConversionPlan {
+  std::string architecture;
+  int64_t num_layers = 0;
+  bool tied_head = false;          // lm_head comes from model.embed_tokens.weight
+  std::vector<PlanItem> items;     // output order: embeddings, layers 0..N-1, others, lm_head
+  double bits_target = 0.0;
+  double bits_achieved = 0.0;      // sum(K * padded numel) / sum(padded numel) over kDecoder linears
+  int head_bits = 6;
+};
+
+// Maps every source tensor, validates the model's structure (every layer complete, no fused or
+// oddly shaped linears, supported architecture) and allocates bits. Throws exl3::Error naming the
+// folder / tensor at fault.
+ConversionPlan plan_conversion(const ModelConfig& config, const TensorStore& store, double bits,
+                               int head_bits);
+
+// ---- bit allocation (spec 5.6) ---------------------------------------------------------------
+
+// A set of linears raised together. Groups used by plan_conversion:
+//   attention: q/k/v of a layer = one group, o_proj = one group
+//   dense MLP: gate/up of a layer = one group, down = one group
+//   MoE: gate/up of all routed experts of a layer = one group, their down_proj = one group,
+//        the shared experts' gate/up and down likewise (two more groups)
+struct AllocGroup {
+  std::string id;
+  int layer = 0;         // decoder layer index
+  int rank = 0;          // order inside the layer (attention first, then MLP, experts, shared)
+  int64_t weights = 0;   // padded numel of all its linears
+};
+
+// K for each group (same order): all start at floor(target); then groups are raised by one bit in
+// priority order -- layers nearest either end of the stack first (distance = min(L, N-1-L)), then
+// lower layer, then rank -- whenever the raise keeps the weighted average <= target. A group that
+// does not fit is skipped so smaller later groups can still use the remainder.
+std::vector<int> allocate_bits(const std::vector<AllocGroup>& groups, int num_layers,
+                               double target_bits);
+
+// ---- conversion -----------------------------------------------------------------------------
+
+enum class Calibration : uint8_t { kNone };  // identity Hessian; calibrated capture comes later
+
+struct ProgressEvent {
+  enum class Stage : uint8_t { kTensor, kWrite };
+  Stage stage = Stage::kTensor;
+  int64_t index = 0;  // 1-based
+  int64_t total = 0;
+  std::string name;
+  bool quantized = false;  // kTensor: an EXL3 linear (else copied through)
+  bool resumed = false;    // kTensor: done by an earlier run
+  int bits = 0;
+  double proxy_err = 0.0;
+  double seconds = 0.0;      // this tensor
+  double elapsed = 0.0;      // since the run started
+  double eta_seconds = -1.0; // < 0: unknown
+};
+using ProgressFn = std::function<void(const ProgressEvent&)>;
+
+struct ConvertOptions {
+  double bits = 4.0;  // target average K over decoder linears, 1..8
+  int head_bits = 6;  // 1..8, or 16 = keep lm_head unquantized
+  trellis::Codebook codebook = trellis::Codebook::kMul1;
+  OutScales out_scales = OutScales::kAlways;
+  Calibration calibration = Calibration::kNone;
+  uint64_t seed = 0;            // per-tensor seeds derive from this and the tensor name
+  int threads = 0;              // 0 = the caller's TBB arena
+  Device device = Device::kCpu;  // tile encoder: CPU (reference) or CUDA (same states, ~300x faster)
+  uint64_t shard_size_bytes = 8192ull << 20;
+  bool overwrite = false;       // replace a different finished model / discard a foreign partial run
+  double g_scale = 0.0;         // > 0: fixed global scale instead of the per-tensor search (faster)
+  // Test hook: throw after this many tensors were converted in this run (< 0: off). When < 0 the
+  // environment variable EXL3_QUANTIZE_STOP_AFTER is read instead.
+  int64_t stop_after = -1;
+  ProgressFn progress;          // called after every tensor and shard; may be empty
+};
+
+struct TensorReport {
+  std::string name;
+  bool quantized = false;
+  bool resumed = false;
+  int bits = 0;             // K (quantized) or 0
+  double proxy_err = 0.0;
+  double seconds = 0.0;
+};
+
+struct ConvertResult {
+  std::filesystem::path out_dir;
+  std::string architecture;
+  bool already_complete = false;  // OUT_DIR held this very conversion; nothing was done
+  int64_t tensors = 0;            // output modules (linears + copied tensors)
+  int64_t quantized = 0;          // EXL3 linears
+  int64_t resumed = 0;            // modules finished by an earlier, interrupted run
+  int64_t converted = 0;          // modules converted by this run
+  double bits_target = 0.0;
+  double bits_achieved = 0.0;
+  int head_bits = 0;
+  int num_shards = 0;
+  uint64_t total_bytes = 0;       // tensor data in the shards
+  double seconds = 0.0;
+  uint64_t peak_rss_bytes = 0;
+  std::vector<TensorReport> reports;  // output order
+
+  nlohmann::json to_json() const;
+};
+
+// Converts IN_DIR (config.json + *.safetensors) into OUT_DIR. Throws exl3::Error on bad input
+// (naming the file and tensor), on an OUT_DIR holding a different model (unless overwrite), and on
+// a partial run with different settings (unless overwrite).
+ConvertResult convert_model(const std::filesystem::path& in_dir,
+                            const std::filesystem::path& out_dir, const ConvertOptions& options);
+
+// Name of the partial-work folder inside OUT_DIR and of the journal inside it.
+inline constexpr const char* kPartialDir = ".exl3-partial";
+inline constexpr const char* kJournalFile = "journal.jsonl";
+
+// ---- helpers for front ends ------------------------------------------------------------------
+
+// A progress printer: on a terminal a redrawn bar with ETA, otherwise one line per tensor.
+ProgressFn make_progress_printer(std::FILE* out, bool terminal);
+// Peak resident set size of this process (getrusage ru_maxrss), in bytes.
+uint64_t peak_rss_bytes();
+
+std::string_view out_scales_name(OutScales s);          // "always" | "never" | "auto"
+std::optional<OutScales> parse_out_scales(std::string_view s);
+std::optional<trellis::Codebook> parse_codebook(std::string_view s);  // "3inst" | "mcg" | "mul1"
+
+}  // namespace exl3::quant

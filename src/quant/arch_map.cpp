@@ -1,0 +1,480 @@
+// Architecture map: which source tensors of a Hugging Face model become EXL3 linears, how they are
+// grouped for the bit allocation, and what is copied through. The key templates are the ones
+// exllamav3's architecture definitions use for the supported models (format spec 4.2-4.4).
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "exl3/error.hpp"
+#include "exl3/quant/convert.hpp"
+#include "exl3/trellis/bitstream.hpp"
+
+namespace exl3::quant {
+
+namespace {
+
+struct ArchInfo {
+  const char* name;
+  bool moe;             // routed experts `mlp.experts.E.{gate,up,down}_proj`
+  bool shared_experts;  // GLM-4.5 `mlp.shared_experts.*`
+};
+
+constexpr ArchInfo kArchs[] = {
+    {"LlamaForCausalLM", false, false},   {"Qwen2ForCausalLM", false, false},
+    {"Qwen3ForCausalLM", false, false},   {"Qwen3MoeForCausalLM", true, false},
+    {"Glm4MoeForCausalLM", true, true},
+};
+
+std::vector<std::string_view> split_dots(std::string_view s) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = s.find('.', start);
+    parts.push_back(s.substr(start, dot == std::string_view::npos ? dot : dot - start));
+    if (dot == std::string_view::npos) return parts;
+    start = dot + 1;
+  }
+}
+
+int parse_index(std::string_view s) {
+  int v = -1;
+  if (s.empty() || s.size() > 9) return -1;
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() && p == s.data() + s.size() ? v : -1;
+}
+
+// Natural order: digit runs compare as numbers, so layers.2 sorts before layers.10.
+bool natural_less(std::string_view a, std::string_view b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (std::isdigit(static_cast<unsigned char>(a[i])) && std::isdigit(static_cast<unsigned char>(b[j]))) {
+      size_t ie = i, je = j;
+      while (ie < a.size() && std::isdigit(static_cast<unsigned char>(a[ie]))) ++ie;
+      while (je < b.size() && std::isdigit(static_cast<unsigned char>(b[je]))) ++je;
+      const auto da = a.substr(i, ie - i), db = b.substr(j, je - j);
+      const auto ta = da.substr(std::min(da.find_first_not_of('0'), da.size()));
+      const auto tb = db.substr(std::min(db.find_first_not_of('0'), db.size()));
+      if (ta.size() != tb.size()) return ta.size() < tb.size();
+      if (ta != tb) return ta < tb;
+      i = ie;
+      j = je;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i;
+      ++j;
+    }
+  }
+  return a.size() - i < b.size() - j;
+}
+
+// Output order: embeddings, then layer by layer (norm + attention before the MLP), then any
+// other top-level tensor, lm_head last -- the module order exllamav3 writes.
+struct OrderKey {
+  int section = 2;
+  int layer = 0;
+  int in_layer = 0;
+};
+
+OrderKey order_key(std::string_view name) {
+  const auto parts = split_dots(name);
+  if (parts[0] == "lm_head") return {3, 0, 0};
+  if (parts.size() >= 2 && parts[0] == "model" && parts[1] == "embed_tokens") return {0, 0, 0};
+  if (parts.size() >= 4 && parts[0] == "model" && parts[1] == "layers") {
+    const int l = parse_index(parts[2]);
+    if (l >= 0) {
+      int r = 2;
+      if (parts[3] == "input_layernorm") r = 0;
+      else if (parts[3] == "self_attn") r = 1;
+      else if (parts[3] == "mlp") r = 3;
+      return {1, l, r};
+    }
+  }
+  return {2, 0, 0};
+}
+
+bool is_float(DType t) {
+  return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32 || t == DType::kF64;
+}
+
+int64_t pad128(int64_t n) { return (n + 127) / 128 * 128; }
+
+// What a recognised linear weight name says about its place in the model.
+struct LinearKey {
+  int layer = -1;
+  int expert = -1;     // routed expert index
+  bool shared = false;  // GLM shared expert
+  std::string proj;    // q_proj, ..., down_proj
+  std::string prefix;  // the name without ".weight"
+};
+
+const std::set<std::string_view> kAttnProj = {"q_proj", "k_proj", "v_proj", "o_proj"};
+const std::set<std::string_view> kMlpProj = {"gate_proj", "up_proj", "down_proj"};
+
+class Planner {
+ public:
+  Planner(const ModelConfig& cfg, const TensorStore& store, const ArchInfo& arch)
+      : cfg_(cfg), store_(store), arch_(arch), label_(store.root().string()) {}
+
+  ConversionPlan run(double bits, int head_bits);
+
+ private:
+  std::optional<LinearKey> parse_linear(const std::string& name) const;
+  void add_linear(const LinearKey& key, const TensorRef& w);
+  void add_plain(const TensorRef& t);
+  void check_structure() const;
+  bool layer_is_moe(int l) const;
+  void add_head(int head_bits);
+  void allocate(double bits, int head_bits, ConversionPlan& plan);
+
+  const ModelConfig& cfg_;
+  const TensorStore& store_;
+  const ArchInfo& arch_;
+  std::string label_;
+  std::vector<PlanItem> items_;
+  std::set<std::string> consumed_;  // source tensors already mapped (biases of linears)
+  // Structure bookkeeping for the completeness check.
+  std::map<int, std::set<std::string>> attn_, dense_, shared_;
+  std::map<int, std::map<int, std::set<std::string>>> experts_;
+};
+
+std::optional<LinearKey> Planner::parse_linear(const std::string& name) const {
+  const auto p = split_dots(name);
+  if (p.size() < 2 || p.back() != "weight") return std::nullopt;
+  LinearKey k;
+  k.prefix = name.substr(0, name.size() - 7);
+  if (p.size() == 2 && p[0] == "lm_head") {
+    k.proj = "lm_head";
+    return k;
+  }
+  if (p.size() < 6 || p[0] != "model" || p[1] != "layers") return std::nullopt;
+  k.layer = parse_index(p[2]);
+  if (k.layer < 0) return std::nullopt;
+  if (p.size() == 6 && p[3] == "self_attn" && kAttnProj.contains(p[4])) {
+    k.proj = std::string(p[4]);
+    return k;
+  }
+  if (p[3] != "mlp") return std::nullopt;
+  if (p.size() == 6 && kMlpProj.contains(p[4])) {
+    k.proj = std::string(p[4]);
+    return k;
+  }
+  if (p.size() == 7 && p[4] == "shared_experts" && kMlpProj.contains(p[5])) {
+    if (!arch_.shared_experts) {
+      fail("{}: tensor '{}': shared experts are not part of {} (unsupported layout)", label_, name,
+           arch_.name);
+    }
+    k.shared = true;
+    k.proj = std::string(p[5]);
+    return k;
+  }
+  if (p.size() == 8 && p[4] == "experts" && kMlpProj.contains(p[6])) {
+    k.expert = parse_index(p[5]);
+    if (k.expert < 0) return std::nullopt;
+    if (!arch_.moe) {
+      fail("{}: tensor '{}': routed experts in a dense {} model (unsupported layout)", label_, name,
+           arch_.name);
+    }
+    k.proj = std::string(p[6]);
+    return k;
+  }
+  return std::nullopt;
+}
+
+void Planner::add_linear(const LinearKey& key, const TensorRef& w) {
+  const auto& info = *w.info;
+  if (!is_float(info.dtype)) {
+    fail("{}: tensor '{}': dtype {} is not supported for a linear weight (expected BF16, F16 or "
+         "F32; dequantize FP8/MXFP4 sources first)",
+         w.path().string(), info.name, dtype_name(info.dtype));
+  }
+  if (info.rank() != 2 || info.shape[0] <= 0 || info.shape[1] <= 0) {
+    fail("{}: tensor '{}': shape [{}] cannot be handled (a linear weight must be 2-D [out, in] "
+         "with positive dims)",
+         w.path().string(), info.name, fmt::join(info.shape, ", "));
+  }
+  PlanItem it;
+  it.kind = PlanItem::Kind::kExl3Linear;
+  it.name = key.proj == "lm_head" ? "lm_head" : key.prefix;
+  it.source = info.name;
+  it.out_features = info.shape[0];
+  it.in_features = info.shape[1];
+  it.layer = key.layer;
+  if (const TensorRef* b = store_.find(key.prefix + ".bias")) {
+    const auto& bi = *b->info;
+    if (!is_float(bi.dtype) || bi.rank() != 1 || bi.shape[0] != it.out_features) {
+      fail("{}: tensor '{}': bias must be a float vector of {} (out_features), got {} [{}]",
+           b->path().string(), bi.name, it.out_features, dtype_name(bi.dtype),
+           fmt::join(bi.shape, ", "));
+    }
+    it.bias = bi.name;
+    consumed_.insert(bi.name);
+  }
+  if (key.proj == "lm_head") {
+    it.role = LinearRole::kHead;
+  } else if (key.layer >= cfg_.num_hidden_layers) {
+    it.role = LinearRole::kMtp;
+    it.group = it.name;
+  } else {
+    it.role = LinearRole::kDecoder;
+    const std::string lp = fmt::format("model.layers.{}.", key.layer);
+    const bool gate_up = key.proj == "gate_proj" || key.proj == "up_proj";
+    if (kAttnProj.contains(key.proj)) {
+      attn_[key.layer].insert(key.proj);
+      it.group = lp + (key.proj == "o_proj" ? "self_attn.o" : "self_attn.qkv");
+    } else if (key.shared) {
+      shared_[key.layer].insert(key.proj);
+      it.group = lp + (gate_up ? "mlp.shared_experts.gate_up" : "mlp.shared_experts.down");
+    } else if (key.expert >= 0) {
+      experts_[key.layer][key.expert].insert(key.proj);
+      it.group = lp + (gate_up ? "mlp.experts.gate_up" : "mlp.experts.down");
+    } else {
+      dense_[key.layer].insert(key.proj);
+      it.group = lp + (gate_up ? "mlp.gate_up" : "mlp.down");
+    }
+  }
+  items_.push_back(std::move(it));
+}
+
+void Planner::add_plain(const TensorRef& t) {
+  const auto& info = *t.info;
+  const std::string& n = info.name;
+  // Fused projections (Phi-3 qkv_proj / gate_up_proj, transformers' 3-D fused experts) would need
+  // splitting, which none of the supported architectures' checkpoints use.
+  if (n.find(".mlp.experts.") != std::string::npos && info.rank() == 3) {
+    fail("{}: tensor '{}': fused 3-D expert tensor [{}] cannot be handled (expected per-expert "
+         "'mlp.experts.E.{{gate,up,down}}_proj.weight' keys)",
+         t.path().string(), n, fmt::join(info.shape, ", "));
+  }
+  if (n.ends_with("qkv_proj.weight") || n.ends_with("gate_up_proj.weight")) {
+    fail("{}: tensor '{}': fused projection cannot be handled for {} (expected separate "
+         "q/k/v and gate/up projections)",
+         t.path().string(), n, arch_.name);
+  }
+  PlanItem it;
+  it.kind = PlanItem::Kind::kPlain;
+  it.name = n;
+  it.source = n;
+  const auto parts = split_dots(n);
+  const bool router = n.ends_with("mlp.gate.weight") || n.ends_with("e_score_correction_bias");
+  if (std::find(parts.begin(), parts.end(), "embed_tokens") != parts.end()) it.role_name = "embedding";
+  else if (router) it.role_name = "router";
+  else if (n.find("norm") != std::string::npos) it.role_name = "norm";
+  else if (n.ends_with(".bias")) it.role_name = "bias";
+  else if (info.rank() == 2) it.role_name = "linear";
+  else it.role_name = "other";
+  // exllamav3 keeps bf16/fp16 as stored, loads fp32 as fp16, and stores routers in fp16.
+  it.out_dtype = info.dtype;
+  if (is_float(info.dtype) && (router || info.dtype == DType::kF32 || info.dtype == DType::kF64)) {
+    it.out_dtype = DType::kF16;
+  }
+  items_.push_back(std::move(it));
+}
+
+bool Planner::layer_is_moe(int l) const {
+  const auto& raw = cfg_.raw;
+  if (std::string_view(arch_.name) == "Glm4MoeForCausalLM") {
+    return l >= raw.value("first_k_dense_replace", 0);
+  }
+  // Qwen3-MoE: sparse unless listed in mlp_only_layers or off the decoder_sparse_step grid.
+  if (raw.contains("mlp_only_layers") && raw["mlp_only_layers"].is_array()) {
+    for (const auto& v : raw["mlp_only_layers"]) {
+      if (v.is_number_integer() && v.get<int>() == l) return false;
+    }
+  }
+  const int step = raw.value("decoder_sparse_step", 1);
+  return step <= 1 || (l + 1) % step == 0;
+}
+
+void Planner::check_structure() const {
+  const std::string lbl = label_;
+  auto missing = [&](const std::string& name) {
+    fail("{}: missing weights: tensor '{}' not found (the {} layout needs it)", lbl, name,
+         arch_.name);
+  };
+  for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
+    const std::string lp = fmt::format("model.layers.{}.", l);
+    for (const auto& p : kAttnProj) {
+      if (!attn_.contains(l) || !attn_.at(l).contains(std::string(p))) {
+        missing(lp + "self_attn." + std::string(p) + ".weight");
+      }
+    }
+    const bool moe = arch_.moe && layer_is_moe(l);
+    if (!moe) {
+      if (experts_.contains(l)) {
+        fail("{}: layer {} has routed experts but {} expects a dense MLP there", lbl, l,
+             arch_.name);
+      }
+      for (const auto& p : kMlpProj) {
+        if (!dense_.contains(l) || !dense_.at(l).contains(std::string(p))) {
+          missing(lp + "mlp." + std::string(p) + ".weight");
+        }
+      }
+      continue;
+    }
+    if (dense_.contains(l)) {
+      fail("{}: layer {} has a dense MLP but {} expects routed experts there", lbl, l, arch_.name);
+    }
+    if (!store_.contains(lp + "mlp.gate.weight")) missing(lp + "mlp.gate.weight");
+    for (int e = 0; e < cfg_.num_experts; ++e) {
+      for (const auto& p : kMlpProj) {
+        if (!experts_.contains(l) || !experts_.at(l).contains(e) ||
+            !experts_.at(l).at(e).contains(std::string(p))) {
+          missing(fmt::format("{}mlp.experts.{}.{}.weight", lp, e, p));
+        }
+      }
+    }
+    if (experts_.contains(l) && experts_.at(l).rbegin()->first >= cfg_.num_experts) {
+      fail("{}: layer {}: expert {} found but config.json declares {} experts", lbl, l,
+           experts_.at(l).rbegin()->first, cfg_.num_experts);
+    }
+    if (arch_.shared_experts && cfg_.n_shared_experts > 0) {
+      for (const auto& p : kMlpProj) {
+        if (!shared_.contains(l) || !shared_.at(l).contains(std::string(p))) {
+          missing(lp + "mlp.shared_experts." + std::string(p) + ".weight");
+        }
+      }
+    }
+  }
+  if (!store_.contains("model.embed_tokens.weight")) missing("model.embed_tokens.weight");
+}
+
+void Planner::add_head(int head_bits) {
+  const TensorRef* head = store_.find("lm_head.weight");
+  bool tied = false;
+  if (head == nullptr) {
+    if (!cfg_.tie_word_embeddings) {
+      fail("{}: missing weights: tensor 'lm_head.weight' not found and config.json has no "
+           "tie_word_embeddings",
+           label_);
+    }
+    head = &store_.at("model.embed_tokens.weight");
+    tied = true;
+  }
+  if (head_bits == kHeadBitsUnquantized) {
+    // An unquantized head is a plain `lm_head.weight`; a tied one is simply the embedding, which
+    // the runtime falls back to when no lm_head tensors exist (spec 4.4).
+    if (!tied) add_plain(*head);
+    return;
+  }
+  LinearKey k;
+  k.proj = "lm_head";
+  k.prefix = "lm_head";
+  add_linear(k, *head);
+  if (tied) items_.back().name = "lm_head";
+}
+
+void Planner::allocate(double bits, int head_bits, ConversionPlan& plan) {
+  std::vector<AllocGroup> groups;
+  std::map<std::string, size_t> index;
+  static const std::map<std::string_view, int> kRank = {
+      {"self_attn.qkv", 0},          {"self_attn.o", 1},          {"mlp.gate_up", 2},
+      {"mlp.down", 3},               {"mlp.experts.gate_up", 4},  {"mlp.experts.down", 5},
+      {"mlp.shared_experts.gate_up", 6}, {"mlp.shared_experts.down", 7}};
+  for (const auto& it : items_) {
+    if (it.kind != PlanItem::Kind::kExl3Linear || it.role != LinearRole::kDecoder) continue;
+    auto [pos, fresh] = index.try_emplace(it.group, groups.size());
+    if (fresh) {
+      const std::string lp = fmt::format("model.layers.{}.", it.layer);
+      groups.push_back({it.group, it.layer, kRank.at(std::string_view(it.group).substr(lp.size())), 0});
+    }
+    groups[pos->second].weights += pad128(it.in_features) * pad128(it.out_features);
+  }
+  if (groups.empty()) fail("{}: no decoder linears found for {}", label_, arch_.name);
+  const auto k = allocate_bits(groups, static_cast<int>(cfg_.num_hidden_layers), bits);
+  long double num = 0, den = 0;
+  for (auto& it : items_) {
+    if (it.kind != PlanItem::Kind::kExl3Linear) continue;
+    if (it.role == LinearRole::kHead) it.bits = head_bits;
+    else if (it.role == LinearRole::kMtp) it.bits = kMtpBits;
+    else {
+      it.bits = k[index.at(it.group)];
+      const auto w = static_cast<long double>(pad128(it.in_features) * pad128(it.out_features));
+      num += w * it.bits;
+      den += w;
+    }
+  }
+  plan.bits_achieved = static_cast<double>(num / den);
+}
+
+ConversionPlan Planner::run(double bits, int head_bits) {
+  for (const auto& name : store_.names()) {
+    const TensorRef& t = store_.at(name);
+    if (name == "lm_head.weight") continue;  // handled with head_bits below
+    if (const auto key = parse_linear(name)) {
+      add_linear(*key, t);
+    }
+  }
+  for (const auto& name : store_.names()) {
+    if (name == "lm_head.weight" || consumed_.contains(name)) continue;
+    const TensorRef& t = store_.at(name);
+    if (!parse_linear(name)) add_plain(t);
+  }
+  check_structure();
+  add_head(head_bits);
+
+  ConversionPlan plan;
+  plan.architecture = arch_.name;
+  plan.num_layers = cfg_.num_hidden_layers;
+  plan.tied_head = !store_.contains("lm_head.weight");
+  plan.bits_target = bits;
+  plan.head_bits = head_bits;
+  allocate(bits, head_bits, plan);
+  std::stable_sort(items_.begin(), items_.end(), [](const PlanItem& a, const PlanItem& b) {
+    const OrderKey ka = order_key(a.name), kb = order_key(b.name);
+    if (ka.section != kb.section) return ka.section < kb.section;
+    if (ka.layer != kb.layer) return ka.layer < kb.layer;
+    if (ka.in_layer != kb.in_layer) return ka.in_layer < kb.in_layer;
+    return natural_less(a.name, b.name);
+  });
+  plan.items = std::move(items_);
+  return plan;
+}
+
+}  // namespace
+
+const std::vector<std::string>& supported_architectures() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& a : kArchs) v.emplace_back(a.name);
+    return v;
+  }();
+  return names;
+}
+
+ConversionPlan plan_conversion(const ModelConfig& config, const TensorStore& store, double bits,
+                               int head_bits) {
+  if (!std::isfinite(bits) || bits < trellis::kMinBits || bits > trellis::kMaxBits) {
+    fail("quantize: --bits {} outside {}..{}", bits, trellis::kMinBits, trellis::kMaxBits);
+  }
+  if (!trellis::valid_bits(head_bits) && head_bits != kHeadBitsUnquantized) {
+    fail("quantize: --head-bits {} must be in 1..8, or 16 to keep lm_head unquantized", head_bits);
+  }
+  const ArchInfo* arch = nullptr;
+  for (const auto& a : kArchs) {
+    if (config.architecture == a.name) arch = &a;
+  }
+  if (arch == nullptr) {
+    fail("{}: architecture '{}' is not supported for conversion (supported: {})",
+         store.root().string(), config.architecture, fmt::join(supported_architectures(), ", "));
+  }
+  if (config.num_hidden_layers <= 0) {
+    fail("{}: config.json: num_hidden_layers must be positive", store.root().string());
+  }
+  if (arch->moe && config.num_experts <= 0) {
+    fail("{}: config.json: {} needs num_experts (or num_local_experts / n_routed_experts)",
+         store.root().string(), arch->name);
+  }
+  return Planner(config, store, *arch).run(bits, head_bits);
+}
+
+}  // namespace exl3::quant

@@ -1,0 +1,609 @@
+// Model conversion (exl3::quant::convert_model) end to end on tiny synthetic Hugging Face models:
+// layout and config as exllamav3 writes them, reconstruction against the source weights,
+// sharding, resume after an interruption (bit-identical to a one-shot run), bit allocation, and
+// every bad-input case. The CPU encoder is slow (a few hundred tiles/s per core), so models are
+// the smallest that exercise each path and the global scale is fixed (--g-scale) instead of
+// searched; the search itself is covered by the quantize_tensor tests.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "exl3/cpu/linear.hpp"
+#include "exl3/error.hpp"
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/format/safetensors.hpp"
+#include "exl3/format/synthetic_hf.hpp"
+#include "exl3/quant/convert.hpp"
+#include "exl3/trellis/half.hpp"
+#include "quant_test_mode.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace q = exl3::quant;
+namespace tr = exl3::trellis;
+using exl3::test::TempDir;
+
+// Expects fn() to throw exl3::Error whose message contains every one of `parts`.
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no exl3::Error thrown; expected one mentioning '" << parts.front() << "'";
+  } catch (const exl3::Error& e) {
+    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+// The smallest Qwen3-MoE that has every kind of tensor: one layer, two experts, k/v narrower
+// than 128 (padding), vocab 256.
+exl3::SyntheticHfSpec tiny_moe(uint64_t seed) {
+  exl3::SyntheticHfSpec s;
+  s.arch = exl3::HfArch::kQwen3Moe;
+  s.hidden_size = 128;
+  s.num_layers = 1;
+  s.num_heads = 2;
+  s.num_kv_heads = 1;
+  s.head_dim = 64;
+  s.num_experts = 2;
+  s.experts_per_tok = 1;
+  s.moe_intermediate_size = 128;
+  s.vocab_size = 256;
+  s.seed = seed;
+  return s;
+}
+
+q::ConvertOptions fast_options(double bits, uint64_t seed) {
+  q::ConvertOptions o;
+  o.bits = bits;
+  o.seed = seed;
+  o.g_scale = 0.78;  // near the search's choice for MUL1 at K = 2..3 on Gaussian weights
+  return o;
+}
+
+std::string read_bytes(const fs::path& p) { return exl3::test::read_file(p); }
+
+// Rewrites dir/model.safetensors through `edit` (return false to drop a tensor).
+using Edit = std::function<bool(const std::string&, exl3::DType&, std::vector<int64_t>&, std::vector<std::byte>&)>;
+void rewrite_model(const fs::path& dir, const Edit& edit) {
+  exl3::SafetensorsWriter w;
+  {
+    const auto store = exl3::TensorStore::open(dir);
+    for (const auto& name : store.names()) {
+      const auto& ref = store.at(name);
+      exl3::DType dt = ref.info->dtype;
+      std::vector<int64_t> shape = ref.info->shape;
+      std::vector<std::byte> data(ref.bytes().begin(), ref.bytes().end());
+      if (edit(name, dt, shape, data)) w.add(name, dt, shape, std::span<const std::byte>(data));
+    }
+  }
+  w.write(dir / "model.safetensors");
+}
+
+void edit_config(const fs::path& dir, const std::function<void(nlohmann::json&)>& f) {
+  auto j = nlohmann::json::parse(read_bytes(dir / "config.json"));
+  f(j);
+  exl3::test::write_file(dir / "config.json", j.dump(2));
+}
+
+// Source HF weight [out, in] of `name`, as fp32.
+std::vector<float> source_weight(const fs::path& dir, const std::string& name, int64_t& out, int64_t& in) {
+  const auto store = exl3::TensorStore::open(dir);
+  const auto& ref = store.at(name);
+  out = ref.info->shape[0];
+  in = ref.info->shape[1];
+  return exl3::read_as_float(ref);
+}
+
+// Relative RMS error of the converted linear against the source weight (transposed), over the
+// unpadded region; padded output columns must reconstruct to exactly 0.
+double rel_rms(const exl3::Checkpoint& ckpt, const std::string& prefix, const fs::path& src, const std::string& src_name) {
+  int64_t out = 0, in = 0;
+  const auto w = source_weight(src, src_name, out, in);
+  const auto data = exl3::Exl3LinearData::load(ckpt, prefix);
+  const auto rec = exl3::cpu::reconstruct_weight(exl3::cpu::LinearView::of(data));
+  const int64_t pout = data.info().out_features;
+  double se = 0.0, ss = 0.0;
+  for (int64_t i = 0; i < in; ++i) {
+    for (int64_t o = 0; o < pout; ++o) {
+      const double r = rec[static_cast<size_t>(i * pout + o)];
+      if (o >= out) {
+        EXPECT_EQ(r, 0.0) << prefix << " padded output " << o;
+        continue;
+      }
+      const double ref = w[static_cast<size_t>(o * in + i)];
+      se += (r - ref) * (r - ref);
+      ss += ref * ref;
+    }
+  }
+  return std::sqrt(se / ss);
+}
+
+std::vector<std::string> journal_lines(const fs::path& out) {
+  std::ifstream in(out / q::kPartialDir / q::kJournalFile);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+std::map<std::string, std::string> folder_files(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.is_regular_file()) files[e.path().filename().string()] = read_bytes(e.path());
+  }
+  return files;
+}
+
+// ---- end to end --------------------------------------------------------------------------------
+
+// One-shot conversion with a tiny shard size, then an interrupted + resumed conversion of the
+// same model that must come out bit for bit identical. (One test, because each conversion costs
+// seconds of encoder time and ctest runs every test in its own process.)
+TEST(Convert, Qwen3MoeShardedResumedBitIdentical) {
+  if (exl3::test::quant_fast_mode()) {
+    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): two conversions are too slow under "
+                    "instrumentation; Convert.LlamaTiedEmbeddingsPaddedMcg covers the pipeline";
+  }
+  const uint64_t seed = exl3::test::test_seed();
+  TempDir tmp;
+  const fs::path src = tmp / "hf", one = tmp / "one", two = tmp / "two";
+  const auto hf = exl3::write_synthetic_hf_model(src, tiny_moe(seed));
+  EXPECT_EQ(hf.num_linears, 11);  // q k v o + 2 experts x 3 + lm_head
+
+  q::ConvertOptions o = fast_options(2.5, seed);
+  o.shard_size_bytes = 40 << 10;  // forces several shards
+  int progress_calls = 0;
+  o.progress = [&](const q::ProgressEvent&) { ++progress_calls; };
+  const auto r = q::convert_model(src, one, o);
+  EXPECT_FALSE(r.already_complete);
+  EXPECT_EQ(r.quantized, 11);
+  EXPECT_EQ(r.converted, r.tensors);
+  EXPECT_EQ(r.resumed, 0);
+  EXPECT_GT(r.num_shards, 1);
+  EXPECT_GT(r.peak_rss_bytes, 0u);
+  EXPECT_EQ(progress_calls, r.tensors + r.num_shards);
+  EXPECT_FALSE(fs::exists(one / q::kPartialDir));
+
+  // Bit allocation: 10 equal 128x128 (padded) decoder linears, target 2.5 -> q/k/v (3) and o (1)
+  // are raised, the 4 gate/up experts do not fit in the remaining budget, nor the 2 downs.
+  EXPECT_NEAR(r.bits_achieved, 2.4, 1e-12);
+  const auto cfg = nlohmann::json::parse(read_bytes(one / "config.json"));
+  const auto& qc = cfg["quantization_config"];
+  EXPECT_EQ(qc["quant_method"], "exl3");
+  EXPECT_EQ(qc["version"], q::kConverterVersion);
+  EXPECT_DOUBLE_EQ(qc["bits"].get<double>(), 2.4);
+  EXPECT_EQ(qc["head_bits"], 6);
+  EXPECT_EQ(qc["calibration"]["rows"], 0);
+  EXPECT_EQ(qc["out_scales"], "always");
+  EXPECT_EQ(qc["codebook"], "mul1");
+  EXPECT_EQ(cfg["architectures"][0], "Qwen3MoeForCausalLM");
+  EXPECT_EQ(cfg["num_experts"], 2);
+
+  // Every expected linear, with its K and codebook; routers F16, norms and embedding BF16.
+  const auto ckpt = exl3::Checkpoint::open(one);
+  ASSERT_EQ(ckpt.linears().size(), 11u);
+  for (const auto& l : ckpt.linears()) {
+    EXPECT_EQ(l.codebook, tr::Codebook::kMul1) << l.prefix;
+    int want = 2;
+    if (l.prefix == "lm_head") want = 6;
+    else if (l.prefix.find("self_attn") != std::string::npos) want = 3;
+    EXPECT_EQ(l.bits, want) << l.prefix;
+    EXPECT_EQ(l.in_features, 128) << l.prefix;
+  }
+  EXPECT_EQ(ckpt.linear("model.layers.0.self_attn.k_proj").out_features, 128);  // 64 padded
+  EXPECT_EQ(ckpt.linear("lm_head").out_features, 256);
+  ASSERT_EQ(ckpt.moe_layers().size(), 1u);
+  EXPECT_EQ(ckpt.moe_layers()[0].num_experts, 2);
+  std::map<std::string, exl3::DType> plain;
+  for (const auto& t : ckpt.plain_tensors()) plain[t.name] = t.dtype;
+  EXPECT_EQ(plain.at("model.layers.0.mlp.gate.weight"), exl3::DType::kF16);
+  EXPECT_EQ(plain.at("model.embed_tokens.weight"), exl3::DType::kBF16);
+  EXPECT_EQ(plain.at("model.layers.0.self_attn.q_norm.weight"), exl3::DType::kBF16);
+  EXPECT_EQ(plain.size(), 7u);
+  EXPECT_EQ(read_bytes(one / "tokenizer.json"), read_bytes(src / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(one / "generation_config.json"));
+
+  // Shards: index lists every tensor, a module never spans two shards, the store opens.
+  const auto index = nlohmann::json::parse(read_bytes(one / "model.safetensors.index.json"));
+  EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), r.total_bytes);
+  EXPECT_EQ(index["weight_map"].size(), ckpt.store().size());
+  for (const auto& l : ckpt.linears()) {
+    const auto shard = index["weight_map"][l.prefix + ".trellis"];
+    for (const char* s : {".suh", ".svh", ".mul1"}) EXPECT_EQ(index["weight_map"][l.prefix + s], shard) << l.prefix;
+  }
+  EXPECT_FALSE(fs::exists(one / "model.safetensors"));
+  EXPECT_EQ(static_cast<int>(ckpt.store().files().size()), r.num_shards);
+
+  // quantization_config.json: the config block plus tensor_storage per module.
+  const auto qf = nlohmann::json::parse(read_bytes(one / "quantization_config.json"));
+  EXPECT_DOUBLE_EQ(qf["bits"].get<double>(), 2.4);
+  const auto& ts = qf["tensor_storage"];
+  const auto& qproj = ts["model.layers.0.self_attn.q_proj"];
+  EXPECT_EQ(qproj["quant_format"], "exl3");
+  EXPECT_EQ(qproj["bits_per_weight"], 3);
+  EXPECT_EQ(qproj["mul1_multiplier"].get<uint64_t>(), tr::kMul1Mult);
+  EXPECT_EQ(qproj["stored_tensors"]["model.layers.0.self_attn.q_proj.trellis"]["dtype"], "torch.int16");
+  EXPECT_EQ(qproj["stored_tensors"]["model.layers.0.self_attn.q_proj.trellis"]["shape"],
+            nlohmann::json::array({8, 8, 48}));
+  EXPECT_EQ(ts["model.layers.0.mlp.gate"]["stored_tensors"]["model.layers.0.mlp.gate.weight"]["dtype"], "torch.float16");
+  EXPECT_EQ(ts.size(), 18u);
+
+  // Reconstruction against the source (bf16) weights: K=3 attention, K=2 experts, K=6 head.
+  EXPECT_LT(rel_rms(ckpt, "model.layers.0.self_attn.q_proj", src, "model.layers.0.self_attn.q_proj.weight"), 0.15);
+  EXPECT_LT(rel_rms(ckpt, "model.layers.0.self_attn.k_proj", src, "model.layers.0.self_attn.k_proj.weight"), 0.15);
+  EXPECT_LT(rel_rms(ckpt, "model.layers.0.mlp.experts.1.down_proj", src, "model.layers.0.mlp.experts.1.down_proj.weight"), 0.35);
+  EXPECT_LT(rel_rms(ckpt, "lm_head", src, "lm_head.weight"), 0.03);
+
+  // Running again with the same settings is a no-op; other settings find a different model.
+  o.progress = nullptr;
+  EXPECT_TRUE(q::convert_model(src, one, o).already_complete);
+  expect_error([&] { q::convert_model(src, one, fast_options(2.5, seed)); },
+               {one.string(), "already holds a different model", "--overwrite"});
+
+  // Interrupted twice (the stop hook throws before the 6th and the 9th tensor), then finished:
+  // config.json only appears at the end, finished tensors are skipped, and the result equals the
+  // one-shot conversion bit for bit.
+  q::ConvertOptions s = o;
+  s.stop_after = 5;
+  expect_error([&] { q::convert_model(src, two, s); }, {"stopped after 5"});
+  EXPECT_FALSE(fs::exists(two / "config.json"));
+  EXPECT_EQ(journal_lines(two).size(), 1u + 5u);
+  s.stop_after = 3;
+  expect_error([&] { q::convert_model(src, two, s); }, {"stopped after 3"});
+  EXPECT_FALSE(fs::exists(two / "config.json"));
+  EXPECT_EQ(journal_lines(two).size(), 1u + 8u);
+  s.stop_after = -1;
+  const auto r2 = q::convert_model(src, two, s);
+  EXPECT_EQ(r2.resumed, 8);
+  EXPECT_EQ(r2.converted, r2.tensors - 8);
+  EXPECT_FALSE(fs::exists(two / q::kPartialDir));
+  const auto a = folder_files(one), b = folder_files(two);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, bytes] : a) {
+    ASSERT_TRUE(b.contains(name)) << name;
+    EXPECT_TRUE(bytes == b.at(name)) << name << " differs between one-shot and resumed runs";
+  }
+}
+
+// Llama with tied embeddings, an MLP width and vocab that need padding, MCG at K=3: lm_head is
+// written as an EXL3 linear taken from the embedding; the output fits one model.safetensors.
+// Interrupted once and resumed (no extra encoding), so the whole pipeline -- staging, journal,
+// resume, assembly -- also runs in fast mode, where this is the only end-to-end conversion.
+TEST(Convert, LlamaTiedEmbeddingsPaddedMcg) {
+  const uint64_t seed = exl3::test::test_seed();
+  TempDir tmp;
+  exl3::SyntheticHfSpec spec;
+  spec.arch = exl3::HfArch::kLlama;
+  spec.hidden_size = 128;
+  spec.num_layers = 1;
+  spec.num_heads = 2;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.intermediate_size = 200;  // padded to 256
+  spec.vocab_size = 300;         // padded to 384
+  spec.tie_word_embeddings = true;
+  spec.seed = seed;
+  exl3::write_synthetic_hf_model(tmp / "hf", spec);
+  q::ConvertOptions o = fast_options(3.0, seed);
+  o.codebook = tr::Codebook::kMcg;
+  o.head_bits = 3;
+  o.g_scale = 0.9;  // MCG's codebook RMS is 1.24 (MUL1's 1.0)
+  o.stop_after = 4;
+  expect_error([&] { q::convert_model(tmp / "hf", tmp / "out", o); }, {"stopped after 4"});
+  EXPECT_FALSE(fs::exists(tmp / "out" / "config.json"));
+  EXPECT_TRUE(fs::exists(tmp / "out" / q::kPartialDir / "units" / "000003.safetensors"));
+  o.stop_after = -1;
+  const auto r = q::convert_model(tmp / "hf", tmp / "out", o);
+  EXPECT_EQ(r.resumed, 4);
+  EXPECT_EQ(r.converted, r.tensors - 4);
+  EXPECT_FALSE(fs::exists(tmp / "out" / q::kPartialDir));
+  EXPECT_EQ(r.num_shards, 1);
+  EXPECT_DOUBLE_EQ(r.bits_achieved, 3.0);
+  EXPECT_TRUE(fs::exists(tmp / "out" / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(tmp / "out" / "model.safetensors.index.json"));
+
+  const auto ckpt = exl3::Checkpoint::open(tmp / "out");
+  ASSERT_EQ(ckpt.linears().size(), 8u);  // 7 decoder linears + lm_head from the embedding
+  for (const auto& l : ckpt.linears()) {
+    EXPECT_EQ(l.codebook, tr::Codebook::kMcg) << l.prefix;
+    EXPECT_EQ(l.bits, 3) << l.prefix;
+  }
+  const auto& head = ckpt.linear("lm_head");
+  EXPECT_EQ(head.in_features, 128);
+  EXPECT_EQ(head.out_features, 384);
+  EXPECT_EQ(ckpt.linear("model.layers.0.mlp.down_proj").in_features, 256);
+  EXPECT_NE(ckpt.store().find("model.embed_tokens.weight"), nullptr);  // stays unquantized
+  EXPECT_EQ(ckpt.store().find("lm_head.weight"), nullptr);
+  EXPECT_LT(rel_rms(ckpt, "lm_head", tmp / "hf", "model.embed_tokens.weight"), 0.15);
+  EXPECT_LT(rel_rms(ckpt, "model.layers.0.mlp.up_proj", tmp / "hf", "model.layers.0.mlp.up_proj.weight"), 0.15);
+  EXPECT_LT(rel_rms(ckpt, "model.layers.0.mlp.down_proj", tmp / "hf", "model.layers.0.mlp.down_proj.weight"), 0.15);
+  const auto qf = nlohmann::json::parse(read_bytes(tmp / "out" / "quantization_config.json"));
+  EXPECT_EQ(qf["tensor_storage"]["lm_head"]["mcg_multiplier"].get<uint64_t>(), tr::kMcgMult);
+  EXPECT_FALSE(qf["tensor_storage"]["lm_head"].contains("mul1_multiplier"));
+}
+
+// ---- plans (no encoding) -----------------------------------------------------------------------
+
+q::ConversionPlan plan_of(const fs::path& dir, double bits, int head_bits) {
+  const auto cfg = exl3::parse_model_config(read_bytes(dir / "config.json"), "config.json");
+  const auto store = exl3::TensorStore::open(dir);
+  return q::plan_conversion(cfg, store, bits, head_bits);
+}
+
+const q::PlanItem* find_item(const q::ConversionPlan& p, const std::string& name) {
+  for (const auto& it : p.items) {
+    if (it.name == name) return &it;
+  }
+  return nullptr;
+}
+
+TEST(ConvertPlan, Glm4MoeDenseLeadSharedExpertsRouterBias) {
+  TempDir tmp;
+  exl3::SyntheticHfSpec spec;
+  spec.arch = exl3::HfArch::kGlm4Moe;
+  spec.hidden_size = 128;
+  spec.num_layers = 3;
+  spec.num_heads = 2;
+  spec.num_kv_heads = 1;
+  spec.head_dim = 64;
+  spec.intermediate_size = 256;
+  spec.num_experts = 3;
+  spec.moe_intermediate_size = 128;
+  spec.n_shared_experts = 1;
+  spec.first_k_dense_replace = 1;
+  spec.vocab_size = 256;
+  exl3::write_synthetic_hf_model(tmp.path(), spec);
+  const auto p = plan_of(tmp.path(), 4.0, 6);
+  EXPECT_EQ(p.architecture, "Glm4MoeForCausalLM");
+  int exl3_linears = 0;
+  for (const auto& it : p.items) exl3_linears += it.kind == q::PlanItem::Kind::kExl3Linear;
+  // layer 0: 4 attn + 3 dense; layers 1-2: 4 attn + 3x3 experts + 3 shared; lm_head
+  EXPECT_EQ(exl3_linears, 7 + 2 * 16 + 1);
+  const auto* dense = find_item(p, "model.layers.0.mlp.gate_proj");
+  ASSERT_NE(dense, nullptr);
+  EXPECT_EQ(dense->kind, q::PlanItem::Kind::kExl3Linear);
+  EXPECT_EQ(dense->group, "model.layers.0.mlp.gate_up");
+  const auto* shared = find_item(p, "model.layers.2.mlp.shared_experts.down_proj");
+  ASSERT_NE(shared, nullptr);
+  EXPECT_EQ(shared->kind, q::PlanItem::Kind::kExl3Linear);
+  EXPECT_EQ(shared->group, "model.layers.2.mlp.shared_experts.down");
+  const auto* router = find_item(p, "model.layers.1.mlp.gate.weight");
+  ASSERT_NE(router, nullptr);
+  EXPECT_EQ(router->kind, q::PlanItem::Kind::kPlain);
+  EXPECT_EQ(router->role_name, "router");
+  EXPECT_EQ(router->out_dtype, exl3::DType::kF16);
+  const auto* bias = find_item(p, "model.layers.1.mlp.gate.e_score_correction_bias");
+  ASSERT_NE(bias, nullptr);
+  EXPECT_EQ(bias->kind, q::PlanItem::Kind::kPlain);
+  EXPECT_EQ(bias->out_dtype, exl3::DType::kF16);  // stored F32 -> F16
+  const auto* qp = find_item(p, "model.layers.1.self_attn.q_proj");
+  ASSERT_NE(qp, nullptr);
+  EXPECT_EQ(qp->bias, "model.layers.1.self_attn.q_proj.bias");  // GLM attention bias
+  EXPECT_EQ(find_item(p, "model.layers.1.self_attn.q_proj.bias"), nullptr);  // not copied apart
+  EXPECT_EQ(p.items.back().name, "lm_head");
+  EXPECT_EQ(p.items.front().name, "model.embed_tokens.weight");
+}
+
+TEST(ConvertPlan, HeadBitsSixteenAndDtypes) {
+  TempDir tmp;
+  exl3::SyntheticHfSpec spec;
+  spec.arch = exl3::HfArch::kQwen2;
+  spec.hidden_size = 128;
+  spec.num_layers = 2;
+  spec.num_heads = 2;
+  spec.num_kv_heads = 1;
+  spec.head_dim = 64;
+  spec.intermediate_size = 128;
+  spec.vocab_size = 200;
+  spec.dtype = exl3::DType::kF32;
+  exl3::write_synthetic_hf_model(tmp / "untied", spec);
+  auto p = plan_of(tmp / "untied", 3.0, 16);
+  const auto* head = find_item(p, "lm_head.weight");
+  ASSERT_NE(head, nullptr);
+  EXPECT_EQ(head->kind, q::PlanItem::Kind::kPlain);
+  EXPECT_EQ(head->out_dtype, exl3::DType::kF16);  // fp32 -> fp16
+  EXPECT_EQ(find_item(p, "model.norm.weight")->out_dtype, exl3::DType::kF16);
+  EXPECT_EQ(find_item(p, "model.layers.1.self_attn.k_proj")->bias, "model.layers.1.self_attn.k_proj.bias");
+
+  spec.tie_word_embeddings = true;
+  spec.dtype = exl3::DType::kBF16;
+  exl3::write_synthetic_hf_model(tmp / "tied", spec);
+  p = plan_of(tmp / "tied", 3.0, 16);
+  EXPECT_EQ(find_item(p, "lm_head"), nullptr);  // the runtime falls back to the embedding
+  EXPECT_EQ(find_item(p, "lm_head.weight"), nullptr);
+  EXPECT_EQ(find_item(p, "model.norm.weight")->out_dtype, exl3::DType::kBF16);
+  p = plan_of(tmp / "tied", 3.0, 5);
+  ASSERT_NE(find_item(p, "lm_head"), nullptr);
+  EXPECT_EQ(find_item(p, "lm_head")->source, "model.embed_tokens.weight");
+  EXPECT_EQ(find_item(p, "lm_head")->bits, 5);
+  EXPECT_TRUE(p.tied_head);
+}
+
+// ---- bit allocation ----------------------------------------------------------------------------
+
+std::vector<q::AllocGroup> layer_groups(int layers, int64_t weights) {
+  std::vector<q::AllocGroup> g;
+  for (int l = 0; l < layers; ++l) {
+    for (int r = 0; r < 4; ++r) g.push_back({fmt::format("l{}g{}", l, r), l, r, weights});
+  }
+  return g;
+}
+
+double average(const std::vector<q::AllocGroup>& g, const std::vector<int>& k) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    num += static_cast<double>(g[i].weights) * k[i];
+    den += static_cast<double>(g[i].weights);
+  }
+  return num / den;
+}
+
+TEST(BitAllocation, IntegerTargetsAndEnds) {
+  auto g = layer_groups(6, 1000);
+  for (int b = 1; b <= 8; ++b) {
+    for (const int k : q::allocate_bits(g, 6, b)) EXPECT_EQ(k, b);
+  }
+  // 2.625 over 6 layers x 4 equal groups: 15 groups go up -- the first and last layer's
+  // (distance 0), then layer 1's (distance 1, lower layer first), then 3 of layer 4's by rank.
+  const auto k = q::allocate_bits(g, 6, 2.625);
+  EXPECT_DOUBLE_EQ(average(g, k), 2.625);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const int l = g[i].layer;
+    const int want = (l == 0 || l == 5 || l == 1 || (l == 4 && g[i].rank < 3)) ? 3 : 2;
+    EXPECT_EQ(k[i], want) << g[i].id;
+  }
+  EXPECT_THROW(q::allocate_bits(g, 6, 0.5), exl3::Error);
+  EXPECT_THROW(q::allocate_bits(g, 6, 8.5), exl3::Error);
+  EXPECT_THROW(q::allocate_bits(g, 6, std::nan("")), exl3::Error);
+}
+
+// Random group sizes: never above the target, and greedy-maximal (no group left at the floor
+// could still be raised within the budget).
+TEST(BitAllocation, NeverExceedsAndIsMaximal) {
+  auto rng = exl3::test::make_rng();
+  std::uniform_int_distribution<int64_t> size(1, 50);
+  std::uniform_real_distribution<double> target(1.0, 8.0);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int layers = 1 + trial % 7;
+    std::vector<q::AllocGroup> g;
+    for (int l = 0; l < layers; ++l) {
+      for (int r = 0; r < 3; ++r) g.push_back({fmt::format("{}.{}", l, r), l, r, size(rng) * 16384});
+    }
+    const double t = target(rng);
+    const auto k = q::allocate_bits(g, layers, t);
+    const double avg = average(g, k);
+    ASSERT_LE(avg, t + 1e-12) << "target " << t;
+    ASSERT_GE(avg, std::floor(t)) << "target " << t;
+    double total = 0;
+    for (const auto& x : g) total += static_cast<double>(x.weights);
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (k[i] == static_cast<int>(std::floor(t)) && k[i] < 8) {
+        EXPECT_GT(avg + static_cast<double>(g[i].weights) / total, t - 1e-12) << "group " << g[i].id << " still fits";
+      }
+    }
+  }
+}
+
+// ---- bad input ---------------------------------------------------------------------------------
+
+struct BadInput : ::testing::Test {
+  TempDir tmp;
+  fs::path src = tmp / "hf", out = tmp / "out";
+  void SetUp() override { exl3::write_synthetic_hf_model(src, tiny_moe(7)); }
+  q::ConvertResult run(double bits = 2.0) { return q::convert_model(src, out, fast_options(bits, 1)); }
+  // Nothing half-written may look complete.
+  void TearDown() override { EXPECT_FALSE(fs::exists(out / "config.json")); }
+};
+
+TEST_F(BadInput, OptionsOutOfRange) {
+  for (const double b : {0.5, 8.5, std::nan(""), -1.0}) expect_error([&] { run(b); }, {"--bits"});
+  for (const int h : {0, 9, 12, 17}) {
+    auto o = fast_options(2.0, 1);
+    o.head_bits = h;
+    expect_error([&] { q::convert_model(src, out, o); }, {"--head-bits", std::to_string(h)});
+  }
+}
+
+TEST_F(BadInput, MissingConfigOrWeights) {
+  fs::remove(src / "config.json");
+  expect_error([&] { run(); }, {(src / "config.json").string(), "missing"});
+  exl3::write_synthetic_hf_model(src, tiny_moe(7));
+  fs::remove(src / "model.safetensors");
+  expect_error([&] { run(); }, {src.string(), "no safetensors"});
+  expect_error([&] { q::convert_model(tmp / "nope", out, fast_options(2.0, 1)); }, {"nope", "not a folder"});
+}
+
+TEST_F(BadInput, UnknownArchitectureListsSupported) {
+  edit_config(src, [](nlohmann::json& j) { j["architectures"] = {"MistralForCausalLM"}; });
+  expect_error([&] { run(); }, {"MistralForCausalLM", "not supported", "LlamaForCausalLM", "Qwen3MoeForCausalLM",
+                                "Glm4MoeForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"});
+}
+
+TEST_F(BadInput, MissingTensorNamed) {
+  rewrite_model(src, [](const std::string& n, auto&, auto&, auto&) { return n != "model.layers.0.mlp.experts.1.up_proj.weight"; });
+  expect_error([&] { run(); }, {"missing weights", "model.layers.0.mlp.experts.1.up_proj.weight"});
+  exl3::write_synthetic_hf_model(src, tiny_moe(7));
+  rewrite_model(src, [](const std::string& n, auto&, auto&, auto&) { return n != "lm_head.weight"; });
+  expect_error([&] { run(); }, {"lm_head.weight", "tie_word_embeddings"});
+}
+
+TEST_F(BadInput, NonFiniteWeightNamedWithIndex) {
+  // k_proj is the first linear in output order, so this fails before any encoding.
+  rewrite_model(src, [](const std::string& n, exl3::DType& dt, auto&, std::vector<std::byte>& d) {
+    if (n == "model.layers.0.self_attn.k_proj.weight") {
+      EXPECT_EQ(dt, exl3::DType::kBF16);
+      const uint16_t nan = 0x7FC0;
+      std::memcpy(d.data() + 2 * (3 * 128 + 5), &nan, 2);  // [3, 5] of [64, 128]
+    }
+    return true;
+  });
+  expect_error([&] { run(); }, {"model.layers.0.self_attn.k_proj.weight", "[3, 5]", "nan", "finite"});
+  EXPECT_TRUE(fs::exists(out / q::kPartialDir));  // the copied tensors before it stay resumable
+}
+
+TEST_F(BadInput, ShapesThatCannotBeHandled) {
+  rewrite_model(src, [](const std::string& n, auto&, std::vector<int64_t>& shape, auto&) {
+    if (n == "model.layers.0.self_attn.q_proj.weight") shape = {2, 64, 128};
+    return true;
+  });
+  expect_error([&] { run(); }, {"model.layers.0.self_attn.q_proj.weight", "cannot be handled", "2, 64, 128"});
+
+  exl3::write_synthetic_hf_model(src, tiny_moe(7));
+  rewrite_model(src, [](const std::string& n, exl3::DType& dt, std::vector<int64_t>& shape, std::vector<std::byte>& d) {
+    if (n == "model.layers.0.mlp.experts.0.gate_proj.weight") {  // stands in for a fused expert tensor
+      shape = {2, 64, 128};
+      (void)dt;
+      (void)d;
+    }
+    return true;
+  });
+  expect_error([&] { run(); }, {"model.layers.0.mlp.experts.0.gate_proj.weight", "cannot be handled"});
+
+  exl3::write_synthetic_hf_model(src, tiny_moe(7));
+  rewrite_model(src, [](const std::string& n, exl3::DType& dt, std::vector<int64_t>& shape, std::vector<std::byte>& d) {
+    if (n == "model.layers.0.self_attn.v_proj.weight") {
+      dt = exl3::DType::kF8E4M3;
+      shape = {64, 256};  // same byte count as [64, 128] BF16
+      (void)d;
+    }
+    return true;
+  });
+  expect_error([&] { run(); }, {"model.layers.0.self_attn.v_proj.weight", "F8_E4M3", "not supported"});
+}
+
+TEST_F(BadInput, OutputFolderHoldsDifferentModel) {
+  fs::create_directories(out);
+  exl3::test::write_file(out / "config.json", R"({"architectures": ["LlamaForCausalLM"]})");
+  expect_error([&] { run(); }, {out.string(), "already holds a different model", "--overwrite"});
+  EXPECT_EQ(read_bytes(out / "config.json"), R"({"architectures": ["LlamaForCausalLM"]})");
+  fs::remove(out / "config.json");
+  expect_error([&] { q::convert_model(src, src, fast_options(2.0, 1)); }, {"source folder"});
+  edit_config(src, [](nlohmann::json& j) { j["quantization_config"] = {{"quant_method", "exl3"}}; });
+  expect_error([&] { run(); }, {"already an EXL3 model"});
+}
+
+TEST_F(BadInput, PartialRunWithOtherSettings) {
+  auto o = fast_options(2.0, 1);
+  o.stop_after = 1;  // the embedding copy only: no encoding
+  expect_error([&] { q::convert_model(src, out, o); }, {"stopped after 1"});
+  o.bits = 3.0;
+  o.seed = 9;
+  expect_error([&] { q::convert_model(src, out, o); }, {"different settings", "bits 2.0 (now 3.0)", "seed 1 (now 9)", "--overwrite"});
+  o.overwrite = true;  // discards the foreign partial run and starts over
+  expect_error([&] { q::convert_model(src, out, o); }, {"stopped after 1"});
+  EXPECT_EQ(journal_lines(out).size(), 2u);
+  EXPECT_NE(journal_lines(out)[0].find("\"bits\":3.0"), std::string::npos) << journal_lines(out)[0];
+}
+
+}  // namespace
