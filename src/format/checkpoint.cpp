@@ -12,15 +12,6 @@ namespace exl3 {
 namespace fs = std::filesystem;
 namespace {
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("{}: cannot read", p.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail("{}: read error", p.string());
-  return ss.str();
-}
-
 // Edit distance, for "did you mean" suggestions; inputs are capped so a long name stays cheap.
 size_t edit_distance(std::string_view a, std::string_view b) {
   a = a.substr(0, 160);
@@ -56,11 +47,11 @@ Checkpoint Checkpoint::open(const fs::path& path) {
   c.store_ = TensorStore::open(path);
   if (fs::is_directory(path)) {
     if (const auto cfg = path / "config.json"; fs::exists(cfg)) {
-      c.config_ = parse_model_config(read_text(cfg), cfg.string());
+      c.config_ = parse_model_config(read_text_file(cfg), cfg.string());
     }
     if (const auto qc = path / "quantization_config.json"; fs::exists(qc)) {
       try {
-        c.qconfig_file_ = nlohmann::json::parse(read_text(qc));
+        c.qconfig_file_ = nlohmann::json::parse(read_text_file(qc));
       } catch (const nlohmann::json::exception& e) {
         fail("{}: invalid JSON ({})", qc.string(), e.what());
       }

@@ -1,4 +1,4 @@
-// SafetensorsWriter and write_file_atomic.
+// SafetensorsWriter, write_file_atomic and read_text_file.
 //
 // Layout follows HF safetensors: tensors are laid out by element size (largest first), then by
 // name, with no gaps, so every tensor starts at a multiple of its element size; the JSON header is
@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <numeric>
+#include <sstream>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -143,6 +145,15 @@ void write_file_atomic(const fs::path& path, std::span<const std::byte> bytes) {
 
 void write_file_atomic(const fs::path& path, std::string_view text) {
   write_file_atomic(path, std::as_bytes(std::span<const char>(text.data(), text.size())));
+}
+
+std::string read_text_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot read", path.string());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) fail("{}: read error", path.string());
+  return ss.str();
 }
 
 }  // namespace exl3

@@ -19,15 +19,6 @@ namespace {
 
 using FileList = std::vector<std::shared_ptr<const SafetensorsFile>>;
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("{}: cannot read", p.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail("{}: read error", p.string());
-  return ss.str();
-}
-
 // Shard file names come from the index: keep them inside the checkpoint folder.
 void check_shard_name(const std::string& file, const std::string& tensor, const fs::path& index) {
   const fs::path p(file);
@@ -40,7 +31,7 @@ void check_shard_name(const std::string& file, const std::string& tensor, const 
 FileList open_sharded(const fs::path& dir, const fs::path& index) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_text(index));
+    j = nlohmann::json::parse(read_text_file(index));
   } catch (const nlohmann::json::exception& e) {
     fail("{}: invalid JSON ({})", index.string(), e.what());
   }

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace exl3::test {
@@ -95,5 +97,21 @@ std::string read_file(const std::filesystem::path& p) {
   ss << f.rdbuf();
   return ss.str();
 }
+
+CliRun run_cli(const std::string& args, const std::string& env, bool with_stderr) {
+  const char* override_path = std::getenv("EXL3_CLI");
+  const std::string bin = override_path != nullptr && *override_path != '\0' ? override_path : EXL3_CLI_PATH;
+  const std::string cmd = fmt::format("{} '{}' {} {}", env, bin, args, with_stderr ? "2>&1" : "2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string shell_quote(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
 
 }  // namespace exl3::test

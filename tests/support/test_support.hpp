@@ -53,6 +53,17 @@ double rel_l2(std::span<const float> a, std::span<const double> b);
 double rel_l2(std::span<const float> a, std::span<const float> b);
 
 void write_file(const std::filesystem::path& p, const std::string& bytes);
+
+// The `exl3` binary under test: $EXL3_CLI when set (e.g. a copy on another machine), else the
+// one this build produced.
+struct CliRun {
+  int code;         // exit status (-1 when it did not exit normally)
+  std::string out;  // stdout, plus stderr unless with_stderr is false
+};
+// Runs `exl3 ARGS` through the shell; `env` is prefixed as is (e.g. "VAR=1").
+CliRun run_cli(const std::string& args, const std::string& env = "", bool with_stderr = true);
+// Single-quotes a path for the shell.
+std::string shell_quote(const std::filesystem::path& p);
 std::string read_file(const std::filesystem::path& p);
 
 }  // namespace exl3::test

@@ -8,7 +8,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
 
 #include "exl3/format/checkpoint.hpp"
 #if defined(EXL3_HAVE_CUDA)
@@ -21,50 +20,29 @@ using ::testing::HasSubstr;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;  // stdout + stderr
-};
-
-// The binary under test: $EXL3_CLI when set (e.g. a copy on another machine), else the build's.
-std::string cli_path() {
-  const char* env = std::getenv("EXL3_CLI");
-  return env != nullptr && *env != '\0' ? env : EXL3_CLI_PATH;
-}
-
-Run exl3_cli(const std::string& args) {
-  const std::string cmd = fmt::format("'{}' {} 2>&1", cli_path(), args);
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string q(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
+using exl3::test::shell_quote;
+using exl3::test::run_cli;
+std::string q(const std::filesystem::path& p) { return shell_quote(p); }
 
 }  // namespace
 
 TEST(Cli, HelpTeaches) {
-  const auto r = exl3_cli("--help");
+  const auto r = run_cli("--help");
   EXPECT_EQ(r.code, 0);
   EXPECT_THAT(r.out, HasSubstr("inspect"));
   EXPECT_THAT(r.out, HasSubstr("Examples:"));
   for (const char* cmd : {"inspect", "dequant", "linear", "sample"}) {
-    const auto h = exl3_cli(fmt::format("{} --help", cmd));
+    const auto h = run_cli(fmt::format("{} --help", cmd));
     EXPECT_EQ(h.code, 0) << cmd;
     EXPECT_THAT(h.out, ::testing::AnyOf(HasSubstr("PATH"), HasSubstr("OUT_DIR"))) << cmd;
   }
-  EXPECT_NE(exl3_cli("").code, 0);            // a subcommand is required
-  EXPECT_NE(exl3_cli("frobnicate").code, 0);  // unknown subcommand
+  EXPECT_NE(run_cli("").code, 0);            // a subcommand is required
+  EXPECT_NE(run_cli("frobnicate").code, 0);  // unknown subcommand
 }
 
 TEST(Cli, InspectConformanceJson) {
   EXL3_REQUIRE_CONFORMANCE(dir);
-  const auto r = exl3_cli("inspect --json " + q(dir / "tensors" / "exl3_public_3inst.safetensors"));
+  const auto r = run_cli("inspect --json " + q(dir / "tensors" / "exl3_public_3inst.safetensors"));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["linears"].size(), 9u);  // 8 K cases + the legacy case
@@ -78,7 +56,7 @@ TEST(Cli, InspectConformanceJson) {
   }
   EXPECT_EQ(legacy, 1);
   EXPECT_TRUE(j["tensors"].is_array());
-  const auto text = exl3_cli("inspect " + q(dir / "models" / "tiny-qwen3moe-exl3"));
+  const auto text = run_cli("inspect " + q(dir / "models" / "tiny-qwen3moe-exl3"));
   ASSERT_EQ(text.code, 0) << text.out;
   EXPECT_THAT(text.out, HasSubstr("Qwen3MoeForCausalLM"));
   EXPECT_THAT(text.out, HasSubstr("model.layers.1.mlp.experts.7.down_proj"));
@@ -89,7 +67,7 @@ TEST(Cli, DequantMatchesGolden) {
   EXL3_REQUIRE_CONFORMANCE(dir);
   exl3::test::TempDir tmp;
   const auto file = dir / "tensors" / "exl3_public_mul1.safetensors";
-  const auto r = exl3_cli(fmt::format("dequant {} --prefix cb_mul1.k4.layer --out {}", q(file), q(tmp / "w.safetensors")));
+  const auto r = run_cli(fmt::format("dequant {} --prefix cb_mul1.k4.layer --out {}", q(file), q(tmp / "w.safetensors")));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto got = exl3::TensorStore::open(tmp / "w.safetensors");
   const auto golden = exl3::TensorStore::open(file);
@@ -114,7 +92,7 @@ TEST(Cli, LinearAllConformanceCases) {
       const auto xv = exl3::copy_tensor<uint16_t>(x);
       xw.add<uint16_t>("x", exl3::DType::kF16, x.info->shape, xv);
       xw.write(tmp / "x.safetensors");
-      const auto r = exl3_cli(fmt::format("linear {} --prefix {}.layer --input {} --out {}", q(file), name,
+      const auto r = run_cli(fmt::format("linear {} --prefix {}.layer --input {} --out {}", q(file), name,
                                           q(tmp / "x.safetensors"), q(tmp / "y.safetensors")));
       ASSERT_EQ(r.code, 0) << r.out;
       const auto y = exl3::read_as_float(exl3::TensorStore::open(tmp / "y.safetensors").at("y"));
@@ -127,9 +105,9 @@ TEST(Cli, LinearAllConformanceCases) {
 TEST(Cli, SampleInspectLinearFlow) {
   exl3::test::TempDir tmp;
   const auto model = tmp / "model";
-  auto r = exl3_cli(fmt::format("sample {} --codebook mcg --bits 3 --seed 5", q(model)));
+  auto r = run_cli(fmt::format("sample {} --codebook mcg --bits 3 --seed 5", q(model)));
   ASSERT_EQ(r.code, 0) << r.out;
-  r = exl3_cli("inspect --json " + q(model));
+  r = run_cli("inspect --json " + q(model));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["model"]["architecture"], "Qwen3MoeForCausalLM");
@@ -137,7 +115,7 @@ TEST(Cli, SampleInspectLinearFlow) {
     EXPECT_EQ(l["codebook"], "mcg");
     EXPECT_EQ(l["bits"], l["name"] == "lm_head" ? 6 : 3);
   }
-  r = exl3_cli(fmt::format("linear {} -p model.layers.1.self_attn.q_proj -i {} -o {}", q(model),
+  r = run_cli(fmt::format("linear {} -p model.layers.1.self_attn.q_proj -i {} -o {}", q(model),
                            q(model / "sample_input.safetensors"), q(tmp / "y.safetensors")));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto y = exl3::TensorStore::open(tmp / "y.safetensors");
@@ -146,19 +124,19 @@ TEST(Cli, SampleInspectLinearFlow) {
 
 TEST(Cli, ErrorsNameTheProblem) {
   exl3::test::TempDir tmp;
-  auto r = exl3_cli("inspect " + q(tmp / "does-not-exist"));
+  auto r = run_cli("inspect " + q(tmp / "does-not-exist"));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("does-not-exist"));
   EXPECT_THAT(r.out, HasSubstr("exl3: error:"));
 
   exl3::test::write_file(tmp / "junk.safetensors", "this is not a safetensors file at all");
-  r = exl3_cli("inspect " + q(tmp / "junk.safetensors"));
+  r = run_cli("inspect " + q(tmp / "junk.safetensors"));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("junk.safetensors"));
 
   const auto model = tmp / "m";
-  ASSERT_EQ(exl3_cli("sample " + q(model)).code, 0);
-  r = exl3_cli(fmt::format("dequant {} --prefix model.layers.0.self_attn.qq_proj --out {}", q(model), q(tmp / "w.st")));
+  ASSERT_EQ(run_cli("sample " + q(model)).code, 0);
+  r = run_cli(fmt::format("dequant {} --prefix model.layers.0.self_attn.qq_proj --out {}", q(model), q(tmp / "w.st")));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("qq_proj"));
 
@@ -166,7 +144,7 @@ TEST(Cli, ErrorsNameTheProblem) {
   std::vector<int32_t> xi(256, 1);
   xw.add<int32_t>("x", exl3::DType::kI32, {1, 256}, xi);
   xw.write(tmp / "xi.safetensors");
-  r = exl3_cli(fmt::format("linear {} -p lm_head -i {} -o {}", q(model), q(tmp / "xi.safetensors"), q(tmp / "y.st")));
+  r = run_cli(fmt::format("linear {} -p lm_head -i {} -o {}", q(model), q(tmp / "xi.safetensors"), q(tmp / "y.st")));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("I32"));
 
@@ -174,7 +152,7 @@ TEST(Cli, ErrorsNameTheProblem) {
   std::vector<float> wide(1024, 1.0f);
   xw2.add<float>("x", exl3::DType::kF32, {2, 512}, wide);
   xw2.write(tmp / "wide.safetensors");
-  r = exl3_cli(fmt::format("linear {} -p lm_head -i {} -o {}", q(model), q(tmp / "wide.safetensors"), q(tmp / "y.st")));
+  r = run_cli(fmt::format("linear {} -p lm_head -i {} -o {}", q(model), q(tmp / "wide.safetensors"), q(tmp / "y.st")));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("exceeds in_features"));
 }
@@ -190,7 +168,7 @@ TEST(Cli, LinearOnCudaDevice) {
   const auto xv = exl3::copy_tensor<uint16_t>(x);
   xw.add<uint16_t>("x", exl3::DType::kF16, x.info->shape, xv);
   xw.write(tmp / "x.safetensors");
-  const auto r = exl3_cli(fmt::format("linear {} --prefix cb_mcg.k3.layer --device cuda --input {} --out {}", q(file),
+  const auto r = run_cli(fmt::format("linear {} --prefix cb_mcg.k3.layer --device cuda --input {} --out {}", q(file),
                                       q(tmp / "x.safetensors"), q(tmp / "y.safetensors")));
 #if defined(EXL3_HAVE_CUDA)
   if (exl3::cuda::device_count() == 0) {

@@ -9,7 +9,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
 
 #include "../quant/quant_test_mode.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -19,25 +18,8 @@ using ::testing::HasSubstr;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;  // stdout (+ stderr unless split)
-};
-
-// Runs the CLI; `env` is prefixed to the command line (e.g. "EXL3_QUANTIZE_STOP_AFTER=3").
-Run exl3_cli(const std::string& args, const std::string& env = "", bool with_stderr = true) {
-  const std::string cmd = fmt::format("{} '{}' {} {}", env, EXL3_CLI_PATH, args, with_stderr ? "2>&1" : "2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string q(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
+using exl3::test::run_cli;
+std::string q(const std::filesystem::path& p) { return exl3::test::shell_quote(p); }
 
 // A one-layer Qwen2 (attention biases, k/v padded from 64 to 128): 7 decoder linears.
 std::string tiny_qwen2_args(const std::filesystem::path& dir) {
@@ -49,17 +31,17 @@ std::string tiny_qwen2_args(const std::filesystem::path& dir) {
 }  // namespace
 
 TEST(QuantizeCli, HelpListsCommands) {
-  const auto r = exl3_cli("--help");
+  const auto r = run_cli("--help");
   EXPECT_EQ(r.code, 0);
   for (const char* c : {"quantize", "sample-hf", "bench"}) EXPECT_THAT(r.out, HasSubstr(c));
-  const auto h = exl3_cli("quantize --help");
+  const auto h = run_cli("quantize --help");
   EXPECT_EQ(h.code, 0);
   for (const char* o : {"IN_DIR", "OUT_DIR", "--bits", "--head-bits", "--codebook", "--out-scales", "--device",
                         "--threads", "--seed", "--calibration", "--shard-size-mb", "--json", "Qwen3MoeForCausalLM"}) {
     EXPECT_THAT(h.out, HasSubstr(o));
   }
-  EXPECT_EQ(exl3_cli("bench quant --help").code, 0);
-  EXPECT_NE(exl3_cli("bench").code, 0);  // the group needs a benchmark
+  EXPECT_EQ(run_cli("bench quant --help").code, 0);
+  EXPECT_NE(run_cli("bench").code, 0);  // the group needs a benchmark
 }
 
 // Interrupted by the env hook, resumed, then inspected: the JSON summary reports the resumed
@@ -70,16 +52,16 @@ TEST(QuantizeCli, QuantizeResumeAndJson) {
                     "instrumentation; convert_test's Convert.LlamaTiedEmbeddingsPaddedMcg covers it";
   }
   exl3::test::TempDir tmp;
-  ASSERT_EQ(exl3_cli(tiny_qwen2_args(tmp / "hf")).code, 0);
+  ASSERT_EQ(run_cli(tiny_qwen2_args(tmp / "hf")).code, 0);
   const std::string args = fmt::format("quantize {} {} --bits 2 --head-bits 16 --g-scale 0.78 --threads 2 --json",
                                        q(tmp / "hf"), q(tmp / "out"));
-  const auto stopped = exl3_cli(args, "EXL3_QUANTIZE_STOP_AFTER=3");
+  const auto stopped = run_cli(args, "EXL3_QUANTIZE_STOP_AFTER=3");
   EXPECT_EQ(stopped.code, 1) << stopped.out;
   EXPECT_THAT(stopped.out, HasSubstr("exl3: error: quantize: stopped after 3"));
   EXPECT_THAT(stopped.out, HasSubstr("[3/12]"));  // plain progress lines off a terminal
   EXPECT_FALSE(std::filesystem::exists(tmp / "out" / "config.json"));
 
-  const auto r = exl3_cli(args, "", /*with_stderr=*/false);
+  const auto r = run_cli(args, "", /*with_stderr=*/false);
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["architecture"], "Qwen2ForCausalLM");
@@ -102,34 +84,34 @@ TEST(QuantizeCli, QuantizeResumeAndJson) {
   EXPECT_NE(ckpt.store().find("lm_head.weight"), nullptr);  // --head-bits 16 keeps it
 
   // Same command again: nothing to do. Another bit width: a different model is in the way.
-  const auto again = exl3_cli(fmt::format("quantize {} {} --bits 2 --head-bits 16 --g-scale 0.78", q(tmp / "hf"), q(tmp / "out")));
+  const auto again = run_cli(fmt::format("quantize {} {} --bits 2 --head-bits 16 --g-scale 0.78", q(tmp / "hf"), q(tmp / "out")));
   EXPECT_EQ(again.code, 0) << again.out;
   EXPECT_THAT(again.out, HasSubstr("nothing to do"));
-  const auto other = exl3_cli(fmt::format("quantize {} {} --bits 3 --g-scale 0.78", q(tmp / "hf"), q(tmp / "out")));
+  const auto other = run_cli(fmt::format("quantize {} {} --bits 3 --g-scale 0.78", q(tmp / "hf"), q(tmp / "out")));
   EXPECT_EQ(other.code, 1);
   EXPECT_THAT(other.out, HasSubstr("already holds a different model"));
 }
 
 TEST(QuantizeCli, RejectsBadOptions) {
   exl3::test::TempDir tmp;
-  ASSERT_EQ(exl3_cli(tiny_qwen2_args(tmp / "hf")).code, 0);
+  ASSERT_EQ(run_cli(tiny_qwen2_args(tmp / "hf")).code, 0);
   const std::string io = q(tmp / "hf") + " " + q(tmp / "out");
   for (const char* bad : {"--bits 0", "--bits 9", "--bits 4 --head-bits 12", "--bits 4 --device cuda",
                           "--bits 4 --calibration wiki", "--bits 4 --codebook q4", "--bits 4 --out-scales maybe", ""}) {
-    const auto r = exl3_cli(fmt::format("quantize {} {}", io, bad));
+    const auto r = run_cli(fmt::format("quantize {} {}", io, bad));
     EXPECT_NE(r.code, 0) << bad;
     EXPECT_FALSE(std::filesystem::exists(tmp / "out" / "config.json")) << bad;
   }
-  const auto missing = exl3_cli(fmt::format("quantize {} {} --bits 4", q(tmp / "nothing"), q(tmp / "out")));
+  const auto missing = run_cli(fmt::format("quantize {} {} --bits 4", q(tmp / "nothing"), q(tmp / "out")));
   EXPECT_EQ(missing.code, 1);
   EXPECT_THAT(missing.out, HasSubstr("exl3: error:"));
   EXPECT_THAT(missing.out, HasSubstr("nothing"));
-  EXPECT_NE(exl3_cli(fmt::format("sample-hf {} --arch gpt2", q(tmp / "x"))).code, 0);
+  EXPECT_NE(run_cli(fmt::format("sample-hf {} --arch gpt2", q(tmp / "x"))).code, 0);
 }
 
 TEST(QuantizeCli, BenchQuantJson) {
   const bool fast = exl3::test::quant_fast_mode();
-  const auto r = exl3_cli(fmt::format("bench quant --tiles {} --ldlq-in 128 --ldlq-out 128 --ldlq-g-scale 0.9 --json",
+  const auto r = run_cli(fmt::format("bench quant --tiles {} --ldlq-in 128 --ldlq-out 128 --ldlq-g-scale 0.9 --json",
                                       fast ? 1 : 16),
                           "", false);
   ASSERT_EQ(r.code, 0) << r.out;
@@ -146,7 +128,7 @@ TEST(QuantizeCli, BenchQuantJson) {
   EXPECT_GT(j["ldlq"]["gain"].get<double>(), 0.0);
   EXPECT_EQ(j["ldlq"]["in_features"], 128);
   if (fast) return;  // the text table is the same data; one encoder run is enough there
-  const auto text = exl3_cli("bench quant --tiles 2 --ldlq-in 128 --ldlq-out 128 --ldlq-g-scale 0.9");
+  const auto text = run_cli("bench quant --tiles 2 --ldlq-in 128 --ldlq-out 128 --ldlq-g-scale 0.9");
   EXPECT_EQ(text.code, 0) << text.out;
   EXPECT_THAT(text.out, HasSubstr("bound 2^-2K"));
   EXPECT_THAT(text.out, HasSubstr("LDLQ proxy-error gain"));

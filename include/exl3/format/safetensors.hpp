@@ -175,6 +175,8 @@ class SafetensorsWriter {
 // Writes bytes to `path` atomically (temp file + fsync + rename). Used by the writer and for
 // JSON side files.
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes);
+// Reads a whole (small, e.g. JSON) file; throws exl3::Error naming the path.
+std::string read_text_file(const std::filesystem::path& path);
 void write_file_atomic(const std::filesystem::path& path, std::string_view text);
 
 }  // namespace exl3
