@@ -12,6 +12,7 @@
 #include "exl3/cuda/reconstruct.hpp"
 #include "exl3/error.hpp"
 #include "exl3/trellis/bitstream.hpp"
+#include "exl3/trellis/dispatch.hpp"
 #include "exl3/format/checkpoint.hpp"
 
 namespace exl3::cuda {
@@ -85,31 +86,14 @@ int plan_split_k(int64_t k, int64_t n, int K, trellis::Codebook cb) {
 size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 int detail::mma_blocks_per_sm(int K, trellis::Codebook cb) {
-  switch (K) {
-    case 1: return mma_blocks_per_sm_k<1>(cb);
-    case 2: return mma_blocks_per_sm_k<2>(cb);
-    case 3: return mma_blocks_per_sm_k<3>(cb);
-    case 4: return mma_blocks_per_sm_k<4>(cb);
-    case 5: return mma_blocks_per_sm_k<5>(cb);
-    case 6: return mma_blocks_per_sm_k<6>(cb);
-    case 7: return mma_blocks_per_sm_k<7>(cb);
-    default: return mma_blocks_per_sm_k<8>(cb);
-  }
+  return trellis::with_bits(K, 1, [&](auto k) { return mma_blocks_per_sm_k<decltype(k)::value>(cb); });
 }
 
 cudaError_t detail::mma_gemm(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr, int64_t m,
                              int64_t k, int64_t n, int splits, float* partial, cudaStream_t stream) {
-  switch (K) {
-    case 1: return mma_gemm_k<1>(trellis, cb, xr, m, k, n, splits, partial, stream);
-    case 2: return mma_gemm_k<2>(trellis, cb, xr, m, k, n, splits, partial, stream);
-    case 3: return mma_gemm_k<3>(trellis, cb, xr, m, k, n, splits, partial, stream);
-    case 4: return mma_gemm_k<4>(trellis, cb, xr, m, k, n, splits, partial, stream);
-    case 5: return mma_gemm_k<5>(trellis, cb, xr, m, k, n, splits, partial, stream);
-    case 6: return mma_gemm_k<6>(trellis, cb, xr, m, k, n, splits, partial, stream);
-    case 7: return mma_gemm_k<7>(trellis, cb, xr, m, k, n, splits, partial, stream);
-    case 8: return mma_gemm_k<8>(trellis, cb, xr, m, k, n, splits, partial, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return exl3::trellis::with_bits(K, cudaErrorInvalidValue, [&](auto bits) {
+    return mma_gemm_k<decltype(bits)::value>(trellis, cb, xr, m, k, n, splits, partial, stream);
+  });
 }
 
 Exl3LinearCuda::Exl3LinearCuda(const Exl3LinearData& data, const LinearOptions& opts)

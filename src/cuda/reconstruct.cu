@@ -2,6 +2,7 @@
 // mma B fragments) straight from the shared trellis header, so host and device decode agree by
 // construction (tests/cuda/reconstruct_test.cpp checks it bit for bit).
 #include "exl3/cuda/reconstruct.hpp"
+#include "exl3/trellis/dispatch.hpp"
 
 #include "exl3/trellis/tile.hpp"
 
@@ -53,17 +54,9 @@ cudaError_t reconstruct_w_hat(const uint16_t* d_trellis, int64_t in_features, in
     return cudaErrorInvalidValue;
   }
   const int64_t tk = in_features / 16, tn = out_features / 16;
-  switch (K) {
-    case 1: return launch_k<1>(d_trellis, tk, tn, out_features, cb, d_out, stream);
-    case 2: return launch_k<2>(d_trellis, tk, tn, out_features, cb, d_out, stream);
-    case 3: return launch_k<3>(d_trellis, tk, tn, out_features, cb, d_out, stream);
-    case 4: return launch_k<4>(d_trellis, tk, tn, out_features, cb, d_out, stream);
-    case 5: return launch_k<5>(d_trellis, tk, tn, out_features, cb, d_out, stream);
-    case 6: return launch_k<6>(d_trellis, tk, tn, out_features, cb, d_out, stream);
-    case 7: return launch_k<7>(d_trellis, tk, tn, out_features, cb, d_out, stream);
-    case 8: return launch_k<8>(d_trellis, tk, tn, out_features, cb, d_out, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return tr::with_bits(K, cudaErrorInvalidValue, [&](auto k) {
+    return launch_k<decltype(k)::value>(d_trellis, tk, tn, out_features, cb, d_out, stream);
+  });
 }
 
 int device_count() {

@@ -8,6 +8,7 @@
 
 #include "cuda/viterbi_body.hpp"
 #include "exl3/cuda/viterbi.hpp"
+#include "exl3/trellis/dispatch.hpp"
 
 namespace exl3::cuda {
 namespace {
@@ -180,16 +181,9 @@ cudaError_t encode_tiles_cuda(const float* d_tiles, int64_t n, int K, trellis::C
   int64_t grid = n < capacity ? n : capacity;
   if (grid > 0x7FFFFFFF) grid = 0x7FFFFFFF;
   auto* bp = static_cast<uint8_t*>(d_workspace) + vit::kStatusBytes;
-  switch (K) {
-    case 1: return launch_cb<1>(cb, d_tiles, n, grid, bp, failures, d_states_out, d_decoded_out, stream);
-    case 2: return launch_cb<2>(cb, d_tiles, n, grid, bp, failures, d_states_out, d_decoded_out, stream);
-    case 3: return launch_cb<3>(cb, d_tiles, n, grid, bp, failures, d_states_out, d_decoded_out, stream);
-    case 4: return launch_cb<4>(cb, d_tiles, n, grid, bp, failures, d_states_out, d_decoded_out, stream);
-    case 5: return launch_cb<5>(cb, d_tiles, n, grid, bp, failures, d_states_out, d_decoded_out, stream);
-    case 6: return launch_cb<6>(cb, d_tiles, n, grid, bp, failures, d_states_out, d_decoded_out, stream);
-    case 7: return launch_cb<7>(cb, d_tiles, n, grid, bp, failures, d_states_out, d_decoded_out, stream);
-    default: return launch_cb<8>(cb, d_tiles, n, grid, bp, failures, d_states_out, d_decoded_out, stream);
-  }
+  return tr::with_bits(K, cudaErrorInvalidValue, [&](auto k) {
+    return launch_cb<decltype(k)::value>(cb, d_tiles, n, grid, bp, failures, d_states_out, d_decoded_out, stream);
+  });
 }
 
 cudaError_t encode_tiles_cuda_failures(const void* d_workspace, uint32_t* count, cudaStream_t stream) {
