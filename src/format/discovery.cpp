@@ -253,6 +253,23 @@ std::vector<MoeLayerInfo> summarise_moe(const std::vector<Exl3LinearInfo>& linea
 
 }  // namespace
 
+std::optional<SharedHRow> shared_h_row(std::string_view prefix) {
+  // <head>.experts.{E}.{proj}.rank{r}
+  const auto parts = split_dots(prefix);
+  const size_t n = parts.size();
+  if (n < 4 || parts[n - 4] != "experts" || parse_index(parts[n - 3]) < 0) return std::nullopt;
+  const std::string_view proj = parts[n - 2], rank = parts[n - 1];
+  if (!rank.starts_with("rank") || parse_index(rank.substr(4)) < 0) return std::nullopt;
+  const char* field = nullptr;
+  if (proj == "gate_proj" || proj == "up_proj") field = "suh";
+  if (proj == "down_proj") field = "svh";
+  if (field == nullptr) return std::nullopt;
+  // Everything up to and including "experts.".
+  const size_t head_len = static_cast<size_t>(parts[n - 3].data() - prefix.data());
+  return SharedHRow{
+      field, fmt::format("{}shared_h.{}.{}.{}", prefix.substr(0, head_len), proj, rank, field)};
+}
+
 DiscoveryResult discover_tensors(const TensorStore& store) {
   std::map<std::string, Members> groups;
   std::vector<const TensorRef*> loose;  // names without a '.'
@@ -274,7 +291,22 @@ DiscoveryResult discover_tensors(const TensorStore& store) {
   for (const TensorRef* ref : loose) add_plain(ref);
   for (const auto& [prefix, members] : groups) {
     if (members.count("trellis") != 0) {
-      Exl3LinearInfo info = validate_linear(prefix, members);
+      // A shared_h_v1 expert validates against the layer's shared row; the row is stored once,
+      // so its bytes are not the expert's.
+      const TensorRef* borrowed = nullptr;
+      Members with_row;
+      if (const auto row = shared_h_row(prefix)) {
+        const std::string legacy = row->field == "suh" ? "su" : "sv";
+        if (members.count(row->field) == 0 && members.count(legacy) == 0) {
+          borrowed = store.find(row->name);
+        }
+        if (borrowed != nullptr) {
+          with_row = members;
+          with_row.emplace(row->field, borrowed);
+        }
+      }
+      Exl3LinearInfo info = validate_linear(prefix, borrowed != nullptr ? with_row : members);
+      if (borrowed != nullptr) info.bytes -= borrowed->info->nbytes();
       info.expert = parse_expert_key(prefix);
       r.linears.push_back(std::move(info));
     } else {

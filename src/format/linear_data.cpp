@@ -11,7 +11,12 @@ namespace {
 // Re-checks a tensor against the info it is loaded for: the info may come from another store.
 const TensorRef& member(const TensorStore& store, const Exl3LinearInfo& info, const char* suffix,
                         DType dtype, int64_t length) {
-  const TensorRef& r = store.at(info.prefix + "." + suffix);
+  // A shared_h_v1 expert has no hidden-side vector of its own (see shared_h_row).
+  std::string name = info.prefix + "." + suffix;
+  if (!store.contains(name)) {
+    if (const auto row = shared_h_row(info.prefix); row && row->field == suffix) name = row->name;
+  }
+  const TensorRef& r = store.at(name);
   const TensorInfo& t = *r.info;
   if (t.dtype != dtype || t.rank() != 1 || t.shape[0] != length) {
     fail("{}: tensor '{}': expected {} [{}] for EXL3 linear '{}', found {} with {} dims",

@@ -157,10 +157,28 @@ std::string render_report_text(const nlohmann::json& r) {
 
   if (!r["moe_layers"].empty()) {
     out += "\nMoE layers:\n";
+    // The expert layout, when the MoE layer (exl3::moe::annotate_report) has described it.
+    if (const auto it = r.find("moe"); it != r.end() && it->is_object()) {
+      const auto& moe = *it;
+      std::string ks;
+      for (const auto& k : moe["k_values"]) ks += fmt::format("{}K{}", ks.empty() ? "" : ",", k.get<int>());
+      out += fmt::format("  layout {}, TP {}, {} experts/layer, {} MoE layer(s), {} {} (from {})\n",
+                         moe["layout"].get<std::string>(), moe["tp"].get<int>(),
+                         moe["experts_per_layer"].get<int>(), moe["layers"].get<size_t>(),
+                         moe["mixed"].get<bool>() ? "mixed" : "uniform", ks,
+                         moe["bits_source"].get<std::string>());
+    }
     for (const auto& m : r["moe_layers"]) {
       std::string hist;
       for (const auto& [k, n] : m["bits_histogram"].items()) hist += fmt::format(" K{}x{}", k, n.get<int>());
-      out += fmt::format("  layer {:>3}: {} experts,{}\n", m["layer"].get<int>(), m["num_experts"].get<int>(), hist);
+      std::string layout;
+      if (m.contains("layout")) {
+        layout = fmt::format("; {}, TP {} ({} ranks present), tiers {}", m["layout"].get<std::string>(),
+                             m["tp"].get<int>(), m["ranks_present"].get<size_t>(),
+                             m["tier_signature_text"].get<std::string>());
+      }
+      out += fmt::format("  layer {:>3}: {} experts,{}{}\n", m["layer"].get<int>(), m["num_experts"].get<int>(),
+                         hist, layout);
     }
   }
 

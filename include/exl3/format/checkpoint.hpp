@@ -116,6 +116,19 @@ class Checkpoint {
   std::vector<MoeLayerInfo> moe_layers_;
 };
 
+// Rank-sliced MoE checkpoints with the shared_h_v1 rotation layout (docs: moe-integration spec
+// 1.2) store the hidden-side vector of every expert projection once per layer and rank:
+// `<...>.experts.{E}.{gate_proj|up_proj}.rank{r}` takes `suh` from
+// `<...>.experts.shared_h.{proj}.rank{r}.suh`, and `down_proj` takes `svh` from `....svh`.
+// Discovery and Exl3LinearData borrow that row when the expert has none of its own; whether the
+// checkpoint declares shared_h_v1 is checked by the MoE loader (it needs config.json).
+struct SharedHRow {
+  std::string field;  // "suh" | "svh"
+  std::string name;   // the shared row's tensor name
+};
+// nullopt unless `prefix` is a rank-sliced gate/up/down expert projection.
+std::optional<SharedHRow> shared_h_row(std::string_view prefix);
+
 // Discovers and validates the EXL3 linears and plain tensors of a store (no config needed).
 // Exposed separately for the fuzzer and tests.
 struct DiscoveryResult {
