@@ -21,7 +21,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "bench_spin.hpp"
+#include "exl3/cuda/bench_timer.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/trellis/half.hpp"
@@ -48,33 +48,6 @@ std::vector<int64_t> parse_list(const std::string& s) {
   return v;
 }
 
-struct Timer {
-  cudaStream_t s;
-  cudaEvent_t a, b;
-  Timer() {
-    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-  }
-  // Median microseconds of `reps` calls of fn(rep) enqueued on s behind a spin.
-  template <typename F>
-  double median_us(int reps, F&& fn) {
-    std::vector<double> t;
-    for (int r = 0; r < reps + 3; ++r) {
-      CK(exl3::bench::spin(s, 50.0));
-      CK(cudaEventRecord(a, s));
-      fn(r);
-      CK(cudaEventRecord(b, s));
-      CK(cudaEventSynchronize(b));
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, a, b));
-      if (r >= 3) t.push_back(ms * 1000.0);  // first 3 are warm-up
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  }
-};
-
 void* dalloc(size_t bytes) {
   void* p = nullptr;
   CK(cudaMalloc(&p, bytes));
@@ -96,17 +69,6 @@ void fill_normal_16(void* d, size_t count, bool bf16, uint64_t seed, float scale
   CK(cudaMemcpy(d, h.data(), count * 2, cudaMemcpyHostToDevice));
 }
 
-double copy_bandwidth(Timer& tm) {
-  const size_t bytes = 2ull << 30;
-  void* a = dalloc(bytes);
-  void* b = dalloc(bytes);
-  CK(cudaMemset(a, 1, bytes));
-  const double us = tm.median_us(10, [&](int) { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, tm.s)); });
-  CK(cudaFree(a));
-  CK(cudaFree(b));
-  return 2.0 * static_cast<double>(bytes) / (us * 1e-6) / 1e9;  // read + write, GB/s
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,13 +76,15 @@ int main(int argc, char** argv) {
   std::string shapes_s = "4096x4096,6144x2048,2048x6144,8192x28672", bits_s = "2,3,4,5,6,8",
               m_s = "1,2,4,8,16,32,64,128,256,1024,4096", cb_s = "mcg", json_path;
   int reps = 30;
-  int64_t mma_max_m = 256;
+  int64_t mma_max_m = 128, gemv_max_m = exl3::cuda::LinearOptions{}.gemv_max_m;
   app.add_option("--shapes", shapes_s, "Comma list of KxN (in x out features)")->capture_default_str();
   app.add_option("--bits", bits_s, "Comma list of K")->capture_default_str();
   app.add_option("--m", m_s, "Comma list of row counts")->capture_default_str();
   app.add_option("--codebook", cb_s, "3inst | mcg | mul1")->capture_default_str();
   app.add_option("--reps", reps, "Timed repetitions per case (median reported)")->capture_default_str();
-  app.add_option("--mma-max-m", mma_max_m, "Largest m on the tensor-core path")->capture_default_str();
+  app.add_option("--gemv-max-m", gemv_max_m, "Largest m on the swap-AB GEMV path (0 = off)")->capture_default_str();
+  app.add_option("--mma-max-m", mma_max_m, "Largest m on the tensor-core paths (above: cuBLAS)")
+      ->capture_default_str();
   app.add_option("--json", json_path, "Write all results to this JSON file");
   CLI11_PARSE(app, argc, argv);
   const auto cb = cb_s == "mul1" ? tr::Codebook::kMul1 : cb_s == "3inst" ? tr::Codebook::k3Inst : tr::Codebook::kMcg;
@@ -128,15 +92,15 @@ int main(int argc, char** argv) {
   try {
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
-    Timer tm;
-    const double copy_gbs = copy_bandwidth(tm);
+    exl3::cuda::GpuTimer tm;
+    const double copy_gbs = tm.copy_bandwidth_gbs();
     fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name, prop.multiProcessorCount,
                copy_gbs);
     nlohmann::json out = {{"device", prop.name}, {"sms", prop.multiProcessorCount}, {"copy_gbs", copy_gbs},
                           {"codebook", cb_s}, {"reps", reps}, {"cases", nlohmann::json::array()}};
     cublasHandle_t cublas;
     if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
-    cublasSetStream(cublas, tm.s);
+    cublasSetStream(cublas, tm.stream());
     const auto ms = parse_list(m_s);
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
 
@@ -184,6 +148,7 @@ int main(int argc, char** argv) {
         exl3::cuda::LinearOptions opts;
         opts.max_m = max_m;
         opts.mma_max_m = mma_max_m;
+        opts.gemv_max_m = gemv_max_m;
         std::mt19937_64 rng(1000 + K);
         std::uniform_real_distribution<float> mag(0.05f, 1.0f);
         for (int i = 0; i < nb; ++i) {
@@ -202,26 +167,26 @@ int main(int argc, char** argv) {
           std::vector<cudaGraphExec_t> graphs(nb);
           for (int i = 0; i < nb; ++i) {
             cudaGraph_t g;
-            CK(cudaStreamBeginCapture(tm.s, cudaStreamCaptureModeThreadLocal));
-            CK(layers[i]->run(xh, exl3::cuda::DType::kF16, yb, exl3::cuda::DType::kF16, m, ws, ws_bytes, tm.s));
-            CK(cudaStreamEndCapture(tm.s, &g));
+            CK(cudaStreamBeginCapture(tm.stream(), cudaStreamCaptureModeThreadLocal));
+            CK(layers[i]->run(xh, exl3::cuda::DType::kF16, yb, exl3::cuda::DType::kF16, m, ws, ws_bytes, tm.stream()));
+            CK(cudaStreamEndCapture(tm.stream(), &g));
             CK(cudaGraphInstantiate(&graphs[i], g, 0));
             CK(cudaGraphDestroy(g));
           }
-          const double us = tm.median_us(reps, [&](int r) { CK(cudaGraphLaunch(graphs[r % nb], tm.s)); });
+          const double us = tm.median_us(reps, [&](int r) { CK(cudaGraphLaunch(graphs[r % nb], tm.stream())); });
           for (auto g : graphs) CK(cudaGraphExecDestroy(g));
           const double bytes = static_cast<double>(tbytes) + 2.0 * (k + n) + 2.0 * m * k + 2.0 * m * n;
           const double gbs = bytes / (us * 1e-6) / 1e9;
-          const bool mma = layers[0]->path_for(m) == exl3::cuda::LinearPath::kMma;
+          const char* path = exl3::cuda::path_name(layers[0]->path_for(m));
+          const int splits = layers[0]->splits_for(m);
           const double vs_cublas = cublas_us[m] / us;
           fmt::print("{:>5}x{:<5} K={} m={:<5} {:>9.1f} us  {:>6.0f} GB/s  {:>5.1f}% copy  {:>5.2f}x cuBLAS ({:.1f} us)  "
                      "[{} split {}]\n",
-                     k, n, K, m, us, gbs, 100.0 * gbs / copy_gbs, vs_cublas, cublas_us[m], mma ? "mma" : "cublas",
-                     mma ? layers[0]->split_k() : 1);
+                     k, n, K, m, us, gbs, 100.0 * gbs / copy_gbs, vs_cublas, cublas_us[m], path, splits);
           out["cases"].push_back({{"k", k}, {"n", n}, {"bits", K}, {"m", m}, {"us", us}, {"gbs", gbs},
                                   {"pct_copy", 100.0 * gbs / copy_gbs}, {"cublas_bf16_us", cublas_us[m]},
-                                  {"speedup_vs_cublas", vs_cublas}, {"path", mma ? "mma" : "cublas"},
-                                  {"split_k", mma ? layers[0]->split_k() : 1}, {"weight_sets", nb}});
+                                  {"speedup_vs_cublas", vs_cublas}, {"path", path},
+                                  {"split_k", splits}, {"weight_sets", nb}});
         }
         CK(cudaFree(ws));
       }

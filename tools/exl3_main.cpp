@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
   reg("bench", "Benchmarks (bench quant: encoder quality and speed)", exl3::cli::add_bench);
   reg("encode-tiles", "Run the trellis tile encoder (CPU or CUDA) on raw tiles from a safetensors file",
       exl3::cli::add_encode_tiles);
+  reg("moe-bench", "Benchmark the fused CUDA MoE layer (synthetic experts) vs copy bandwidth and BF16 cuBLAS",
+      exl3::cli::add_moe_bench);
 
   try {
     app.parse(argc, argv);

@@ -61,10 +61,12 @@ Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas
 // Split-K from the shape and the device only (never from m, so rows stay batch-invariant).
 // Each split gets >= 8 k-tiles; among 1..16 splits take the fewest whose last wave of blocks is
 // well filled (>= 88% over all waves), since a nearly empty last wave nearly doubles the time.
-int plan_split_k(int64_t k, int64_t n, int K, trellis::Codebook cb) {
+// `blocks_per_sm` is the occupancy of the kernel the plan is for; both small-m kernels use
+// 128-column blocks.
+int plan_split_k(int64_t k, int64_t n, int blocks_per_sm) {
   int dev = 0, sms = 132;
   if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const int64_t slots = static_cast<int64_t>(sms) * detail::mma_blocks_per_sm(K, cb);
+  const int64_t slots = static_cast<int64_t>(sms) * blocks_per_sm;
   const int64_t blocks_x = n / 128;
   const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(16, k / 16 / 8));
   int64_t best = 1;
@@ -83,10 +85,32 @@ int plan_split_k(int64_t k, int64_t n, int K, trellis::Codebook cb) {
 
 }  // namespace
 
+const char* path_name(LinearPath p) {
+  switch (p) {
+    case LinearPath::kGemv:
+      return "gemv";
+    case LinearPath::kMma:
+      return "mma";
+    default:
+      return "cublas";
+  }
+}
+
 size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 int detail::mma_blocks_per_sm(int K, trellis::Codebook cb) {
   return trellis::with_bits(K, 1, [&](auto k) { return mma_blocks_per_sm_k<decltype(k)::value>(cb); });
+}
+
+int detail::gemv_blocks_per_sm(int K, trellis::Codebook cb) {
+  return trellis::with_bits(K, 1, [&](auto k) { return gemv_blocks_per_sm_k<decltype(k)::value>(cb); });
+}
+
+cudaError_t detail::gemv(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr, int64_t m, int64_t k,
+                         int64_t n, int splits, float* partial, cudaStream_t stream) {
+  return exl3::trellis::with_bits(K, cudaErrorInvalidValue, [&](auto bits) {
+    return gemv_k<decltype(bits)::value>(trellis, cb, xr, m, k, n, splits, partial, stream);
+  });
 }
 
 cudaError_t detail::mma_gemm(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr, int64_t m,
@@ -117,10 +141,13 @@ void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint1
     fail("CUDA linear '{}': {}x{} must be positive multiples of 128", name, in_, out_);
   }
   if (in_ > (1 << 30) || out_ > (1 << 30)) fail("CUDA linear '{}': {}x{} is too large", name, in_, out_);
-  if (opts_.max_m < 1 || opts_.mma_max_m < 0) {
-    fail("CUDA linear '{}': max_m {} / mma_max_m {} must be positive", name, opts_.max_m, opts_.mma_max_m);
+  if (opts_.max_m < 1 || opts_.mma_max_m < 0 || opts_.gemv_max_m < 0) {
+    fail("CUDA linear '{}': max_m {} must be positive and gemv_max_m {} / mma_max_m {} non-negative", name,
+         opts_.max_m, opts_.gemv_max_m, opts_.mma_max_m);
   }
-  split_k_ = opts_.split_k > 0 ? opts_.split_k : plan_split_k(in_, out_, K_, cb_);
+  split_k_ = opts_.split_k > 0 ? opts_.split_k : plan_split_k(in_, out_, detail::mma_blocks_per_sm(K_, cb_));
+  gemv_split_k_ =
+      opts_.split_k > 0 ? opts_.split_k : plan_split_k(in_, out_, detail::gemv_blocks_per_sm(K_, cb_));
   if (split_k_ > in_ / 16) fail("CUDA linear '{}': split_k {} exceeds the {} k-tiles", name, split_k_, in_ / 16);
 
   const size_t tbytes = static_cast<size_t>(in_ / 16 * (out_ / 16) * 16 * K_) * 2;
@@ -138,6 +165,7 @@ void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint1
     cublasHandle_t h = nullptr;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) fail("CUDA linear '{}': cublasCreate failed", name);
     cublas_ = h;
+    check(detail::reconstruct_folded_prepare(K_, cb_), "preparing the folded reconstruct kernel", name);
   }
 }
 
@@ -150,17 +178,31 @@ Exl3LinearCuda::~Exl3LinearCuda() {
 }
 
 LinearPath Exl3LinearCuda::path_for(int64_t m) const {
+  if (m <= opts_.gemv_max_m) return LinearPath::kGemv;
   return m <= opts_.mma_max_m ? LinearPath::kMma : LinearPath::kCublas;
 }
 
+int Exl3LinearCuda::splits_for(int64_t m) const {
+  switch (path_for(m)) {
+    case LinearPath::kGemv:
+      return gemv_split_k_;
+    case LinearPath::kMma:
+      return split_k_;
+    default:
+      return 1;
+  }
+}
+
 size_t Exl3LinearCuda::workspace_bytes(int64_t m) const {
-  const bool cublas = path_for(m) == LinearPath::kCublas;
-  return carve(nullptr, m, in_, out_, cublas ? 1 : split_k_, cublas).bytes;
+  return carve(nullptr, m, in_, out_, splits_for(m), path_for(m) == LinearPath::kCublas).bytes;
 }
 
 size_t Exl3LinearCuda::workspace_bytes() const {
-  size_t bytes = workspace_bytes(std::min(opts_.max_m, std::max<int64_t>(opts_.mma_max_m, 1)));
-  if (opts_.max_m > opts_.mma_max_m) bytes = std::max(bytes, workspace_bytes(opts_.max_m));
+  // Every term grows with m inside a path, so the largest m of each reachable path bounds it.
+  size_t bytes = 0;
+  for (int64_t m : {opts_.gemv_max_m, opts_.mma_max_m, opts_.max_m}) {
+    if (m >= 1) bytes = std::max(bytes, workspace_bytes(std::min(m, opts_.max_m)));
+  }
   return bytes;
 }
 
@@ -171,33 +213,63 @@ cudaError_t Exl3LinearCuda::reconstruct(uint16_t* out, cudaStream_t stream) cons
 cudaError_t Exl3LinearCuda::run(const void* x, DType in_type, void* y, DType out_type, int64_t m, void* workspace,
                                 size_t workspace_size, cudaStream_t stream) const {
   if (m < 1 || m > opts_.max_m || x == nullptr || y == nullptr) return cudaErrorInvalidValue;
-  const bool cublas = path_for(m) == LinearPath::kCublas;
-  const int splits = cublas ? 1 : split_k_;
+  const LinearPath path = path_for(m);
+  const bool cublas = path == LinearPath::kCublas;
+  const int splits = splits_for(m);
   const Carve ws = carve(workspace, m, in_, out_, splits, cublas);
   if (workspace == nullptr || workspace_size < ws.bytes) return cudaErrorInvalidValue;
 
+  if (cublas && in_type != DType::kF32) return run_folded(x, in_type, y, out_type, m, ws.w_hat, ws.partial, ws.cublas_ws, stream);
+
   cudaError_t e = detail::rotate_input(x, in_type, d_suh_, m, in_, ws.xr, ws.row_scale, stream);
   if (e != cudaSuccess) return e;
-  if (!cublas) {
+  if (path == LinearPath::kGemv) {
+    e = detail::gemv(d_trellis_, K_, cb_, ws.xr, m, in_, out_, splits, ws.partial, stream);
+  } else if (path == LinearPath::kMma) {
     e = detail::mma_gemm(d_trellis_, K_, cb_, ws.xr, m, in_, out_, splits, ws.partial, stream);
   } else {
+    // fp32 activations: rotate them to fp16 (with the range guard) and multiply W_hat.
     e = reconstruct_w_hat(d_trellis_, in_, out_, K_, cb_, ws.w_hat, stream);
     if (e != cudaSuccess) return e;
-    auto h = static_cast<cublasHandle_t>(cublas_);
-    if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetWorkspace(h, ws.cublas_ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
-      return cudaErrorUnknown;
-    }
-    // Row-major Y'[m,n] = X'[m,k] W_hat[k,n] is column-major Y'^T = W_hat^T X'^T.
-    const float alpha = 1.0f, beta = 0.0f;
-    const cublasStatus_t st =
-        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m), static_cast<int>(in_),
-                     &alpha, ws.w_hat, CUDA_R_16F, static_cast<int>(out_), ws.xr, CUDA_R_16F, static_cast<int>(in_),
-                     &beta, ws.partial, CUDA_R_32F, static_cast<int>(out_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    e = st == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
+    e = cublas_gemm(ws.xr, CUDA_R_16F, ws.w_hat, ws.partial, CUDA_R_32F, m, ws.cublas_ws, stream);
   }
   if (e != cudaSuccess) return e;
   return detail::rotate_output(ws.partial, splits, ws.row_scale, d_svh_, d_bias_, m, out_, y, out_type, stream);
+}
+
+// Large m with fp16/bf16 activations: fold both rotations and scales into the decoded weight (in
+// the activation dtype) and let cuBLAS multiply the raw activations and write y directly.
+cudaError_t Exl3LinearCuda::run_folded(const void* x, DType in_type, void* y, DType out_type, int64_t m, void* w,
+                                       float* f32_out, void* cublas_ws, cudaStream_t stream) const {
+  const bool bf16 = in_type == DType::kBF16;
+  cudaError_t e = detail::reconstruct_folded(d_trellis_, K_, cb_, in_, out_, d_suh_, d_svh_, bf16, w, stream);
+  if (e != cudaSuccess) return e;
+  // cuBLAS writes fp32 or the inputs' own 16-bit type; the other 16-bit type goes through fp32.
+  const bool direct = out_type == DType::kF32 || out_type == in_type;
+  const cudaDataType_t out_dt = out_type == DType::kF16 ? CUDA_R_16F : out_type == DType::kBF16 ? CUDA_R_16BF
+                                                                                                : CUDA_R_32F;
+  e = cublas_gemm(x, bf16 ? CUDA_R_16BF : CUDA_R_16F, w, direct ? y : f32_out, direct ? out_dt : CUDA_R_32F, m,
+                  cublas_ws, stream);
+  if (e != cudaSuccess) return e;
+  if (!direct) return detail::finish_output(f32_out, d_bias_, m, out_, y, out_type, stream);
+  return d_bias_ == nullptr ? cudaSuccess : detail::finish_output(nullptr, d_bias_, m, out_, y, out_type, stream);
+}
+
+// Row-major Y[m, n] = X[m, k] W[k, n] is column-major Y^T = W^T X^T (fp32 accumulation).
+cudaError_t Exl3LinearCuda::cublas_gemm(const void* x, int x_type, const void* w, void* y, int y_type, int64_t m,
+                                        void* cublas_ws, cudaStream_t stream) const {
+  auto h = static_cast<cublasHandle_t>(cublas_);
+  if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetWorkspace(h, cublas_ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
+    return cudaErrorUnknown;
+  }
+  const auto xt = static_cast<cudaDataType_t>(x_type);
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
+                                         static_cast<int>(in_), &alpha, w, xt, static_cast<int>(out_), x, xt,
+                                         static_cast<int>(in_), &beta, y, static_cast<cudaDataType_t>(y_type),
+                                         static_cast<int>(out_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  return st == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
 }
 
 }  // namespace exl3::cuda

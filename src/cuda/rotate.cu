@@ -139,7 +139,37 @@ __global__ void rotate_output_kernel(const float* __restrict__ partial, int spli
   }
 }
 
+__global__ void finish_output_kernel(const float* __restrict__ src, const float* __restrict__ bias, int64_t total,
+                                     int64_t n, void* __restrict__ y, DType out_type) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const float b = bias != nullptr ? bias[i % n] : 0.0f;
+  switch (out_type) {
+    case DType::kF16: {
+      __half* p = static_cast<__half*>(y) + i;
+      *p = __float2half_rn((src != nullptr ? src[i] : __half2float(*p)) + b);
+      break;
+    }
+    case DType::kBF16: {
+      __nv_bfloat16* p = static_cast<__nv_bfloat16*>(y) + i;
+      *p = __float2bfloat16_rn((src != nullptr ? src[i] : __bfloat162float(*p)) + b);
+      break;
+    }
+    default:
+      static_cast<float*>(y)[i] = (src != nullptr ? src[i] : static_cast<float*>(y)[i]) + b;
+  }
+}
+
 }  // namespace
+
+cudaError_t finish_output(const float* src, const float* bias, int64_t m, int64_t n, void* y, DType out_type,
+                          cudaStream_t stream) {
+  const int64_t total = m * n;
+  const int64_t blocks = (total + 255) / 256;
+  if (m <= 0 || n <= 0 || blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  finish_output_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(src, bias, total, n, y, out_type);
+  return cudaGetLastError();
+}
 
 cudaError_t rotate_input(const void* x, DType in_type, const uint16_t* suh, int64_t m, int64_t k, __half* xr,
                          float* row_scale, cudaStream_t stream) {

@@ -2,6 +2,7 @@
 // many m; poisoned outputs; graph replay == eager; batch invariance; golden GEMM vectors.
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include <fmt/format.h>
@@ -105,7 +106,8 @@ TEST(CudaLinear, MatchesCpuAllBitsCodebooksAndM) {
     int64_t in, out;
   } shapes[] = {{128, 128}, {256, 384}, {512, 256}};
   exl3::cuda::LinearOptions opts;
-  opts.max_m = 1024;
+  opts.max_m = 1025;  // 1024 (fp16) and 1025 (bf16) take the folded cuBLAS path
+  opts.gemv_max_m = 32;
   opts.mma_max_m = 256;
   for (const auto& sh : shapes) {
     for (int K = 1; K <= 8; ++K) {
@@ -113,7 +115,7 @@ TEST(CudaLinear, MatchesCpuAllBitsCodebooksAndM) {
         const Layer L(sh.in, sh.out, K, cb, (K % 2) == 0, rng);
         const auto gpu = L.gpu(opts);
         DevBuf<char> ws(gpu.workspace_bytes());
-        for (int64_t m : {1, 2, 3, 8, 16, 64, 256, 1024}) {
+        for (int64_t m : {1, 2, 3, 8, 16, 24, 33, 64, 256, 1024, 1025}) {
           const bool bf16 = (m % 2) == 1;
           const auto x = random_x(m, sh.in, bf16, rng);
           const auto ref = cpu_ref(L, x, bf16, m);
@@ -121,7 +123,7 @@ TEST(CudaLinear, MatchesCpuAllBitsCodebooksAndM) {
           const double err = exl3::test::rel_l2(std::span<const float>(y), std::span<const float>(ref));
           EXPECT_LE(err, bf16 ? 8e-3 : 1e-3) << sh.in << "x" << sh.out << " K=" << K << " cb="
                                              << tr::codebook_name(cb) << " m=" << m
-                                             << (gpu.path_for(m) == exl3::cuda::LinearPath::kMma ? " mma" : " cublas");
+                                             << " " << exl3::cuda::path_name(gpu.path_for(m));
         }
       }
     }
@@ -142,27 +144,48 @@ TEST(CudaLinear, Fp32OutputAndRangeGuard) {
   EXPECT_LE(exl3::test::rel_l2(std::span<const float>(y), std::span<const float>(ref)), 8e-3);
 }
 
+// Rows must come out bit-identical whatever they are batched with, within each small-m path.
+void expect_batch_invariant(const exl3::cuda::Exl3LinearCuda& gpu, int64_t in, int64_t out, int64_t m,
+                            std::initializer_list<int64_t> subs, std::mt19937_64& rng) {
+  DevBuf<char> ws(gpu.workspace_bytes());
+  const auto x = random_x(m, in, false, rng);
+  const auto all = run_gpu(gpu, x, DType::kF16, m, DType::kF32, ws.p, ws.n);
+  for (int64_t sub : subs) {
+    ASSERT_EQ(gpu.path_for(sub), gpu.path_for(m)) << "sub-batch " << sub << " left the path under test";
+    for (int64_t r0 = 0; r0 + sub <= m; r0 += 7) {
+      std::vector<uint16_t> part(x.begin() + r0 * in, x.begin() + (r0 + sub) * in);
+      const auto y = run_gpu(gpu, part, DType::kF16, sub, DType::kF32, ws.p, ws.n);
+      for (int64_t i = 0; i < sub * out; ++i) {
+        uint32_t a, b;
+        std::memcpy(&a, &y[i], 4);
+        std::memcpy(&b, &all[r0 * out + i], 4);
+        ASSERT_EQ(a, b) << exl3::cuda::path_name(gpu.path_for(m)) << ": row " << r0 + i / out << " batched "
+                        << sub << " vs " << m;
+      }
+    }
+  }
+}
+
+TEST(CudaLinear, BatchInvariantRowsOnGemvPath) {
+  EXL3_REQUIRE_GPU();
+  auto rng = exl3::test::make_rng();
+  exl3::cuda::LinearOptions opts;
+  opts.gemv_max_m = 32;
+  // MCG runs the split-halves decode, MUL1 the paired one; 29 rows span 1, 2 and 4 token groups.
+  for (auto cb : {tr::Codebook::kMcg, tr::Codebook::kMul1}) {
+    const Layer L(512, 384, 3, cb, false, rng);
+    expect_batch_invariant(L.gpu(opts), 512, 384, 29, {1, 3, 8, 9, 17}, rng);
+  }
+}
+
 TEST(CudaLinear, BatchInvariantRowsOnMmaPath) {
   EXL3_REQUIRE_GPU();
   auto rng = exl3::test::make_rng();
   const Layer L(512, 384, 3, tr::Codebook::kMul1, false, rng);
-  const auto gpu = L.gpu({});
-  DevBuf<char> ws(gpu.workspace_bytes());
-  const int64_t m = 77;  // spans 16-, 32- and 64-row groups
-  const auto x = random_x(m, 512, false, rng);
-  const auto all = run_gpu(gpu, x, DType::kF16, m, DType::kF32, ws.p, ws.n);
-  for (int64_t sub : {1, 5, 20, 40}) {
-    for (int64_t r0 = 0; r0 + sub <= m; r0 += 23) {
-      std::vector<uint16_t> part(x.begin() + r0 * 512, x.begin() + (r0 + sub) * 512);
-      const auto y = run_gpu(gpu, part, DType::kF16, sub, DType::kF32, ws.p, ws.n);
-      for (int64_t i = 0; i < sub * 384; ++i) {
-        uint32_t a, b;
-        std::memcpy(&a, &y[i], 4);
-        std::memcpy(&b, &all[r0 * 384 + i], 4);
-        ASSERT_EQ(a, b) << "row " << r0 + i / 384 << " batched " << sub << " vs " << m;
-      }
-    }
-  }
+  exl3::cuda::LinearOptions opts;
+  opts.gemv_max_m = 0;  // every m <= mma_max_m on the tensor-core GEMM
+  // 77 rows span 16-, 32- and 64-row groups.
+  expect_batch_invariant(L.gpu(opts), 512, 384, 77, {1, 5, 20, 40}, rng);
 }
 
 TEST(CudaLinear, GraphReplayEqualsEager) {

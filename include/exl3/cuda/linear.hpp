@@ -4,15 +4,23 @@
 //   y = had128(had128(x * suh) @ W_hat) * svh + bias
 //
 // Paths, chosen by the row count m against the plan (Exl3LinearCuda::path_for):
-//   kMma    : m <= mma_max_m. Prologue (suh, input rotation, per-row power-of-two range guard ->
+//   kGemv   : m <= gemv_max_m. Same prologue and epilogue as kMma around a swap-AB kernel (the
+//             weight tile is the mma A operand, up to 8 tokens the B operand) that multiplies
+//             3INST/MCG weights as their unrounded two-half sum (<= 2^-11 relative per weight
+//             from the fp16-rounded W_hat; MUL1 exact). Rows are batch-invariant bit for bit
+//             for every m on this path.
+//   kMma    : gemv_max_m < m <= mma_max_m. Prologue (suh, input rotation, per-row power-of-two range guard ->
 //             fp16 x'), a tensor-core kernel that decodes each 16x16 trellis tile straight into
 //             mma.m16n8k16 B fragments once for up to 64 rows, split-K partials in fp32, then an
 //             epilogue that sums the partials in a fixed order, rotates, scales and adds bias.
-//             Row results are batch-invariant bit for bit: the split-K plan depends on (k, n)
-//             only, and every row's arithmetic is independent of the other rows.
-//   kCublas : m > mma_max_m. Same prologue/epilogue around W_hat decoded to fp16 in the caller's
-//             workspace and cuBLAS GemmEx (fp16 x fp16 -> fp32). Deterministic run to run, but
-//             not batch-invariant (cuBLAS picks its algorithm by shape).
+//             Row results are batch-invariant bit for bit within the path: the split-K plan
+//             depends on (k, n) only, and every row's arithmetic is independent of the others.
+//   kCublas : m > mma_max_m. fp16/bf16 activations: the original-basis weight (both rotations and
+//             scales folded in, in the activation dtype) is decoded into the caller's workspace
+//             and cuBLAS GemmEx multiplies the raw activations and writes y (fp32 accumulation),
+//             plus a bias pass when there is a bias. fp32 activations: the kMma prologue and
+//             epilogue around W_hat and cuBLAS. Deterministic run to run, but not
+//             batch-invariant (cuBLAS picks its algorithm by shape).
 #pragma once
 
 #include <cstddef>
@@ -31,13 +39,17 @@ class Exl3LinearData;
 namespace exl3::cuda {
 
 enum class DType : uint8_t { kF16, kBF16, kF32 };
-enum class LinearPath : uint8_t { kMma, kCublas };
+enum class LinearPath : uint8_t { kGemv, kMma, kCublas };
 
 struct LinearOptions {
   int64_t max_m = 4096;      // largest batch the workspace is sized for
+  int64_t gemv_max_m = 16;   // m up to this uses the swap-AB GEMV (0 = never)
   int64_t mma_max_m = 128;   // m above this uses the cuBLAS path (crossover measured on H200)
   int split_k = 0;           // 0 = planned from (k, n) and the SM count
 };
+
+// "gemv" | "mma" | "cublas".
+const char* path_name(LinearPath p);
 
 // Bytes of one element of `t`.
 size_t dtype_size(DType t);
@@ -60,7 +72,10 @@ class Exl3LinearCuda {
   int64_t out_features() const { return out_; }
   int bits() const { return K_; }
   trellis::Codebook codebook() const { return cb_; }
-  int split_k() const { return split_k_; }
+  int split_k() const { return split_k_; }        // tensor-core path
+  int gemv_split_k() const { return gemv_split_k_; }
+  // Split-K slices run() uses at this m (1 on the cuBLAS path).
+  int splits_for(int64_t m) const;
   const LinearOptions& options() const { return opts_; }
 
   LinearPath path_for(int64_t m) const;
@@ -80,12 +95,18 @@ class Exl3LinearCuda {
  private:
   void init(const char* name, const uint16_t* trellis, const uint16_t* suh, const uint16_t* svh,
             const float* bias);
+  cudaError_t run_folded(const void* x, DType in_type, void* y, DType out_type, int64_t m, void* w,
+                         float* f32_out, void* cublas_ws, cudaStream_t stream) const;
+  // x_type / y_type are cudaDataType_t values (kept out of this header).
+  cudaError_t cublas_gemm(const void* x, int x_type, const void* w, void* y, int y_type, int64_t m,
+                          void* cublas_ws, cudaStream_t stream) const;
 
   int64_t in_ = 0, out_ = 0;
   int K_ = 0;
   trellis::Codebook cb_ = trellis::Codebook::k3Inst;
   LinearOptions opts_;
   int split_k_ = 1;
+  int gemv_split_k_ = 1;
   uint16_t* d_trellis_ = nullptr;
   uint16_t* d_suh_ = nullptr;
   uint16_t* d_svh_ = nullptr;

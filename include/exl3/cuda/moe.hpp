@@ -1,0 +1,115 @@
+// Fused CUDA MoE layer (routed experts of one layer on one rank): x, top-k ids and weights in,
+// the FP32 top-k weighted sum of the expert MLPs out.
+//
+//   per route (t, j), expert e = ids[t, j]:
+//     g = gate_e(x_t), u = up_e(x_t)           EXL3 trellis GEMV, e's own K
+//     a = SiLU(g) * u                          with the intermediate rotations in between
+//     d = down_e(a)
+//   out_t = sum_j weights[t, j] * d           FP32, route order j = 0..k-1
+//
+// Plans, built once from (H, I, E, top-k, tiers, capacity) and chosen by m at run time:
+//   decode  (m <= decode_max_m): every route is its own group (no packing), the input rotation
+//           per token (shared-H) or per route (per-expert suh), split-K FC1 and FC2 over the
+//           routes' experts in one grid each, then activation and combine kernels.
+//   prefill (m > decode_max_m): routes packed by expert on the device (counts, prefix offsets,
+//           groups of up to 32 slots) so each expert's tile is decoded once per 32 routes;
+//           processed in chunks of prefill_chunk tokens so the arena stays within budget.
+// Mixed bitrates (e.g. 148 K3 + 108 K4 experts) run in one grid: each block decodes its
+// expert's K. With shared_h_v1 the hidden-side rotations run per token, not per route, and the
+// down projection's output rotation and svh run once per token after the weighted sum (both are
+// linear), which cuts scratch and work.
+//
+// Execution contract (CUDA graphs): run() only launches kernels and memsets on the stream (no
+// allocation, no sync, no host control flow on device data); all scratch is the caller-owned
+// arena of arena_bytes(); a graph captured at any m <= capacity replays bit-identical to eager.
+// Router ids outside [0, E) are skipped (the route contributes nothing).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "exl3/cuda/linear.hpp"
+#include "exl3/moe/layout.hpp"
+#include "exl3/trellis/codebook.hpp"
+
+namespace exl3::moe {
+struct MoeLayerWeights;
+}
+
+namespace exl3::cuda {
+
+// Tunables: plain fields, with environment overrides applied by moe_options_from_env.
+struct MoeOptions {
+  int64_t capacity = 0;        // most tokens per run(); required (0 is an error: no guessing)
+  int64_t decode_max_m = 32;   // EXL3_MOE_DECODE_MAX_M: m up to this uses the decode plan
+  int64_t prefill_chunk = 0;   // EXL3_MOE_PREFILL_CHUNK: tokens per prefill pass; 0 = fit budget
+  int64_t arena_budget_mib = 256;  // EXL3_MOE_ARENA_MIB: prefill_chunk = 0 sizes chunks to this
+};
+
+// Applies EXL3_MOE_DECODE_MAX_M, EXL3_MOE_PREFILL_CHUNK and EXL3_MOE_ARENA_MIB to `base`. Blank
+// values count as unset; anything but a positive integer throws exl3::Error naming the variable.
+MoeOptions moe_options_from_env(MoeOptions base);
+
+enum class MoePlan : uint8_t { kDecode, kPrefill };
+const char* moe_plan_name(MoePlan p);  // "decode" | "prefill"
+
+class MoeLayerCuda {
+ public:
+  // Uploads the layer (one device slab for all trellises, rotation tables as loaded: shared-H
+  // rows stay one [1, H] row). Throws exl3::Error on invalid options or CUDA failures.
+  MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOptions& opts);
+  ~MoeLayerCuda();
+  MoeLayerCuda(const MoeLayerCuda&) = delete;
+  MoeLayerCuda& operator=(const MoeLayerCuda&) = delete;
+
+  int64_t hidden() const { return H_; }
+  int64_t intermediate() const { return I_; }
+  int num_experts() const { return E_; }
+  int top_k() const { return k_; }
+  const MoeOptions& options() const { return opts_; }
+  int64_t prefill_chunk() const { return chunk_; }
+  MoePlan plan_for(int64_t m) const;
+  // Split-K of FC1 / FC2 on the decode plan (1 on prefill).
+  std::pair<int, int> decode_splits() const { return {split1_, split2_}; }
+  // Bytes of the caller-owned scratch arena run() needs for any m <= capacity.
+  size_t arena_bytes() const;
+  // Device bytes this layer holds (trellis slab + tables).
+  size_t device_bytes() const { return device_bytes_; }
+
+  // x [m, H] (in_type), topk_ids int32 [m, k], topk_weights fp32 [m, k] -> out fp32 [m, H]
+  // (overwritten); all device pointers. m in 1..capacity. Returns the first CUDA error;
+  // cudaErrorInvalidValue for m outside the plan or a short arena.
+  cudaError_t run(const void* x, DType in_type, const int32_t* topk_ids, const float* topk_weights, float* out,
+                  int64_t m, void* arena, size_t arena_size, cudaStream_t stream) const;
+
+ private:
+  struct Carve;
+  Carve carve(void* base, int64_t tokens, MoePlan plan) const;
+  cudaError_t run_pass(const void* x, DType in_type, const int32_t* ids, const float* weights, float* out,
+                       int64_t m, MoePlan plan, const Carve& c, cudaStream_t stream) const;
+
+  int64_t H_ = 0, I_ = 0;
+  int E_ = 0, k_ = 0;
+  bool shared_h_ = false;
+  trellis::Codebook cb_ = trellis::Codebook::kMcg;
+  MoeOptions opts_;
+  int64_t chunk_ = 0;
+  int split1_ = 1, split2_ = 1;
+  int sms_ = 132;
+  size_t device_bytes_ = 0;
+  // Device allocations.
+  void* slab_ = nullptr;              // all trellises
+  void* ptrs_ = nullptr;              // [3][E] trellis pointers (gate, up, down)
+  void* bits_ = nullptr;              // [3][E] int8 K
+  uint16_t* gate_suh_ = nullptr;      // [h_rows, H]
+  uint16_t* up_suh_ = nullptr;
+  uint16_t* down_svh_ = nullptr;
+  uint16_t* intermediate_ = nullptr;  // [E, 3I]
+};
+
+}  // namespace exl3::cuda

@@ -1,0 +1,249 @@
+// Swap-AB trellis GEMV for decode-sized batches: out^T[n, m] = W_hat^T[n, k] . x'^T[k, m].
+//
+// The weight tile is the mma.m16n8k16 A operand (16 output columns x 16 inputs) and up to 8
+// tokens are the B operand, so a 1..8-token batch wastes no tensor-core rows on padding and the
+// decoded weights never leave registers. Lane (g, c) of the format's tensor-core permutation
+// holds exactly the A fragments of one tile: columns {g, g+8} x rows {2c, 2c+1, 2c+8, 2c+9}.
+//
+// Split halves (3INST, MCG): a codebook value is the sum of the two fp16 halves of one 32-bit
+// word, so instead of pairing and adding halves (2 PRMT + HADD2 per two weights) the kernel
+// feeds that word as an A pair (virtual k = 2 per weight) against the token's activation
+// duplicated in both halves of B: two mma per tile, no pairing. MUL1 values are not a sum of
+// halves and use the paired decode (one mma per tile).
+//
+// Grid: x = n / (16 * kGemvWarps * kGemvTiles) column blocks, y = split-K slices, z = groups of
+// 8 * NT tokens. Each warp owns kGemvTiles adjacent tile columns and walks its split's k-tiles.
+// Per token the arithmetic does not depend on m or on the other tokens (the split plan depends
+// on (k, n) only), so rows are batch-invariant bit for bit across every m this kernel serves.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_fp16.h>
+
+#include "cuda/kernels.hpp"
+#include "cuda/trellis_decode.cuh"
+
+namespace exl3::cuda::detail {
+
+constexpr int kGemvWarps = 4;
+constexpr int kGemvTiles = 2;  // tile columns per warp
+// k-steps in flight per warp: enough trellis bytes in flight to cover HBM latency at the
+// occupancy the register budget allows.
+constexpr int kGemvPrefetch = 4;
+
+template <tr::Codebook CB>
+constexpr bool kSplitHalves = CB != tr::Codebook::kMul1;
+
+__device__ __forceinline__ void mma16816_ab(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Words of the tile a lane's window span touches: K <= 2 spans at most 30 bits (two words at any
+// offset), K = 4 starts at the lane-invariant offset 20 (exactly two), the rest need three.
+template <int K>
+constexpr int kLaneWords = (K <= 2 || K == 4) ? 2 : 3;
+
+// One warp's share of a trellis GEMV: acc[t][nt] += x'[tokens of group nt] . W_hat[k-tiles
+// kt_begin..kt_end, tile column j0 + t]. `w` is the projection's trellis as uint32 words
+// ([k/16][n/16][8K]); xrow[nt] points at x' word c of the lane's token row (fp16 pairs); a lane
+// whose token does not exist may point at any valid row (its B column only feeds its own,
+// unstored output column). Shared by the dense GEMV and the MoE kernels.
+
+// kSplit: multiply the unrounded half-pair words (3INST/MCG only; two mma per tile, cheapest
+// decode) or the paired fp16 values (one mma per tile, cheaper when many token groups share the
+// decode).
+template <int K, tr::Codebook CB, int NT, bool kSplit = kSplitHalves<CB>>
+__device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, int tiles_n, int j0, int kt_begin,
+                                                int kt_end, const uint32_t* const (&xrow)[NT],
+                                                float (&acc)[kGemvTiles][NT][4]) {
+  const int lane = threadIdx.x & 31;
+  constexpr int kWords = 8 * K;
+  constexpr int kLW = kLaneWords<K>;
+  const LaneSpan<K> span(lane);
+  const int64_t tile_stride = static_cast<int64_t>(tiles_n) * kWords;  // words per tile row
+  // Running pointers, advanced once per loaded k-step (loads happen in k order), so the
+  // addresses cost one 64-bit add each per step and the warp's tiles are immediate offsets.
+  const uint32_t* col_base = w + static_cast<int64_t>(j0) * kWords + kt_begin * tile_stride;
+  const uint32_t* wp[kLW];
+  wp[0] = col_base + span.w0;
+  wp[1] = col_base + span.w1;
+  if constexpr (kLW == 3) wp[2] = col_base + span.w2;
+  const uint32_t* xp[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) xp[nt] = xrow[nt] + 8 * kt_begin;
+
+  struct Stage {
+    uint32_t w[kGemvTiles][kLW];
+    uint32_t x[NT][2];  // x'[tok][16kt + 2c .. 2c+1] and [.. 2c+8 .. 2c+9] as fp16 pairs
+  };
+  Stage ring[kGemvPrefetch];
+  auto load = [&](Stage& st) {
+#pragma unroll
+    for (int i = 0; i < kLW; ++i) {
+#pragma unroll
+      for (int t = 0; t < kGemvTiles; ++t) st.w[t][i] = ld_stream(wp[i] + t * kWords);
+      wp[i] += tile_stride;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      st.x[nt][0] = __ldg(xp[nt]);
+      st.x[nt][1] = __ldg(xp[nt] + 4);
+      xp[nt] += 8;
+    }
+  };
+#pragma unroll
+  for (int d = 0; d < kGemvPrefetch; ++d)
+    if (kt_begin + d < kt_end) load(ring[d]);
+
+  for (int kt = kt_begin; kt < kt_end; kt += kGemvPrefetch) {
+#pragma unroll
+    for (int d = 0; d < kGemvPrefetch; ++d) {
+      const int step = kt + d;
+      if (step < kt_end) {
+        Stage& cur = ring[d];
+#pragma unroll
+        for (int t = 0; t < kGemvTiles; ++t) {
+          const uint32_t u2 = kLW == 3 ? cur.w[t][kLW - 1] : 0u;
+          if constexpr (kSplit) {
+            static_assert(kSplitHalves<CB>, "MUL1 has no split-halves form");
+            uint32_t y[8];
+            decode_lane_halves<K, CB>(cur.w[t][0], cur.w[t][1], u2, span.off, y);
+            // mma s takes rows 2c+s and 2c+8+s: positions s, s+4 (column g+8), s+2, s+6.
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+              const uint32_t sel = s == 0 ? 0x1010u : 0x3232u;  // duplicate the low / high half
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                mma16816_ab(acc[t][nt], y[s], y[s + 4], y[s + 2], y[s + 6], __byte_perm(cur.x[nt][0], 0u, sel),
+                            __byte_perm(cur.x[nt][1], 0u, sel));
+              }
+            }
+          } else {
+            uint32_t b[4];
+            decode_lane<K, CB>(cur.w[t][0], cur.w[t][1], u2, span.off, b);
+            // A = (col g: rows 2c,2c+1), (col g+8: rows 2c,2c+1), (col g: rows 2c+8,2c+9), (col g+8: ...).
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              mma16816_ab(acc[t][nt], b[0], b[2], b[1], b[3], cur.x[nt][0], cur.x[nt][1]);
+            }
+          }
+        }
+        if (step + kGemvPrefetch < kt_end) load(cur);
+      }
+    }
+  }
+}
+
+template <int K, tr::Codebook CB, int NT>
+__global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(const uint32_t* __restrict__ trellis,
+                                                               const __half* __restrict__ xr, int m, int k, int n,
+                                                               int splits, float* __restrict__ partial) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int tiles_k = k >> 4;
+  const int j0 = (blockIdx.x * kGemvWarps + warp) * kGemvTiles;
+  const int split = blockIdx.y;
+  const int tok0 = blockIdx.z * 8 * NT;
+  const int kt_begin = static_cast<int>(static_cast<int64_t>(tiles_k) * split / splits);
+  const int kt_end = static_cast<int>(static_cast<int64_t>(tiles_k) * (split + 1) / splits);
+
+  // B fragments come from x' rows tok0 + 8 nt + g. Lanes of tokens >= m read row 0 instead:
+  // B column g only feeds output column (token) g, which is never stored, so no masking.
+  const uint32_t* xr32 = reinterpret_cast<const uint32_t*>(xr);
+  const uint32_t* xrow[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int tok = tok0 + 8 * nt + g;
+    xrow[nt] = xr32 + static_cast<int64_t>(tok < m ? tok : 0) * (k >> 1) + c;
+  }
+
+  float acc[kGemvTiles][NT][4];
+#pragma unroll
+  for (int t = 0; t < kGemvTiles; ++t)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[t][nt][i] = 0.0f;
+  gemv_accumulate<K, CB, NT>(trellis, n >> 4, j0, kt_begin, kt_end, xrow, acc);
+
+  // C fragment: c0, c1 = (column g, tokens 2c, 2c+1), c2, c3 = (column g+8, same tokens).
+  float* out = partial + static_cast<int64_t>(split) * m * n;
+#pragma unroll
+  for (int t = 0; t < kGemvTiles; ++t) {
+    const int col = 16 * (j0 + t) + g;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int ta = tok0 + 8 * nt + 2 * c, tb = ta + 1;
+      if (ta < m) {
+        out[static_cast<int64_t>(ta) * n + col] = acc[t][nt][0];
+        out[static_cast<int64_t>(ta) * n + col + 8] = acc[t][nt][2];
+      }
+      if (tb < m) {
+        out[static_cast<int64_t>(tb) * n + col] = acc[t][nt][1];
+        out[static_cast<int64_t>(tb) * n + col + 8] = acc[t][nt][3];
+      }
+    }
+  }
+}
+
+template <int K, tr::Codebook CB, int NT>
+cudaError_t launch_gemv_nt(const uint16_t* trellis, const __half* xr, int64_t m, int64_t k, int64_t n, int splits,
+                           float* partial, cudaStream_t stream) {
+  const auto* t32 = reinterpret_cast<const uint32_t*>(trellis);
+  const unsigned gx = static_cast<unsigned>(n / (16 * kGemvWarps * kGemvTiles));
+  const unsigned gz = static_cast<unsigned>((m + 8 * NT - 1) / (8 * NT));
+  gemv_kernel<K, CB, NT><<<dim3(gx, splits, gz), dim3(32 * kGemvWarps), 0, stream>>>(
+      t32, xr, static_cast<int>(m), static_cast<int>(k), static_cast<int>(n), splits, partial);
+  return cudaGetLastError();
+}
+
+// Token groups: one 8-token B fragment per group for m <= 8, two for m <= 16, four beyond
+// (the grid's z covers any m; the planner keeps this path to small m).
+template <int K, tr::Codebook CB>
+cudaError_t launch_gemv_cb(const uint16_t* trellis, const __half* xr, int64_t m, int64_t k, int64_t n, int splits,
+                           float* partial, cudaStream_t stream) {
+  if (m <= 8) return launch_gemv_nt<K, CB, 1>(trellis, xr, m, k, n, splits, partial, stream);
+  if (m <= 16) return launch_gemv_nt<K, CB, 2>(trellis, xr, m, k, n, splits, partial, stream);
+  return launch_gemv_nt<K, CB, 4>(trellis, xr, m, k, n, splits, partial, stream);
+}
+
+template <int K>
+cudaError_t gemv_k(const uint16_t* trellis, tr::Codebook cb, const __half* xr, int64_t m, int64_t k, int64_t n,
+                   int splits, float* partial, cudaStream_t stream) {
+  switch (cb) {
+    case tr::Codebook::kMcg:
+      return launch_gemv_cb<K, tr::Codebook::kMcg>(trellis, xr, m, k, n, splits, partial, stream);
+    case tr::Codebook::kMul1:
+      return launch_gemv_cb<K, tr::Codebook::kMul1>(trellis, xr, m, k, n, splits, partial, stream);
+    default:
+      return launch_gemv_cb<K, tr::Codebook::k3Inst>(trellis, xr, m, k, n, splits, partial, stream);
+  }
+}
+
+// Resident blocks per SM of the single-group variant, for the split-K planner.
+template <int K>
+int gemv_blocks_per_sm_k(tr::Codebook cb) {
+  int blocks = 0;
+  cudaError_t e;
+  switch (cb) {
+    case tr::Codebook::kMcg:
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_kernel<K, tr::Codebook::kMcg, 1>,
+                                                        32 * kGemvWarps, 0);
+      break;
+    case tr::Codebook::kMul1:
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_kernel<K, tr::Codebook::kMul1, 1>,
+                                                        32 * kGemvWarps, 0);
+      break;
+    default:
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_kernel<K, tr::Codebook::k3Inst, 1>,
+                                                        32 * kGemvWarps, 0);
+  }
+  return e == cudaSuccess && blocks > 0 ? blocks : 1;
+}
+
+}  // namespace exl3::cuda::detail

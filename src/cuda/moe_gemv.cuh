@@ -1,0 +1,113 @@
+// Grouped trellis GEMV for the fused MoE: one launch runs every (expert group x column block x
+// split) of a projection set, each block decoding its own expert's trellis at that expert's K
+// (mixed K3/K4 tiers share one grid: the K switch is per block, uniform inside it).
+//
+// A group is one expert and up to 8 * NT consecutive route slots; the decode plan uses one
+// group per route (slot = route, expert = topk_ids[route]), the prefill plan the expert-packed
+// groups of the route-pack kernels (32 slots: the paired decode, one mma per 8 slots, since the
+// decode is shared by four token groups). The B operand rows are gathered per slot (token rows of the
+// shared-H input rotation, or per-slot rows), so no activation is copied per expert.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/gemv.cuh"
+#include "cuda/moe_args.hpp"
+
+namespace exl3::cuda::detail {
+
+template <tr::Codebook CB, int NT>
+__global__ void __launch_bounds__(32 * kGemvWarps) moe_gemv_kernel(const __grid_constant__ MoeGemvArgs a) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int grp = blockIdx.z;
+  int expert, s0, count;
+  if (a.group_expert == nullptr) {
+    expert = a.topk_ids[grp];
+    s0 = grp;
+    count = 1;
+  } else {
+    if (grp >= *a.num_groups) return;
+    expert = a.group_expert[grp];
+    s0 = a.group_begin[grp];
+    count = a.group_count[grp];
+  }
+  if (expert < 0 || expert >= a.num_experts) return;  // invalid ids are skipped (see moe.hpp)
+  const int p = blockIdx.x / a.col_blocks;
+  const MoeProj& proj = a.proj[p];
+  const int j0 = ((blockIdx.x % a.col_blocks) * kGemvWarps + warp) * kGemvTiles;
+  const int tiles_k = a.k >> 4;
+  const int split = blockIdx.y;
+  const int kt_begin = static_cast<int>(static_cast<int64_t>(tiles_k) * split / a.splits);
+  const int kt_end = static_cast<int>(static_cast<int64_t>(tiles_k) * (split + 1) / a.splits);
+
+  const uint32_t* xr32 = reinterpret_cast<const uint32_t*>(proj.x);
+  const uint32_t* xrow[NT];  // lanes past the group's slots read slot s0 (unstored columns)
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int i = 8 * nt + g;
+    const int slot = s0 + (i < count ? i : 0);
+    const int64_t row = (a.x_row_of_slot != nullptr ? a.x_row_of_slot[slot] : slot) / a.x_row_div;
+    xrow[nt] = xr32 + row * (a.x_stride >> 1) + c;
+  }
+  float acc[kGemvTiles][NT][4];
+#pragma unroll
+  for (int t = 0; t < kGemvTiles; ++t)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[t][nt][i] = 0.0f;
+
+  const uint32_t* w = proj.trellis[expert];
+  switch (proj.bits[expert]) {
+#define EXL3_MOE_CASE(KK) \
+  case KK:                \
+    gemv_accumulate<KK, CB, NT, kSplitHalves<CB> && NT == 1>(w, proj.tiles_n, j0, kt_begin, kt_end, xrow, acc); \
+    break;
+    EXL3_MOE_CASE(1)
+    EXL3_MOE_CASE(2)
+    EXL3_MOE_CASE(3)
+    EXL3_MOE_CASE(4)
+    EXL3_MOE_CASE(5)
+    EXL3_MOE_CASE(6)
+    EXL3_MOE_CASE(7)
+    EXL3_MOE_CASE(8)
+#undef EXL3_MOE_CASE
+    default:
+      return;  // K was validated at upload
+  }
+
+  float* out = a.partial + split * a.split_stride + proj.col_offset;
+#pragma unroll
+  for (int t = 0; t < kGemvTiles; ++t) {
+    const int col = 16 * (j0 + t) + g;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int ia = 8 * nt + 2 * c, ib = ia + 1;
+      if (ia < count) {
+        float* r = out + static_cast<int64_t>(s0 + ia) * a.out_cols;
+        r[col] = acc[t][nt][0];
+        r[col + 8] = acc[t][nt][2];
+      }
+      if (ib < count) {
+        float* r = out + static_cast<int64_t>(s0 + ib) * a.out_cols;
+        r[col] = acc[t][nt][1];
+        r[col + 8] = acc[t][nt][3];
+      }
+    }
+  }
+}
+
+template <tr::Codebook CB>
+cudaError_t launch_moe_gemv_cb(const MoeGemvArgs& a, int nt, int max_groups, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(a.col_blocks * a.nproj), static_cast<unsigned>(a.splits),
+                  static_cast<unsigned>(max_groups));
+  if (nt == 1) {
+    moe_gemv_kernel<CB, 1><<<grid, 32 * kGemvWarps, 0, stream>>>(a);
+  } else {
+    moe_gemv_kernel<CB, 4><<<grid, 32 * kGemvWarps, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace exl3::cuda::detail

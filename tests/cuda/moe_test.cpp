@@ -1,0 +1,294 @@
+// Fused CUDA MoE vs the CPU reference MoE (src/moe/reference.cpp) on synthetic checkpoints in
+// both rank-sliced layouts, uniform and mixed tiers, decode and prefill plans; graph replay;
+// edge routes; option validation.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "../format/format_test_util.hpp"
+#include "cuda_check.hpp"
+#include "exl3/cuda/moe.hpp"
+#include "exl3/error.hpp"
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/moe/reference.hpp"
+#include "exl3/moe/synthetic.hpp"
+#include "exl3/moe/weights.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using exl3::cuda::DType;
+using exl3::cuda::MoeLayerCuda;
+using exl3::cuda::MoeOptions;
+namespace moe = exl3::moe;
+
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) {
+    if (cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T) + 16) != cudaSuccess) p = nullptr;
+  }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+};
+
+struct Fixture {
+  exl3::test::TempDir dir;
+  moe::MoeLayerWeights w;
+  int top_k = 2;
+};
+
+// A one-layer synthetic checkpoint (layer 1), loaded for rank 0.
+std::unique_ptr<Fixture> make_layer(moe::RotationLayout layout, std::vector<int> expert_bits, int bits, int experts,
+                                    int tp = 1, int64_t H = 256, int64_t I = 256) {
+  auto f = std::make_unique<Fixture>();
+  moe::SyntheticMoeSpec spec;
+  spec.hidden_size = H;
+  spec.intermediate_size = I;
+  spec.num_experts = experts;
+  spec.top_k = f->top_k;
+  spec.tp = tp;
+  spec.rotation = layout;
+  spec.bits = bits;
+  spec.expert_bits = std::move(expert_bits);
+  spec.seed = exl3::test::make_rng()();
+  moe::write_synthetic_moe(f->dir.path(), spec);
+  const auto ckpt = exl3::Checkpoint::open(f->dir.path());
+  f->w = moe::load_moe_layer(ckpt, 1, 0, tp, experts);
+  return f;
+}
+
+// k distinct random experts per token, random positive weights.
+moe::TopK random_routes(int64_t m, int k, int E, std::mt19937_64& rng) {
+  moe::TopK r;
+  r.m = m;
+  r.k = k;
+  std::uniform_real_distribution<float> u(0.1f, 1.0f);
+  for (int64_t t = 0; t < m; ++t) {
+    std::vector<int> perm(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) perm[static_cast<size_t>(e)] = e;
+    for (int j = 0; j < k; ++j) {
+      std::swap(perm[static_cast<size_t>(j)], perm[j + rng() % static_cast<size_t>(E - j)]);
+      r.ids.push_back(perm[static_cast<size_t>(j)]);
+      r.weights.push_back(u(rng));
+    }
+  }
+  return r;
+}
+
+std::vector<float> random_x(int64_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+// GPU forward (fp32 in and out); out poisoned with NaN before the run.
+std::vector<float> run_gpu(const MoeLayerCuda& L, const std::vector<float>& x, const moe::TopK& r,
+                           cudaGraphExec_t* replay = nullptr) {
+  const int64_t H = L.hidden(), m = r.m;
+  DevBuf<float> dx(x.size()), dout(static_cast<size_t>(m * H)), dw(r.weights.size());
+  DevBuf<int32_t> dids(r.ids.size());
+  DevBuf<char> arena(L.arena_bytes());
+  std::vector<float> out(static_cast<size_t>(m * H));
+  auto ok = [](cudaError_t e) {
+    if (e != cudaSuccess) exl3::fail("CUDA: {}", cudaGetErrorString(e));
+  };
+  ok(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  ok(cudaMemcpy(dids.p, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
+  ok(cudaMemcpy(dw.p, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+  ok(cudaMemset(dout.p, 0xFF, dout.n * 4));  // NaN poison
+  ok(cudaMemset(arena.p, 0xFF, arena.n));
+  ok(L.run(dx.p, DType::kF32, dids.p, dw.p, dout.p, m, arena.p, arena.n, nullptr));
+  ok(cudaDeviceSynchronize());
+  ok(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost));
+  if (replay != nullptr) {
+    // Capture the same call, poison, replay twice: must equal the eager result bit for bit.
+    cudaStream_t s;
+    ok(cudaStreamCreate(&s));
+    cudaGraph_t g;
+    ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    ok(L.run(dx.p, DType::kF32, dids.p, dw.p, dout.p, m, arena.p, arena.n, s));
+    ok(cudaStreamEndCapture(s, &g));
+    ok(cudaGraphInstantiate(replay, g, 0));
+    ok(cudaGraphDestroy(g));
+    ok(cudaMemset(dout.p, 0xFF, dout.n * 4));
+    for (int i = 0; i < 2; ++i) ok(cudaGraphLaunch(*replay, s));
+    ok(cudaStreamSynchronize(s));
+    std::vector<float> again(out.size());
+    ok(cudaMemcpy(again.data(), dout.p, again.size() * 4, cudaMemcpyDeviceToHost));
+    ok(cudaGraphExecDestroy(*replay));
+    ok(cudaStreamDestroy(s));
+    if (std::memcmp(again.data(), out.data(), out.size() * 4) != 0) exl3::fail("graph replay != eager at m={}", m);
+  }
+  return out;
+}
+
+void expect_matches(const Fixture& f, const MoeOptions& opts, const std::vector<int64_t>& ms, const char* what) {
+  auto rng = exl3::test::make_rng();
+  const MoeLayerCuda L(f.w, f.top_k, opts);
+  for (int64_t m : ms) {
+    const auto r = random_routes(m, f.top_k, f.w.num_experts(), rng);
+    const auto x = random_x(m * f.w.hidden, rng);
+    std::vector<float> ref(x.size());
+    moe::moe_forward(f.w, r, x.data(), m, ref.data());
+    const auto got = run_gpu(L, x, r);
+    for (float v : got) ASSERT_TRUE(std::isfinite(v)) << what << " m=" << m;
+    EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3)
+        << what << " m=" << m << " plan " << exl3::cuda::moe_plan_name(L.plan_for(m));
+  }
+}
+
+MoeOptions opts_for(int64_t capacity, int64_t chunk = 0) {
+  MoeOptions o;
+  o.capacity = capacity;
+  o.prefill_chunk = chunk;
+  return o;
+}
+
+const std::vector<int64_t> kMs = {1, 2, 3, 8, 32, 33, 256};
+
+TEST(CudaMoe, PerExpertUniformK3) {
+  EXL3_REQUIRE_GPU();
+  const auto f = make_layer(moe::RotationLayout::kPerExpert, {}, 3, 8);
+  expect_matches(*f, opts_for(256), kMs, "per_expert_v1 K3");
+}
+
+TEST(CudaMoe, SharedHUniformK4) {
+  EXL3_REQUIRE_GPU();
+  const auto f = make_layer(moe::RotationLayout::kSharedH, {}, 4, 8);
+  expect_matches(*f, opts_for(256), kMs, "shared_h_v1 K4");
+}
+
+TEST(CudaMoe, MixedK3K4TiersBothLayouts) {
+  EXL3_REQUIRE_GPU();
+  for (auto layout : {moe::RotationLayout::kPerExpert, moe::RotationLayout::kSharedH}) {
+    const auto f = make_layer(layout, {3, 4, 4, 3, 3, 4, 3, 4}, 3, 8);
+    expect_matches(*f, opts_for(3072, 1000), {1, 3, 8, 33, 3072}, moe::rotation_layout_name(layout).data());
+  }
+}
+
+TEST(CudaMoe, RankSlicedTp2Rank0AndPlainCheckpoint) {
+  EXL3_REQUIRE_GPU();
+  // Rank 0 of a TP-2 slice (I_loc = 128) and a plain exllamav3-style layer.
+  expect_matches(*make_layer(moe::RotationLayout::kSharedH, {}, 3, 8, 2), opts_for(64), {1, 5, 64}, "tp2 rank0");
+  expect_matches(*make_layer(moe::RotationLayout::kPlain, {}, 4, 4), opts_for(64), {1, 5, 64}, "plain");
+}
+
+TEST(CudaMoe, PrefillChunksAndLargerGeometry) {
+  EXL3_REQUIRE_GPU();
+  const auto f = make_layer(moe::RotationLayout::kSharedH, {}, 3, 16, 1, 512, 384);
+  expect_matches(*f, opts_for(300, 64), {9, 100, 300}, "chunked prefill");
+}
+
+TEST(CudaMoe, AllRoutesOnOneExpertAndIdleExperts) {
+  EXL3_REQUIRE_GPU();
+  const auto f = make_layer(moe::RotationLayout::kSharedH, {3, 4, 3, 4, 3, 4, 3, 4}, 3, 8);
+  const MoeLayerCuda L(f->w, f->top_k, opts_for(200));
+  auto rng = exl3::test::make_rng();
+  for (int64_t m : {1, 7, 200}) {
+    moe::TopK r;
+    r.m = m;
+    r.k = 2;
+    for (int64_t t = 0; t < m; ++t) {
+      r.ids.insert(r.ids.end(), {5, 2});  // experts 0, 1, 3, 4, 6, 7 get nothing
+      r.weights.insert(r.weights.end(), {0.7f, 0.3f});
+    }
+    const auto x = random_x(m * f->w.hidden, rng);
+    std::vector<float> ref(x.size());
+    moe::moe_forward(f->w, r, x.data(), m, ref.data());
+    const auto got = run_gpu(L, x, r);
+    EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3) << "m=" << m;
+  }
+}
+
+TEST(CudaMoe, InvalidIdsContributeNothing) {
+  EXL3_REQUIRE_GPU();
+  const auto f = make_layer(moe::RotationLayout::kPerExpert, {}, 3, 8);
+  const MoeLayerCuda L(f->w, f->top_k, opts_for(64));
+  auto rng = exl3::test::make_rng();
+  for (int64_t m : {4, 40}) {
+    auto r = random_routes(m, 2, 8, rng);
+    const auto x = random_x(m * f->w.hidden, rng);
+    auto valid = r;
+    for (int64_t t = 0; t < m; t += 3) {
+      r.ids[static_cast<size_t>(2 * t + 1)] = (t % 2) ? -1 : 8;  // out of range: skipped
+      valid.weights[static_cast<size_t>(2 * t + 1)] = 0.0f;
+    }
+    std::vector<float> ref(x.size());
+    moe::moe_forward(f->w, valid, x.data(), m, ref.data());
+    const auto got = run_gpu(L, x, r);
+    EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3) << "m=" << m;
+  }
+}
+
+TEST(CudaMoe, GraphReplayBitIdenticalAtEveryDecodeM) {
+  EXL3_REQUIRE_GPU();
+  const auto f = make_layer(moe::RotationLayout::kSharedH, {3, 4, 4, 3, 3, 4, 3, 4}, 3, 8);
+  auto o = opts_for(96, 40);
+  const MoeLayerCuda L(f->w, f->top_k, o);
+  auto rng = exl3::test::make_rng();
+  for (int64_t m = 1; m <= o.decode_max_m + 1; ++m) {
+    const auto r = random_routes(m, 2, 8, rng);
+    cudaGraphExec_t g;
+    EXPECT_NO_THROW(run_gpu(L, random_x(m * f->w.hidden, rng), r, &g)) << "m=" << m;
+  }
+  cudaGraphExec_t g;
+  EXPECT_NO_THROW(run_gpu(L, random_x(96 * f->w.hidden, rng), random_routes(96, 2, 8, rng), &g)) << "prefill";
+}
+
+TEST(CudaMoe, RunRejectsMOutsideThePlan) {
+  EXL3_REQUIRE_GPU();
+  const auto f = make_layer(moe::RotationLayout::kSharedH, {}, 3, 8);
+  const MoeLayerCuda L(f->w, f->top_k, opts_for(16));
+  DevBuf<char> arena(L.arena_bytes());
+  DevBuf<float> buf(1 << 16);
+  DevBuf<int32_t> ids(64);
+  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 17, arena.p, arena.n, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 0, arena.p, arena.n, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 4, arena.p, arena.n - 1, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(CudaMoe, OptionsFailClosed) {
+  EXL3_REQUIRE_GPU();
+  const auto f = make_layer(moe::RotationLayout::kSharedH, {}, 3, 8);
+  EXPECT_THAT(exl3::test::error_of([&] { MoeLayerCuda L(f->w, 2, MoeOptions{}); }),
+              testing::HasSubstr("refusing to guess a capacity"));
+  EXPECT_THAT(exl3::test::error_of([&] { MoeLayerCuda L(f->w, 9, opts_for(4)); }), testing::HasSubstr("top_k 9"));
+}
+
+TEST(CudaMoeOptions, EnvironmentOverridesAreValidated) {
+  ::setenv("EXL3_MOE_DECODE_MAX_M", "16", 1);
+  ::setenv("EXL3_MOE_PREFILL_CHUNK", "  ", 1);  // blank = unset
+  ::unsetenv("EXL3_MOE_ARENA_MIB");
+  const auto o = exl3::cuda::moe_options_from_env({});
+  EXPECT_EQ(o.decode_max_m, 16);
+  EXPECT_EQ(o.prefill_chunk, 0);
+  ::setenv("EXL3_MOE_PREFILL_CHUNK", "12x", 1);
+  EXPECT_THAT(exl3::test::error_of([] { exl3::cuda::moe_options_from_env({}); }),
+              testing::HasSubstr("EXL3_MOE_PREFILL_CHUNK='12x' is not a positive integer"));
+  ::setenv("EXL3_MOE_PREFILL_CHUNK", "-3", 1);
+  EXPECT_THAT(exl3::test::error_of([] { exl3::cuda::moe_options_from_env({}); }),
+              testing::HasSubstr("EXL3_MOE_PREFILL_CHUNK"));
+  ::unsetenv("EXL3_MOE_DECODE_MAX_M");
+  ::unsetenv("EXL3_MOE_PREFILL_CHUNK");
+}
+
+TEST(CudaMoe, SharedHStaysOneRowOnTheDevice) {
+  EXL3_REQUIRE_GPU();
+  const auto s = make_layer(moe::RotationLayout::kSharedH, {}, 3, 8);
+  const auto p = make_layer(moe::RotationLayout::kPerExpert, {}, 3, 8);
+  const MoeLayerCuda ls(s->w, 2, opts_for(8)), lp(p->w, 2, opts_for(8));
+  // Per-expert stores 3 hidden-side rows per expert, shared-H 3 per layer: (E - 1) * 3 * H * 2.
+  EXPECT_EQ(lp.device_bytes() - ls.device_bytes(), static_cast<size_t>(7 * 3 * 256 * 2));
+}
+
+}  // namespace
