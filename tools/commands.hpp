@@ -24,5 +24,6 @@ Runner add_sample_hf(CLI::App& app, Common& common);
 Runner add_bench(CLI::App& app, Common& common);
 Runner add_encode_tiles(CLI::App& app, Common& common);  // group: `bench quant`, later gemm/model
 Runner add_moe_bench(CLI::App& app, Common& common);
+Runner add_tokenize(CLI::App& app, Common& common);
 
 }  // namespace exl3::cli

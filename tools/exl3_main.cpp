@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
       "  exl3 dequant ./m --prefix model.layers.0.mlp.down_proj --out w.safetensors\n"
       "  exl3 linear ./m --prefix lm_head --input x.safetensors --out y.safetensors\n"
       "  exl3 sample ./demo-model                     write a small random EXL3 checkpoint\n"
-      "  exl3 quantize ./hf-model ./model-exl3 --bits 4   convert a Hugging Face model",
+      "  exl3 quantize ./hf-model ./model-exl3 --bits 4   convert a Hugging Face model\n"
+      "  exl3 tokenize ./m --text 'Hello world'         token ids with the model's tokenizer",
       "exl3"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "exl3 0.1.0");
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
       exl3::cli::add_encode_tiles);
   reg("moe-bench", "Benchmark the fused CUDA MoE layer (synthetic experts) vs copy bandwidth and BF16 cuBLAS",
       exl3::cli::add_moe_bench);
+  reg("tokenize", "Encode text (or a chat prompt) to token ids, or decode ids, with the model's tokenizer",
+      exl3::cli::add_tokenize);
 
   try {
     app.parse(argc, argv);
