@@ -42,6 +42,8 @@ struct MoeBenchOptions {
   bool baseline = true;
 };
 
+#if defined(EXL3_HAVE_CUDA)
+
 std::vector<int64_t> parse_int_list(const std::string& s, const char* what) {
   std::vector<int64_t> v;
   size_t p = 0;
@@ -90,8 +92,6 @@ std::vector<int> parse_tiers(const std::string& s, int experts) {
   }
   return bits;
 }
-
-#if defined(EXL3_HAVE_CUDA)
 
 void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("moe-bench: {}: {}", what, cudaGetErrorString(e));
