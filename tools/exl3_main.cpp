@@ -23,7 +23,9 @@ int main(int argc, char** argv) {
       "  exl3 linear ./m --prefix lm_head --input x.safetensors --out y.safetensors\n"
       "  exl3 sample ./demo-model                     write a small random EXL3 checkpoint\n"
       "  exl3 quantize ./hf-model ./model-exl3 --bits 4   convert a Hugging Face model\n"
-      "  exl3 tokenize ./m --text 'Hello world'         token ids with the model's tokenizer",
+      "  exl3 tokenize ./m --text 'Hello world'         token ids with the model's tokenizer\n"
+      "  exl3 generate ./m --prompt 'Once upon a time'  stream text from the model (CPU runtime)\n"
+      "  exl3 logits ./m --tokens 1,2,3 --out l.safetensors   logits of one forward pass",
       "exl3"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "exl3 0.1.0");
@@ -53,6 +55,9 @@ int main(int argc, char** argv) {
       exl3::cli::add_moe_bench);
   reg("tokenize", "Encode text (or a chat prompt) to token ids, or decode ids, with the model's tokenizer",
       exl3::cli::add_tokenize);
+  reg("logits", "Run the model once over token ids and write the logits (F32) to a safetensors file",
+      exl3::cli::add_logits);
+  reg("generate", "Generate text from a prompt (streamed), greedy or sampled, with tokens/s", exl3::cli::add_generate);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,36 @@
+// The CPU backend's elementwise and attention kernels (fp32 activations). Written for clarity
+// first; loops that matter run on TBB.
+#pragma once
+
+#include <cstdint>
+
+#include "exl3/runtime/kv_cache.hpp"
+
+namespace exl3::runtime::cpu_ops {
+
+// y[m, n] = x * rsqrt(mean(x^2) + eps) * w, per row (the sum of squares in fp64). y may be x.
+void rms_norm(const float* x, const float* w, int64_t m, int64_t n, double eps, float* y);
+
+// g[i] = SiLU(g[i]) * u[i].
+void silu_mul(float* g, const float* u, int64_t n);
+
+// The kv head a query head reads under grouped-query attention (transformers' repeat_kv):
+// q heads [j * q_per_kv, (j + 1) * q_per_kv) share kv head j.
+inline int64_t kv_head_of(int64_t q_head, int64_t num_heads, int64_t num_kv_heads) {
+  return q_head / (num_heads / num_kv_heads);
+}
+
+struct GqaShape {
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+};
+
+// Causal attention of m queries q[m, num_heads, head_dim] at positions start .. start + m - 1
+// over the keys/values 0 .. start + m - 1 of `seq` in `layer` of the cache (the new tokens'
+// entries already written; K and V slots are [num_kv_heads, head_dim]). Softmax in fp32 with
+// the max subtracted. out[m, num_heads, head_dim]. Parallel over (token, head).
+void gqa_attention(const float* q, int64_t m, int64_t start, const PagedKvCache& cache, int layer,
+                   PagedKvCache::SeqId seq, const GqaShape& shape, float scale, float* out);
+
+}  // namespace exl3::runtime::cpu_ops

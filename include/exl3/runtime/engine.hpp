@@ -1,0 +1,74 @@
+// The backend interface: an Engine runs one model description on one device and owns its KV
+// cache. The CPU engine is the reference (fp32 activations, EXL3 linears through
+// cpu::linear_forward, MoE through exl3::moe); a CUDA engine will implement the same interface.
+//
+//   auto engine = runtime::load_engine(Checkpoint::open(dir));
+//   auto seq = engine->new_sequence();
+//   auto logits = engine->forward(seq, prompt_ids);                 // [n, vocab], prefill
+//   auto next = engine->forward(seq, {&tok, 1}, LogitsMode::kLast); // [1, vocab], decode
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "exl3/runtime/kv_cache.hpp"
+#include "exl3/runtime/model_spec.hpp"
+
+namespace exl3 {
+class Checkpoint;
+}
+
+namespace exl3::runtime {
+
+enum class Device : uint8_t { kCpu, kCuda };
+std::string_view device_name(Device d);  // "cpu" | "cuda"
+// Parses "cpu" / "cuda"; throws exl3::Error listing the choices.
+Device parse_device(std::string_view name);
+
+struct EngineOptions {
+  Device device = Device::kCpu;
+  int64_t page_size = 32;      // tokens per KV page
+  int64_t cache_tokens = 4096; // KV pool capacity over all sequences (rounded up to pages)
+};
+
+enum class LogitsMode : uint8_t {
+  kAll,   // logits of every new token
+  kLast,  // only the last token's (what decoding needs; skips the head for the others)
+};
+
+class Engine {
+ public:
+  using SeqId = PagedKvCache::SeqId;
+
+  virtual ~Engine() = default;
+  virtual const ModelSpec& spec() const = 0;
+  virtual Device device() const = 0;
+
+  virtual SeqId new_sequence() = 0;
+  virtual void drop_sequence(SeqId seq) = 0;
+  virtual int64_t sequence_length(SeqId seq) const = 0;
+  // Tokens that still fit in the KV pool (for all sequences together).
+  virtual int64_t free_cache_tokens() const = 0;
+
+  // Appends `tokens` to `seq` (positions length .. length + n - 1, causal over everything the
+  // sequence holds) and returns fp32 logits: [n, vocab] for kAll, [1, vocab] for kLast. Token
+  // ids must be < vocab_size. Throws exl3::Error (bad ids, KV pool exhausted); the sequence is
+  // unchanged then.
+  virtual std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens,
+                                     LogitsMode mode = LogitsMode::kAll) = 0;
+};
+
+// Builds the description of `ckpt` and loads it on opts.device. The engine keeps its own copy
+// of the checkpoint (the mapped files stay alive). Device kCuda throws "not available yet".
+std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions& opts = {});
+std::unique_ptr<Engine> load_engine(const std::filesystem::path& path,
+                                    const EngineOptions& opts = {});
+
+// One forward pass over `tokens` in a fresh sequence (dropped afterwards): logits [n, vocab].
+std::vector<float> forward_logits(Engine& engine, std::span<const int32_t> tokens);
+
+}  // namespace exl3::runtime

@@ -1,0 +1,67 @@
+// Token sampling and the generation loop (token ids only; text is the caller's business).
+//
+// Sampling: temperature 0 is greedy (argmax, the lowest id among equal logits). Otherwise
+// p = softmax(logits / T); with top_p < 1 only the smallest set of most likely tokens whose
+// probabilities reach top_p stays (nucleus), renormalised; one draw from a seeded
+// std::mt19937_64, so a seed gives the same tokens on every run and machine.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "exl3/runtime/engine.hpp"
+
+namespace exl3::runtime {
+
+struct SamplingOptions {
+  float temperature = 0.0f;  // 0 = greedy
+  float top_p = 1.0f;        // (0, 1]
+  uint64_t seed = 0;
+};
+
+// Index of the largest value (lowest index on ties).
+int32_t argmax(std::span<const float> logits);
+
+class Sampler {
+ public:
+  // Throws exl3::Error for a negative / non-finite temperature or top_p outside (0, 1].
+  explicit Sampler(const SamplingOptions& opts);
+  int32_t sample(std::span<const float> logits);
+
+ private:
+  SamplingOptions opts_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> scratch_;
+};
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 128;
+  SamplingOptions sampling;
+  std::vector<int32_t> stop_tokens;  // EOS / end-of-turn ids; generation stops on any
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated ids, the stop token excluded
+  std::string stop_reason;      // "stop_token" | "max_tokens" | "callback"
+  int32_t stop_token = -1;      // the stop token seen, when stop_reason is "stop_token"
+  int64_t prompt_tokens = 0;
+  double prompt_seconds = 0.0;  // the prefill forward pass
+  int64_t decode_steps = 0;     // single-token forward passes
+  double decode_seconds = 0.0;  // their time, sampling included
+
+  double prompt_tokens_per_second() const;
+  double decode_tokens_per_second() const;
+};
+
+// Prefills `prompt` (non-empty) into a fresh sequence in one pass, then samples and decodes one
+// token at a time until a stop token, max_new_tokens or on_token returning false. on_token is
+// called with every generated token (not the stop token) as soon as it is sampled.
+GenerateResult generate(Engine& engine, std::span<const int32_t> prompt,
+                        const GenerateOptions& opts,
+                        const std::function<bool(int32_t)>& on_token = {});
+
+}  // namespace exl3::runtime

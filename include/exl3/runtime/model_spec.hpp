@@ -1,0 +1,128 @@
+// The model description: one backend-independent account of a decoder-only transformer built
+// from config.json (and, for the head, the checkpoint's tensors). Backends (cpu today, cuda
+// later) build their modules from it; nothing here touches a weight.
+//
+// Supported architectures (config.json `architectures[0]`):
+//   LlamaForCausalLM     RMSNorm, GQA, RoPE (default / linear / llama3 / yarn), SwiGLU MLP
+//   Qwen2ForCausalLM     as Llama; q/k/v biases come from the checkpoint
+//   Qwen3ForCausalLM     as Llama with per-head q_norm / k_norm
+//   Qwen3MoeForCausalLM  Qwen3 attention; softmax top-k router (norm_topk_prob), layers dense
+//                        when listed in mlp_only_layers or off the decoder_sparse_step grid
+//   Glm4MoeForCausalLM   partial rotary (partial_rotary_factor), optional q/k norm
+//                        (use_qk_norm), sigmoid grouped router with e_score_correction_bias,
+//                        n_group / topk_group, routed_scaling_factor, shared experts, the first
+//                        first_k_dense_replace layers dense; MTP layers are not loaded
+//
+// Anything else fails with an exl3::Error that names config.json and the key at fault: the
+// runtime never runs a model it would compute differently from its reference.
+//
+// Attention is a variant so other kinds (DeepSeek-style MLA, with a compressed KV cache) can be
+// added as another alternative without touching the GQA path; every backend visits it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "exl3/runtime/rope.hpp"
+
+namespace exl3 {
+struct ModelConfig;
+class Checkpoint;
+}  // namespace exl3
+
+namespace exl3::runtime {
+
+enum class Architecture : uint8_t { kLlama, kQwen2, kQwen3, kQwen3Moe, kGlm4Moe };
+std::string_view architecture_name(Architecture a);  // the HF class name
+// "LlamaForCausalLM, Qwen2ForCausalLM, ..." for messages.
+std::string supported_architectures();
+
+// Grouped-query attention (MHA and MQA are the special cases): q heads h read kv head
+// h / (num_heads / num_kv_heads), as transformers' repeat_kv.
+struct GqaAttentionSpec {
+  std::string prefix;  // "model.layers.3.self_attn": q_proj, k_proj, v_proj, o_proj
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  bool qk_norm = false;  // per-head RMSNorm `q_norm` / `k_norm` over head_dim, before RoPE
+  double scale = 0.0;    // softmax scale, head_dim^-0.5
+  RopeSpec rope;
+
+  int64_t q_per_kv() const { return num_heads / num_kv_heads; }
+};
+// The seam for other attention kinds: add e.g. `MlaAttentionSpec` here and a module per backend.
+using AttentionSpec = std::variant<GqaAttentionSpec>;
+
+// SwiGLU MLP: down(SiLU(gate(x)) * up(x)).
+struct DenseMlpSpec {
+  std::string prefix;  // "model.layers.0.mlp": gate_proj, up_proj, down_proj
+  int64_t intermediate = 0;
+};
+
+enum class RouterKind : uint8_t { kSoftmax, kSigmoidGrouped };
+
+struct MoeSpec {
+  std::string prefix;  // "model.layers.3.mlp": gate (router), experts.{E}.{gate,up,down}_proj
+  int64_t num_experts = 0;
+  int top_k = 0;
+  int64_t intermediate = 0;  // moe_intermediate_size
+  RouterKind router = RouterKind::kSoftmax;
+  bool renormalize = true;  // norm_topk_prob
+  // kSigmoidGrouped only:
+  int n_group = 1;
+  int topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  bool correction_bias = false;  // `gate.e_score_correction_bias` [E]
+  std::optional<DenseMlpSpec> shared;  // `shared_experts`, added to the routed output
+};
+using MlpSpec = std::variant<DenseMlpSpec, MoeSpec>;
+
+struct LayerSpec {
+  int index = 0;
+  std::string prefix;  // "model.layers.3"
+  AttentionSpec attention;
+  MlpSpec mlp;
+  std::string input_norm;           // tensor names (RMSNorm weights [hidden])
+  std::string post_attention_norm;
+};
+
+struct ModelSpec {
+  Architecture architecture = Architecture::kLlama;
+  std::string label;  // config.json (what errors name)
+  int64_t hidden_size = 0;
+  int64_t vocab_size = 0;
+  double rms_norm_eps = 0.0;
+  int64_t max_position_embeddings = 0;  // 0 when absent
+  bool tie_word_embeddings = false;
+  std::string embed_tokens = "model.embed_tokens.weight";
+  std::string final_norm = "model.norm.weight";
+  // The output projection: an EXL3 or unquantized linear prefix ("lm_head"), or, when
+  // lm_head_tied, the embedding matrix itself.
+  std::string lm_head = "lm_head";
+  bool lm_head_tied = false;
+  std::vector<int32_t> eos_token_ids;  // config.json eos_token_id (number or list)
+  std::optional<int32_t> bos_token_id;
+  std::vector<LayerSpec> layers;
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
+  bool is_moe() const;
+};
+
+// The description from config.json alone (lm_head assumed untied unless tie_word_embeddings).
+// `label` names config.json in errors.
+ModelSpec describe_model(const ModelConfig& config, const std::string& label);
+// The description of a checkpoint: its config.json, and the head from its tensors (exllamav3
+// writes lm_head even for tied models; the embedding is used only when no lm_head exists and
+// tie_word_embeddings is set).
+ModelSpec describe_model(const Checkpoint& ckpt);
+
+// A summary for `--json` outputs and logs.
+nlohmann::json spec_summary(const ModelSpec& spec);
+
+}  // namespace exl3::runtime

@@ -1,0 +1,121 @@
+// Sampling and the generation loop (see generate.hpp).
+#include "exl3/runtime/generate.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "exl3/error.hpp"
+
+namespace exl3::runtime {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int32_t argmax(std::span<const float> logits) {
+  if (logits.empty()) fail("argmax: no logits");
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+Sampler::Sampler(const SamplingOptions& opts) : opts_(opts), rng_(opts.seed) {
+  if (!std::isfinite(opts.temperature) || opts.temperature < 0.0f) {
+    fail("sampling: temperature {} must be a finite number >= 0 (0 = greedy)", opts.temperature);
+  }
+  if (!(opts.top_p > 0.0f && opts.top_p <= 1.0f)) {
+    fail("sampling: top_p {} must be in (0, 1]", opts.top_p);
+  }
+}
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  if (opts_.temperature == 0.0f) return argmax(logits);
+  if (logits.empty()) fail("sample: no logits");
+  const float mx = logits[static_cast<size_t>(argmax(logits))];
+  if (!std::isfinite(mx)) fail("sample: the logits are not finite");
+  scratch_.resize(logits.size());
+  double total = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const auto p = static_cast<float>(std::exp(static_cast<double>(logits[i] - mx) / opts_.temperature));
+    scratch_[i] = {p, static_cast<int32_t>(i)};
+    total += p;
+  }
+  size_t keep = scratch_.size();
+  if (opts_.top_p < 1.0f) {
+    // Most likely first, ties by id: the nucleus is the shortest prefix reaching top_p.
+    std::sort(scratch_.begin(), scratch_.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    const double target = static_cast<double>(opts_.top_p) * total;
+    double cum = 0.0;
+    keep = 0;
+    while (keep < scratch_.size()) {
+      cum += scratch_[keep].first;
+      ++keep;
+      if (cum >= target) break;
+    }
+    total = cum;
+  }
+  // A uniform draw from the raw 64-bit stream (std distributions differ between libraries).
+  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+  double cum = 0.0;
+  for (size_t i = 0; i < keep; ++i) {
+    cum += scratch_[i].first;
+    if (u < cum) return scratch_[i].second;
+  }
+  return scratch_[keep - 1].second;
+}
+
+double GenerateResult::prompt_tokens_per_second() const {
+  return prompt_seconds > 0.0 ? static_cast<double>(prompt_tokens) / prompt_seconds : 0.0;
+}
+
+double GenerateResult::decode_tokens_per_second() const {
+  return decode_seconds > 0.0 ? static_cast<double>(decode_steps) / decode_seconds : 0.0;
+}
+
+GenerateResult generate(Engine& engine, std::span<const int32_t> prompt, const GenerateOptions& opts,
+                        const std::function<bool(int32_t)>& on_token) {
+  if (prompt.empty()) fail("generate: the prompt has no tokens");
+  if (opts.max_new_tokens < 0) fail("generate: max_new_tokens {} is negative", opts.max_new_tokens);
+  Sampler sampler(opts.sampling);
+  GenerateResult r;
+  r.prompt_tokens = static_cast<int64_t>(prompt.size());
+  const auto seq = engine.new_sequence();
+  struct Drop {
+    Engine& e;
+    Engine::SeqId s;
+    ~Drop() { e.drop_sequence(s); }
+  } drop{engine, seq};
+
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits = engine.forward(seq, prompt, LogitsMode::kLast);
+  r.prompt_seconds = seconds_since(t0);
+  r.stop_reason = "max_tokens";
+  while (static_cast<int64_t>(r.tokens.size()) < opts.max_new_tokens) {
+    const int32_t tok = sampler.sample(logits);
+    if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), tok) != opts.stop_tokens.end()) {
+      r.stop_reason = "stop_token";
+      r.stop_token = tok;
+      break;
+    }
+    r.tokens.push_back(tok);
+    if (on_token && !on_token(tok)) {
+      r.stop_reason = "callback";
+      break;
+    }
+    if (static_cast<int64_t>(r.tokens.size()) >= opts.max_new_tokens) break;
+    t0 = std::chrono::steady_clock::now();
+    logits = engine.forward(seq, {&tok, 1}, LogitsMode::kLast);
+    r.decode_seconds += seconds_since(t0);
+    ++r.decode_steps;
+  }
+  return r;
+}
+
+}  // namespace exl3::runtime

@@ -1,0 +1,369 @@
+// describe_model: config.json (+ the checkpoint's head) -> ModelSpec (see model_spec.hpp).
+#include "exl3/runtime/model_spec.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "exl3/error.hpp"
+#include "exl3/format/checkpoint.hpp"
+
+namespace exl3::runtime {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::pair<Architecture, std::string_view> kArchitectures[] = {
+    {Architecture::kLlama, "LlamaForCausalLM"},
+    {Architecture::kQwen2, "Qwen2ForCausalLM"},
+    {Architecture::kQwen3, "Qwen3ForCausalLM"},
+    {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM"},
+    {Architecture::kGlm4Moe, "Glm4MoeForCausalLM"},
+};
+
+const json* get(const json& j, const char* key) {
+  const auto it = j.find(key);
+  return (it == j.end() || it->is_null()) ? nullptr : &*it;
+}
+
+// Reads config keys with the label (config.json) in every error.
+class Keys {
+ public:
+  Keys(const json& j, const std::string& label) : j_(j), label_(label) {}
+
+  bool has(const char* key) const { return get(j_, key) != nullptr; }
+
+  // A non-negative integer; `def` when absent, required (> 0) when def is nullopt.
+  int64_t integer(const char* key, std::optional<int64_t> def = std::nullopt) const {
+    const json* v = get(j_, key);
+    if (v == nullptr) {
+      if (def) return *def;
+      fail("{}: key '{}' is missing (a positive integer is required)", label_, key);
+    }
+    if (!v->is_number_integer() || v->get<int64_t>() < 0) {
+      fail("{}: key '{}': expected a non-negative integer, got {}", label_, key, v->dump());
+    }
+    const int64_t i = v->get<int64_t>();
+    if (!def && i == 0) fail("{}: key '{}' is 0; a positive integer is required", label_, key);
+    return i;
+  }
+
+  double number(const char* key, std::optional<double> def = std::nullopt) const {
+    const json* v = get(j_, key);
+    if (v == nullptr) {
+      if (def) return *def;
+      fail("{}: key '{}' is missing (a positive number is required)", label_, key);
+    }
+    if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() <= 0.0) {
+      fail("{}: key '{}': expected a positive number, got {}", label_, key, v->dump());
+    }
+    return v->get<double>();
+  }
+
+  bool boolean(const char* key, bool def) const {
+    const json* v = get(j_, key);
+    if (v == nullptr) return def;
+    if (!v->is_boolean()) fail("{}: key '{}': expected true or false, got {}", label_, key, v->dump());
+    return v->get<bool>();
+  }
+
+  std::string string(const char* key, const std::string& def) const {
+    const json* v = get(j_, key);
+    if (v == nullptr) return def;
+    if (!v->is_string()) fail("{}: key '{}': expected a string, got {}", label_, key, v->dump());
+    return v->get<std::string>();
+  }
+
+  // An integer or a list of integers (token ids); empty when absent.
+  std::vector<int32_t> ids(const char* key) const {
+    const json* v = get(j_, key);
+    std::vector<int32_t> out;
+    if (v == nullptr) return out;
+    auto one = [&](const json& e) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > INT32_MAX) {
+        fail("{}: key '{}': expected a token id or a list of them, got {}", label_, key, v->dump());
+      }
+      out.push_back(static_cast<int32_t>(e.get<int64_t>()));
+    };
+    if (v->is_array()) {
+      for (const auto& e : *v) one(e);
+    } else {
+      one(*v);
+    }
+    return out;
+  }
+
+  std::vector<int64_t> int_list(const char* key) const {
+    const json* v = get(j_, key);
+    std::vector<int64_t> out;
+    if (v == nullptr) return out;
+    if (!v->is_array()) fail("{}: key '{}': expected a list of integers, got {}", label_, key, v->dump());
+    for (const auto& e : *v) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0) {
+        fail("{}: key '{}': expected a list of non-negative integers, got {}", label_, key, v->dump());
+      }
+      out.push_back(e.get<int64_t>());
+    }
+    return out;
+  }
+
+  const std::string& label() const { return label_; }
+
+ private:
+  const json& j_;
+  const std::string& label_;
+};
+
+}  // namespace
+
+std::string_view architecture_name(Architecture a) {
+  for (const auto& [arch, name] : kArchitectures)
+    if (arch == a) return name;
+  return "?";
+}
+
+std::string supported_architectures() {
+  std::string s;
+  for (const auto& [arch, name] : kArchitectures) {
+    if (!s.empty()) s += ", ";
+    s += name;
+  }
+  return s;
+}
+
+bool ModelSpec::is_moe() const {
+  return std::any_of(layers.begin(), layers.end(),
+                     [](const LayerSpec& l) { return std::holds_alternative<MoeSpec>(l.mlp); });
+}
+
+ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
+  const json& raw = config.raw;
+  const Keys k(raw, label);
+  ModelSpec s;
+  s.label = label;
+
+  if (config.architecture.empty()) {
+    fail("{}: key 'architectures' is missing; supported: {}", label, supported_architectures());
+  }
+  const auto* arch = std::find_if(std::begin(kArchitectures), std::end(kArchitectures),
+                                  [&](const auto& a) { return a.second == config.architecture; });
+  if (arch == std::end(kArchitectures)) {
+    fail("{}: key 'architectures': '{}' is not supported; supported: {}", label,
+         config.architecture, supported_architectures());
+  }
+  s.architecture = arch->first;
+  const bool moe_arch = s.architecture == Architecture::kQwen3Moe || s.architecture == Architecture::kGlm4Moe;
+
+  s.hidden_size = k.integer("hidden_size");
+  s.vocab_size = k.integer("vocab_size");
+  const int64_t num_layers = k.integer("num_hidden_layers");
+  const int64_t heads = k.integer("num_attention_heads");
+  const int64_t kv_heads = k.integer("num_key_value_heads", heads);  // transformers' default
+  if (kv_heads == 0 || heads % kv_heads != 0) {
+    fail("{}: key 'num_key_value_heads': {} does not divide num_attention_heads {}", label,
+         kv_heads, heads);
+  }
+  int64_t head_dim = k.integer("head_dim", 0);
+  if (head_dim == 0) {
+    if (s.hidden_size % heads != 0) {
+      fail("{}: key 'head_dim' is missing and hidden_size {} is not a multiple of "
+           "num_attention_heads {}",
+           label, s.hidden_size, heads);
+    }
+    head_dim = s.hidden_size / heads;
+  }
+  s.rms_norm_eps = k.number("rms_norm_eps");
+  s.max_position_embeddings = k.integer("max_position_embeddings", 0);
+  s.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
+  s.eos_token_ids = k.ids("eos_token_id");
+  if (const auto bos = k.ids("bos_token_id"); !bos.empty()) s.bos_token_id = bos[0];
+
+  const std::string act = k.string("hidden_act", "silu");
+  if (act != "silu") {
+    fail("{}: key 'hidden_act': '{}' is not supported (the runtime's MLPs are SwiGLU: silu)", label, act);
+  }
+  if (k.boolean("use_sliding_window", false)) {
+    fail("{}: key 'use_sliding_window': sliding-window attention is not supported; hint: it is "
+         "off in the released Qwen2/Qwen3 configs",
+         label);
+  }
+  if (const json* lt = get(raw, "layer_types")) {
+    if (!lt->is_array()) fail("{}: key 'layer_types': expected a list of strings", label);
+    for (const auto& t : *lt) {
+      if (!t.is_string() || t.get<std::string>() != "full_attention") {
+        fail("{}: key 'layer_types': entry {} is not supported (only full_attention)", label, t.dump());
+      }
+    }
+  }
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (k.has(key)) fail("{}: key '{}': logit soft-capping is not supported", label, key);
+  }
+
+  GqaAttentionSpec attn;
+  attn.num_heads = heads;
+  attn.num_kv_heads = kv_heads;
+  attn.head_dim = head_dim;
+  attn.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  attn.qk_norm = s.architecture == Architecture::kQwen3 || s.architecture == Architecture::kQwen3Moe ||
+                 (s.architecture == Architecture::kGlm4Moe && k.boolean("use_qk_norm", false));
+  if (s.architecture != Architecture::kGlm4Moe && k.has("partial_rotary_factor") &&
+      k.number("partial_rotary_factor") != 1.0) {
+    fail("{}: key 'partial_rotary_factor': partial rotary is supported for Glm4MoeForCausalLM "
+         "only, not {}",
+         label, config.architecture);
+  }
+  attn.rope = parse_rope(raw, head_dim, label);
+
+  // MoE parameters.
+  MoeSpec moe;
+  std::set<int64_t> dense_layers;
+  int64_t intermediate = 0;
+  auto need_intermediate = [&] {
+    if (intermediate == 0) intermediate = k.integer("intermediate_size");
+    return intermediate;
+  };
+  if (moe_arch) {
+    moe.num_experts = config.num_experts;
+    if (moe.num_experts <= 0) {
+      fail("{}: key '{}' is missing or 0", label,
+           s.architecture == Architecture::kGlm4Moe ? "n_routed_experts" : "num_experts");
+    }
+    const int64_t top_k = k.integer("num_experts_per_tok");
+    if (top_k > moe.num_experts) {
+      fail("{}: key 'num_experts_per_tok': {} is more than the {} experts", label, top_k, moe.num_experts);
+    }
+    moe.top_k = static_cast<int>(top_k);
+    moe.intermediate = k.integer("moe_intermediate_size");
+    if (s.architecture == Architecture::kQwen3Moe) {
+      moe.router = RouterKind::kSoftmax;
+      moe.renormalize = k.boolean("norm_topk_prob", false);  // Qwen3MoeConfig's default
+      const int64_t step = k.integer("decoder_sparse_step", 1);
+      if (step == 0) fail("{}: key 'decoder_sparse_step' is 0; expected >= 1", label);
+      const auto only = k.int_list("mlp_only_layers");
+      for (const int64_t l : only) {
+        if (l >= num_layers) {
+          fail("{}: key 'mlp_only_layers': layer {} is outside 0..{}", label, l, num_layers - 1);
+        }
+        dense_layers.insert(l);
+      }
+      for (int64_t l = 0; l < num_layers; ++l)
+        if ((l + 1) % step != 0) dense_layers.insert(l);
+      if (k.integer("shared_expert_intermediate_size", 0) != 0) {
+        fail("{}: key 'shared_expert_intermediate_size': Qwen3-MoE has no shared expert", label);
+      }
+    } else {
+      moe.router = RouterKind::kSigmoidGrouped;
+      moe.renormalize = k.boolean("norm_topk_prob", true);
+      moe.n_group = static_cast<int>(k.integer("n_group", 1));
+      moe.topk_group = static_cast<int>(k.integer("topk_group", 1));
+      if (moe.n_group == 0 || moe.num_experts % moe.n_group != 0) {
+        fail("{}: key 'n_group': {} does not divide the {} routed experts", label, moe.n_group, moe.num_experts);
+      }
+      if (moe.topk_group == 0 || moe.topk_group > moe.n_group) {
+        fail("{}: key 'topk_group': {} is outside 1..n_group ({})", label, moe.topk_group, moe.n_group);
+      }
+      if (moe.top_k > moe.topk_group * (moe.num_experts / moe.n_group)) {
+        fail("{}: key 'num_experts_per_tok': {} is more than the {} experts of topk_group {} groups",
+             label, moe.top_k, moe.topk_group * (moe.num_experts / moe.n_group), moe.topk_group);
+      }
+      moe.routed_scaling_factor = k.number("routed_scaling_factor", 1.0);
+      moe.correction_bias = true;
+      const std::string method = k.string("topk_method", "noaux_tc");
+      if (method != "noaux_tc") {
+        fail("{}: key 'topk_method': '{}' is not supported (GLM-4.5 routing is noaux_tc)", label, method);
+      }
+      const int64_t shared = k.integer("n_shared_experts", 1);
+      if (shared > 0) moe.shared = DenseMlpSpec{"", moe.intermediate * shared};
+      const int64_t first_dense = k.integer("first_k_dense_replace", 1);
+      for (int64_t l = 0; l < std::min(first_dense, num_layers); ++l) dense_layers.insert(l);
+    }
+  }
+
+  for (int64_t l = 0; l < num_layers; ++l) {
+    LayerSpec layer;
+    layer.index = static_cast<int>(l);
+    layer.prefix = fmt::format("model.layers.{}", l);
+    layer.input_norm = layer.prefix + ".input_layernorm.weight";
+    layer.post_attention_norm = layer.prefix + ".post_attention_layernorm.weight";
+    GqaAttentionSpec a = attn;
+    a.prefix = layer.prefix + ".self_attn";
+    layer.attention = a;
+    const std::string mlp_prefix = layer.prefix + ".mlp";
+    if (moe_arch && dense_layers.count(l) == 0) {
+      MoeSpec m = moe;
+      m.prefix = mlp_prefix;
+      if (m.shared) m.shared->prefix = mlp_prefix + ".shared_experts";
+      layer.mlp = m;
+    } else {
+      layer.mlp = DenseMlpSpec{mlp_prefix, need_intermediate()};
+    }
+    s.layers.push_back(std::move(layer));
+  }
+  s.lm_head_tied = false;
+  return s;
+}
+
+ModelSpec describe_model(const Checkpoint& ckpt) {
+  const auto& cfg = ckpt.config();
+  if (!cfg) {
+    fail("{}: no config.json; the model runtime needs the checkpoint folder with its config.json",
+         ckpt.path().string());
+  }
+  ModelSpec s = describe_model(*cfg, (ckpt.path() / "config.json").string());
+  const bool has_head = ckpt.find_linear("lm_head") != nullptr || ckpt.store().contains("lm_head.weight");
+  if (has_head) {
+    s.lm_head = "lm_head";
+    s.lm_head_tied = false;
+  } else if (s.tie_word_embeddings) {
+    s.lm_head = s.embed_tokens;
+    s.lm_head_tied = true;
+  } else {
+    fail("{}: no lm_head (neither EXL3 'lm_head.trellis' nor 'lm_head.weight'), and config.json "
+         "does not set tie_word_embeddings",
+         ckpt.path().string());
+  }
+  return s;
+}
+
+nlohmann::json spec_summary(const ModelSpec& s) {
+  json j;
+  j["architecture"] = std::string(architecture_name(s.architecture));
+  j["hidden_size"] = s.hidden_size;
+  j["vocab_size"] = s.vocab_size;
+  j["num_layers"] = s.num_layers();
+  j["rms_norm_eps"] = s.rms_norm_eps;
+  j["lm_head"] = s.lm_head;
+  j["lm_head_tied"] = s.lm_head_tied;
+  int64_t moe_layers = 0;
+  for (const auto& l : s.layers) moe_layers += std::holds_alternative<MoeSpec>(l.mlp) ? 1 : 0;
+  j["moe_layers"] = moe_layers;
+  j["dense_layers"] = s.num_layers() - moe_layers;
+  if (!s.layers.empty()) {
+    const auto& a = std::get<GqaAttentionSpec>(s.layers[0].attention);
+    j["attention"] = {{"kind", "gqa"},
+                      {"num_heads", a.num_heads},
+                      {"num_kv_heads", a.num_kv_heads},
+                      {"head_dim", a.head_dim},
+                      {"qk_norm", a.qk_norm},
+                      {"rope", {{"type", std::string(rope_type_name(a.rope.type))},
+                                {"theta", a.rope.theta},
+                                {"rotary_dim", a.rope.rotary_dim},
+                                {"factor", a.rope.factor}}}};
+    for (const auto& l : s.layers) {
+      if (const auto* m = std::get_if<MoeSpec>(&l.mlp)) {
+        j["moe"] = {{"num_experts", m->num_experts},
+                    {"top_k", m->top_k},
+                    {"intermediate", m->intermediate},
+                    {"router", m->router == RouterKind::kSoftmax ? "softmax" : "sigmoid_grouped"},
+                    {"renormalize", m->renormalize},
+                    {"shared_intermediate", m->shared ? m->shared->intermediate : 0}};
+        break;
+      }
+    }
+  }
+  return j;
+}
+
+}  // namespace exl3::runtime

@@ -1,0 +1,173 @@
+// `exl3 logits` and `exl3 generate` through the binary on the conformance model.
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "exl3/format/safetensors.hpp"
+#include "exl3/model/tokenizer.hpp"
+#include "exl3/runtime/engine.hpp"
+#include "exl3/runtime/generate.hpp"
+#include "runtime_test_util.hpp"
+#include "test_support.hpp"
+
+using exl3::test::run_cli;
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+namespace {
+
+std::string q(const std::filesystem::path& p) {
+  return exl3::test::shell_quote(p);
+}
+
+std::string join(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+std::vector<int32_t> reference_ids(const std::filesystem::path& model) {
+  const auto store = exl3::TensorStore::open(model / "reference_logits.safetensors");
+  std::vector<int32_t> ids;
+  for (const int64_t id : exl3::copy_tensor<int64_t>(store.at("input_ids"))) ids.push_back(static_cast<int32_t>(id));
+  return ids;
+}
+
+}  // namespace
+
+TEST(LogitsCli, HelpTeaches) {
+  EXPECT_THAT(run_cli("--help").out, HasSubstr("logits"));
+  const auto h = run_cli("logits --help");
+  EXPECT_EQ(h.code, 0);
+  for (const char* s : {"MODEL", "--tokens", "--out", "--device", "--json", "Examples:", "rel-L2",
+                        "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"}) {
+    EXPECT_THAT(h.out, HasSubstr(s));
+  }
+}
+
+TEST(LogitsCli, WritesLogitsEqualToTheLibrary) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = exl3::runtime::test::tiny_model(dir);
+  const auto ids = reference_ids(model);
+  exl3::test::TempDir tmp;
+  const auto out = tmp / "logits.safetensors";
+  const auto r = run_cli(fmt::format("logits {} --tokens {} --out {} --json", q(model), join(ids), q(out)), "", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = json::parse(r.out);
+  EXPECT_EQ(j["shape"], json::array({16, 512}));
+  EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), ids);
+
+  const auto store = exl3::TensorStore::open(out);
+  const auto& t = store.at("logits");
+  EXPECT_EQ(t.info->dtype, exl3::DType::kF32);
+  EXPECT_EQ(t.info->shape, (std::vector<int64_t>{16, 512}));
+  EXPECT_EQ(t.file->metadata().at("tokens"), join(ids));
+  const auto cli = exl3::read_as_float(t);
+  auto engine = exl3::runtime::load_engine(model);
+  const auto lib = exl3::runtime::forward_logits(*engine, ids);
+  EXPECT_LE(exl3::test::rel_l2(cli, lib), 1e-7);
+  // argmax in the JSON is the file's, and the HF fp64 reference's.
+  const auto ref = exl3::read_as_float(exl3::TensorStore::open(model / "reference_logits.safetensors").at("hf_dequant_fp64.logits"));
+  for (size_t p = 0; p < 16; ++p) {
+    const auto row = std::span<const float>(cli).subspan(p * 512, 512);
+    EXPECT_EQ(j["argmax"][p].get<int32_t>(), exl3::runtime::argmax(row));
+    EXPECT_EQ(exl3::runtime::argmax(row), exl3::runtime::argmax(std::span<const float>(ref).subspan(p * 512, 512)));
+  }
+  // Text output: one line per position.
+  const auto text = run_cli(fmt::format("logits {} --tokens 5,6,7 --out {}", q(model), q(tmp / "b.safetensors")));
+  ASSERT_EQ(text.code, 0) << text.out;
+  EXPECT_THAT(text.out, HasSubstr("logits [3, 512] F32"));
+  EXPECT_THAT(text.out, HasSubstr("argmax"));
+}
+
+TEST(LogitsCli, BadInputsFailClearly) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = exl3::runtime::test::tiny_model(dir);
+  exl3::test::TempDir tmp;
+  const auto out = q(tmp / "x.safetensors");
+  auto r = run_cli(fmt::format("logits {} --tokens 1,x --out {}", q(model), out));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("--tokens"));
+  r = run_cli(fmt::format("logits {} --tokens 1,600 --out {}", q(model), out));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("outside the vocabulary 0..511"));
+  r = run_cli(fmt::format("logits {} --tokens 1,2 --out {} --device cuda", q(model), out));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("not available yet"));
+  r = run_cli(fmt::format("logits {} --tokens 1,2 --out {}", q(tmp / "nothing"), out));
+  EXPECT_EQ(r.code, 1);
+}
+
+TEST(GenerateCli, HelpTeaches) {
+  EXPECT_THAT(run_cli("--help").out, HasSubstr("generate"));
+  const auto h = run_cli("generate --help");
+  EXPECT_EQ(h.code, 0);
+  for (const char* s : {"MODEL", "--prompt", "--max-tokens", "--temperature", "--top-p", "--seed", "--device", "--chat",
+                        "--json", "greedy", "Examples:", "tokens per second"}) {
+    EXPECT_THAT(h.out, HasSubstr(s));
+  }
+}
+
+TEST(GenerateCli, GreedyMatchesTheLibraryAndStreams) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = exl3::runtime::test::tiny_model(dir);
+  const std::string args = fmt::format("generate {} --prompt 'import os' --max-tokens 12 --json", q(model));
+  const auto a = run_cli(args, "", false);
+  ASSERT_EQ(a.code, 0) << a.out;
+  const auto ja = json::parse(a.out);
+  const auto b = json::parse(run_cli(args, "", false).out);
+  EXPECT_EQ(ja["ids"], b["ids"]);
+  EXPECT_EQ(ja["text"], b["text"]);
+
+  const auto tok = exl3::Tokenizer::load(model);
+  const auto prompt = tok.encode("import os", true);
+  EXPECT_EQ(ja["prompt_ids"].get<std::vector<int32_t>>(), prompt);
+  auto engine = exl3::runtime::load_engine(model);
+  exl3::runtime::GenerateOptions go;
+  go.max_new_tokens = 12;
+  go.stop_tokens = {2};
+  const auto lib = exl3::runtime::generate(*engine, prompt, go);
+  EXPECT_EQ(ja["ids"].get<std::vector<int32_t>>(), lib.tokens);
+  EXPECT_EQ(ja["stop_reason"], lib.stop_reason);
+  EXPECT_EQ(ja["text"].get<std::string>(), tok.decode(lib.tokens, true));
+  EXPECT_GT(ja["generation_tokens_per_second"].get<double>(), 0.0);
+
+  // Streaming mode: the text, then the speed line.
+  const auto s = run_cli(fmt::format("generate {} --prompt 'import os' --max-tokens 12", q(model)), "", false);
+  ASSERT_EQ(s.code, 0) << s.out;
+  EXPECT_THAT(s.out, HasSubstr(ja["text"].get<std::string>()));
+  EXPECT_THAT(s.out, HasSubstr(fmt::format("[prompt: {} tokens, ", prompt.size())));
+  EXPECT_THAT(s.out, HasSubstr("tokens/s | generation: "));
+}
+
+TEST(GenerateCli, SeededSamplingIsDeterministic) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = exl3::runtime::test::tiny_model(dir);
+  const auto run = [&](int seed) {
+    const auto r = run_cli(fmt::format("generate {} --prompt 'def f' --max-tokens 10 --temperature 1.0 --top-p 0.9 "
+                                       "--seed {} --ignore-eos --json",
+                                       q(model), seed),
+                           "", false);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return json::parse(r.out);
+  };
+  const auto a = run(7), b = run(7);
+  EXPECT_EQ(a["ids"], b["ids"]);
+  EXPECT_EQ(a["ids"].size(), 10u);
+  EXPECT_EQ(a["stop_reason"], "max_tokens");
+}
+
+TEST(GenerateCli, ChatWithoutTemplateFailsClearly) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = exl3::runtime::test::tiny_model(dir);
+  const auto r = run_cli(fmt::format("generate {} --prompt hi --chat", q(model)));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("chat"));
+  const auto c = run_cli(fmt::format("generate {} --prompt hi --device cuda", q(model)));
+  EXPECT_EQ(c.code, 1);
+  EXPECT_THAT(c.out, HasSubstr("not available yet"));
+}

@@ -1,0 +1,354 @@
+// Helpers for the runtime tests: small configs, synthetic checkpoints of every supported
+// architecture (experts as EXL3 so MoE layers run through exl3::moe), and an independent fp64
+// reference forward pass written as plainly as possible (full sequence, no cache, every weight
+// as a dense fp64 matrix; EXL3 linears reconstructed with cpu::reconstruct_weight).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "exl3/cpu/linear.hpp"
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/format/safetensors.hpp"
+#include "exl3/format/synthetic_hf.hpp"
+#include "exl3/runtime/model_spec.hpp"
+#include "exl3/runtime/rope.hpp"
+#include "exl3/trellis/codebook.hpp"
+#include "exl3/trellis/half.hpp"
+
+namespace exl3::runtime::test {
+
+inline std::filesystem::path tiny_model(const std::filesystem::path& conformance) {
+  return conformance / "models" / "tiny-qwen3moe-exl3";
+}
+
+// ModelConfig from a JSON object, labelled "m/config.json".
+inline ModelConfig config_of(const nlohmann::json& j) {
+  return parse_model_config(j.dump(), "m/config.json");
+}
+
+// A small valid config of each architecture.
+inline nlohmann::json base_config(const std::string& arch) {
+  nlohmann::json c = {{"architectures", {arch}},
+                      {"hidden_size", 256},
+                      {"intermediate_size", 512},
+                      {"num_hidden_layers", 4},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"head_dim", 64},
+                      {"vocab_size", 512},
+                      {"rms_norm_eps", 1e-6},
+                      {"rope_theta", 10000.0},
+                      {"hidden_act", "silu"},
+                      {"max_position_embeddings", 4096},
+                      {"eos_token_id", 2}};
+  if (arch == "Qwen3MoeForCausalLM") {
+    c["num_experts"] = 8;
+    c["num_experts_per_tok"] = 2;
+    c["moe_intermediate_size"] = 128;
+    c["norm_topk_prob"] = true;
+  }
+  if (arch == "Glm4MoeForCausalLM") {
+    c["n_routed_experts"] = 8;
+    c["num_experts_per_tok"] = 2;
+    c["moe_intermediate_size"] = 128;
+    c["n_shared_experts"] = 1;
+    c["first_k_dense_replace"] = 1;
+    c["n_group"] = 2;
+    c["topk_group"] = 1;
+    c["routed_scaling_factor"] = 2.5;
+    c["partial_rotary_factor"] = 0.5;
+    c["use_qk_norm"] = false;
+  }
+  return c;
+}
+
+// Rewrites a synthetic HF model folder so every routed expert is a random EXL3 linear (K = 4,
+// MUL1), optionally patching config.json; other tensors stay unquantized as written.
+inline void exl3_experts(const std::filesystem::path& dir, uint64_t seed,
+                         const nlohmann::json& config_patch = nlohmann::json::object()) {
+  const auto store = TensorStore::open(dir);
+  SafetensorsWriter w;
+  std::mt19937_64 rng(seed);
+  auto half_vec = [&](int64_t n, double mag) {
+    std::vector<uint16_t> v(static_cast<size_t>(n));
+    std::uniform_real_distribution<double> u(0.5, 1.5);
+    for (auto& x : v) x = trellis::float_to_half(static_cast<float>((rng() & 1 ? 1 : -1) * mag * u(rng)));
+    return v;
+  };
+  for (const auto& name : store.names()) {
+    const TensorRef& ref = store.at(name);
+    if (name.find(".mlp.experts.") != std::string::npos && name.ends_with(".weight")) {
+      const std::string prefix = name.substr(0, name.size() - 7);
+      const int64_t out = ref.info->shape[0], in = ref.info->shape[1];
+      const int k = 4;
+      std::vector<uint16_t> tr(static_cast<size_t>(in / 16 * out / 16 * 16 * k));
+      for (auto& x : tr) x = static_cast<uint16_t>(rng());
+      w.add(prefix + ".trellis", DType::kI16, {in / 16, out / 16, 16 * k}, std::span<const uint16_t>(tr));
+      const auto suh = half_vec(in, 0.05), svh = half_vec(out, 1.0);
+      w.add(prefix + ".suh", DType::kF16, {in}, std::span<const uint16_t>(suh));
+      w.add(prefix + ".svh", DType::kF16, {out}, std::span<const uint16_t>(svh));
+      const int32_t marker = trellis::kMul1Marker;
+      w.add(prefix + ".mul1", DType::kI32, {}, std::span<const int32_t>(&marker, 1));
+      continue;
+    }
+    const auto bytes = ref.bytes();
+    w.add(name, ref.info->dtype, ref.info->shape, bytes);
+  }
+  const std::string blob = w.serialize();
+  std::filesystem::remove(dir / "model.safetensors");
+  write_file_atomic(dir / "model.safetensors", std::string_view(blob));
+  auto cfg = nlohmann::json::parse(read_text_file(dir / "config.json"));
+  cfg.merge_patch(config_patch);
+  write_file_atomic(dir / "config.json", cfg.dump(2));
+}
+
+// Writes a synthetic model of `arch` into dir (MoE experts as EXL3).
+inline void write_model(const std::filesystem::path& dir, HfArch arch, uint64_t seed,
+                        const nlohmann::json& config_patch = nlohmann::json::object(),
+                        bool tie = false) {
+  SyntheticHfSpec s;
+  s.arch = arch;
+  s.seed = seed;
+  s.init_std = 0.05;
+  s.num_layers = 2;
+  s.tie_word_embeddings = tie;
+  if (arch == HfArch::kGlm4Moe) s.num_layers = 3;  // one dense + two MoE layers
+  write_synthetic_hf_model(dir, s);
+  exl3_experts(dir, seed + 100, config_patch);
+}
+
+// ---- the fp64 reference forward ----------------------------------------------------------------
+
+class ReferenceModel {
+ public:
+  explicit ReferenceModel(const std::filesystem::path& dir)
+      : ckpt_(Checkpoint::open(dir)), spec_(describe_model(ckpt_)) {}
+
+  const ModelSpec& spec() const { return spec_; }
+
+  // logits [n, vocab] of one full pass.
+  std::vector<double> forward(const std::vector<int32_t>& tokens) const {
+    const auto n = static_cast<int64_t>(tokens.size());
+    const int64_t hs = spec_.hidden_size;
+    Mat x(n, hs);
+    const auto emb = dense(spec_.embed_tokens);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t c = 0; c < hs; ++c) x.at(t, c) = emb.at(tokens[static_cast<size_t>(t)], c);
+    for (const auto& layer : spec_.layers) {
+      auto h = norm(x, vec(layer.input_norm));
+      x = add(x, attention(std::get<GqaAttentionSpec>(layer.attention), h));
+      h = norm(x, vec(layer.post_attention_norm));
+      if (const auto* d = std::get_if<DenseMlpSpec>(&layer.mlp)) {
+        x = add(x, mlp(d->prefix, h));
+      } else {
+        x = add(x, moe(std::get<MoeSpec>(layer.mlp), h));
+      }
+    }
+    const auto h = norm(x, vec(spec_.final_norm));
+    const auto head = spec_.lm_head_tied ? dense(spec_.embed_tokens) : linear(spec_.lm_head).w;
+    std::vector<double> logits(static_cast<size_t>(n * spec_.vocab_size));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t v = 0; v < spec_.vocab_size; ++v) {
+        double s = 0;
+        for (int64_t c = 0; c < hs; ++c) s += h.at(t, c) * head.at(v, c);
+        logits[static_cast<size_t>(t * spec_.vocab_size + v)] = s;
+      }
+    return logits;
+  }
+
+ private:
+  struct Mat {
+    int64_t r = 0, c = 0;
+    std::vector<double> d;
+    Mat() = default;
+    Mat(int64_t rows, int64_t cols) : r(rows), c(cols), d(static_cast<size_t>(rows * cols)) {}
+    double& at(int64_t i, int64_t j) { return d[static_cast<size_t>(i * c + j)]; }
+    double at(int64_t i, int64_t j) const { return d[static_cast<size_t>(i * c + j)]; }
+  };
+  struct Lin {
+    Mat w;  // [out, in]
+    std::vector<double> b;
+  };
+
+  Mat dense(const std::string& name) const {
+    const auto& ref = ckpt_.store().at(name);
+    Mat m(ref.info->shape[0], ref.info->shape[1]);
+    m.d = read_as_double(ref);
+    return m;
+  }
+  std::vector<double> vec(const std::string& name) const { return read_as_double(ckpt_.store().at(name)); }
+
+  Lin linear(const std::string& prefix) const {
+    Lin l;
+    if (ckpt_.find_linear(prefix) != nullptr) {
+      const auto data = Exl3LinearData::load(ckpt_, prefix);
+      const auto view = cpu::LinearView::of(data);
+      const auto w = cpu::reconstruct_weight(view);  // [in, out]
+      l.w = Mat(view.out_features, view.in_features);
+      for (int64_t i = 0; i < view.in_features; ++i)
+        for (int64_t o = 0; o < view.out_features; ++o) l.w.at(o, i) = w[static_cast<size_t>(i * view.out_features + o)];
+      for (const float b : data.bias()) l.b.push_back(b);
+    } else {
+      l.w = dense(prefix + ".weight");
+      if (ckpt_.store().contains(prefix + ".bias")) l.b = vec(prefix + ".bias");
+    }
+    return l;
+  }
+
+  static Mat apply(const Lin& l, const Mat& x) {
+    Mat y(x.r, l.w.r);
+    for (int64_t t = 0; t < x.r; ++t)
+      for (int64_t o = 0; o < l.w.r; ++o) {
+        double s = l.b.empty() ? 0.0 : l.b[static_cast<size_t>(o)];
+        for (int64_t i = 0; i < x.c; ++i) s += x.at(t, i) * l.w.at(o, i);
+        y.at(t, o) = s;
+      }
+    return y;
+  }
+  static Mat add(Mat a, const Mat& b) {
+    for (size_t i = 0; i < a.d.size(); ++i) a.d[i] += b.d[i];
+    return a;
+  }
+  // RMSNorm over consecutive groups of w.size() values.
+  Mat norm(Mat x, const std::vector<double>& w) const {
+    const size_t n = w.size();
+    for (size_t g = 0; g < x.d.size() / n; ++g) {
+      double ss = 0;
+      for (size_t i = 0; i < n; ++i) ss += x.d[g * n + i] * x.d[g * n + i];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + spec_.rms_norm_eps);
+      for (size_t i = 0; i < n; ++i) x.d[g * n + i] = x.d[g * n + i] * inv * w[i];
+    }
+    return x;
+  }
+
+  Mat attention(const GqaAttentionSpec& a, const Mat& h) const {
+    const int64_t n = h.r, nh = a.num_heads, nkv = a.num_kv_heads, hd = a.head_dim;
+    Mat q = apply(linear(a.prefix + ".q_proj"), h), k = apply(linear(a.prefix + ".k_proj"), h),
+        v = apply(linear(a.prefix + ".v_proj"), h);
+    if (a.qk_norm) {
+      q = norm(q, vec(a.prefix + ".q_norm.weight"));
+      k = norm(k, vec(a.prefix + ".k_norm.weight"));
+    }
+    const auto inv = rope_inv_freq(a.rope);
+    const int64_t half = a.rope.half();
+    const double scale = a.rope.type == RopeType::kYarn ? a.rope.attention_factor : 1.0;
+    auto rope = [&](Mat& m, int64_t heads) {
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t hh = 0; hh < heads; ++hh) {
+          double* p = &m.at(t, hh * hd);
+          for (int64_t i = 0; i < half; ++i) {
+            const double ang = static_cast<double>(t) * inv[static_cast<size_t>(i)];
+            const double c = std::cos(ang) * scale, s = std::sin(ang) * scale;
+            const double x1 = p[i], x2 = p[i + half];
+            p[i] = x1 * c - x2 * s;
+            p[i + half] = x2 * c + x1 * s;
+          }
+        }
+    };
+    rope(q, nh);
+    rope(k, nkv);
+    Mat o(n, nh * hd);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        const int64_t g = hh / (nh / nkv);  // repeat_kv
+        std::vector<double> s(static_cast<size_t>(t + 1));
+        for (int64_t j = 0; j <= t; ++j) {
+          double d = 0;
+          for (int64_t c = 0; c < hd; ++c) d += q.at(t, hh * hd + c) * k.at(j, g * hd + c);
+          s[static_cast<size_t>(j)] = d / std::sqrt(static_cast<double>(hd));
+        }
+        const double mx = *std::max_element(s.begin(), s.end());
+        double sum = 0;
+        for (auto& e : s) sum += (e = std::exp(e - mx));
+        for (int64_t j = 0; j <= t; ++j)
+          for (int64_t c = 0; c < hd; ++c)
+            o.at(t, hh * hd + c) += s[static_cast<size_t>(j)] / sum * v.at(j, g * hd + c);
+      }
+    return apply(linear(a.prefix + ".o_proj"), o);
+  }
+
+  Mat mlp(const std::string& prefix, const Mat& h) const {
+    Mat g = apply(linear(prefix + ".gate_proj"), h);
+    const Mat u = apply(linear(prefix + ".up_proj"), h);
+    for (size_t i = 0; i < g.d.size(); ++i) g.d[i] = g.d[i] / (1.0 + std::exp(-g.d[i])) * u.d[i];
+    return apply(linear(prefix + ".down_proj"), g);
+  }
+
+  Mat moe(const MoeSpec& m, const Mat& h) const {
+    const Lin router{dense(m.prefix + ".gate.weight"), {}};
+    const Mat logits = apply(router, h);
+    std::vector<double> bias(static_cast<size_t>(m.num_experts), 0.0);
+    if (m.correction_bias) bias = vec(m.prefix + ".gate.e_score_correction_bias");
+    Mat out(h.r, h.c);
+    for (int64_t t = 0; t < h.r; ++t) {
+      std::vector<double> p(static_cast<size_t>(m.num_experts)), choice(p.size());
+      std::vector<bool> eligible(p.size(), true);
+      if (m.router == RouterKind::kSoftmax) {
+        double mx = -1e300, sum = 0;
+        for (int64_t e = 0; e < m.num_experts; ++e) mx = std::max(mx, logits.at(t, e));
+        for (int64_t e = 0; e < m.num_experts; ++e) sum += p[static_cast<size_t>(e)] = std::exp(logits.at(t, e) - mx);
+        for (auto& e : p) e /= sum;
+        choice = p;
+      } else {
+        for (int64_t e = 0; e < m.num_experts; ++e) {
+          p[static_cast<size_t>(e)] = 1.0 / (1.0 + std::exp(-logits.at(t, e)));
+          choice[static_cast<size_t>(e)] = p[static_cast<size_t>(e)] + bias[static_cast<size_t>(e)];
+        }
+        // Groups: score = sum of the top-2 choice values; keep the topk_group best.
+        const int64_t per = m.num_experts / m.n_group;
+        std::vector<std::pair<double, int>> gs;
+        for (int g = 0; g < m.n_group; ++g) {
+          std::vector<double> c(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+          std::sort(c.rbegin(), c.rend());
+          gs.push_back({-(c[0] + (per > 1 ? c[1] : 0.0)), g});
+        }
+        std::sort(gs.begin(), gs.end());
+        std::fill(eligible.begin(), eligible.end(), false);
+        for (int i = 0; i < m.topk_group; ++i)
+          for (int64_t e = 0; e < per; ++e) eligible[static_cast<size_t>(gs[static_cast<size_t>(i)].second * per + e)] = true;
+      }
+      std::vector<int> order;
+      for (int e = 0; e < m.num_experts; ++e)
+        if (eligible[static_cast<size_t>(e)]) order.push_back(e);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return choice[static_cast<size_t>(a)] > choice[static_cast<size_t>(b)]; });
+      order.resize(static_cast<size_t>(m.top_k));
+      double wsum = 0;
+      for (const int e : order) wsum += p[static_cast<size_t>(e)];
+      Mat row(1, h.c);
+      for (int64_t c = 0; c < h.c; ++c) row.at(0, c) = h.at(t, c);
+      for (const int e : order) {
+        double wt = p[static_cast<size_t>(e)];
+        if (m.renormalize) wt /= (m.router == RouterKind::kSoftmax ? wsum : wsum + 1e-20);
+        if (m.router == RouterKind::kSigmoidGrouped) wt *= m.routed_scaling_factor;
+        const Mat y = mlp(fmt::format("{}.experts.{}", m.prefix, e), row);
+        for (int64_t c = 0; c < h.c; ++c) out.at(t, c) += wt * y.at(0, c);
+      }
+    }
+    if (m.shared) out = add(out, mlp(m.shared->prefix, h));
+    return out;
+  }
+
+  Checkpoint ckpt_;
+  ModelSpec spec_;
+};
+
+inline double rel_l2(const std::vector<float>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+}  // namespace exl3::runtime::test

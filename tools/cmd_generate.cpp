@@ -1,0 +1,189 @@
+// `exl3 generate`: text in, streamed text out, through the model runtime, the model's tokenizer
+// and (with --chat) its chat format.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "exl3/error.hpp"
+#include "exl3/format/safetensors.hpp"
+#include "exl3/model/chat_template.hpp"
+#include "exl3/model/tokenizer.hpp"
+#include "exl3/runtime/engine.hpp"
+#include "exl3/runtime/generate.hpp"
+
+namespace exl3::cli {
+
+namespace {
+
+// eos_token_id of generation_config.json (a number or a list), when the file exists.
+std::vector<int32_t> generation_config_eos(const std::filesystem::path& dir) {
+  const auto path = dir / "generation_config.json";
+  std::vector<int32_t> out;
+  if (!std::filesystem::exists(path)) return out;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: invalid JSON ({})", path.string(), e.what());
+  }
+  const auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return out;
+  auto one = [&](const nlohmann::json& v) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+      fail("{}: key 'eos_token_id': expected a token id or a list of them, got {}", path.string(), it->dump());
+    }
+    out.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  };
+  if (it->is_array()) {
+    for (const auto& v : *it) one(v);
+  } else {
+    one(*it);
+  }
+  return out;
+}
+
+}  // namespace
+
+Runner add_generate(CLI::App& app, Common&) {
+  struct Opts {
+    std::string model, prompt, system, chat_format, device = "cpu";
+    int64_t max_tokens = 128, page_size = 32;
+    float temperature = 0.0f, top_p = 1.0f;
+    uint64_t seed = 0;
+    bool chat = false, json = false, ignore_eos = false;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("MODEL", o->model,
+                 "Model folder: config.json, EXL3 *.safetensors, tokenizer.json (+ tokenizer_config.json)")
+      ->required();
+  app.add_option("--prompt,-p", o->prompt, "Prompt text (with --chat: the user message)")->required();
+  app.add_option("--max-tokens,-n", o->max_tokens, "Most tokens to generate")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--temperature", o->temperature,
+                 "Sampling temperature; 0 = greedy (always the most likely token)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--top-p", o->top_p,
+                 "Nucleus sampling: sample only from the most likely tokens whose probabilities add up to P")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
+  app.add_option("--seed", o->seed, "Sampling seed (same seed, same model, same prompt: same text)")
+      ->capture_default_str();
+  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime); cuda is not available yet")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  auto* chat_flag = app.add_flag(
+      "--chat", o->chat,
+      "Wrap the prompt as one user turn in the model's chat format, with the assistant generation prompt");
+  app.add_option("--system", o->system, "With --chat: a system message before the user turn")->needs(chat_flag);
+  app.add_option("--chat-format", o->chat_format,
+                 "With --chat: use this format instead of detecting it from the model's chat_template")
+      ->check(CLI::IsMember({"chatml", "llama3", "plain"}))
+      ->needs(chat_flag);
+  app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens (for speed measurements)");
+  app.add_option("--page-size", o->page_size, "KV cache page size in tokens")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--json", o->json,
+               "Print one JSON document instead of streaming (text, ids, stop_reason, tokens/s)");
+  app.footer(
+      "Prefills the prompt in one forward pass, then decodes one token at a time through the paged KV\n"
+      "cache, streaming the text as it is produced. Generation stops at an end-of-sequence token\n"
+      "(config.json / generation_config.json eos_token_id, the tokenizer's eos_token, and with --chat\n"
+      "the format's end-of-turn token) or after --max-tokens. The last line gives the prompt\n"
+      "(prefill) and generation (decode) speed in tokens per second.\n\n"
+      "Examples:\n"
+      "  exl3 generate ./Qwen3-8B-exl3 --prompt 'The capital of France is' --max-tokens 16\n"
+      "  exl3 generate ./Qwen3-8B-exl3 --chat --prompt 'Write a haiku' --temperature 0.7 --top-p 0.9 --seed 1\n"
+      "  exl3 generate ./m --prompt 'def main' --json | jq .text\n\n"
+      "--chat recognises ChatML and Llama-3 templates (it is not a Jinja engine); other models need\n"
+      "--chat-format chatml|llama3|plain. Special tokens are not printed.");
+  return [o] {
+    const std::filesystem::path dir(o->model);
+    const auto tok = Tokenizer::load(dir);
+    std::vector<int32_t> prompt;
+    std::optional<ChatTemplate> chat;
+    std::set<int32_t> stops;
+    if (o->chat) {
+      std::optional<ChatFormat> force;
+      if (!o->chat_format.empty()) force = parse_chat_format(o->chat_format);
+      chat = ChatTemplate::for_tokenizer(tok, force);
+      std::vector<ChatMessage> msgs;
+      if (!o->system.empty()) msgs.push_back({"system", o->system});
+      msgs.push_back({"user", o->prompt});
+      prompt = tok.encode(chat->render(msgs, true), chat->encode_adds_special_tokens());
+      if (!chat->end_of_turn().empty()) {
+        if (const auto id = tok.token_to_id(chat->end_of_turn())) stops.insert(*id);
+      }
+    } else {
+      prompt = tok.encode(o->prompt, true);
+    }
+    if (prompt.empty()) fail("--prompt: the prompt encodes to no tokens");
+
+    runtime::EngineOptions eo;
+    eo.device = runtime::parse_device(o->device);
+    eo.page_size = o->page_size;
+    eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
+    auto engine = runtime::load_engine(dir, eo);
+    for (const int32_t id : engine->spec().eos_token_ids) stops.insert(id);
+    for (const int32_t id : generation_config_eos(dir)) stops.insert(id);
+    if (const auto eos = tok.eos_id()) stops.insert(*eos);
+
+    runtime::GenerateOptions go;
+    go.max_new_tokens = o->max_tokens;
+    go.sampling = {o->temperature, o->top_p, o->seed};
+    if (!o->ignore_eos) go.stop_tokens.assign(stops.begin(), stops.end());
+
+    StreamDecoder stream(tok, /*skip_special=*/true);
+    std::string text;
+    auto on_token = [&](int32_t id) {
+      const std::string piece = stream.push(id);
+      text += piece;
+      if (!o->json && !piece.empty()) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+      }
+      return true;
+    };
+    const auto r = runtime::generate(*engine, prompt, go, on_token);
+    const std::string tail = stream.finish();
+    text += tail;
+
+    if (o->json) {
+      nlohmann::json j = {{"model", o->model},
+                          {"device", o->device},
+                          {"prompt_ids", prompt},
+                          {"prompt_tokens", r.prompt_tokens},
+                          {"ids", r.tokens},
+                          {"generated_tokens", r.tokens.size()},
+                          {"text", text},
+                          {"stop_reason", r.stop_reason},
+                          {"prompt_seconds", r.prompt_seconds},
+                          {"prompt_tokens_per_second", r.prompt_tokens_per_second()},
+                          {"decode_steps", r.decode_steps},
+                          {"decode_seconds", r.decode_seconds},
+                          {"generation_tokens_per_second", r.decode_tokens_per_second()},
+                          {"sampling", {{"temperature", o->temperature}, {"top_p", o->top_p}, {"seed", o->seed}}}};
+      if (r.stop_token >= 0) j["stop_token"] = r.stop_token;
+      if (chat) j["chat_format"] = std::string(chat_format_name(chat->format()));
+      fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+      return 0;
+    }
+    if (!tail.empty()) std::fwrite(tail.data(), 1, tail.size(), stdout);
+    fmt::print("\n[prompt: {} tokens, {:.1f} tokens/s | generation: {} tokens, {:.1f} tokens/s | stop: {}]\n",
+               r.prompt_tokens, r.prompt_tokens_per_second(), r.tokens.size(), r.decode_tokens_per_second(),
+               r.stop_reason);
+    return 0;
+  };
+}
+
+}  // namespace exl3::cli
