@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/cuda/bench_timer.hpp"
+#include "exl3/cuda/hadamard.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/trellis/half.hpp"
@@ -86,6 +87,11 @@ int main(int argc, char** argv) {
   app.add_option("--mma-max-m", mma_max_m, "Largest m on the tensor-core paths (above: cuBLAS)")
       ->capture_default_str();
   app.add_option("--json", json_path, "Write all results to this JSON file");
+  std::string had_shape = "8192x8192";
+  bool had_only = false;
+  app.add_option("--hadamard", had_shape, "ROWSxCOLS for the hadamard128_rows benchmark (empty = skip)")
+      ->capture_default_str();
+  app.add_flag("--hadamard-only", had_only, "Run only the Hadamard benchmark");
   CLI11_PARSE(app, argc, argv);
   const auto cb = cb_s == "mul1" ? tr::Codebook::kMul1 : cb_s == "3inst" ? tr::Codebook::k3Inst : tr::Codebook::kMcg;
 
@@ -97,7 +103,43 @@ int main(int argc, char** argv) {
     fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name, prop.multiProcessorCount,
                copy_gbs);
     nlohmann::json out = {{"device", prop.name}, {"sms", prop.multiProcessorCount}, {"copy_gbs", copy_gbs},
-                          {"codebook", cb_s}, {"reps", reps}, {"cases", nlohmann::json::array()}};
+                          {"codebook", cb_s}, {"reps", reps}, {"cases", nlohmann::json::array()},
+                          {"hadamard", nlohmann::json::array()}};
+    if (!had_shape.empty()) {
+      // hadamard128_rows with pre and post scales, each dtype pair that the linear paths use.
+      const int64_t hr = std::stoll(had_shape.substr(0, had_shape.find('x')));
+      const int64_t hc = std::stoll(had_shape.substr(had_shape.find('x') + 1));
+      using exl3::cuda::DType;
+      void* hx = dalloc(static_cast<size_t>(hr * hc) * 4);
+      void* hy = dalloc(static_cast<size_t>(hr * hc) * 4);
+      void* hs = dalloc(static_cast<size_t>(hc) * 2);
+      fill_normal_16(hx, static_cast<size_t>(hr * hc) * 2, false, 5);
+      fill_normal_16(hs, static_cast<size_t>(hc), false, 6);
+      const std::pair<DType, DType> pairs[] = {{DType::kF16, DType::kF16}, {DType::kBF16, DType::kF16},
+                                               {DType::kF32, DType::kF32}, {DType::kF32, DType::kBF16}};
+      const char* names[] = {"f16", "bf16", "f32"};
+      for (const auto& [ti, to] : pairs) {
+        const double us = tm.median_us(reps, [&](int) {
+          CK(exl3::cuda::hadamard128_rows(hx, ti, hy, to, hr, hc, static_cast<const uint16_t*>(hs),
+                                          static_cast<const uint16_t*>(hs), tm.stream()));
+        });
+        const double bytes = static_cast<double>(hr * hc) * static_cast<double>(exl3::cuda::dtype_size(ti) +
+                                                                                exl3::cuda::dtype_size(to));
+        const double gbs = bytes / (us * 1e-6) / 1e9;
+        fmt::print("hadamard128_rows {}x{} {}->{} (suh, svh): {:.1f} us  {:.0f} GB/s  {:.1f}% copy\n", hr, hc,
+                   names[static_cast<int>(ti)], names[static_cast<int>(to)], us, gbs, 100.0 * gbs / copy_gbs);
+        out["hadamard"].push_back({{"rows", hr}, {"cols", hc}, {"in", names[static_cast<int>(ti)]},
+                                   {"out", names[static_cast<int>(to)]}, {"us", us}, {"gbs", gbs},
+                                   {"pct_copy", 100.0 * gbs / copy_gbs}});
+      }
+      CK(cudaFree(hx));
+      CK(cudaFree(hy));
+      CK(cudaFree(hs));
+    }
+    if (had_only) {
+      if (!json_path.empty()) exl3::write_file_atomic(json_path, out.dump(2) + "\n");
+      return 0;
+    }
     cublasHandle_t cublas;
     if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
     cublasSetStream(cublas, tm.stream());

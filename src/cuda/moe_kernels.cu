@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/had128.cuh"
 #include "cuda/moe_kernels.hpp"
 #include "exl3/trellis/hadamard.hpp"
 
@@ -18,22 +19,6 @@ constexpr float kHadGain = 11.3137085f;  // |had128(v)| <= sqrt(128) max|v|
 constexpr float kHalfSafe = 32768.0f;    // keep fp16 values below 2^15
 constexpr int kMaxIntermediate = 8192;   // activation row staged in shared memory
 
-__device__ __forceinline__ void had128_lane4(float (&v)[4], int lane) {
-  float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
-  v[0] = a + c;
-  v[1] = b + d;
-  v[2] = a - c;
-  v[3] = b - d;
-#pragma unroll
-  for (int m = 1; m < 32; m <<= 1) {
-    const bool upper = (lane & m) != 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float o = __shfl_xor_sync(0xFFFFFFFFu, v[i], m);
-      v[i] = upper ? (o - v[i]) : (v[i] + o);
-    }
-  }
-}
 
 __device__ __forceinline__ float h2f(const uint16_t* p, int64_t i) {
   return __half2float(reinterpret_cast<const __half*>(p)[i]);
@@ -133,37 +118,6 @@ __global__ void scatter_kernel(const int32_t* ids, int64_t routes, int num_exper
 }
 
 // ---- input rotation -------------------------------------------------------------------------
-
-// Four consecutive activations at idx (idx % 4 == 0) as fp32, one vector load.
-__device__ __forceinline__ void load_act4(const void* x, DType t, int64_t idx, float (&v)[4]) {
-  switch (t) {
-    case DType::kF16: {
-      const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const __half*>(x) + idx);
-      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-      v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
-      break;
-    }
-    case DType::kBF16: {
-      const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(x) + idx);
-      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
-      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
-      v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
-      break;
-    }
-    default: {
-      const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(x) + idx);
-      v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-    }
-  }
-}
-
-__device__ __forceinline__ void load_half4(const uint16_t* p, int64_t idx, float (&v)[4]) {
-  const uint2 u = *reinterpret_cast<const uint2*>(p + idx);
-  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-  v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
-}
 
 // Grid (rows, 2): y = 0 gate, 1 up. Warp w owns 128-chunks w, w + 8, ... (at most
 // kMaxChunksPerWarp): the whole row is read once, with all loads in flight together, kept in

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/had128.cuh"
 #include "cuda/kernels.hpp"
 #include "exl3/trellis/hadamard.hpp"
 
@@ -16,25 +17,6 @@ constexpr int kWarpsPerBlock = 8;
 // |had128(v)| <= sqrt(128) * max|v|; keep the fp16 x' below 2^15.
 constexpr float kHadGain = 11.3137085f;
 constexpr float kHalfSafe = 32768.0f;
-
-__device__ __forceinline__ void had4x32(float (&v)[4], int lane) {
-  // Stages h = 1, 2 inside the lane (elements 4*lane + 0..3).
-  float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
-  v[0] = a + c;
-  v[1] = b + d;
-  v[2] = a - c;
-  v[3] = b - d;
-  // Stages h = 4..64: partner lane differs in bit (h / 4).
-#pragma unroll
-  for (int m = 1; m < 32; m <<= 1) {
-    const bool upper = (lane & m) != 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float o = __shfl_xor_sync(0xFFFFFFFFu, v[i], m);
-      v[i] = upper ? (o - v[i]) : (v[i] + o);
-    }
-  }
-}
 
 __device__ __forceinline__ float load_act(const void* x, DType t, int64_t idx) {
   switch (t) {
@@ -86,7 +68,7 @@ __global__ void rotate_input_kernel(const void* __restrict__ x, DType in_type, c
     const int64_t col = c0 + 4 * lane + i;
     v[i] = load_act(x, in_type, row * k + col) * __half2float(su[col]);
   }
-  had4x32(v, lane);
+  had128_lane4(v, lane);
   __half2 lo = __floats2half2_rn(v[0] * mul, v[1] * mul);
   __half2 hi = __floats2half2_rn(v[2] * mul, v[3] * mul);
   uint2 packed;
@@ -114,7 +96,7 @@ __global__ void rotate_output_kernel(const float* __restrict__ partial, int spli
     v[2] += p.z;
     v[3] += p.w;
   }
-  had4x32(v, lane);
+  had128_lane4(v, lane);
   const float mul = exl3::trellis::kHadScale * row_scale[row];
   const __half* sv = reinterpret_cast<const __half*>(svh);
   float o[4];

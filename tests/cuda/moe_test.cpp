@@ -17,6 +17,7 @@
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/moe/reference.hpp"
+#include "exl3/moe/router.hpp"
 #include "exl3/moe/synthetic.hpp"
 #include "exl3/moe/weights.hpp"
 #include "test_support.hpp"
@@ -187,6 +188,37 @@ TEST(CudaMoe, PrefillChunksAndLargerGeometry) {
   EXL3_REQUIRE_GPU();
   const auto f = make_layer(moe::RotationLayout::kSharedH, {}, 3, 16, 1, 512, 384);
   expect_matches(*f, opts_for(300, 64), {9, 100, 300}, "chunked prefill");
+}
+
+// Routes from both routers (Qwen3-MoE softmax top-k, DeepSeek-V3/GLM sigmoid + correction bias
+// + grouped top-k + routed scaling) on random router logits.
+TEST(CudaMoe, RoutesFromSoftmaxAndSigmoidGroupedRouters) {
+  EXL3_REQUIRE_GPU();
+  const auto f = make_layer(moe::RotationLayout::kSharedH, {3, 4, 4, 3, 3, 4, 3, 4}, 3, 8);
+  const MoeLayerCuda L(f->w, f->top_k, opts_for(64));
+  auto rng = exl3::test::make_rng();
+  std::normal_distribution<float> nd;
+  std::vector<float> bias(8);
+  for (auto& b : bias) b = 0.5f * nd(rng);
+  for (int64_t m : {1, 8, 33}) {
+    std::vector<float> logits(static_cast<size_t>(m * 8));
+    for (auto& v : logits) v = nd(rng);
+    moe::SoftmaxRouting sr;
+    sr.top_k = 2;
+    moe::SigmoidGroupedRouting gr;
+    gr.top_k = 2;
+    gr.n_group = 2;
+    gr.topk_group = 1;
+    gr.routed_scaling_factor = 2.5f;
+    gr.correction_bias = bias;
+    for (const auto& r : {moe::route_softmax(logits, m, 8, sr), moe::route_sigmoid_grouped(logits, m, 8, gr)}) {
+      const auto x = random_x(m * f->w.hidden, rng);
+      std::vector<float> ref(x.size());
+      moe::moe_forward(f->w, r, x.data(), m, ref.data());
+      const auto got = run_gpu(L, x, r);
+      EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3) << "m=" << m;
+    }
+  }
 }
 
 TEST(CudaMoe, AllRoutesOnOneExpertAndIdleExperts) {

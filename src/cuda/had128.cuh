@@ -1,0 +1,84 @@
+// Hadamard-128 and vector load/store helpers shared by the rotation kernels (linear, MoE and the
+// standalone hadamard128_rows). One warp holds one 128-chunk, 4 consecutive elements per lane:
+// the two lowest index bits are butterflied in registers, the five lane bits by xor-shuffles, all
+// in fp32 (Sylvester order, unnormalised: callers multiply by 1/sqrt(128)).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "exl3/cuda/linear.hpp"
+
+namespace exl3::cuda::detail {
+
+__device__ __forceinline__ void had128_lane4(float (&v)[4], int lane) {
+  float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
+  v[0] = a + c;
+  v[1] = b + d;
+  v[2] = a - c;
+  v[3] = b - d;
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {
+    const bool upper = (lane & m) != 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float o = __shfl_xor_sync(0xFFFFFFFFu, v[i], m);
+      v[i] = upper ? (o - v[i]) : (v[i] + o);
+    }
+  }
+}
+
+// Four consecutive activations at idx (idx % 4 == 0) as fp32, one vector load.
+__device__ __forceinline__ void load_act4(const void* x, DType t, int64_t idx, float (&v)[4]) {
+  switch (t) {
+    case DType::kF16: {
+      const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const __half*>(x) + idx);
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+      v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+      break;
+    }
+    case DType::kBF16: {
+      const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(x) + idx);
+      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+      v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+      break;
+    }
+    default: {
+      const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(x) + idx);
+      v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+    }
+  }
+}
+
+__device__ __forceinline__ void load_half4(const uint16_t* p, int64_t idx, float (&v)[4]) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p + idx);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+  v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+}
+
+// Stores four consecutive fp32 values at idx (idx % 4 == 0) in `t`, one vector store.
+__device__ __forceinline__ void store_act4(void* y, DType t, int64_t idx, const float (&v)[4]) {
+  switch (t) {
+    case DType::kF16: {
+      const __half2 a = __floats2half2_rn(v[0], v[1]), b = __floats2half2_rn(v[2], v[3]);
+      *reinterpret_cast<uint2*>(static_cast<__half*>(y) + idx) =
+          uint2{*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b)};
+      break;
+    }
+    case DType::kBF16: {
+      const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+      *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(y) + idx) =
+          uint2{*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b)};
+      break;
+    }
+    default:
+      *reinterpret_cast<float4*>(static_cast<float*>(y) + idx) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+}  // namespace exl3::cuda::detail
