@@ -276,6 +276,9 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
   if (prefill) {
     e = cudaMemsetAsync(c.counts, 0, 4 * static_cast<size_t>(E_), stream);
     if (e != cudaSuccess) return e;
+    // Slots past the valid routes (ids outside [0, E) get none) must read as empty (-1).
+    e = cudaMemsetAsync(c.route_of_slot, 0xFF, 4 * static_cast<size_t>(c.routes), stream);
+    if (e != cudaSuccess) return e;
     e = detail::moe_pack_routes(ids, c.routes, E_, kPrefillGroup, c.counts, c.fill, c.offsets, c.group_expert,
                                 c.group_begin, c.group_count, c.num_groups, c.slot_of_route, c.route_of_slot,
                                 stream);

@@ -50,6 +50,7 @@ struct Route {
 
 __device__ __forceinline__ Route route_of(int64_t slot, MoeSlots s, const int32_t* ids, int num_experts) {
   const int r = s.route_of_slot != nullptr ? s.route_of_slot[slot] : static_cast<int>(slot);
+  if (r < 0) return {0, -1};  // a slot no valid route filled (prefill packing with skipped ids)
   const int e = ids[r];
   return {r, (e >= 0 && e < num_experts) ? e : -1};
 }
