@@ -13,12 +13,17 @@
 
 namespace exl3::cuda::detail {
 
-__device__ __forceinline__ void had128_lane4(float (&v)[4], int lane) {
-  float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
+// The two stages over a lane's 4 register elements (index bits held in registers).
+__device__ __forceinline__ void had_register_stages(float (&v)[4]) {
+  const float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
   v[0] = a + c;
   v[1] = b + d;
   v[2] = a - c;
   v[3] = b - d;
+}
+
+// The five stages over the lane index, by xor-shuffles.
+__device__ __forceinline__ void had_lane_stages(float (&v)[4], int lane) {
 #pragma unroll
   for (int m = 1; m < 32; m <<= 1) {
     const bool upper = (lane & m) != 0;
@@ -28,6 +33,12 @@ __device__ __forceinline__ void had128_lane4(float (&v)[4], int lane) {
       v[i] = upper ? (o - v[i]) : (v[i] + o);
     }
   }
+}
+
+// Lane holds elements 4 lane .. 4 lane + 3 of the chunk.
+__device__ __forceinline__ void had128_lane4(float (&v)[4], int lane) {
+  had_register_stages(v);
+  had_lane_stages(v, lane);
 }
 
 // Four consecutive activations at idx (idx % 4 == 0) as fp32, one vector load.

@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/had128.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/trellis_decode.cuh"
 #include "exl3/trellis/dispatch.hpp"
@@ -29,20 +30,8 @@ constexpr size_t kSmemBytes = 128 * kPitch * sizeof(float);
 // stages may run in any order. Strided ownership keeps both shared-memory walks (down a column
 // and along a row) free of bank conflicts with an odd pitch.
 __device__ __forceinline__ void had128_strided(float (&v)[4], int lane) {
-#pragma unroll
-  for (int m = 1; m < 32; m <<= 1) {
-    const bool upper = (lane & m) != 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float o = __shfl_xor_sync(0xFFFFFFFFu, v[i], m);
-      v[i] = upper ? (o - v[i]) : (v[i] + o);
-    }
-  }
-  const float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
-  v[0] = a + c;
-  v[1] = b + d;
-  v[2] = a - c;
-  v[3] = b - d;
+  had_lane_stages(v, lane);
+  had_register_stages(v);
 }
 
 template <typename T>
