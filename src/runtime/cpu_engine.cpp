@@ -274,6 +274,9 @@ class CpuEngine final : public Engine {
   void drop_sequence(SeqId seq) override { cache_->remove_sequence(seq); }
   int64_t sequence_length(SeqId seq) const override { return cache_->length(seq); }
   int64_t free_cache_tokens() const override { return cache_->free_pages() * cache_->page_size(); }
+  int64_t cache_tokens_needed(SeqId seq, int64_t new_tokens) const override {
+    return cache_->pages_needed(seq, new_tokens) * cache_->page_size();
+  }
 
   std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
     const auto n = static_cast<int64_t>(tokens.size());

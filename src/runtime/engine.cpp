@@ -1,6 +1,8 @@
 // load_engine (the device switch), device names and forward_logits (see engine.hpp).
 #include "exl3/runtime/engine.hpp"
 
+#include <unordered_set>
+
 #include "cpu_engine.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -28,6 +30,42 @@ std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions&
 
 std::unique_ptr<Engine> load_engine(const std::filesystem::path& path, const EngineOptions& opts) {
   return load_engine(Checkpoint::open(path), opts);
+}
+
+std::vector<std::vector<float>> Engine::forward_batch(std::span<const BatchEntry> batch) {
+  validate_batch(*this, batch);
+  std::vector<std::vector<float>> out;
+  out.reserve(batch.size());
+  for (const auto& e : batch) out.push_back(forward(e.seq, e.tokens, e.mode));
+  return out;
+}
+
+void validate_batch(const Engine& engine, std::span<const Engine::BatchEntry> batch) {
+  if (batch.empty()) fail("forward_batch: empty batch");
+  const int64_t vocab = engine.spec().vocab_size;
+  std::unordered_set<Engine::SeqId> seen;
+  int64_t need = 0;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const auto& e = batch[b];
+    if (e.tokens.empty()) fail("forward_batch: entry {} (sequence {}) has no tokens", b, e.seq);
+    if (!seen.insert(e.seq).second) {
+      fail("forward_batch: sequence {} appears twice in one batch; hint: concatenate its tokens "
+           "into one entry",
+           e.seq);
+    }
+    for (size_t i = 0; i < e.tokens.size(); ++i) {
+      if (e.tokens[i] < 0 || e.tokens[i] >= vocab) {
+        fail("forward_batch: entry {}: token id {} at index {} is outside the vocabulary 0..{}", b,
+             e.tokens[i], i, vocab - 1);
+      }
+    }
+    need += engine.cache_tokens_needed(e.seq, static_cast<int64_t>(e.tokens.size()));
+  }
+  if (need > engine.free_cache_tokens()) {
+    fail("KV cache is full: the batch needs {} more cache tokens, {} are free; hint: raise the "
+         "cache size (e.g. --cache-tokens) or run fewer sequences at once",
+         need, engine.free_cache_tokens());
+  }
 }
 
 std::vector<float> forward_logits(Engine& engine, std::span<const int32_t> tokens) {

@@ -1,6 +1,8 @@
 // PagedKvCache (see kv_cache.hpp).
 #include "exl3/runtime/kv_cache.hpp"
 
+#include <algorithm>
+
 #include "exl3/error.hpp"
 
 namespace exl3::runtime {
@@ -59,11 +61,16 @@ int64_t PagedKvCache::length(SeqId seq) const {
   return seq_at(seq).length;
 }
 
-void PagedKvCache::reserve(SeqId seq, int64_t new_tokens) {
-  Seq& s = seq_at(seq);
+int64_t PagedKvCache::pages_needed(SeqId seq, int64_t new_tokens) const {
+  const Seq& s = seq_at(seq);
   if (new_tokens < 0) fail("KV cache: cannot reserve {} tokens", new_tokens);
   const int64_t need = (s.length + new_tokens + page_size_ - 1) / page_size_;
-  const int64_t more = need - static_cast<int64_t>(s.pages.size());
+  return std::max<int64_t>(0, need - static_cast<int64_t>(s.pages.size()));
+}
+
+void PagedKvCache::reserve(SeqId seq, int64_t new_tokens) {
+  Seq& s = seq_at(seq);
+  const int64_t more = pages_needed(seq, new_tokens);
   if (more <= 0) return;
   if (more > free_pages()) {
     fail("KV cache is full: sequence {} needs {} more pages of {} tokens for {} + {} tokens, {} of "

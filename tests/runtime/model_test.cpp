@@ -226,6 +226,50 @@ TEST(Engine, MissingTensorsFailClearly) {
   }
 }
 
+// forward_batch: a mixed batch (a prefill chunk next to decode tokens of other sequences) gives
+// each entry the logits forward() gives; invalid batches change nothing.
+TEST(Engine, ForwardBatchEqualsSeparateForwards) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  EngineOptions eo;
+  eo.page_size = 4;
+  eo.cache_tokens = 64;
+  auto engine = load_engine(test::tiny_model(dir), eo);
+  const std::vector<int32_t> a = {11, 12, 13, 14, 15}, b = {21, 22, 23}, c = {31, 32, 33, 34, 35, 36};
+  // Reference: separate sequences, separate calls.
+  auto ref_of = [&](const std::vector<int32_t>& ids, size_t split) {
+    const auto s = engine->new_sequence();
+    engine->forward(s, std::span(ids).first(split));
+    auto rest = engine->forward(s, std::span(ids).subspan(split), LogitsMode::kAll);
+    engine->drop_sequence(s);
+    return rest;
+  };
+  const auto ra = ref_of(a, 4), rb = ref_of(b, 2), rc = ref_of(c, 1);
+  const auto sa = engine->new_sequence(), sb = engine->new_sequence(), sc = engine->new_sequence();
+  engine->forward(sa, std::span(a).first(4));
+  engine->forward(sb, std::span(b).first(2));
+  engine->forward(sc, std::span(c).first(1));
+  const int64_t before = engine->free_cache_tokens();
+  // Invalid: a repeated sequence, a bad id, more tokens than the pool holds.
+  const std::vector<int32_t> bad = {1, 100000}, huge(80, 5);
+  std::vector<Engine::BatchEntry> dup = {{sa, std::span(a).subspan(4)}, {sa, std::span(b).subspan(2)}};
+  EXPECT_THROW(engine->forward_batch(dup), Error);
+  std::vector<Engine::BatchEntry> ids = {{sb, std::span(b).subspan(2)}, {sc, bad}};
+  EXPECT_THROW(engine->forward_batch(ids), Error);
+  std::vector<Engine::BatchEntry> full = {{sb, std::span(b).subspan(2)}, {sc, huge}};
+  EXPECT_THROW(engine->forward_batch(full), Error);
+  EXPECT_EQ(engine->free_cache_tokens(), before);
+  EXPECT_EQ(engine->sequence_length(sb), 2);
+  std::vector<Engine::BatchEntry> batch = {{sa, std::span(a).subspan(4), LogitsMode::kAll},
+                                           {sb, std::span(b).subspan(2), LogitsMode::kLast},
+                                           {sc, std::span(c).subspan(1), LogitsMode::kAll}};
+  const auto out = engine->forward_batch(batch);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_LE(exl3::test::rel_l2(out[0], ra), 1e-6);
+  EXPECT_LE(exl3::test::rel_l2(out[1], rb), 1e-6);
+  EXPECT_LE(exl3::test::rel_l2(out[2], rc), 1e-6);
+  EXPECT_EQ(engine->sequence_length(sc), 6);
+}
+
 TEST(Generate, GreedyIsDeterministicAndStops) {
   EXL3_REQUIRE_CONFORMANCE(dir);
   auto engine = load_engine(test::tiny_model(dir));

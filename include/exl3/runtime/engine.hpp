@@ -53,6 +53,8 @@ class Engine {
   virtual int64_t sequence_length(SeqId seq) const = 0;
   // Tokens that still fit in the KV pool (for all sequences together).
   virtual int64_t free_cache_tokens() const = 0;
+  // KV pool tokens (whole pages) that appending `new_tokens` to `seq` would take from the pool.
+  virtual int64_t cache_tokens_needed(SeqId seq, int64_t new_tokens) const = 0;
 
   // Appends `tokens` to `seq` (positions length .. length + n - 1, causal over everything the
   // sequence holds) and returns fp32 logits: [n, vocab] for kAll, [1, vocab] for kLast. Token
@@ -60,6 +62,19 @@ class Engine {
   // unchanged then.
   virtual std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens,
                                      LogitsMode mode = LogitsMode::kAll) = 0;
+
+  // One step of continuous batching: appends each entry's tokens to its sequence (one entry per
+  // sequence; prefill chunks and single decode tokens mix freely) and returns each entry's
+  // logits as forward() would. Every entry is validated (ids, distinct live sequences, KV room
+  // for all of them together) before any sequence changes; on a throw no sequence changed.
+  // The base version runs the entries one after another; backends override it to run the
+  // batch's tokens through each layer together.
+  struct BatchEntry {
+    SeqId seq = -1;
+    std::span<const int32_t> tokens;
+    LogitsMode mode = LogitsMode::kLast;
+  };
+  virtual std::vector<std::vector<float>> forward_batch(std::span<const BatchEntry> batch);
 };
 
 // Builds the description of `ckpt` and loads it on opts.device. The engine keeps its own copy
@@ -67,6 +82,11 @@ class Engine {
 std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions& opts = {});
 std::unique_ptr<Engine> load_engine(const std::filesystem::path& path,
                                     const EngineOptions& opts = {});
+
+// The checks forward_batch makes before changing anything (non-empty entries, ids in the
+// vocabulary, distinct sequences, KV room for the whole batch); throws exl3::Error naming the
+// entry. For backends that override forward_batch.
+void validate_batch(const Engine& engine, std::span<const Engine::BatchEntry> batch);
 
 // One forward pass over `tokens` in a fresh sequence (dropped afterwards): logits [n, vocab].
 std::vector<float> forward_logits(Engine& engine, std::span<const int32_t> tokens);

@@ -39,6 +39,8 @@ class PagedKvCache {
   // Backs positions [0, length + new_tokens) with pages. Throws exl3::Error when the pool has
   // too few free pages (nothing is taken then).
   void reserve(SeqId seq, int64_t new_tokens);
+  // Free pages reserve(seq, new_tokens) would take (0 when the sequence's pages suffice).
+  int64_t pages_needed(SeqId seq, int64_t new_tokens) const;
   // Commits n reserved tokens: length += n.
   void advance(SeqId seq, int64_t n);
 
