@@ -78,7 +78,7 @@ Runner add_generate(CLI::App& app, Common&) {
       ->capture_default_str();
   app.add_option("--seed", o->seed, "Sampling seed (same seed, same model, same prompt: same text)")
       ->capture_default_str();
-  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime); cuda is not available yet")
+  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime) or cuda (the GPU kernels; EXL3 experts and linears, decode steps as CUDA graphs)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   auto* chat_flag = app.add_flag(

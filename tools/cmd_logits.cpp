@@ -53,7 +53,7 @@ Runner add_logits(CLI::App& app, Common&) {
       ->required();
   app.add_option("--out,-o", o->out, "Output .safetensors file; receives `logits` (F32, [n_tokens, vocab_size])")
       ->required();
-  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime); cuda is not available yet")
+  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime) or cuda (the GPU kernels; EXL3 experts and linears, decode steps as CUDA graphs)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--page-size", o->page_size, "KV cache page size in tokens (results do not depend on it)")

@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "cpu_engine.hpp"
+#include "cuda_engine.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 
@@ -22,8 +23,12 @@ Device parse_device(std::string_view name) {
 std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions& opts) {
   ModelSpec spec = describe_model(ckpt);
   if (opts.device == Device::kCuda) {
-    fail("device cuda: the CUDA model runtime is not available yet (the EXL3 linear and MoE "
-         "kernels are, the model runtime is not); use device cpu");
+#if defined(EXL3_HAVE_CUDA)
+    return make_cuda_engine(ckpt, std::move(spec), opts);
+#else
+    fail("device cuda: this build of exl3 has no CUDA support (configured with EXL3_CUDA=OFF or "
+         "without nvcc); hint: rebuild with the CUDA toolkit installed, or use --device cpu");
+#endif
   }
   return make_cpu_engine(ckpt, std::move(spec), opts);
 }

@@ -95,9 +95,9 @@ TEST(LogitsCli, BadInputsFailClearly) {
   r = run_cli(fmt::format("logits {} --tokens 1,600 --out {}", q(model), out));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("outside the vocabulary 0..511"));
+  // Without a GPU (or without CUDA in the build) --device cuda fails naming the device.
   r = run_cli(fmt::format("logits {} --tokens 1,2 --out {} --device cuda", q(model), out));
-  EXPECT_EQ(r.code, 1);
-  EXPECT_THAT(r.out, HasSubstr("not available yet"));
+  if (r.code != 0) EXPECT_THAT(r.out, HasSubstr("device cuda"));
   r = run_cli(fmt::format("logits {} --tokens 1,2 --out {}", q(tmp / "nothing"), out));
   EXPECT_EQ(r.code, 1);
 }
@@ -167,7 +167,6 @@ TEST(GenerateCli, ChatWithoutTemplateFailsClearly) {
   const auto r = run_cli(fmt::format("generate {} --prompt hi --chat", q(model)));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("chat"));
-  const auto c = run_cli(fmt::format("generate {} --prompt hi --device cuda", q(model)));
-  EXPECT_EQ(c.code, 1);
-  EXPECT_THAT(c.out, HasSubstr("not available yet"));
+  const auto c = run_cli(fmt::format("generate {} --prompt hi -n 2 --device cuda", q(model)));
+  if (c.code != 0) EXPECT_THAT(c.out, HasSubstr("device cuda"));
 }
