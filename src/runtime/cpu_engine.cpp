@@ -5,11 +5,14 @@
 //   logits = lm_head(rms_norm(x))
 //
 // Attention kinds are modules behind CpuAttention (GQA today; an MLA module would declare its
-// own KV width and read the same paged cache). MLPs are dense SwiGLU or MoE (exl3::moe routers
-// and reference experts, shared experts added).
+// own KV width and read the same paged cache). MLPs are dense SwiGLU or MoE (exl3::moe routers;
+// EXL3 experts through the exl3::moe reference, unquantized experts as runtime Linears; shared
+// experts added).
 #include <algorithm>
 #include <optional>
 #include <variant>
+
+#include <fmt/format.h>
 
 #include <tbb/parallel_for.h>
 
@@ -140,11 +143,16 @@ class CpuDenseMlp final : public CpuMlp {
   Linear gate_, up_, down_;
 };
 
+// Routed experts come in two storages: the exl3::moe layout (EXL3 experts found by
+// read_moe_layout, plain or rank-sliced; run through moe_forward with their views) or, when the
+// layout has no experts for this layer, one runtime Linear per projection (HF BF16/FP16/F32
+// weights, e.g. an unquantized source model), routed through moe::routed_forward with the same
+// router and FP32 top-k sum.
 class CpuMoe final : public CpuMlp {
  public:
-  CpuMoe(const Checkpoint& ckpt, const MoeSpec& s, const moe::MoeLayout& layout, int layer,
+  CpuMoe(const Checkpoint& ckpt, const MoeSpec& s, const moe::MoeLayout* layout, int layer,
          int64_t hidden)
-      : s_(s) {
+      : s_(s), hidden_(hidden) {
     const auto& store = ckpt.store();
     router_ = std::make_unique<DenseMatrix>(
         DenseMatrix::load(store, s.prefix + ".gate.weight", s.num_experts, hidden));
@@ -152,24 +160,18 @@ class CpuMoe final : public CpuMlp {
       bias_ = load_vector(store, s.prefix + ".gate.e_score_correction_bias", s.num_experts);
     }
     const int experts = static_cast<int>(s.num_experts);
-    for (int r = 0; r < layout.tp; ++r) {
-      ranks_.push_back(moe::load_moe_layer(store, layout, layer, r, layout.tp, experts));
-    }
-    const auto& w0 = ranks_.front();
-    if (w0.hidden != hidden || w0.intermediate * layout.tp != s.intermediate) {
-      fail("{}: MoE layer {} experts are {} -> {} (x TP {}), but config.json gives hidden_size {} "
-           "and moe_intermediate_size {}",
-           ckpt.path().string(), layer, w0.hidden, w0.intermediate, layout.tp, hidden,
-           s.intermediate);
-    }
-    if (layout.tp == 1) {
-      for (const auto& e : w0.experts) views_.push_back(moe::MlpView::of(e, w0.codebook));
+    if (layout != nullptr) {
+      load_layout_experts(ckpt, *layout, layer, experts);
+    } else {
+      for (int e = 0; e < experts; ++e) {
+        dense_experts_.push_back(std::make_unique<CpuDenseMlp>(
+            ckpt, fmt::format("{}.experts.{}", s.prefix, e), hidden, s.intermediate));
+      }
     }
     if (s.shared) {
       shared_ = std::make_unique<CpuDenseMlp>(ckpt, s.shared->prefix, hidden, s.shared->intermediate);
-      if (auto v = shared_->view()) shared_views_.push_back(*v);
+      if (auto v = shared_->view(); v && !ranks_.empty()) shared_views_.push_back(*v);
     }
-    hidden_ = hidden;
   }
 
   void forward(const float* x, int64_t m, float* out) const override {
@@ -189,12 +191,17 @@ class CpuMoe final : public CpuMlp {
       r.correction_bias = bias_;
       routes = moe::route_sigmoid_grouped(logits, m, e, r);
     }
-    if (ranks_.size() == 1) {
+    if (!dense_experts_.empty()) {
+      moe::routed_forward(static_cast<int>(e), hidden_, routes, x, m, out,
+                          [&](int id, const float* xs, int64_t rows, float* ys) {
+                            dense_experts_[static_cast<size_t>(id)]->forward(xs, rows, ys);
+                          });
+    } else if (ranks_.size() == 1) {
       moe::moe_forward(views_, routes, x, m, out, shared_views_);
     } else {
       moe::moe_forward_ranks(ranks_, routes, x, m, out, shared_views_);
     }
-    if (shared_ && shared_views_.empty()) {  // unquantized shared experts
+    if (shared_ && shared_views_.empty()) {  // shared experts outside exl3::moe
       std::vector<float> y(static_cast<size_t>(m * hidden_));
       shared_->forward(x, m, y.data());
       for (size_t i = 0; i < y.size(); ++i) out[i] += y[i];
@@ -202,12 +209,40 @@ class CpuMoe final : public CpuMlp {
   }
 
  private:
+  void load_layout_experts(const Checkpoint& ckpt, const moe::MoeLayout& layout, int layer,
+                           int experts) {
+    for (int e = 0; e < experts; ++e) {
+      for (const auto p : moe::kProjs) {
+        const std::string w = fmt::format("{}.experts.{}.{}.weight", s_.prefix, e, moe::proj_name(p));
+        if (ckpt.store().contains(w)) {
+          fail("{}: MoE layer {} mixes EXL3 experts with unquantized ones (e.g. '{}'); hint: "
+               "quantize all routed experts of a layer, or none",
+               ckpt.path().string(), layer, w);
+        }
+      }
+    }
+    for (int r = 0; r < layout.tp; ++r) {
+      ranks_.push_back(moe::load_moe_layer(ckpt.store(), layout, layer, r, layout.tp, experts));
+    }
+    const auto& w0 = ranks_.front();
+    if (w0.hidden != hidden_ || w0.intermediate * layout.tp != s_.intermediate) {
+      fail("{}: MoE layer {} experts are {} -> {} (x TP {}), but config.json gives hidden_size {} "
+           "and moe_intermediate_size {}",
+           ckpt.path().string(), layer, w0.hidden, w0.intermediate, layout.tp, hidden_,
+           s_.intermediate);
+    }
+    if (layout.tp == 1) {
+      for (const auto& e : w0.experts) views_.push_back(moe::MlpView::of(e, w0.codebook));
+    }
+  }
+
   MoeSpec s_;
   int64_t hidden_ = 0;
   std::unique_ptr<DenseMatrix> router_;
   std::vector<float> bias_;
-  std::vector<moe::MoeLayerWeights> ranks_;
+  std::vector<moe::MoeLayerWeights> ranks_;  // layout experts
   std::vector<moe::MlpView> views_;
+  std::vector<std::unique_ptr<CpuDenseMlp>> dense_experts_;  // per-projection Linears
   std::unique_ptr<CpuDenseMlp> shared_;
   std::vector<moe::MlpView> shared_views_;
 };
@@ -231,16 +266,10 @@ class CpuEngine final : public Engine {
                 ? Linear::dense(DenseMatrix::load(store, spec_.embed_tokens, 0, hidden))
                 : Linear::load(ckpt_, spec_.lm_head, hidden, spec_.vocab_size);
 
+    // EXL3 experts go through the exl3::moe layout; layers it has no experts for load their
+    // routed experts as per-projection Linears (unquantized HF weights).
     std::optional<moe::MoeLayout> layout;
-    if (spec_.is_moe()) {
-      layout = moe::read_moe_layout(ckpt_);
-      if (!layout) {
-        fail("{}: config.json describes a MoE model but the checkpoint has no EXL3 experts "
-             "('model.layers.{{L}}.mlp.experts.{{E}}.{{gate,up,down}}_proj'); hint: the runtime "
-             "runs quantized experts only",
-             ckpt_.path().string());
-      }
-    }
+    if (spec_.is_moe()) layout = moe::read_moe_layout(ckpt_);
     std::vector<KvLayerShape> kv;
     for (const auto& ls : spec_.layers) {
       Layer layer;
@@ -253,11 +282,8 @@ class CpuEngine final : public Engine {
         layer.mlp = std::make_unique<CpuDenseMlp>(ckpt_, d->prefix, hidden, d->intermediate);
       } else {
         const auto& m = std::get<MoeSpec>(ls.mlp);
-        if (!layout->has_layer(ls.index)) {
-          fail("{}: config.json makes layer {} a MoE layer, but the checkpoint has no experts for it",
-               ckpt_.path().string(), ls.index);
-        }
-        layer.mlp = std::make_unique<CpuMoe>(ckpt_, m, *layout, ls.index, hidden);
+        const bool exl3 = layout && layout->has_layer(ls.index);
+        layer.mlp = std::make_unique<CpuMoe>(ckpt_, m, exl3 ? &*layout : nullptr, ls.index, hidden);
       }
       kv.push_back(layer.attn->kv_shape());
       layers_.push_back(std::move(layer));

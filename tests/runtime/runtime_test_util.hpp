@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -72,10 +73,12 @@ inline nlohmann::json base_config(const std::string& arch) {
   return c;
 }
 
-// Rewrites a synthetic HF model folder so every routed expert is a random EXL3 linear (K = 4,
-// MUL1), optionally patching config.json; other tensors stay unquantized as written.
+// Rewrites a synthetic HF model folder so every routed expert projection (or those `which`
+// accepts, by prefix) is a random EXL3 linear (K = 4, MUL1), optionally patching config.json;
+// other tensors stay unquantized as written.
 inline void exl3_experts(const std::filesystem::path& dir, uint64_t seed,
-                         const nlohmann::json& config_patch = nlohmann::json::object()) {
+                         const nlohmann::json& config_patch = nlohmann::json::object(),
+                         const std::function<bool(const std::string&)>& which = {}) {
   const auto store = TensorStore::open(dir);
   SafetensorsWriter w;
   std::mt19937_64 rng(seed);
@@ -87,8 +90,9 @@ inline void exl3_experts(const std::filesystem::path& dir, uint64_t seed,
   };
   for (const auto& name : store.names()) {
     const TensorRef& ref = store.at(name);
-    if (name.find(".mlp.experts.") != std::string::npos && name.ends_with(".weight")) {
-      const std::string prefix = name.substr(0, name.size() - 7);
+    const std::string prefix = name.substr(0, name.size() - std::min<size_t>(name.size(), 7));
+    if (name.find(".mlp.experts.") != std::string::npos && name.ends_with(".weight") &&
+        (!which || which(prefix))) {
       const int64_t out = ref.info->shape[0], in = ref.info->shape[1];
       const int k = 4;
       std::vector<uint16_t> tr(static_cast<size_t>(in / 16 * out / 16 * 16 * k));
@@ -112,10 +116,10 @@ inline void exl3_experts(const std::filesystem::path& dir, uint64_t seed,
   write_file_atomic(dir / "config.json", cfg.dump(2));
 }
 
-// Writes a synthetic model of `arch` into dir (MoE experts as EXL3).
+// Writes a synthetic model of `arch` into dir (MoE experts as EXL3 unless `plain_experts`).
 inline void write_model(const std::filesystem::path& dir, HfArch arch, uint64_t seed,
                         const nlohmann::json& config_patch = nlohmann::json::object(),
-                        bool tie = false) {
+                        bool tie = false, bool plain_experts = false) {
   SyntheticHfSpec s;
   s.arch = arch;
   s.seed = seed;
@@ -124,7 +128,9 @@ inline void write_model(const std::filesystem::path& dir, HfArch arch, uint64_t 
   s.tie_word_embeddings = tie;
   if (arch == HfArch::kGlm4Moe) s.num_layers = 3;  // one dense + two MoE layers
   write_synthetic_hf_model(dir, s);
-  exl3_experts(dir, seed + 100, config_patch);
+  exl3_experts(dir, seed + 100, config_patch,
+               plain_experts ? [](const std::string&) { return false; }
+                             : std::function<bool(const std::string&)>{});
 }
 
 // ---- the fp64 reference forward ----------------------------------------------------------------
