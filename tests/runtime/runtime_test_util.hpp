@@ -142,6 +142,11 @@ class ReferenceModel {
 
   const ModelSpec& spec() const { return spec_; }
 
+  // Called with every linear's input x[rows, cols] (fp64) as the forward applies it, named by
+  // the linear's prefix (routed experts see one token row at a time). Calibration tests use it
+  // for an independent X^T X.
+  std::function<void(const std::string& linear, int64_t rows, int64_t cols, const std::vector<double>& x)> tap;
+
   // logits [n, vocab] of one full pass.
   std::vector<double> forward(const std::vector<int32_t>& tokens) const {
     const auto n = static_cast<int64_t>(tokens.size());
@@ -184,6 +189,7 @@ class ReferenceModel {
   struct Lin {
     Mat w;  // [out, in]
     std::vector<double> b;
+    std::string name;  // prefix (empty for the router)
   };
 
   Mat dense(const std::string& name) const {
@@ -196,6 +202,7 @@ class ReferenceModel {
 
   Lin linear(const std::string& prefix) const {
     Lin l;
+    l.name = prefix;
     if (ckpt_.find_linear(prefix) != nullptr) {
       const auto data = Exl3LinearData::load(ckpt_, prefix);
       const auto view = cpu::LinearView::of(data);
@@ -211,7 +218,8 @@ class ReferenceModel {
     return l;
   }
 
-  static Mat apply(const Lin& l, const Mat& x) {
+  Mat apply(const Lin& l, const Mat& x) const {
+    if (tap && !l.name.empty()) tap(l.name, x.r, x.c, x.d);
     Mat y(x.r, l.w.r);
     for (int64_t t = 0; t < x.r; ++t)
       for (int64_t o = 0; o < l.w.r; ++o) {
@@ -291,7 +299,7 @@ class ReferenceModel {
   }
 
   Mat moe(const MoeSpec& m, const Mat& h) const {
-    const Lin router{dense(m.prefix + ".gate.weight"), {}};
+    const Lin router{dense(m.prefix + ".gate.weight"), {}, ""};
     const Mat logits = apply(router, h);
     std::vector<double> bias(static_cast<size_t>(m.num_experts), 0.0);
     if (m.correction_bias) bias = vec(m.prefix + ".gate.e_score_correction_bias");
