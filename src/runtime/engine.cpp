@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "cpu_engine.hpp"
+#include "tp_engine.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 
@@ -25,6 +26,8 @@ std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions&
     fail("device cuda: the CUDA model runtime is not available yet (the EXL3 linear and MoE "
          "kernels are, the model runtime is not); use device cpu");
   }
+  if (opts.tp < 1) fail("tensor parallel: --tp {} must be at least 1", opts.tp);
+  if (opts.tp > 1) return make_tp_cpu_engine(ckpt, std::move(spec), opts);
   return make_cpu_engine(ckpt, std::move(spec), opts);
 }
 

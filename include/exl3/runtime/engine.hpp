@@ -33,6 +33,9 @@ struct EngineOptions {
   Device device = Device::kCpu;
   int64_t page_size = 32;      // tokens per KV page
   int64_t cache_tokens = 4096; // KV pool capacity over all sequences (rounded up to pages)
+  // Tensor-parallel ranks. 1: the single-rank reference engine; N > 1 on the CPU: N ranks in
+  // this process, each on its own thread with its slice of every weight (runtime/tp_plan.hpp).
+  int tp = 1;
 };
 
 enum class LogitsMode : uint8_t {
