@@ -44,10 +44,24 @@ std::vector<RankLinear> slices(const Checkpoint& ckpt, const TpLinearPlan& plan)
 struct RankAttention {
   GqaAttentionSpec spec;
   Extent heads, kv_heads;
+  int64_t kv_offset = 0;  // channels before this rank's first kv head in its k/v slice
   double eps = 0.0;
   std::optional<RopeTable> rope;
   std::optional<RankLinear> q, k, v, o;
   std::vector<float> q_norm, k_norm;
+
+  // out[m, nkv * head_dim] = this rank's kv heads; an EXL3 k/v slice may cover whole blocks
+  // around them (kv_offset floats in), from which the rank's heads are picked.
+  void project_kv(const RankLinear& l, const float* x, int64_t m, float* out) const {
+    const int64_t width = kv_heads.count * spec.head_dim, wide = l.out_features();
+    if (wide == width) {
+      l.forward(x, m, out);
+      return;
+    }
+    std::vector<float> y(static_cast<size_t>(m * wide));
+    l.forward(x, m, y.data());
+    for (int64_t t = 0; t < m; ++t) std::copy_n(y.data() + t * wide + kv_offset, width, out + t * width);
+  }
 
   KvLayerShape kv_shape() const { return {kv_heads.count * spec.head_dim, kv_heads.count * spec.head_dim}; }
 
@@ -60,8 +74,8 @@ struct RankAttention {
     }
     std::vector<float> qv(static_cast<size_t>(m * nh * hd)), kv(static_cast<size_t>(m * nkv * hd)), vv(kv.size());
     q->forward(x, m, qv.data());
-    k->forward(x, m, kv.data());
-    v->forward(x, m, vv.data());
+    project_kv(*k, x, m, kv.data());
+    project_kv(*v, x, m, vv.data());
     if (spec.qk_norm) {
       cpu_ops::rms_norm(qv.data(), q_norm.data(), m * nh, hd, eps, qv.data());
       cpu_ops::rms_norm(kv.data(), k_norm.data(), m * nkv, hd, eps, kv.data());
@@ -278,6 +292,12 @@ class TpCpuEngine final : public Engine {
         at.spec = a;
         at.heads = ap.q_heads[ur];
         at.kv_heads = ap.kv_heads[ur];
+        at.kv_offset = ap.kv_heads[ur].begin * a.head_dim - ap.k.ranks[ur].begin;
+        if (ap.k.ranks[ur] != ap.v.ranks[ur]) {
+          fail("{}: k_proj and v_proj are stored differently (one EXL3, one not); hint: the TP engine needs "
+               "both in one form",
+               a.prefix);
+        }
         at.eps = spec_.rms_norm_eps;
         at.rope.emplace(a.rope);
         at.q.emplace(std::move(q[ur]));

@@ -84,8 +84,16 @@ std::string plan_attention(const GqaAttentionSpec& a, int64_t hidden, int tp, co
   for (const auto* l : {&p.q, &p.o}) {
     if (auto err = check_blocks(*l, tp, "its q heads"); !err.empty()) return err;
   }
-  for (const auto* l : {&p.k, &p.v}) {
-    if (auto err = check_blocks(*l, tp, "its kv heads"); !err.empty()) return err;
+  // k/v are column-parallel and their heads are only read, so a rank whose kv heads do not fill
+  // whole blocks computes the covering blocks (replicating a neighbour's kv head) instead of
+  // cutting one.
+  for (auto* l : {&p.k, &p.v}) {
+    if (!l->exl3) continue;
+    for (auto& e : l->ranks) {
+      if (e.empty()) continue;
+      const int64_t b = e.begin / kTpBlock * kTpBlock, end = std::min((e.end() + kTpBlock - 1) / kTpBlock * kTpBlock, kv_out);
+      e = {b, end - b};
+    }
   }
   return {};
 }

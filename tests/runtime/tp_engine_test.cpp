@@ -123,26 +123,51 @@ TEST(TpEngine, RankSlicedExpertsEqualPlainCheckpoint) {
                                                                HasSubstr("TP sizes that work for this model: 1, 2"))));
 }
 
-TEST(TpEngine, FailsClosed) {
+// head_dim 64 with EXL3 k/v: each rank computes the 128-channel block around its kv head.
+TEST(TpEngine, Exl3KvBlocksCoverNeighbouringHeads) {
   exl3::test::TempDir tmp;
   const auto dir = tmp / "hd64";
   test::TpModelOptions o;
   o.head_dim = 64;
   test::write_tp_model(dir, HfArch::kQwen3, exl3::test::test_seed(), o);
-  EXPECT_THAT([&] { engine_at(dir, 2); },
-              ::testing::ThrowsMessage<Error>(::testing::AllOf(HasSubstr("self_attn.k_proj"),
-                                                               HasSubstr("cuts a 128-channel EXL3 block"),
-                                                               HasSubstr("TP sizes that work for this model: 1"))));
-  EXPECT_THAT([&] { engine_at(dir, 0); }, ::testing::ThrowsMessage<Error>(HasSubstr("--tp 0 must be at least 1")));
-  // Bad ids and a full cache fail before any rank runs, leaving the sequence unchanged.
+  auto rng = exl3::test::make_rng();
+  const auto ids = random_ids(rng, 7, 512);
+  for (const int tp : {2, 3}) expect_tp_matches(dir, tp, ids, "qwen3 head_dim 64");
+}
+
+// The exllamav3-converted conformance model (head_dim 64, one 128-channel expert block) at TP 2
+// and 3, against its fp64 reference logits as well as the single-rank engine.
+TEST(TpEngine, ConformanceModel) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  const auto model = conf / "models" / "tiny-qwen3moe-exl3";
+  const auto store = TensorStore::open(model / "reference_logits.safetensors");
+  std::vector<int32_t> ids;
+  for (const int64_t id : copy_tensor<int64_t>(store.at("input_ids"))) ids.push_back(static_cast<int32_t>(id));
+  const auto fp64 = read_as_double(store.at("hf_dequant_fp64.logits"));
+  for (const int tp : {2, 3}) {
+    expect_tp_matches(model, tp, ids, "tiny-qwen3moe-exl3");
+    auto eng = engine_at(model, tp);
+    const double err = exl3::test::rel_l2(forward_logits(*eng, ids), fp64);
+    std::printf("tiny-qwen3moe-exl3 TP %d vs hf_dequant_fp64: rel-L2 %.3e\n", tp, err);
+    EXPECT_LE(err, 1e-4);
+  }
+  EXPECT_THAT([&] { engine_at(model, 4); },
+              ::testing::ThrowsMessage<Error>(::testing::AllOf(HasSubstr("self_attn.q_proj: TP 4"),
+                                                               HasSubstr("TP sizes that work for this model: 1, 2, 3"))));
+}
+
+TEST(TpEngine, FailsClosed) {
+  exl3::test::TempDir tmp;
   const auto ok = tmp / "ok";
   test::write_tp_model(ok, HfArch::kLlama, exl3::test::test_seed());
+  EXPECT_THAT([&] { engine_at(ok, 0); }, ::testing::ThrowsMessage<Error>(HasSubstr("--tp 0 must be at least 1")));
+  // Bad ids and a full cache fail before any rank runs, leaving the sequence unchanged.
   auto eng = engine_at(ok, 2);
   const auto seq = eng->new_sequence();
   const std::vector<int32_t> bad = {1, 512};
   EXPECT_THAT([&] { eng->forward(seq, bad); }, ::testing::ThrowsMessage<Error>(HasSubstr("outside the vocabulary")));
   const std::vector<int32_t> many(300, 1);
-  EXPECT_THAT([&] { eng->forward(seq, many); }, ::testing::ThrowsMessage<Error>(HasSubstr("")));
+  EXPECT_THAT([&] { eng->forward(seq, many); }, ::testing::ThrowsMessage<Error>(HasSubstr("KV cache is full")));
   EXPECT_EQ(eng->sequence_length(seq), 0);
   const std::vector<int32_t> two = {1, 2};
   EXPECT_EQ(eng->forward(seq, two).size(), 2u * 512u);

@@ -138,27 +138,42 @@ TEST(TpPlan, AttentionHeadsArePadded) {
 }
 
 TEST(TpPlan, Exl3HeadCutFailsNamingLayerAndWorkingSizes) {
-  // head_dim 64, 2 kv heads: one kv head per rank is half a Hadamard block.
+  // head_dim 64: at TP 4 one q head per rank is half a Hadamard block of q_proj / o_proj.
   const auto s = spec_of({{"head_dim", 64}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}});
   const auto w = all_exl3(s);
   try {
-    plan_tensor_parallel(s, 2, w);
+    plan_tensor_parallel(s, 4, w);
     FAIL() << "expected a block-cut error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("model.layers.0.self_attn.k_proj"));
-    EXPECT_THAT(e.what(), HasSubstr("cuts a 128-channel EXL3 block"));
-    EXPECT_THAT(e.what(), HasSubstr("TP sizes that work for this model: 1"));
+    EXPECT_THAT(e.what(), HasSubstr("m/config.json (model.layers.0.self_attn.q_proj: TP 4 gives rank 0 its q heads = "
+                                    "output channels [0, 64) of 256, which cuts a 128-channel EXL3 block"));
+    EXPECT_THAT(e.what(), HasSubstr("TP sizes that work for this model: 1, 2, 3"));
   }
-  EXPECT_EQ(working_tp_sizes(s, w, 8), (std::vector<int>{1}));
+  EXPECT_EQ(working_tp_sizes(s, w, 8), (std::vector<int>{1, 2, 3}));
   // Unquantized, the same model splits anywhere that keeps heads whole.
-  EXPECT_NO_THROW(plan_tensor_parallel(s, 2, {}));
-  // q heads cut: 4 heads of 64 at TP 4.
+  EXPECT_NO_THROW(plan_tensor_parallel(s, 4, {}));
+  EXPECT_EQ(working_tp_sizes(s, {}, 8), (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8}));
+  // Only o_proj EXL3: the row-parallel cut is named.
   auto w2 = w;
   w2.exl3.clear();
   for (const auto& l : s.layers) w2.exl3.insert(std::get<GqaAttentionSpec>(l.attention).prefix + ".o_proj");
   EXPECT_THAT([&] { plan_tensor_parallel(s, 4, w2); },
               ::testing::ThrowsMessage<Error>(HasSubstr("o_proj: TP 4 gives rank 0 its q heads = input channels [0, 64)")));
-  EXPECT_EQ(working_tp_sizes(s, w2, 8), (std::vector<int>{1, 2, 3}));
+}
+
+TEST(TpPlan, Exl3KvSlicesCoverWholeBlocks) {
+  // One 64-wide kv head per rank at TP 2: each rank computes the 128-channel block holding both
+  // kv heads (replicating its neighbour's) instead of cutting it.
+  const auto s = spec_of({{"head_dim", 64}, {"num_attention_heads", 4}, {"num_key_value_heads", 2}});
+  const auto p = plan_tensor_parallel(s, 2, all_exl3(s));
+  const auto& a = p.layers[0].attention;
+  EXPECT_EQ(a.kv_heads, (std::vector<Extent>{{0, 1}, {1, 1}}));
+  EXPECT_EQ(a.k.ranks, (std::vector<Extent>{{0, 128}, {0, 128}}));
+  EXPECT_EQ(a.v.ranks, a.k.ranks);
+  EXPECT_EQ(a.q.ranks, (std::vector<Extent>{{0, 128}, {128, 128}}));
+  // Unquantized k/v are cut exactly at the heads.
+  const auto pu = plan_tensor_parallel(s, 2, {});
+  EXPECT_EQ(pu.layers[0].attention.k.ranks, (std::vector<Extent>{{0, 64}, {64, 64}}));
 }
 
 TEST(TpPlan, MoeExpertsDealtInBlocksOrFixedByTheCheckpoint) {

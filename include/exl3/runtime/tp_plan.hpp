@@ -9,7 +9,9 @@
 //   attention        heads padded to ceil(H / tp) * tp (96 heads at TP 9 -> 99); rank r owns
 //                    padded heads [r * H_loc, (r + 1) * H_loc), of which those >= H are padding
 //                    (no weights, no work); a rank holds the kv heads its q heads read, so kv
-//                    heads are replicated when TP exceeds them
+//                    heads are replicated when TP exceeds them; an EXL3 k/v projection is computed
+//                    over the whole 128-channel blocks covering those heads (replicating a
+//                    neighbour's kv head when head_dim < 128) rather than cut
 //   MLP / experts    the intermediate axis dealt as evenly as possible (the first ranks get the
 //                    remainder)
 //   vocabulary       embedding rows and lm_head outputs dealt the same way; the embedding lookup
@@ -75,6 +77,8 @@ struct TpAttentionPlan {
   int64_t kv_replicas = 1;        // most ranks holding one kv head (> 1: replicated)
   std::vector<Extent> q_heads;    // real q heads of each rank
   std::vector<Extent> kv_heads;   // kv heads each rank holds
+  // q/o extents are the q heads' channels; k/v extents cover the kv heads' channels (whole
+  // 128-channel blocks for EXL3, so they may include a neighbouring kv head).
   TpLinearPlan q, k, v, o;
 };
 
