@@ -14,6 +14,7 @@
 #include <tbb/parallel_for.h>
 
 #include "cpu_engine.hpp"
+#include "moe_routing.hpp"
 #include "exl3/error.hpp"
 #include "exl3/moe/layout.hpp"
 #include "exl3/moe/reference.hpp"
@@ -176,19 +177,7 @@ class CpuMoe final : public CpuMlp {
     const int64_t e = s_.num_experts;
     std::vector<float> logits(static_cast<size_t>(m * e));
     router_->matmul_t(x, m, logits.data());
-    moe::TopK routes;
-    if (s_.router == RouterKind::kSoftmax) {
-      routes = moe::route_softmax(logits, m, e, {s_.top_k, s_.renormalize});
-    } else {
-      moe::SigmoidGroupedRouting r;
-      r.top_k = s_.top_k;
-      r.n_group = s_.n_group;
-      r.topk_group = s_.topk_group;
-      r.renormalize = s_.renormalize;
-      r.routed_scaling_factor = static_cast<float>(s_.routed_scaling_factor);
-      r.correction_bias = bias_;
-      routes = moe::route_sigmoid_grouped(logits, m, e, r);
-    }
+    const moe::TopK routes = route_moe(s_, logits, m, bias_);
     if (ranks_.size() == 1) {
       moe::moe_forward(views_, routes, x, m, out, shared_views_);
     } else {

@@ -10,6 +10,7 @@
 // not TBB tasks: they block in collectives, and a blocked TBB task could starve the others; each
 // rank's kernels still use TBB inside.
 #include "tp_engine.hpp"
+#include "moe_routing.hpp"
 
 #include <algorithm>
 #include <exception>
@@ -33,11 +34,6 @@ namespace exl3::runtime {
 namespace {
 
 using SeqId = PagedKvCache::SeqId;
-
-// All ranks' slices of one linear, moved out rank by rank while the rank modules are built.
-std::vector<RankLinear> slices(const Checkpoint& ckpt, const TpLinearPlan& plan) {
-  return RankLinear::slice_all(ckpt, plan);
-}
 
 // ---- per-rank modules --------------------------------------------------------------------------
 
@@ -122,7 +118,7 @@ std::vector<RankMlp> rank_mlps(const Checkpoint& ckpt, const TpMlpPlan& p, int64
   down.split = TpSplit::kRow;
   down.in = p.intermediate;
   down.out = hidden;
-  auto g = slices(ckpt, gate), u = slices(ckpt, up), d = slices(ckpt, down);
+  auto g = RankLinear::slice_all(ckpt, gate), u = RankLinear::slice_all(ckpt, up), d = RankLinear::slice_all(ckpt, down);
   std::vector<RankMlp> out(p.ranks.size());
   for (size_t r = 0; r < out.size(); ++r) {
     out[r].inter = p.ranks[r].count;
@@ -150,19 +146,7 @@ struct RankMoe {
     const int64_t e = spec.num_experts;
     std::vector<float> logits(static_cast<size_t>(m * e));
     router->matmul_t(x, m, logits.data());
-    moe::TopK routes;
-    if (spec.router == RouterKind::kSoftmax) {
-      routes = moe::route_softmax(logits, m, e, {spec.top_k, spec.renormalize});
-    } else {
-      moe::SigmoidGroupedRouting r;
-      r.top_k = spec.top_k;
-      r.n_group = spec.n_group;
-      r.topk_group = spec.topk_group;
-      r.renormalize = spec.renormalize;
-      r.routed_scaling_factor = static_cast<float>(spec.routed_scaling_factor);
-      r.correction_bias = correction_bias;
-      routes = moe::route_sigmoid_grouped(logits, m, e, r);
-    }
+    const moe::TopK routes = route_moe(spec, logits, m, correction_bias);
     if (local) {
       moe::moe_forward(*local, routes, x, m, out);
     } else if (!experts.empty()) {
@@ -246,7 +230,7 @@ class TpCpuEngine final : public Engine {
            spec_.embed_tokens, embed_->rows(), spec_.vocab_size);
     }
     final_norm_ = load_vector(store, spec_.final_norm, hidden);
-    auto heads = spec_.lm_head_tied ? RankLinear::slice_dense(*embed_, plan_.vocab) : slices(ckpt_, plan_.lm_head);
+    auto heads = spec_.lm_head_tied ? RankLinear::slice_dense(*embed_, plan_.vocab) : RankLinear::slice_all(ckpt_, plan_.lm_head);
     std::optional<moe::MoeLayout> layout;
     if (spec_.is_moe()) {
       layout = moe::read_moe_layout(ckpt_);
@@ -264,7 +248,7 @@ class TpCpuEngine final : public Engine {
       const TpLayerPlan& lp = plan_.layers[l];
       const auto& a = std::get<GqaAttentionSpec>(ls.attention);
       const auto& ap = lp.attention;
-      auto q = slices(ckpt_, ap.q), k = slices(ckpt_, ap.k), v = slices(ckpt_, ap.v), o = slices(ckpt_, ap.o);
+      auto q = RankLinear::slice_all(ckpt_, ap.q), k = RankLinear::slice_all(ckpt_, ap.k), v = RankLinear::slice_all(ckpt_, ap.v), o = RankLinear::slice_all(ckpt_, ap.o);
       std::vector<float> qn, kn;
       if (a.qk_norm) {
         qn = load_vector(store, a.prefix + ".q_norm.weight", a.head_dim);
