@@ -56,6 +56,7 @@ Runner add_generate(CLI::App& app, Common&) {
   struct Opts {
     std::string model, prompt, system, chat_format, device = "cpu";
     int64_t max_tokens = 128, page_size = 32;
+    int tp = 1;
     float temperature = 0.0f, top_p = 1.0f;
     uint64_t seed = 0;
     bool chat = false, json = false, ignore_eos = false;
@@ -93,6 +94,11 @@ Runner add_generate(CLI::App& app, Common&) {
   app.add_option("--page-size", o->page_size, "KV cache page size in tokens")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--tp", o->tp, "Tensor-parallel ranks: N > 1 runs N ranks on threads of this\n"
+                 "process, each with its slice of the weights and KV heads; a TP that would cut an EXL3\n"
+                 "128-channel block is refused, naming the TP sizes that work")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_flag("--json", o->json,
                "Print one JSON document instead of streaming (text, ids, stop_reason, tokens/s)");
   app.footer(
@@ -104,7 +110,8 @@ Runner add_generate(CLI::App& app, Common&) {
       "Examples:\n"
       "  exl3 generate ./Qwen3-8B-exl3 --prompt 'The capital of France is' --max-tokens 16\n"
       "  exl3 generate ./Qwen3-8B-exl3 --chat --prompt 'Write a haiku' --temperature 0.7 --top-p 0.9 --seed 1\n"
-      "  exl3 generate ./m --prompt 'def main' --json | jq .text\n\n"
+      "  exl3 generate ./m --prompt 'def main' --json | jq .text\n"
+      "  exl3 generate ./m --prompt 'Hello' --tp 2     # two tensor-parallel ranks (threads), same text\n\n"
       "--chat recognises ChatML and Llama-3 templates (it is not a Jinja engine); other models need\n"
       "--chat-format chatml|llama3|plain. Special tokens are not printed.");
   return [o] {
@@ -132,6 +139,7 @@ Runner add_generate(CLI::App& app, Common&) {
     runtime::EngineOptions eo;
     eo.device = runtime::parse_device(o->device);
     eo.page_size = o->page_size;
+    eo.tp = o->tp;
     eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
     auto engine = runtime::load_engine(dir, eo);
     for (const int32_t id : engine->spec().eos_token_ids) stops.insert(id);
@@ -161,6 +169,7 @@ Runner add_generate(CLI::App& app, Common&) {
     if (o->json) {
       nlohmann::json j = {{"model", o->model},
                           {"device", o->device},
+                          {"tp", o->tp},
                           {"prompt_ids", prompt},
                           {"prompt_tokens", r.prompt_tokens},
                           {"ids", r.tokens},

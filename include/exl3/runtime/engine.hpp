@@ -38,6 +38,9 @@ struct EngineOptions {
   int64_t max_batch_tokens = 2048;
   // CUDA: capture each decode step (one token per sequence) as a graph per batch size.
   bool cuda_graphs = true;
+  // Tensor-parallel ranks. 1: the single-rank reference engine; N > 1 on the CPU: N ranks in
+  // this process, each on its own thread with its slice of every weight (runtime/tp_plan.hpp).
+  int tp = 1;
 };
 
 enum class LogitsMode : uint8_t {
