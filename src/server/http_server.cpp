@@ -118,7 +118,7 @@ void HttpServer::stop() {
 SchedulerStats HttpServer::stats() const { return impl_->sched.stats(); }
 
 std::string HttpServer::chat_status() const {
-  return impl_->chat ? std::string(chat_format_name(impl_->chat->format())) : impl_->chat_error;
+  return impl_->chat ? std::string(chat_format_name(impl_->chat->format())) : "none (" + impl_->chat_error + ")";
 }
 
 void HttpServer::Impl::routes() {
@@ -226,9 +226,7 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
   try {
     if (r.endpoint == Endpoint::kChat) {
       if (!chat) {
-        return api_error(400, fmt::format("chat completions are unavailable: {}; hint: start the server with "
-                                          "--chat-format chatml|llama3|plain",
-                                          chat_error),
+        return api_error(400, fmt::format("chat completions are unavailable: {}", chat_error),
                          "invalid_request_error", "", "messages");
       }
       g.prompt = tok.encode(chat->render(r.messages, true), chat->encode_adds_special_tokens());

@@ -162,7 +162,8 @@ TEST(HttpServer, ConcurrentStreamsEachEqualTheirSoloResult) {
   std::vector<Expect> want;
   for (int i = 0; i < kN; ++i) {
     prompts.push_back(random_prompt(rng, 4 + rng() % 24));
-    want.push_back(expected(s, model, prompts.back(), 20, s.options().stop_tokens));
+    // Half ignore EOS, so the streams surely overlap for 20 tokens (the batching check below).
+    want.push_back(expected(s, model, prompts.back(), 20, i % 2 == 0 ? std::vector<int32_t>{} : s.options().stop_tokens));
   }
   std::vector<Streamed> got(kN);
   std::vector<std::thread> threads;
@@ -171,7 +172,7 @@ TEST(HttpServer, ConcurrentStreamsEachEqualTheirSoloResult) {
       got[static_cast<size_t>(i)] =
           stream(s, "/v1/completions",
                  json{{"prompt", prompts[static_cast<size_t>(i)]}, {"max_tokens", 20}, {"temperature", 0},
-                      {"stream_options", {{"include_usage", true}}}});
+                      {"ignore_eos", i % 2 == 0}, {"stream_options", {{"include_usage", true}}}});
     });
   }
   for (auto& t : threads) t.join();
