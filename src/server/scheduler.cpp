@@ -77,7 +77,15 @@ struct Scheduler::Active {
   size_t prefilled = 0;   // prompt tokens already in the KV cache
   int64_t generated = 0;  // tokens sampled
   int32_t next = -1;      // the last sampled token: the input of the next decode step
-  bool done = false;
+  bool done = false;      // finished: retire() drops the sequence, then tells the client
+  FinishReason reason = FinishReason::kStop;
+  std::string error;
+
+  void end(FinishReason r, std::string why = {}) {
+    done = true;
+    reason = r;
+    error = std::move(why);
+  }
 
   bool decoding() const { return prefilled == req.prompt.size(); }
   // Text still held by the detokenizer and the stop-string matcher, at the end.
@@ -194,12 +202,7 @@ void Scheduler::run() {
       if (stop_) break;
     }
     for (auto& a : running) {
-      if (!a->done && a->stream->cancelled()) {
-        a->stream->finish(FinishReason::kCancelled, "", "the request was cancelled", a->generated);
-        a->done = true;
-        std::lock_guard lk(mu_);
-        ++stats_.cancelled;
-      }
+      if (!a->done && a->stream->cancelled()) a->end(FinishReason::kCancelled, "the request was cancelled");
     }
     retire(running);
     admit(running);
@@ -207,10 +210,7 @@ void Scheduler::run() {
     retire(running);
   }
   // Shutting down: nobody waits forever.
-  for (auto& a : running) {
-    a->stream->finish(FinishReason::kCancelled, "", "the server is shutting down", a->generated);
-    a->done = true;
-  }
+  for (auto& a : running) a->end(FinishReason::kCancelled, "the server is shutting down");
   retire(running);
   std::lock_guard lk(mu_);
   for (auto& p : queue_) p.stream->finish(FinishReason::kCancelled, "", "the server is shutting down", 0);
@@ -275,12 +275,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
     // Admission reserved the KV room and submit() checked every id, so this is an engine fault:
     // fail the step's requests (their clients get the message) and keep serving the others.
     std::fprintf(stderr, "exl3 serve: forward_batch failed: %s\n", e.what());
-    std::lock_guard lk(mu_);
-    for (Active* a : who) {
-      a->stream->finish(FinishReason::kError, "", e.what(), a->generated);
-      a->done = true;
-      ++stats_.failed;
-    }
+    for (Active* a : who) a->end(FinishReason::kError, e.what());
     return;
   }
   {
@@ -294,10 +289,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
     try {
       accept_token(a, a.sampler.sample(logits[i]));
     } catch (const std::exception& e) {
-      a.stream->finish(FinishReason::kError, "", e.what(), a.generated);
-      a.done = true;
-      std::lock_guard lk(mu_);
-      ++stats_.failed;
+      a.end(FinishReason::kError, e.what());
     }
   }
 }
@@ -306,10 +298,7 @@ void Scheduler::accept_token(Active& a, int32_t tok) {
   ++a.generated;
   auto finish = [&](FinishReason reason, const std::string& text, int32_t token) {
     a.stream->publish(text, token, a.generated);
-    a.stream->finish(reason, "", {}, a.generated);
-    a.done = true;
-    std::lock_guard lk(mu_);
-    ++stats_.completed;
+    a.end(reason);
   };
   if (std::find(a.req.stop_tokens.begin(), a.req.stop_tokens.end(), tok) != a.req.stop_tokens.end()) {
     finish(FinishReason::kStop, a.tail(), tok);
@@ -327,16 +316,31 @@ void Scheduler::accept_token(Active& a, int32_t tok) {
 }
 
 void Scheduler::retire(std::vector<std::unique_ptr<Active>>& running) {
+  // Drop the sequences and count them first, then tell the clients: whoever sees a request end
+  // also sees its KV pages back in the pool (and /health agrees).
+  std::vector<std::unique_ptr<Active>> ended;
   for (auto& a : running) {
     if (!a->done) continue;
-    engine_.drop_sequence(a->seq);  // its KV pages go back to the pool
+    engine_.drop_sequence(a->seq);
     reserved_ -= a->reserved;
-    a.reset();
+    ended.push_back(std::move(a));
   }
   std::erase(running, nullptr);
-  std::lock_guard lk(mu_);
-  stats_.running = static_cast<int64_t>(running.size());
-  stats_.free_cache_tokens = engine_.free_cache_tokens();
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& a : ended) {
+      if (a->reason == FinishReason::kCancelled) {
+        ++stats_.cancelled;
+      } else if (a->reason == FinishReason::kError) {
+        ++stats_.failed;
+      } else {
+        ++stats_.completed;
+      }
+    }
+    stats_.running = static_cast<int64_t>(running.size());
+    stats_.free_cache_tokens = engine_.free_cache_tokens();
+  }
+  for (const auto& a : ended) a->stream->finish(a->reason, "", a->error, a->generated);
 }
 
 }  // namespace exl3::server
