@@ -15,42 +15,12 @@
 #include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/model/chat_template.hpp"
+#include "exl3/model/stop_tokens.hpp"
 #include "exl3/model/tokenizer.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
 
 namespace exl3::cli {
-
-namespace {
-
-// eos_token_id of generation_config.json (a number or a list), when the file exists.
-std::vector<int32_t> generation_config_eos(const std::filesystem::path& dir) {
-  const auto path = dir / "generation_config.json";
-  std::vector<int32_t> out;
-  if (!std::filesystem::exists(path)) return out;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: invalid JSON ({})", path.string(), e.what());
-  }
-  const auto it = j.find("eos_token_id");
-  if (it == j.end() || it->is_null()) return out;
-  auto one = [&](const nlohmann::json& v) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
-      fail("{}: key 'eos_token_id': expected a token id or a list of them, got {}", path.string(), it->dump());
-    }
-    out.push_back(static_cast<int32_t>(v.get<int64_t>()));
-  };
-  if (it->is_array()) {
-    for (const auto& v : *it) one(v);
-  } else {
-    one(*it);
-  }
-  return out;
-}
-
-}  // namespace
 
 Runner add_generate(CLI::App& app, Common&) {
   struct Opts {
@@ -142,9 +112,7 @@ Runner add_generate(CLI::App& app, Common&) {
     eo.tp = o->tp;
     eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
     auto engine = runtime::load_engine(dir, eo);
-    for (const int32_t id : engine->spec().eos_token_ids) stops.insert(id);
-    for (const int32_t id : generation_config_eos(dir)) stops.insert(id);
-    if (const auto eos = tok.eos_id()) stops.insert(*eos);
+    for (const int32_t id : model_stop_tokens(dir, engine->spec(), tok)) stops.insert(id);
 
     runtime::GenerateOptions go;
     go.max_new_tokens = o->max_tokens;

@@ -28,5 +28,6 @@ Runner add_bench_model(CLI::App& app, Common& common);  // `bench model`
 Runner add_tokenize(CLI::App& app, Common& common);
 Runner add_logits(CLI::App& app, Common& common);    // model runtime
 Runner add_generate(CLI::App& app, Common& common);
+Runner add_serve(CLI::App& app, Common& common);     // OpenAI-compatible server (src/server)
 
 }  // namespace exl3::cli
