@@ -28,6 +28,22 @@ namespace {
 
 using SeqId = PagedKvCache::SeqId;
 
+// Loads every linear of the model through Linear::load with its overlay decision, collecting
+// the overlay report.
+struct LinearLoader {
+  const Checkpoint& ckpt;
+  const OverlayPlan& plan;
+  OverlayReport& report;
+  bool overlay = false;  // a policy is active (only then are kept layers reported)
+
+  Linear operator()(const std::string& prefix, int64_t in, int64_t out) const {
+    OverlayDecision d = plan.decision(prefix);
+    if (!overlay) d.reason.clear();  // nothing to report as "kept" without a policy
+    return Linear::load(ckpt, prefix, in, out, d, &report);
+  }
+  const TensorStore& store() const { return ckpt.store(); }
+};
+
 // ---- attention modules -----------------------------------------------------------------------
 
 class CpuAttention {
@@ -43,17 +59,17 @@ class CpuAttention {
 
 class CpuGqaAttention final : public CpuAttention {
  public:
-  CpuGqaAttention(const Checkpoint& ckpt, const GqaAttentionSpec& s, int64_t hidden, double eps)
+  CpuGqaAttention(const LinearLoader& load, const GqaAttentionSpec& s, int64_t hidden, double eps)
       : s_(s),
         eps_(eps),
         rope_(s.rope),
-        q_(Linear::load(ckpt, s.prefix + ".q_proj", hidden, s.num_heads * s.head_dim)),
-        k_(Linear::load(ckpt, s.prefix + ".k_proj", hidden, s.num_kv_heads * s.head_dim)),
-        v_(Linear::load(ckpt, s.prefix + ".v_proj", hidden, s.num_kv_heads * s.head_dim)),
-        o_(Linear::load(ckpt, s.prefix + ".o_proj", s.num_heads * s.head_dim, hidden)) {
+        q_(load(s.prefix + ".q_proj", hidden, s.num_heads * s.head_dim)),
+        k_(load(s.prefix + ".k_proj", hidden, s.num_kv_heads * s.head_dim)),
+        v_(load(s.prefix + ".v_proj", hidden, s.num_kv_heads * s.head_dim)),
+        o_(load(s.prefix + ".o_proj", s.num_heads * s.head_dim, hidden)) {
     if (s.qk_norm) {
-      q_norm_ = load_vector(ckpt.store(), s.prefix + ".q_norm.weight", s.head_dim);
-      k_norm_ = load_vector(ckpt.store(), s.prefix + ".k_norm.weight", s.head_dim);
+      q_norm_ = load_vector(load.store(), s.prefix + ".q_norm.weight", s.head_dim);
+      k_norm_ = load_vector(load.store(), s.prefix + ".k_norm.weight", s.head_dim);
     }
   }
 
@@ -98,9 +114,9 @@ class CpuGqaAttention final : public CpuAttention {
   std::vector<float> q_norm_, k_norm_;
 };
 
-std::unique_ptr<CpuAttention> make_attention(const Checkpoint& ckpt, const GqaAttentionSpec& s,
+std::unique_ptr<CpuAttention> make_attention(const LinearLoader& load, const GqaAttentionSpec& s,
                                              int64_t hidden, double eps) {
-  return std::make_unique<CpuGqaAttention>(ckpt, s, hidden, eps);
+  return std::make_unique<CpuGqaAttention>(load, s, hidden, eps);
 }
 
 // ---- MLP modules -----------------------------------------------------------------------------
@@ -114,11 +130,11 @@ class CpuMlp {
 
 class CpuDenseMlp final : public CpuMlp {
  public:
-  CpuDenseMlp(const Checkpoint& ckpt, const std::string& prefix, int64_t hidden, int64_t inter)
+  CpuDenseMlp(const LinearLoader& load, const std::string& prefix, int64_t hidden, int64_t inter)
       : inter_(inter),
-        gate_(Linear::load(ckpt, prefix + ".gate_proj", hidden, inter)),
-        up_(Linear::load(ckpt, prefix + ".up_proj", hidden, inter)),
-        down_(Linear::load(ckpt, prefix + ".down_proj", inter, hidden)) {}
+        gate_(load(prefix + ".gate_proj", hidden, inter)),
+        up_(load(prefix + ".up_proj", hidden, inter)),
+        down_(load(prefix + ".down_proj", inter, hidden)) {}
 
   void forward(const float* x, int64_t m, float* out) const override {
     std::vector<float> g(static_cast<size_t>(m * inter_)), u(g.size());
@@ -142,9 +158,10 @@ class CpuDenseMlp final : public CpuMlp {
 
 class CpuMoe final : public CpuMlp {
  public:
-  CpuMoe(const Checkpoint& ckpt, const MoeSpec& s, const moe::MoeLayout& layout, int layer,
+  CpuMoe(const LinearLoader& loader, const MoeSpec& s, const moe::MoeLayout& layout, int layer,
          int64_t hidden)
       : s_(s) {
+    const Checkpoint& ckpt = loader.ckpt;
     const auto& store = ckpt.store();
     router_ = std::make_unique<DenseMatrix>(
         DenseMatrix::load(store, s.prefix + ".gate.weight", s.num_experts, hidden));
@@ -166,7 +183,7 @@ class CpuMoe final : public CpuMlp {
       for (const auto& e : w0.experts) views_.push_back(moe::MlpView::of(e, w0.codebook));
     }
     if (s.shared) {
-      shared_ = std::make_unique<CpuDenseMlp>(ckpt, s.shared->prefix, hidden, s.shared->intermediate);
+      shared_ = std::make_unique<CpuDenseMlp>(loader, s.shared->prefix, hidden, s.shared->intermediate);
       if (auto v = shared_->view()) shared_views_.push_back(*v);
     }
     hidden_ = hidden;
@@ -220,6 +237,8 @@ class CpuEngine final : public Engine {
       : ckpt_(ckpt),
         spec_(std::move(spec)),
         embed_(DenseMatrix::load(ckpt_.store(), spec_.embed_tokens, 0, spec_.hidden_size)) {
+    const OverlayPlan plan = OverlayPlan::build(opts.overlay, ckpt_, spec_);
+    const LinearLoader loader{ckpt_, plan, overlay_report_, opts.overlay.any()};
     const int64_t hidden = spec_.hidden_size;
     const auto& store = ckpt_.store();
     if (embed_.rows() < spec_.vocab_size) {
@@ -229,7 +248,7 @@ class CpuEngine final : public Engine {
     final_norm_ = load_vector(store, spec_.final_norm, hidden);
     head_ = spec_.lm_head_tied
                 ? Linear::dense(DenseMatrix::load(store, spec_.embed_tokens, 0, hidden))
-                : Linear::load(ckpt_, spec_.lm_head, hidden, spec_.vocab_size);
+                : loader(spec_.lm_head, hidden, spec_.vocab_size);
 
     std::optional<moe::MoeLayout> layout;
     if (spec_.is_moe()) {
@@ -247,17 +266,17 @@ class CpuEngine final : public Engine {
       layer.input_norm = load_vector(store, ls.input_norm, hidden);
       layer.post_norm = load_vector(store, ls.post_attention_norm, hidden);
       layer.attn = std::visit(
-          [&](const auto& a) { return make_attention(ckpt_, a, hidden, spec_.rms_norm_eps); },
+          [&](const auto& a) { return make_attention(loader, a, hidden, spec_.rms_norm_eps); },
           ls.attention);
       if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
-        layer.mlp = std::make_unique<CpuDenseMlp>(ckpt_, d->prefix, hidden, d->intermediate);
+        layer.mlp = std::make_unique<CpuDenseMlp>(loader, d->prefix, hidden, d->intermediate);
       } else {
         const auto& m = std::get<MoeSpec>(ls.mlp);
         if (!layout->has_layer(ls.index)) {
           fail("{}: config.json makes layer {} a MoE layer, but the checkpoint has no experts for it",
                ckpt_.path().string(), ls.index);
         }
-        layer.mlp = std::make_unique<CpuMoe>(ckpt_, m, *layout, ls.index, hidden);
+        layer.mlp = std::make_unique<CpuMoe>(loader, m, *layout, ls.index, hidden);
       }
       kv.push_back(layer.attn->kv_shape());
       layers_.push_back(std::move(layer));
@@ -269,6 +288,7 @@ class CpuEngine final : public Engine {
   }
 
   const ModelSpec& spec() const override { return spec_; }
+  OverlayReport overlay_report() const override { return overlay_report_; }
   Device device() const override { return Device::kCpu; }
   SeqId new_sequence() override { return cache_->add_sequence(); }
   void drop_sequence(SeqId seq) override { cache_->remove_sequence(seq); }
@@ -331,6 +351,7 @@ class CpuEngine final : public Engine {
   Linear head_;
   std::vector<Layer> layers_;
   std::unique_ptr<PagedKvCache> cache_;
+  OverlayReport overlay_report_;
 };
 
 }  // namespace

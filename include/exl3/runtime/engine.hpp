@@ -17,6 +17,7 @@
 
 #include "exl3/runtime/kv_cache.hpp"
 #include "exl3/runtime/model_spec.hpp"
+#include "exl3/runtime/overlay.hpp"
 
 namespace exl3 {
 class Checkpoint;
@@ -33,6 +34,7 @@ struct EngineOptions {
   Device device = Device::kCpu;
   int64_t page_size = 32;      // tokens per KV page
   int64_t cache_tokens = 4096; // KV pool capacity over all sequences (rounded up to pages)
+  OverlayPolicy overlay;       // MXFP8 overlay of unquantized linears (exl3/runtime/overlay.hpp)
 };
 
 enum class LogitsMode : uint8_t {
@@ -47,6 +49,9 @@ class Engine {
   virtual ~Engine() = default;
   virtual const ModelSpec& spec() const = 0;
   virtual Device device() const = 0;
+  // What the MXFP8 overlay converted (per layer: bytes before/after, error vs the source) and
+  // which unquantized linears it kept, with why. Empty without an overlay.
+  virtual OverlayReport overlay_report() const { return {}; }
 
   virtual SeqId new_sequence() = 0;
   virtual void drop_sequence(SeqId seq) = 0;
