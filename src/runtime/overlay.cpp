@@ -84,8 +84,12 @@ class Planner {
     if (on && shards.size() > 1) {
       const bool exl3 = std::any_of(shards.begin(), shards.end(), [](const Shard& s) { return s.storage == Storage::kExl3; });
       const bool dense = std::any_of(shards.begin(), shards.end(), [](const Shard& s) { return s.storage == Storage::kDense; });
+      // The format each shard runs in: stored MXFP8 and converted shards agree.
+      auto runs_mxfp8 = [](const Shard& s) {
+        return s.storage == Storage::kMxfp8 || s.decision.action == OverlayAction::kMxfp8;
+      };
       const bool disagree = std::any_of(shards.begin(), shards.end(), [&](const Shard& s) {
-        return s.decision.action != shards.front().decision.action;
+        return runs_mxfp8(s) != runs_mxfp8(shards.front());
       });
       if ((exl3 && dense) || disagree) {
         std::string detail;

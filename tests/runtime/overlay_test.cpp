@@ -255,7 +255,7 @@ TEST(OverlayEngine, LoadsMxfp8StoredInTheCheckpoint) {
   rewrite(m.dir.path(), st_dir.path(), [&](const std::string& name, const TensorRef& ref, SafetensorsWriter& w) {
     if (!names.contains(name)) return false;
     const auto q = mxfp8::Weight::quantize(name, ref.bytes().data(), ref.info->dtype, ref.info->shape[0], ref.info->shape[1]);
-    w.add(name, DType::kF8E4M3, ref.info->shape, std::span<const uint8_t>(q.values(), q.bytes() - q.rows() * q.blocks_per_row()));
+    w.add(name, DType::kF8E4M3, ref.info->shape, std::span<const uint8_t>(q.values(), static_cast<size_t>(q.rows() * q.cols())));
     const std::string prefix = name.substr(0, name.size() - 7);
     w.add(prefix + ".weight_scale", DType::kU8, {q.rows(), q.blocks_per_row()},
           std::span<const uint8_t>(q.scales(), static_cast<size_t>(q.rows() * q.blocks_per_row())));
@@ -270,6 +270,24 @@ TEST(OverlayEngine, LoadsMxfp8StoredInTheCheckpoint) {
   // A policy over a checkpoint that already stores MXFP8 keeps it (nothing is converted twice).
   auto both = load_engine(st_dir.path(), o);
   EXPECT_EQ(forward_logits(*both, ids), forward_logits(*overlaid, ids));
+
+  // Only q_proj of layer 0 stored as MXFP8: with the policy, k/v are converted and the fused group
+  // agrees; ignoring k_proj then leaves one shard BF16 and fails closed.
+  exl3::test::TempDir one_dir;
+  const std::string q0 = "model.layers.0.self_attn.q_proj";
+  rewrite(m.dir.path(), one_dir.path(), [&](const std::string& name, const TensorRef& ref, SafetensorsWriter& w) {
+    if (name != q0 + ".weight") return false;
+    const auto q = mxfp8::Weight::quantize(name, ref.bytes().data(), ref.info->dtype, ref.info->shape[0], ref.info->shape[1]);
+    w.add(name, DType::kF8E4M3, ref.info->shape, std::span<const uint8_t>(q.values(), static_cast<size_t>(q.rows() * q.cols())));
+    w.add(q0 + ".weight_scale", DType::kU8, {q.rows(), q.blocks_per_row()},
+          std::span<const uint8_t>(q.scales(), static_cast<size_t>(q.rows() * q.blocks_per_row())));
+    return true;
+  });
+  auto one = load_engine(one_dir.path(), o);
+  EXPECT_EQ(forward_logits(*one, ids), forward_logits(*overlaid, ids));
+  EngineOptions ig = o;
+  ig.overlay.ignore = {"model.layers.0.self_attn.k_proj"};
+  expect_error([&] { load_engine(one_dir.path(), ig); }, "q_proj (MXFP8 (stored), kept: mxfp8 (checkpoint))");
 }
 
 TEST(OverlayEngine, FusedGroupsMixingExl3AndBf16FailClosed) {
