@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "overlay_options.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/model/chat_template.hpp"
@@ -24,6 +25,7 @@ namespace exl3::cli {
 
 Runner add_generate(CLI::App& app, Common&) {
   struct Opts {
+    OverlayArgs overlay;
     std::string model, prompt, system, chat_format, device = "cpu";
     int64_t max_tokens = 128, page_size = 32;
     int tp = 1;
@@ -69,6 +71,7 @@ Runner add_generate(CLI::App& app, Common&) {
                  "128-channel block is refused, naming the TP sizes that work")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  add_overlay_options(app, o->overlay);
   app.add_flag("--json", o->json,
                "Print one JSON document instead of streaming (text, ids, stop_reason, tokens/s)");
   app.footer(
@@ -82,6 +85,9 @@ Runner add_generate(CLI::App& app, Common&) {
       "  exl3 generate ./Qwen3-8B-exl3 --chat --prompt 'Write a haiku' --temperature 0.7 --top-p 0.9 --seed 1\n"
       "  exl3 generate ./m --prompt 'def main' --json | jq .text\n"
       "  exl3 generate ./m --prompt 'Hello' --tp 2     # two tensor-parallel ranks (threads), same text\n\n"
+      "  exl3 generate ./GLM-4.5-Air-exl3 --prompt 'Hi' --overlay linear=mxfp8,shared_experts=mxfp8\n\n"
+      "--overlay stores the unquantized attention / dense-MLP / shared-expert linears as MXFP8 (about\n"
+      "half their BF16 bytes); see docs/mxfp8.md.\n"
       "--chat recognises ChatML and Llama-3 templates (it is not a Jinja engine); other models need\n"
       "--chat-format chatml|llama3|plain. Special tokens are not printed.");
   return [o] {
@@ -110,8 +116,10 @@ Runner add_generate(CLI::App& app, Common&) {
     eo.device = runtime::parse_device(o->device);
     eo.page_size = o->page_size;
     eo.tp = o->tp;
+    eo.overlay = overlay_policy(o->overlay);
     eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
     auto engine = runtime::load_engine(dir, eo);
+    if (!o->json) print_overlay_summary(engine->overlay_report());
     for (const int32_t id : model_stop_tokens(dir, engine->spec(), tok)) stops.insert(id);
 
     runtime::GenerateOptions go;
@@ -151,6 +159,7 @@ Runner add_generate(CLI::App& app, Common&) {
                           {"generation_tokens_per_second", r.decode_tokens_per_second()},
                           {"sampling", {{"temperature", o->temperature}, {"top_p", o->top_p}, {"seed", o->seed}}}};
       if (r.stop_token >= 0) j["stop_token"] = r.stop_token;
+      j["overlay"] = engine->overlay_report().to_json();
       if (chat) j["chat_format"] = std::string(chat_format_name(chat->format()));
       fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
       return 0;

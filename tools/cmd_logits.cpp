@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "overlay_options.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
@@ -42,6 +43,7 @@ std::vector<int32_t> parse_token_list(const std::string& list) {
 
 Runner add_logits(CLI::App& app, Common&) {
   struct Opts {
+    OverlayArgs overlay;
     std::string model, tokens, out, device = "cpu";
     bool json = false;
     int64_t page_size = 32;
@@ -65,6 +67,7 @@ Runner add_logits(CLI::App& app, Common&) {
                  "128-channel block is refused, naming the TP sizes that work")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  add_overlay_options(app, o->overlay);
   app.add_flag("--json", o->json, "Print one JSON document (shape, argmax per position, seconds, out)");
   app.footer(
       "Runs the whole model once over the tokens (causal attention, no sampling) and writes the logits of\n"
@@ -75,7 +78,12 @@ Runner add_logits(CLI::App& app, Common&) {
       "  exl3 logits ./Qwen3-30B-A3B-exl3 --tokens 9707,1879 --out logits.safetensors\n"
       "  exl3 logits ./m --tokens 1,2,3 --out tp4.safetensors --tp 4   # 4 ranks; same logits as --tp 1\n"
       "  exl3 logits ./m --tokens \"$(exl3 tokenize ./m --text 'Hello' --json | jq -r '.ids|join(\",\")')\" \\\n"
-      "      --out l.safetensors --json | jq .argmax\n\n"
+      "      --out l.safetensors --json | jq .argmax\n"
+      "  exl3 logits ./m --tokens 1,2,3 --out l.safetensors --overlay linear=mxfp8,shared_experts=mxfp8 \\\n"
+      "      --overlay-ignore 're:.*\\.q_a_proj$' --json | jq .overlay.saved_bytes\n\n"
+      "--overlay converts the unquantized (BF16) attention, dense-MLP and shared-expert linears to MXFP8\n"
+      "(E4M3 + one power-of-two scale per 32 inputs) as the model loads; the report gives each layer's\n"
+      "rel-L2 error against its source and the memory saved (docs/mxfp8.md).\n\n"
       "Supported architectures: " + runtime::supported_architectures() + ".");
   return [o] {
     const auto ids = parse_token_list(o->tokens);
@@ -83,6 +91,7 @@ Runner add_logits(CLI::App& app, Common&) {
     eo.device = runtime::parse_device(o->device);
     eo.page_size = o->page_size;
     eo.tp = o->tp;
+    eo.overlay = overlay_policy(o->overlay);
     eo.cache_tokens = static_cast<int64_t>(ids.size());
     const auto t_load = std::chrono::steady_clock::now();
     auto engine = runtime::load_engine(std::filesystem::path(o->model), eo);
@@ -120,10 +129,12 @@ Runner add_logits(CLI::App& app, Common&) {
                                 {"load_seconds", load_s},
                                 {"seconds", secs},
                                 {"tokens_per_second", secs > 0 ? static_cast<double>(n) / secs : 0.0},
-                                {"out", o->out}};
+                                {"out", o->out},
+                                {"overlay", engine->overlay_report().to_json()}};
       fmt::print("{}\n", j.dump(2));
       return 0;
     }
+    print_overlay_summary(engine->overlay_report());
     fmt::print("{}: {} tokens -> logits [{}, {}] F32 in {:.3f} s ({:.1f} tokens/s, load {:.2f} s) -> {}\n",
                runtime::architecture_name(engine->spec().architecture), n, n, vocab, secs,
                secs > 0 ? static_cast<double>(n) / secs : 0.0, load_s, o->out);

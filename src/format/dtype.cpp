@@ -2,6 +2,9 @@
 #include "exl3/format/dtype.hpp"
 
 #include <array>
+#include <cstring>
+
+#include "exl3/trellis/half.hpp"
 
 namespace exl3 {
 namespace {
@@ -50,6 +53,22 @@ std::optional<DType> parse_dtype(std::string_view s) {
     if (r.name == s) return r.type;
   }
   return std::nullopt;
+}
+
+bool is_float_matrix_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+void float_elements_to_f32(const std::byte* src, DType t, int64_t n, float* out) {
+  if (t == DType::kF32) {
+    std::memcpy(out, src, static_cast<size_t>(n) * 4);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t b;
+    std::memcpy(&b, src + 2 * i, 2);
+    out[i] = t == DType::kF16 ? trellis::half_to_float(b) : trellis::bf16_to_float(b);
+  }
 }
 
 }  // namespace exl3

@@ -17,6 +17,7 @@
 #include "exl3/runtime/decoder_layer.hpp"
 #include "exl3/runtime/cpu_ops.hpp"
 #include "exl3/runtime/linear.hpp"
+#include "exl3/runtime/overlay.hpp"
 
 namespace exl3::runtime {
 namespace {
@@ -36,9 +37,16 @@ class CpuEngine final : public Engine {
            ckpt_.path().string(), spec_.embed_tokens, embed_.rows(), spec_.vocab_size);
     }
     final_norm_ = load_vector(store, spec_.final_norm, hidden);
-    head_ = spec_.lm_head_tied
-                ? Linear::dense(DenseMatrix::load(store, spec_.embed_tokens, 0, hidden))
-                : Linear::load(ckpt_, spec_.lm_head, hidden, spec_.vocab_size);
+    // Every linear loads with its MXFP8 overlay decision (none without a policy).
+    const OverlayPlan plan = OverlayPlan::build(opts.overlay, ckpt_, spec_);
+    const bool overlay = opts.overlay.any();
+    const LinearLoadFn load = [&](const std::string& prefix, int64_t in, int64_t out) {
+      OverlayDecision d = plan.decision(prefix);
+      if (!overlay) d.reason.clear();  // nothing to report as "kept" without a policy
+      return Linear::load(ckpt_, prefix, in, out, d, &overlay_report_);
+    };
+    head_ = spec_.lm_head_tied ? Linear::dense(DenseMatrix::load(store, spec_.embed_tokens, 0, hidden))
+                               : load(spec_.lm_head, hidden, spec_.vocab_size);
 
     // EXL3 experts go through the exl3::moe layout; layers it has no experts for load their
     // routed experts as per-projection Linears (unquantized HF weights).
@@ -47,7 +55,7 @@ class CpuEngine final : public Engine {
     std::vector<KvLayerShape> kv;
     for (const auto& ls : spec_.layers) {
       const bool exl3_experts = layout && layout->has_layer(ls.index);
-      layers_.emplace_back(ckpt_, spec_, ls, exl3_experts ? &*layout : nullptr);
+      layers_.emplace_back(ckpt_, spec_, ls, exl3_experts ? &*layout : nullptr, load);
       kv.push_back(layers_.back().kv_shape());
     }
     if (opts.page_size <= 0) fail("engine: page size {} must be positive", opts.page_size);
@@ -57,6 +65,7 @@ class CpuEngine final : public Engine {
   }
 
   const ModelSpec& spec() const override { return spec_; }
+  OverlayReport overlay_report() const override { return overlay_report_; }
   Device device() const override { return Device::kCpu; }
   SeqId new_sequence() override { return cache_->add_sequence(); }
   void drop_sequence(SeqId seq) override { cache_->remove_sequence(seq); }
@@ -107,6 +116,7 @@ class CpuEngine final : public Engine {
   Linear head_;
   std::vector<DecoderLayer> layers_;
   std::unique_ptr<PagedKvCache> cache_;
+  OverlayReport overlay_report_;
 };
 
 }  // namespace

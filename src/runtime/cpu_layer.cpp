@@ -27,6 +27,16 @@
 namespace exl3::runtime {
 namespace {
 
+// How a layer's modules load their linears: Linear::load, or the engine's own function (e.g.
+// one applying the MXFP8 overlay decision of each linear).
+struct LayerLoader {
+  const Checkpoint& ckpt;
+  const LinearLoadFn& fn;
+  Linear operator()(const std::string& prefix, int64_t in, int64_t out) const {
+    return fn ? fn(prefix, in, out) : Linear::load(ckpt, prefix, in, out);
+  }
+};
+
 using SeqId = PagedKvCache::SeqId;
 
 // ---- attention modules -----------------------------------------------------------------------
@@ -44,19 +54,19 @@ class CpuAttention {
 
 class CpuGqaAttention final : public CpuAttention {
  public:
-  CpuGqaAttention(const Checkpoint& ckpt, const GqaAttentionSpec& s, int64_t hidden, double eps)
+  CpuGqaAttention(const LayerLoader& ld, const GqaAttentionSpec& s, int64_t hidden, double eps)
       : s_(s),
         eps_(eps),
         rope_(s.rope),
-        q_(Linear::load(ckpt, s.prefix + ".q_proj", hidden, s.num_heads * s.head_dim)),
-        k_(Linear::load(ckpt, s.prefix + ".k_proj", hidden, s.num_kv_heads * s.head_dim)),
-        v_(Linear::load(ckpt, s.prefix + ".v_proj", hidden, s.num_kv_heads * s.head_dim)),
-        o_(Linear::load(ckpt, s.prefix + ".o_proj", s.num_heads * s.head_dim, hidden)),
+        q_(ld(s.prefix + ".q_proj", hidden, s.num_heads * s.head_dim)),
+        k_(ld(s.prefix + ".k_proj", hidden, s.num_kv_heads * s.head_dim)),
+        v_(ld(s.prefix + ".v_proj", hidden, s.num_kv_heads * s.head_dim)),
+        o_(ld(s.prefix + ".o_proj", s.num_heads * s.head_dim, hidden)),
         qkv_names_{q_.name(), k_.name(), v_.name()},
         o_names_{o_.name()} {
     if (s.qk_norm) {
-      q_norm_ = load_vector(ckpt.store(), s.prefix + ".q_norm.weight", s.head_dim);
-      k_norm_ = load_vector(ckpt.store(), s.prefix + ".k_norm.weight", s.head_dim);
+      q_norm_ = load_vector(ld.ckpt.store(), s.prefix + ".q_norm.weight", s.head_dim);
+      k_norm_ = load_vector(ld.ckpt.store(), s.prefix + ".k_norm.weight", s.head_dim);
     }
   }
 
@@ -104,9 +114,9 @@ class CpuGqaAttention final : public CpuAttention {
   std::vector<float> q_norm_, k_norm_;
 };
 
-std::unique_ptr<CpuAttention> make_attention(const Checkpoint& ckpt, const GqaAttentionSpec& s,
+std::unique_ptr<CpuAttention> make_attention(const LayerLoader& ld, const GqaAttentionSpec& s,
                                              int64_t hidden, double eps) {
-  return std::make_unique<CpuGqaAttention>(ckpt, s, hidden, eps);
+  return std::make_unique<CpuGqaAttention>(ld, s, hidden, eps);
 }
 
 // ---- MLP modules -----------------------------------------------------------------------------
@@ -120,11 +130,11 @@ class CpuMlp {
 
 class CpuDenseMlp final : public CpuMlp {
  public:
-  CpuDenseMlp(const Checkpoint& ckpt, const std::string& prefix, int64_t hidden, int64_t inter)
+  CpuDenseMlp(const LayerLoader& ld, const std::string& prefix, int64_t hidden, int64_t inter)
       : inter_(inter),
-        gate_(Linear::load(ckpt, prefix + ".gate_proj", hidden, inter)),
-        up_(Linear::load(ckpt, prefix + ".up_proj", hidden, inter)),
-        down_(Linear::load(ckpt, prefix + ".down_proj", inter, hidden)),
+        gate_(ld(prefix + ".gate_proj", hidden, inter)),
+        up_(ld(prefix + ".up_proj", hidden, inter)),
+        down_(ld(prefix + ".down_proj", inter, hidden)),
         gate_up_names_{gate_.name(), up_.name()},
         down_names_{down_.name()} {}
 
@@ -158,9 +168,10 @@ class CpuDenseMlp final : public CpuMlp {
 // router and FP32 top-k sum.
 class CpuMoe final : public CpuMlp {
  public:
-  CpuMoe(const Checkpoint& ckpt, const MoeSpec& s, const moe::MoeLayout* layout, int layer,
+  CpuMoe(const LayerLoader& ld, const MoeSpec& s, const moe::MoeLayout* layout, int layer,
          int64_t hidden)
       : s_(s), hidden_(hidden) {
+    const Checkpoint& ckpt = ld.ckpt;
     const auto& store = ckpt.store();
     router_ = std::make_unique<DenseMatrix>(
         DenseMatrix::load(store, s.prefix + ".gate.weight", s.num_experts, hidden));
@@ -173,11 +184,11 @@ class CpuMoe final : public CpuMlp {
     } else {
       for (int e = 0; e < experts; ++e) {
         dense_experts_.push_back(std::make_unique<CpuDenseMlp>(
-            ckpt, fmt::format("{}.experts.{}", s.prefix, e), hidden, s.intermediate));
+            ld, fmt::format("{}.experts.{}", s.prefix, e), hidden, s.intermediate));
       }
     }
     if (s.shared) {
-      shared_ = std::make_unique<CpuDenseMlp>(ckpt, s.shared->prefix, hidden, s.shared->intermediate);
+      shared_ = std::make_unique<CpuDenseMlp>(ld, s.shared->prefix, hidden, s.shared->intermediate);
       if (auto v = shared_->view(); v && !ranks_.empty()) shared_views_.push_back(*v);
     }
   }
@@ -260,8 +271,9 @@ struct DecoderLayer::Impl {
 };
 
 DecoderLayer::DecoderLayer(const Checkpoint& ckpt, const ModelSpec& model, const LayerSpec& ls,
-                           const moe::MoeLayout* moe_layout)
+                           const moe::MoeLayout* moe_layout, const LinearLoadFn& load)
     : impl_(std::make_unique<Impl>()) {
+  const LayerLoader ld{ckpt, load};
   auto& l = *impl_;
   const int64_t hidden = model.hidden_size;
   const auto& store = ckpt.store();
@@ -271,12 +283,12 @@ DecoderLayer::DecoderLayer(const Checkpoint& ckpt, const ModelSpec& model, const
   l.input_norm = load_vector(store, ls.input_norm, hidden);
   l.post_norm = load_vector(store, ls.post_attention_norm, hidden);
   l.attn = std::visit(
-      [&](const auto& a) { return make_attention(ckpt, a, hidden, model.rms_norm_eps); },
+      [&](const auto& a) { return make_attention(ld, a, hidden, model.rms_norm_eps); },
       ls.attention);
   if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
-    l.mlp = std::make_unique<CpuDenseMlp>(ckpt, d->prefix, hidden, d->intermediate);
+    l.mlp = std::make_unique<CpuDenseMlp>(ld, d->prefix, hidden, d->intermediate);
   } else {
-    l.mlp = std::make_unique<CpuMoe>(ckpt, std::get<MoeSpec>(ls.mlp), moe_layout, ls.index, hidden);
+    l.mlp = std::make_unique<CpuMoe>(ld, std::get<MoeSpec>(ls.mlp), moe_layout, ls.index, hidden);
   }
 }
 

@@ -24,6 +24,10 @@ Device parse_device(std::string_view name) {
 std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions& opts) {
   ModelSpec spec = describe_model(ckpt);
   if (opts.tp < 1) fail("tensor parallel: --tp {} must be at least 1", opts.tp);
+  if (opts.overlay.any() && (opts.device == Device::kCuda || opts.tp > 1)) {
+    fail("--overlay (MXFP8) runs on the single-rank CPU runtime so far; the CUDA engine and tensor parallelism "
+         "load unquantized linears as BF16 (hint: drop --overlay, or use --device cpu --tp 1)");
+  }
   if (opts.device == Device::kCuda) {
     if (opts.tp > 1) {
       fail("device cuda: --tp {} needs one GPU per rank (NCCL), which this build does not run yet; hint: --tp 1 "

@@ -8,47 +8,18 @@
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 
+#include "exl3/cpu/dot.hpp"
 #include "exl3/error.hpp"
 #include "exl3/trellis/half.hpp"
 
 namespace exl3::runtime {
-namespace {
-
-bool is_float(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
-}
-
-// out[n] = fp32 of n elements at `src` (any alignment).
-void to_f32(const std::byte* src, DType t, int64_t n, float* out) {
-  if (t == DType::kF32) {
-    std::memcpy(out, src, static_cast<size_t>(n) * 4);
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t b;
-    std::memcpy(&b, src + 2 * i, 2);
-    out[i] = t == DType::kF16 ? trellis::half_to_float(b) : trellis::bf16_to_float(b);
-  }
-}
-
-float dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-}  // namespace
 
 DenseMatrix DenseMatrix::load(const TensorStore& store, const std::string& name, int64_t rows,
                               int64_t cols) {
   const TensorRef* ref = store.find(name);
   if (ref == nullptr) fail("{}: tensor '{}' is missing", store.root().string(), name);
   const TensorInfo& t = *ref->info;
-  if (!is_float(t.dtype) || t.rank() != 2) {
+  if (!is_float_matrix_dtype(t.dtype) || t.rank() != 2) {
     fail("{}: tensor '{}' is {} of rank {}; expected a 2-D F32, F16 or BF16 matrix",
          ref->path().string(), name, dtype_name(t.dtype), t.rank());
   }
@@ -89,7 +60,7 @@ DenseMatrix DenseMatrix::from_f32(std::vector<float> values, int64_t rows, int64
 void DenseMatrix::row(int64_t r, float* out) const {
   if (r < 0 || r >= rows_) fail("{}: row {} is outside 0..{}", name_, r, rows_ - 1);
   const size_t es = dtype_size(dtype_);
-  to_f32(data_ + static_cast<size_t>(r * cols_) * es, dtype_, cols_, out);
+  float_elements_to_f32(data_ + static_cast<size_t>(r * cols_) * es, dtype_, cols_, out);
 }
 
 void DenseMatrix::matmul_t(const float* x, int64_t m, float* y, std::span<const float> bias) const {
@@ -106,10 +77,10 @@ void DenseMatrix::matmul_t(const float* x, int64_t m, float* y, std::span<const 
       if (dtype_ == DType::kF32 && reinterpret_cast<uintptr_t>(data_) % 4 == 0) {
         wr = reinterpret_cast<const float*>(data_) + r * cols_;
       } else {
-        to_f32(data_ + static_cast<size_t>(r * cols_) * es, dtype_, cols_, w.data());
+        float_elements_to_f32(data_ + static_cast<size_t>(r * cols_) * es, dtype_, cols_, w.data());
       }
       const float b = bias.empty() ? 0.0f : bias[static_cast<size_t>(r)];
-      for (int64_t i = 0; i < m; ++i) y[i * rows_ + r] = dot(x + i * cols_, wr, cols_) + b;
+      for (int64_t i = 0; i < m; ++i) y[i * rows_ + r] = cpu::dot_f32(x + i * cols_, wr, cols_) + b;
     }
   });
 }
@@ -118,7 +89,7 @@ std::vector<float> load_vector(const TensorStore& store, const std::string& name
   const TensorRef* ref = store.find(name);
   if (ref == nullptr) fail("{}: tensor '{}' is missing", store.root().string(), name);
   const TensorInfo& t = *ref->info;
-  if (!is_float(t.dtype) && t.dtype != DType::kF64) {
+  if (!is_float_matrix_dtype(t.dtype) && t.dtype != DType::kF64) {
     fail("{}: tensor '{}' is {}; expected a float vector", ref->path().string(), name, dtype_name(t.dtype));
   }
   if (t.rank() != 1 || (len > 0 && t.shape[0] != len)) {
@@ -128,7 +99,8 @@ std::vector<float> load_vector(const TensorStore& store, const std::string& name
   return read_as_float(*ref);
 }
 
-Linear Linear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out) {
+Linear Linear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out,
+                    const OverlayDecision& overlay, OverlayReport* report) {
   Linear l;
   l.name_ = prefix;
   l.in_ = in;
@@ -140,8 +112,20 @@ Linear Linear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t i
       fail("{}: EXL3 linear '{}' is {} -> {}, expected {} -> {} from config.json", ckpt.path().string(),
            prefix, info->in_features, info->out_features, in, out);
     }
+    if (overlay.action == OverlayAction::kMxfp8) {
+      fail("{}: linear '{}' is EXL3; the MXFP8 overlay applies to unquantized linears only",
+           ckpt.path().string(), prefix);
+    }
     l.exl3_ = std::make_shared<const Exl3LinearData>(Exl3LinearData::load(ckpt, prefix));
     l.view_ = cpu::LinearView::of(*l.exl3_);
+    return l;
+  }
+  if (mxfp8::Weight::stored_in(ckpt.store(), prefix)) {
+    l.mx_ = std::make_shared<const mxfp8::Weight>(mxfp8::Weight::load(ckpt.store(), prefix, out, in));
+    if (ckpt.store().contains(prefix + ".bias")) l.bias_ = load_vector(ckpt.store(), prefix + ".bias", out);
+    if (report != nullptr) {
+      report->layers.push_back({prefix, out, in, DType::kF8E4M3, l.mx_->bytes(), l.mx_->bytes(), 0.0, 0.0, true});
+    }
     return l;
   }
   const std::string w = prefix + ".weight";
@@ -151,6 +135,20 @@ Linear Linear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t i
   }
   l.dense_ = std::make_shared<const DenseMatrix>(DenseMatrix::load(ckpt.store(), w, out, in));
   if (ckpt.store().contains(prefix + ".bias")) l.bias_ = load_vector(ckpt.store(), prefix + ".bias", out);
+  if (overlay.action == OverlayAction::kMxfp8) {
+    const TensorRef& ref = ckpt.store().at(w);
+    const std::byte* src = ref.bytes().data();
+    auto mx = mxfp8::Weight::quantize(prefix, src, ref.info->dtype, out, in);
+    const auto err = mxfp8::conversion_error(mx, src, ref.info->dtype);
+    if (report != nullptr) {
+      report->layers.push_back({prefix, out, in, ref.info->dtype, ref.bytes().size(), mx.bytes(), err.rel_l2,
+                                err.max_abs, false});
+    }
+    l.mx_ = std::make_shared<const mxfp8::Weight>(std::move(mx));
+    l.dense_.reset();
+  } else if (report != nullptr && !overlay.reason.empty()) {
+    report->kept_unquantized.emplace_back(prefix, overlay.reason);
+  }
   return l;
 }
 
@@ -169,6 +167,7 @@ Linear Linear::dense(DenseMatrix w, std::vector<float> bias) {
 
 double Linear::bits() const {
   if (exl3_) return exl3_->info().bits;
+  if (mx_) return 8.25;  // one E4M3 byte per weight + one UE8M0 byte per 32
   return 8.0 * static_cast<double>(dtype_size(dense_->dtype()));
 }
 
@@ -179,6 +178,10 @@ std::optional<cpu::LinearView> Linear::exl3_view() const {
 
 void Linear::forward(const float* x, int64_t m, float* y) const {
   if (m <= 0) return;
+  if (mx_) {
+    mx_->matmul_t(x, m, y, bias_);
+    return;
+  }
   if (dense_) {
     dense_->matmul_t(x, m, y, bias_);
     return;

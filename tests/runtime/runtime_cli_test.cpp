@@ -204,3 +204,37 @@ TEST(LogitsCli, TensorParallelEqualsSingleRank) {
   EXPECT_EQ(json::parse(g1.out)["ids"], json::parse(g2.out)["ids"]);
   EXPECT_EQ(json::parse(g2.out)["tp"], 2);
 }
+
+TEST(LogitsCli, OverlayConvertsReportsAndFailsClosed) {
+  exl3::test::TempDir tmp;
+  exl3::runtime::test::write_model(tmp / "m", exl3::HfArch::kGlm4Moe, exl3::test::test_seed());
+  const auto model = q(tmp / "m"), out = q(tmp / "l.safetensors");
+  EXPECT_THAT(run_cli("logits --help").out, HasSubstr("--overlay linear=mxfp8,shared_experts=mxfp8"));
+  auto r = run_cli(fmt::format("logits {} --tokens 1,2,3 --out {} --overlay linear=mxfp8,shared_experts=mxfp8 --json",
+                               model, out), "", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = json::parse(r.out);
+  EXPECT_EQ(j["overlay"]["layers"].size(), 21u);
+  EXPECT_GT(j["overlay"]["saved_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(j["overlay"]["kept_unquantized"][0]["name"], "lm_head");
+  // Config file + ignore flag: q/k/v of every layer kept.
+  exl3::test::write_file(tmp / "o.json", R"({"linear": {"weight": "mxfp8"}})");
+  r = run_cli(fmt::format("logits {} --tokens 1,2 --out {} --overlay-config {} --overlay-ignore "
+                          "'re:.*\\.[qkv]_proj' --json",
+                          model, out, q(tmp / "o.json")), "", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  j = json::parse(r.out);
+  EXPECT_EQ(j["overlay"]["layers"].size(), 6u);  // o_proj of 3 layers + layer 0's dense gate/up/down
+  // Human output: one summary line.
+  r = run_cli(fmt::format("logits {} --tokens 1,2 --out {} --overlay shared_experts=mxfp8", model, out));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("overlay: 6 linears as MXFP8"));
+  r = run_cli(fmt::format("logits {} --tokens 1,2 --out {} --overlay linear=fp4", model, out));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("'linear' = 'fp4' is not a weight format"));
+  r = run_cli(fmt::format("logits {} --tokens 1,2 --out {} --overlay linear=mxfp8 --overlay-ignore "
+                          "model.layers.0.self_attn.v_proj",
+                          model, out));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("the fused shards of 'model.layers.0.self_attn' disagree"));
+}

@@ -17,4 +17,9 @@ std::string_view dtype_name(DType t);
 // Parses a safetensors dtype string; nullopt when unknown.
 std::optional<DType> parse_dtype(std::string_view s);
 
+// F32, F16 or BF16 (the types weight matrices come in).
+bool is_float_matrix_dtype(DType t);
+// out[n] = fp32 of n elements of F32 / F16 / BF16 at `src` (any alignment; exact).
+void float_elements_to_f32(const std::byte* src, DType t, int64_t n, float* out);
+
 }  // namespace exl3

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -33,14 +34,19 @@ class LinearObserver {
                        int64_t in) = 0;
 };
 
+class Linear;
+// Loads one linear (prefix, in, out); empty = Linear::load on the layer's checkpoint.
+using LinearLoadFn = std::function<Linear(const std::string& prefix, int64_t in, int64_t out)>;
+
 class DecoderLayer {
  public:
   // Loads layer `spec` of `model` from ckpt's tensors (the checkpoint must outlive the layer).
   // moe_layout: routed experts as exl3::moe views of this EXL3 layout; nullptr loads each
   // expert projection as a runtime Linear (EXL3 when `.trellis` exists, else HF weights).
   // Throws exl3::Error naming the checkpoint and tensor.
+  // load: how linears are loaded (the engine's MXFP8 overlay); empty = Linear::load.
   DecoderLayer(const Checkpoint& ckpt, const ModelSpec& model, const LayerSpec& spec,
-               const moe::MoeLayout* moe_layout);
+               const moe::MoeLayout* moe_layout, const LinearLoadFn& load = {});
   ~DecoderLayer();
   DecoderLayer(DecoderLayer&&) noexcept;
   DecoderLayer& operator=(DecoderLayer&&) noexcept;

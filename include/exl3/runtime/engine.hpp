@@ -17,6 +17,7 @@
 
 #include "exl3/runtime/kv_cache.hpp"
 #include "exl3/runtime/model_spec.hpp"
+#include "exl3/runtime/overlay.hpp"
 
 namespace exl3 {
 class Checkpoint;
@@ -41,6 +42,7 @@ struct EngineOptions {
   // Tensor-parallel ranks. 1: the single-rank reference engine; N > 1 on the CPU: N ranks in
   // this process, each on its own thread with its slice of every weight (runtime/tp_plan.hpp).
   int tp = 1;
+  OverlayPolicy overlay;       // MXFP8 overlay of unquantized linears (exl3/runtime/overlay.hpp)
 };
 
 enum class LogitsMode : uint8_t {
@@ -55,6 +57,9 @@ class Engine {
   virtual ~Engine() = default;
   virtual const ModelSpec& spec() const = 0;
   virtual Device device() const = 0;
+  // What the MXFP8 overlay converted (per layer: bytes before/after, error vs the source) and
+  // which unquantized linears it kept, with why. Empty without an overlay.
+  virtual OverlayReport overlay_report() const { return {}; }
 
   virtual SeqId new_sequence() = 0;
   virtual void drop_sequence(SeqId seq) = 0;

@@ -13,6 +13,8 @@
 #include "exl3/cpu/linear.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/dtype.hpp"
+#include "exl3/mxfp8/weight.hpp"
+#include "exl3/runtime/overlay.hpp"
 
 namespace exl3::runtime {
 
@@ -50,21 +52,27 @@ class DenseMatrix {
 // match. Throws exl3::Error naming the tensor.
 std::vector<float> load_vector(const TensorStore& store, const std::string& name, int64_t len);
 
-// One linear layer y = x W^T + b, EXL3 (trellis) or unquantized, behind one interface.
+// One linear layer y = x W^T + b, EXL3 (trellis), unquantized or MXFP8, behind one interface.
 class Linear {
  public:
   // EXL3 when `<prefix>.trellis` exists (its stored dims may be padded past in/out: the input is
   // zero-padded and the output trimmed), else `<prefix>.weight` [out, in] in F32/F16/BF16 with
-  // an optional `<prefix>.bias` [out]. Throws exl3::Error naming the checkpoint and prefix.
-  static Linear load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out);
+  // an optional `<prefix>.bias` [out]; MXFP8 when the checkpoint stores `<prefix>.weight_scale`
+  // (exl3/mxfp8/weight.hpp). `overlay` kMxfp8 converts an unquantized weight to MXFP8 here (the
+  // source stays in the mapping, unreferenced); `report`, when given, receives what was
+  // converted or kept unquantized. Throws exl3::Error naming the checkpoint and prefix.
+  static Linear load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out,
+                     const OverlayDecision& overlay = {}, OverlayReport* report = nullptr);
   // An unquantized linear over a matrix (e.g. the tied embedding as lm_head).
   static Linear dense(DenseMatrix w, std::vector<float> bias = {});
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
   bool quantized() const { return exl3_ != nullptr; }
+  // The MXFP8 weight when this linear is MXFP8 (stored or overlaid), else nullptr.
+  const mxfp8::Weight* mxfp8_weight() const { return mx_.get(); }
   const std::string& name() const { return name_; }
-  // Bits per weight of the stored form (K for EXL3, 16 / 32 for unquantized).
+  // Bits per weight of the stored form (K for EXL3, 8.25 for MXFP8, 16 / 32 for unquantized).
   double bits() const;
 
   // y[m, out] = x[m, in] (fp32).
@@ -78,7 +86,8 @@ class Linear {
   std::shared_ptr<const Exl3LinearData> exl3_;
   cpu::LinearView view_;
   std::shared_ptr<const DenseMatrix> dense_;
-  std::vector<float> bias_;  // dense only (EXL3 bias lives in the view)
+  std::shared_ptr<const mxfp8::Weight> mx_;
+  std::vector<float> bias_;  // dense and MXFP8 only (EXL3 bias lives in the view)
 };
 
 }  // namespace exl3::runtime

@@ -1,0 +1,192 @@
+// exl3_bench_mxfp8: the CUDA MXFP8 linear (Mxfp8LinearCuda) against cuBLAS BF16 GEMM on the
+// same (m, k, n), both measured in the same run, plus the device copy bandwidth.
+//
+// Timing: GpuTimer (each call queued behind a short GPU spin, CUDA events, median of --reps).
+// Weights rotate through enough distinct random sets (>= 512 MiB together, for both formats)
+// that they are never L2-resident. Data: random E4M3 codes (NaN codes excluded), UE8M0 scales
+// in 2^-17..2^-2, x ~ N(0, 1) in BF16. Output BF16 for both.
+//
+//   exl3_bench_mxfp8 --shapes 4096x4096,8192x28672 --m 1,16,128,4096 --json mxfp8.json
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "exl3/cuda/bench_timer.hpp"
+#include "exl3/cuda/mxfp8.hpp"
+#include "exl3/format/safetensors.hpp"
+#include "exl3/trellis/half.hpp"
+
+namespace {
+
+#define CK(expr)                                                                                           \
+  do {                                                                                                     \
+    cudaError_t e_ = (expr);                                                                               \
+    if (e_ != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", #expr, cudaGetErrorString(e_))); \
+  } while (0)
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> v;
+  size_t p = 0;
+  while (p < s.size()) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    v.push_back(s.substr(p, q - p));
+    p = q + 1;
+  }
+  return v;
+}
+
+void* dalloc(size_t bytes) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, bytes));
+  return p;
+}
+
+struct DevFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DevPtr = std::unique_ptr<void, DevFree>;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"MXFP8 linear benchmark: exl3 MXFP8 kernels vs cuBLAS BF16 (same run)"};
+  std::string shapes_s = "4096x4096,6144x2048,2048x6144,8192x28672,28672x8192";
+  std::string m_s = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096", json_path;
+  int reps = 30;
+  exl3::cuda::Mxfp8Options base;
+  app.add_option("--shapes", shapes_s, "Comma list of KxN (in x out features; K % 32 == 0)")->capture_default_str();
+  app.add_option("--m", m_s, "Comma list of row counts")->capture_default_str();
+  app.add_option("--reps", reps, "Timed repetitions per case (median reported)")->capture_default_str();
+  app.add_option("--gemv-max-m", base.gemv_max_m, "Largest m on the GEMV path (0..16)")->capture_default_str();
+  app.add_option("--mma-max-m", base.mma_max_m, "Largest m on the tensor-core GEMM (above: dequant + cuBLAS)")
+      ->capture_default_str();
+  app.add_option("--json", json_path, "Write all results to this JSON file");
+  app.footer(
+      "Prints, per shape and m: the MXFP8 time and path, cuBLAS BF16 time, the speedup (cuBLAS / MXFP8;\n"
+      "goal >= 1.7 at m = 1 and >= 0.91 at m = 4096), the MXFP8 weight stream in GB/s and % of copy\n"
+      "bandwidth, and the workspace. Memory: MXFP8 weights are 1.03125 bytes/weight vs 2 for BF16.\n\n"
+      "Examples:\n"
+      "  exl3_bench_mxfp8\n"
+      "  exl3_bench_mxfp8 --shapes 8192x28672 --m 1,2,4,8,16 --reps 50 --json bench/results/mxfp8.json\n"
+      "  exl3_bench_mxfp8 --mma-max-m 256 --m 128,256,512,1024   # move the cuBLAS crossover");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, 0));
+    exl3::cuda::GpuTimer tm;
+    const double copy_gbs = tm.copy_bandwidth_gbs();
+    fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name, prop.multiProcessorCount,
+               copy_gbs);
+    nlohmann::json out = {{"device", prop.name}, {"sms", prop.multiProcessorCount}, {"copy_gbs", copy_gbs},
+                          {"reps", reps}, {"gemv_max_m", base.gemv_max_m}, {"mma_max_m", base.mma_max_m},
+                          {"cases", nlohmann::json::array()}};
+    std::vector<int64_t> ms;
+    for (const auto& t : split(m_s)) ms.push_back(std::stoll(t));
+    const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+    cublasHandle_t cublas;
+    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+    cublasSetStream(cublas, tm.stream());
+
+    for (const auto& shape : split(shapes_s)) {
+      const int64_t k = std::stoll(shape.substr(0, shape.find('x'))), n = std::stoll(shape.substr(shape.find('x') + 1));
+      std::mt19937_64 rng(static_cast<uint64_t>(k * 131 + n));
+      // BF16 baseline weights [n, k] (row-major, as the MXFP8 layer), rotated.
+      const size_t wbytes = static_cast<size_t>(k * n) * 2;
+      const int nb16 = static_cast<int>(std::clamp<size_t>((512ull << 20) / wbytes + 1, 2, 8));
+      std::vector<DevPtr> wb;
+      {
+        std::normal_distribution<float> nd(0.0f, 0.02f);
+        std::vector<uint16_t> h(static_cast<size_t>(k * n));
+        for (int i = 0; i < nb16; ++i) {
+          for (auto& v : h) v = exl3::trellis::float_to_bf16(nd(rng));
+          wb.emplace_back(dalloc(wbytes));
+          CK(cudaMemcpy(wb.back().get(), h.data(), wbytes, cudaMemcpyHostToDevice));
+        }
+      }
+      DevPtr x(dalloc(static_cast<size_t>(max_m * k) * 2)), y(dalloc(static_cast<size_t>(max_m * n) * 2));
+      {
+        std::normal_distribution<float> nd;
+        std::vector<uint16_t> h(static_cast<size_t>(max_m * k));
+        for (auto& v : h) v = exl3::trellis::float_to_bf16(nd(rng));
+        CK(cudaMemcpy(x.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+      }
+      std::map<int64_t, double> cublas_us;
+      for (int64_t m : ms) {
+        const float alpha = 1.0f, beta = 0.0f;
+        cublas_us[m] = tm.median_us(reps, [&](int r) {
+          if (cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                           static_cast<int>(k), &alpha, wb[static_cast<size_t>(r % nb16)].get(), CUDA_R_16BF,
+                           static_cast<int>(k), x.get(), CUDA_R_16BF, static_cast<int>(k), &beta, y.get(),
+                           CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+            throw std::runtime_error("cublasGemmEx failed");
+          }
+        });
+      }
+      wb.clear();
+
+      // MXFP8 layers, rotated the same way.
+      const size_t mbytes = static_cast<size_t>(k * n + k / 32 * n);
+      const int nb8 = static_cast<int>(std::clamp<size_t>((512ull << 20) / mbytes + 1, 2, 16));
+      exl3::cuda::Mxfp8Options opts = base;
+      opts.max_m = max_m;
+      std::vector<std::unique_ptr<exl3::cuda::Mxfp8LinearCuda>> layers;
+      {
+        std::vector<uint8_t> v(static_cast<size_t>(k * n)), s(static_cast<size_t>(k / 32 * n));
+        std::uniform_int_distribution<int> sc(110, 125);
+        for (int i = 0; i < nb8; ++i) {
+          for (auto& c : v) {
+            c = static_cast<uint8_t>(rng());
+            if ((c & 0x7F) == 0x7F) c ^= 1;  // no NaN codes
+          }
+          for (auto& c : s) c = static_cast<uint8_t>(sc(rng));
+          layers.push_back(std::make_unique<exl3::cuda::Mxfp8LinearCuda>("bench", v.data(), s.data(), k, n, nullptr, opts));
+        }
+      }
+      const size_t ws_bytes = layers.front()->workspace_bytes();
+      DevPtr ws(dalloc(std::max<size_t>(ws_bytes, 1)));
+      fmt::print("\n{}x{} (in x out): BF16 {:.1f} MiB, MXFP8 {:.1f} MiB (saves {:.1f} MiB, {:.1f}%), GEMV split-K {}, "
+                 "workspace {:.1f} MiB\n",
+                 k, n, wbytes / 1048576.0, mbytes / 1048576.0, (wbytes - mbytes) / 1048576.0,
+                 100.0 * (1.0 - static_cast<double>(mbytes) / static_cast<double>(wbytes)),
+                 layers.front()->gemv_split_k(), ws_bytes / 1048576.0);
+      fmt::print("{:>6} {:>7} {:>10} {:>10} {:>8} {:>9} {:>7} {:>10}\n", "m", "path", "mxfp8 us", "cublas us",
+                 "speedup", "w GB/s", "% copy", "ws MiB");
+      for (int64_t m : ms) {
+        const double us = tm.median_us(reps, [&](int r) {
+          CK(layers[static_cast<size_t>(r % nb8)]->run(x.get(), y.get(), exl3::cuda::DType::kBF16, m, ws.get(),
+                                                       ws_bytes, tm.stream()));
+        });
+        const double gbs = static_cast<double>(mbytes) / (us * 1e-6) / 1e9;
+        const auto path = layers.front()->path_for(m);
+        const double speedup = cublas_us[m] / us;
+        fmt::print("{:>6} {:>7} {:>10.1f} {:>10.1f} {:>7.2f}x {:>9.0f} {:>6.1f}% {:>10.1f}\n", m,
+                   exl3::cuda::mxfp8_path_name(path), us, cublas_us[m], speedup, gbs, 100.0 * gbs / copy_gbs,
+                   layers.front()->workspace_bytes(m) / 1048576.0);
+        out["cases"].push_back({{"k", k}, {"n", n}, {"m", m}, {"path", exl3::cuda::mxfp8_path_name(path)},
+                                {"mxfp8_us", us}, {"cublas_bf16_us", cublas_us[m]}, {"speedup", speedup},
+                                {"weight_gbs", gbs}, {"pct_copy", 100.0 * gbs / copy_gbs},
+                                {"bf16_bytes", wbytes}, {"mxfp8_bytes", mbytes},
+                                {"workspace_bytes", layers.front()->workspace_bytes(m)}});
+      }
+    }
+    cublasDestroy(cublas);
+    if (!json_path.empty()) exl3::write_file_atomic(json_path, out.dump(2) + "\n");
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "exl3_bench_mxfp8: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,233 @@
+// Mxfp8LinearCuda: upload once, plan split-K from (in, out) and the device, then run one of three
+// paths with only kernel launches (graph-capturable). See exl3/cuda/mxfp8.hpp.
+#include "exl3/cuda/mxfp8.hpp"
+
+#include <algorithm>
+#include <memory>
+
+#include <cublas_v2.h>
+
+#include "cuda/mxfp8_kernels.hpp"
+#include "exl3/cuda/reconstruct.hpp"
+#include "exl3/error.hpp"
+#include "exl3/mxfp8/weight.hpp"
+#include "exl3/trellis/half.hpp"
+
+namespace exl3::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr size_t kCublasWorkspace = 32u << 20;
+
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+void check(cudaError_t e, const std::string& what, const std::string& layer) {
+  if (e != cudaSuccess) fail("CUDA MXFP8 linear '{}': {}: {}", layer, what, cudaGetErrorString(e));
+}
+
+int sm_count() {
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
+}
+
+// Split-K from the shape and the device only (never from m, so rows stay batch-invariant):
+// enough blocks for ~4 per SM, each split keeping >= `min_steps` steps of `step` inputs.
+int plan_splits(int64_t k, int64_t n, int rows_per_block, int64_t step, int64_t min_steps) {
+  const int64_t blocks_x = (n + rows_per_block - 1) / rows_per_block;
+  const int64_t want = (4LL * sm_count() + blocks_x - 1) / blocks_x;
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(16, k / step / min_steps));
+  return static_cast<int>(std::clamp<int64_t>(want, 1, cap));
+}
+
+// The GEMM's split-K: one wave of 64 x 64 tiles at small m fills the GPU.
+int plan_mma_splits(int64_t k, int64_t n) {
+  const int64_t blocks_x = (n + detail::kMxfp8MmaTileN - 1) / detail::kMxfp8MmaTileN;
+  const int64_t want = (static_cast<int64_t>(sm_count()) + blocks_x - 1) / blocks_x;
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(8, k / 32 / 16));
+  return static_cast<int>(std::clamp<int64_t>(want, 1, cap));
+}
+
+struct Carve {
+  float* partial = nullptr;
+  uint16_t* w_bf16 = nullptr;
+  void* cublas_ws = nullptr;
+  size_t bytes = 0;
+};
+
+Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas, bool bias) {
+  Carve c;
+  auto* p = static_cast<char*>(base);
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    char* at = p == nullptr ? nullptr : p + off;
+    off += align_up(bytes);
+    return at;
+  };
+  if (splits > 1 || (cublas && bias)) {
+    c.partial = reinterpret_cast<float*>(take(static_cast<size_t>(std::max(splits, 1)) * m * n * 4));
+  }
+  if (cublas) {
+    c.w_bf16 = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(k * n) * 2));
+    c.cublas_ws = take(kCublasWorkspace);
+  }
+  c.bytes = off;
+  return c;
+}
+
+}  // namespace
+
+const char* mxfp8_path_name(Mxfp8Path p) {
+  switch (p) {
+    case Mxfp8Path::kGemv: return "gemv";
+    case Mxfp8Path::kMma: return "mma";
+    default: return "cublas";
+  }
+}
+
+Mxfp8LinearCuda::Mxfp8LinearCuda(const mxfp8::Weight& w, const std::vector<float>& bias, const Mxfp8Options& opts)
+    : name_(w.name()), in_(w.cols()), out_(w.rows()), opts_(opts) {
+  if (!bias.empty() && static_cast<int64_t>(bias.size()) != out_) {
+    fail("CUDA MXFP8 linear '{}': bias has {} values for {} outputs", name_, bias.size(), out_);
+  }
+  init(w.name().c_str(), w.values(), w.scales(), bias.empty() ? nullptr : bias.data());
+}
+
+Mxfp8LinearCuda::Mxfp8LinearCuda(const char* name, const uint8_t* values, const uint8_t* scales, int64_t in_features,
+                                 int64_t out_features, const float* bias, const Mxfp8Options& opts)
+    : name_(name), in_(in_features), out_(out_features), opts_(opts) {
+  init(name, values, scales, bias);
+}
+
+void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_t* scales, const float* bias) {
+  if (in_ <= 0 || out_ <= 0 || in_ % 32 != 0) {
+    fail("CUDA MXFP8 linear '{}': {} -> {}: the input width must be a positive multiple of 32 and the output "
+         "positive",
+         name, in_, out_);
+  }
+  if (in_ > (1 << 30) || out_ > (1 << 30)) fail("CUDA MXFP8 linear '{}': {}x{} is too large", name, in_, out_);
+  if (opts_.max_m < 1 || opts_.gemv_max_m < 0 || opts_.gemv_max_m > 16 || opts_.mma_max_m < 0) {
+    fail("CUDA MXFP8 linear '{}': max_m {} must be positive, gemv_max_m {} in 0..16 and mma_max_m {} "
+         "non-negative",
+         name, opts_.max_m, opts_.gemv_max_m, opts_.mma_max_m);
+  }
+  split_k_ = opts_.split_k > 0 ? opts_.split_k : plan_splits(in_, out_, detail::kMxfp8GemvRowsPerBlock, 512, 2);
+  if (split_k_ > in_ / 16) fail("CUDA MXFP8 linear '{}': split_k {} exceeds the {} 16-wide steps", name, split_k_, in_ / 16);
+  mma_split_k_ = plan_mma_splits(in_, out_);
+  const size_t vbytes = static_cast<size_t>(in_ * out_), sbytes = static_cast<size_t>(in_ / 32 * out_);
+  check(cudaMalloc(reinterpret_cast<void**>(&d_values_), vbytes), "allocating values", name);
+  check(cudaMalloc(reinterpret_cast<void**>(&d_scales_), sbytes), "allocating scales", name);
+  check(cudaMemcpy(d_values_, values, vbytes, cudaMemcpyHostToDevice), "uploading values", name);
+  check(cudaMemcpy(d_scales_, scales, sbytes, cudaMemcpyHostToDevice), "uploading scales", name);
+  if (bias != nullptr) {
+    check(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4), "allocating bias", name);
+    check(cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice), "uploading bias", name);
+  }
+  if (opts_.max_m > opts_.mma_max_m) {
+    cublasHandle_t h = nullptr;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) fail("CUDA MXFP8 linear '{}': cublasCreate failed", name);
+    cublas_ = h;
+  }
+}
+
+Mxfp8LinearCuda::~Mxfp8LinearCuda() {
+  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  cudaFree(d_values_);
+  cudaFree(d_scales_);
+  cudaFree(d_bias_);
+}
+
+Mxfp8Path Mxfp8LinearCuda::path_for(int64_t m) const {
+  if (m <= opts_.gemv_max_m) return Mxfp8Path::kGemv;
+  return m <= opts_.mma_max_m ? Mxfp8Path::kMma : Mxfp8Path::kCublas;
+}
+
+int Mxfp8LinearCuda::splits_for(int64_t m) const {
+  switch (path_for(m)) {
+    case Mxfp8Path::kGemv: return split_k_;
+    case Mxfp8Path::kMma: return mma_split_k_;
+    default: return 1;
+  }
+}
+
+size_t Mxfp8LinearCuda::workspace_bytes(int64_t m) const {
+  return carve(nullptr, m, in_, out_, splits_for(m), path_for(m) == Mxfp8Path::kCublas, d_bias_ != nullptr).bytes;
+}
+
+size_t Mxfp8LinearCuda::workspace_bytes() const {
+  size_t bytes = 0;  // every term grows with m inside a path
+  for (int64_t m : {opts_.gemv_max_m, opts_.mma_max_m, opts_.max_m}) {
+    if (m >= 1) bytes = std::max(bytes, workspace_bytes(std::min(m, opts_.max_m)));
+  }
+  return bytes;
+}
+
+cudaError_t Mxfp8LinearCuda::dequantize_bf16(uint16_t* out, cudaStream_t stream) const {
+  return detail::mxfp8_dequant_bf16(d_values_, d_scales_, in_, out_, out, stream);
+}
+
+cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t m, void* workspace,
+                                 size_t workspace_size, cudaStream_t stream) const {
+  if (m < 1 || m > opts_.max_m || x == nullptr || y == nullptr) return cudaErrorInvalidValue;
+  if (out_type != DType::kF32 && out_type != DType::kBF16) return cudaErrorInvalidValue;
+  const Mxfp8Path path = path_for(m);
+  const int splits = splits_for(m);
+  const Carve ws = carve(workspace, m, in_, out_, splits, path == Mxfp8Path::kCublas, d_bias_ != nullptr);
+  if (ws.bytes > 0 && (workspace == nullptr || workspace_size < ws.bytes)) return cudaErrorInvalidValue;
+  cudaError_t e = cudaSuccess;
+  if (path == Mxfp8Path::kGemv || path == Mxfp8Path::kMma) {
+    e = path == Mxfp8Path::kGemv
+            ? detail::mxfp8_gemv(d_values_, d_scales_, x, m, in_, out_, splits, ws.partial, d_bias_, y, out_type, stream)
+            : detail::mxfp8_mma(d_values_, d_scales_, x, m, in_, out_, splits, ws.partial, d_bias_, y, out_type, stream);
+    if (e != cudaSuccess || splits == 1) return e;
+    return detail::mxfp8_reduce(ws.partial, splits, d_bias_, m, out_, y, out_type, stream);
+  }
+  e = detail::mxfp8_dequant_bf16(d_values_, d_scales_, in_, out_, ws.w_bf16, stream);
+  if (e != cudaSuccess) return e;
+  // Row-major y[m, n] = x[m, k] W[n, k]^T is column-major y^T = W^T(k x n, transposed) x^T.
+  auto h = static_cast<cublasHandle_t>(cublas_);
+  if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetWorkspace(h, ws.cublas_ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
+    return cudaErrorUnknown;
+  }
+  const bool via_partial = d_bias_ != nullptr;  // bias added in fp32 before the output rounding
+  void* dst = via_partial ? static_cast<void*>(ws.partial) : y;
+  const cudaDataType_t dt = via_partial || out_type == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  const float alpha = 1.0f, beta = 0.0f;
+  const auto n = static_cast<int>(out_), mm = static_cast<int>(m), k = static_cast<int>(in_);
+  if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mm, k, &alpha, ws.w_bf16, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta,
+                   dst, dt, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+    return cudaErrorUnknown;
+  }
+  if (!via_partial) return cudaGetLastError();
+  return detail::mxfp8_reduce(ws.partial, 1, d_bias_, m, out_, y, out_type, stream);
+}
+
+std::vector<float> mxfp8_forward_host(const Mxfp8LinearCuda& layer, const float* x, int64_t m) {
+  if (m < 1 || m > layer.options().max_m) {
+    fail("CUDA MXFP8 linear: {} rows outside 1..{} (raise Mxfp8Options::max_m)", m, layer.options().max_m);
+  }
+  const size_t xin = static_cast<size_t>(m * layer.in_features()), yout = static_cast<size_t>(m * layer.out_features());
+  std::vector<uint16_t> xb(xin);
+  for (size_t i = 0; i < xin; ++i) xb[i] = trellis::float_to_bf16(x[i]);
+  struct Free {
+    void operator()(void* p) const { cudaFree(p); }
+  };
+  auto alloc = [](size_t bytes, const char* what) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), std::string("allocating ") + what, "host wrapper");
+    return std::unique_ptr<void, Free>(p);
+  };
+  const size_t ws_bytes = layer.workspace_bytes(m);
+  auto dx = alloc(xin * 2, "input");
+  auto dy = alloc(yout * 4, "output");
+  auto ws = alloc(ws_bytes, "workspace");
+  check(cudaMemcpy(dx.get(), xb.data(), xin * 2, cudaMemcpyHostToDevice), "copying input", "host wrapper");
+  check(layer.run(dx.get(), dy.get(), DType::kF32, m, ws.get(), ws_bytes, nullptr), "running", "host wrapper");
+  check(cudaDeviceSynchronize(), "running", "host wrapper");
+  std::vector<float> y(yout);
+  check(cudaMemcpy(y.data(), dy.get(), yout * 4, cudaMemcpyDeviceToHost), "copying output", "host wrapper");
+  return y;
+}
+
+}  // namespace exl3::cuda
