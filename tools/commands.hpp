@@ -27,5 +27,6 @@ Runner add_moe_bench(CLI::App& app, Common& common);
 Runner add_tokenize(CLI::App& app, Common& common);
 Runner add_logits(CLI::App& app, Common& common);    // model runtime
 Runner add_generate(CLI::App& app, Common& common);
+Runner add_eval(CLI::App& app, Common& common);      // perplexity / KL vs a reference
 
 }  // namespace exl3::cli
