@@ -9,6 +9,8 @@
 
 #include "commands.hpp"
 #include "exl3/error.hpp"
+#include "exl3/format/safetensors.hpp"
+#include "exl3/model/builtin_text.hpp"
 #include "exl3/quant/convert.hpp"
 
 namespace exl3::cli {
@@ -41,9 +43,15 @@ Runner add_quantize(CLI::App& app, Common& common) {
       ->capture_default_str();
   app.add_option("--threads,-t", common.threads, "CPU worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o->conv.seed, "Seed of the random sign flips (per tensor, mixed with its name)")->capture_default_str();
-  // Calibrated Hessians arrive with the model runtime; `none` quantizes with H = I.
-  app.add_option("--calibration", o->calibration, "Calibration data (none = identity Hessian)")
-      ->check(CLI::IsMember({"none"}))
+  app.add_option("--calibration", o->calibration,
+                 "Calibration text: none (identity Hessian), builtin (the bundled text) or a UTF-8 text file; "
+                 "Hessians are captured layer by layer with the CPU runtime")
+      ->capture_default_str();
+  app.add_option("--calibration-rows", o->conv.calibration_rows, "Calibration sequences")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--calibration-length", o->conv.calibration_length, "Tokens per calibration sequence")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--shard-size-mb", o->shard_mb, "Maximum shard size in MiB (a module is never split)")
       ->check(CLI::PositiveNumber)
@@ -58,8 +66,15 @@ Runner add_quantize(CLI::App& app, Common& common) {
       "Glm4MoeForCausalLM. Tensors are converted one at a time into OUT_DIR/.exl3-partial/; an\n"
       "interrupted run resumes when started again with the same settings. config.json is written\n"
       "last, so a folder that has it is complete.\n\n"
-      "Example:\n"
-      "  exl3 quantize ./Qwen3-30B-A3B ./Qwen3-30B-A3B-exl3-4bpw --bits 4 --head-bits 6");
+      "Calibration (--calibration builtin|FILE): the text is tokenized with IN_DIR's tokenizer.json and\n"
+      "cut into rows x length tokens; each decoder layer runs on the CPU with its original weights to\n"
+      "capture H = X^T X per linear, is quantized with LDLQ, and runs again quantized to feed the next\n"
+      "layer. The hidden states (rows*length x hidden fp32) stay in memory and are saved after each\n"
+      "layer, so an interrupted calibrated run resumes at the next layer.\n\n"
+      "Examples:\n"
+      "  exl3 quantize ./Qwen3-30B-A3B ./Qwen3-30B-A3B-exl3-4bpw --bits 4 --head-bits 6\n"
+      "  exl3 quantize ./Qwen3-0.6B ./q3-3bpw --bits 3 --calibration builtin --calibration-rows 8\n"
+      "  exl3 quantize ./Llama-3.2-1B ./l-4bpw --bits 4 --calibration corpus.txt --calibration-rows 16 --calibration-length 256");
   return [o] {
     o->conv.codebook = *quant::parse_codebook(o->codebook);
     o->conv.device = quant::parse_device(o->device);
@@ -67,7 +82,15 @@ Runner add_quantize(CLI::App& app, Common& common) {
       fail("--device {}: no usable CUDA device in this build/machine; use --device cpu", o->device);
     }
     o->conv.out_scales = *quant::parse_out_scales(o->out_scales);
-    o->conv.calibration = quant::Calibration::kNone;
+    if (o->calibration == "none") {
+      o->conv.calibration = quant::Calibration::kNone;
+    } else {
+      o->conv.calibration = quant::Calibration::kText;
+      o->conv.calibration_label = o->calibration;
+      o->conv.calibration_text = o->calibration == kBuiltinTextName
+                                     ? std::string(builtin_text())
+                                     : read_text_file(o->calibration);
+    }
     o->conv.shard_size_bytes = o->shard_mb << 20;
     o->conv.progress = quant::make_progress_printer(stderr, ::isatty(2) != 0);
     const auto r = quant::convert_model(o->in, o->out, o->conv);

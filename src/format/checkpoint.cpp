@@ -64,6 +64,19 @@ Checkpoint Checkpoint::open(const fs::path& path) {
   return c;
 }
 
+Checkpoint Checkpoint::from_store(TensorStore store, std::optional<ModelConfig> config,
+                                  const fs::path& path) {
+  Checkpoint c;
+  c.path_ = path;
+  c.store_ = std::move(store);
+  c.config_ = std::move(config);
+  DiscoveryResult d = discover_tensors(c.store_);
+  c.linears_ = std::move(d.linears);
+  c.plain_ = std::move(d.plain);
+  c.moe_layers_ = std::move(d.moe_layers);
+  return c;
+}
+
 const Exl3LinearInfo* Checkpoint::find_linear(std::string_view prefix) const {
   const auto it =
       std::lower_bound(linears_.begin(), linears_.end(), prefix,

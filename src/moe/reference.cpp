@@ -37,11 +37,33 @@ void add_shared(std::span<const MlpView> shared, const float* x, int64_t m, int6
   }
 }
 
-void routed_forward(std::span<const MlpView> experts, const TopK& routes, const float* x, int64_t m,
-                    float* out) {
+void routed_views(std::span<const MlpView> experts, const TopK& routes, const float* x, int64_t m,
+                  float* out) {
   if (experts.empty()) fail("moe_forward: no experts");
   const int64_t hidden = hidden_of(experts[0]);
   for (size_t e = 0; e < experts.size(); ++e) check_mlp(experts[e], hidden, "expert", e);
+  routed_forward(static_cast<int>(experts.size()), hidden, routes, x, m, out,
+                 [&](int e, const float* xs, int64_t rows, float* ys) {
+                   mlp_forward(experts[static_cast<size_t>(e)], xs, rows, ys);
+                 });
+}
+
+std::vector<MlpView> views_of(const MoeLayerWeights& w) {
+  std::vector<MlpView> v;
+  v.reserve(w.experts.size());
+  for (const auto& e : w.experts) v.push_back(MlpView::of(e, w.codebook));
+  return v;
+}
+
+}  // namespace
+
+MlpView MlpView::of(const ExpertWeights& e, trellis::Codebook cb) {
+  return {e.gate.view(cb), e.up.view(cb), e.down.view(cb)};
+}
+
+void routed_forward(int num_experts, int64_t hidden, const TopK& routes, const float* x, int64_t m,
+                    float* out, const ExpertFn& expert) {
+  if (num_experts <= 0) fail("moe_forward: no experts");
   const int k = routes.k;
   if (routes.m != m || k <= 0 || routes.ids.size() != static_cast<size_t>(m * k) ||
       routes.weights.size() != routes.ids.size()) {
@@ -49,20 +71,20 @@ void routed_forward(std::span<const MlpView> experts, const TopK& routes, const 
          routes.ids.size(), routes.weights.size(), m);
   }
   // Route (t, j) lives at row t*k + j of route_out.
-  std::vector<std::vector<int64_t>> by_expert(experts.size());
+  std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(num_experts));
   for (size_t r = 0; r < routes.ids.size(); ++r) {
     const int32_t id = routes.ids[r];
-    if (id < 0 || static_cast<size_t>(id) >= experts.size()) {
+    if (id < 0 || id >= num_experts) {
       fail("moe_forward: token {} route {} selects expert {}, outside 0..{}",
-           r / static_cast<size_t>(k), r % static_cast<size_t>(k), id, experts.size() - 1);
+           r / static_cast<size_t>(k), r % static_cast<size_t>(k), id, num_experts - 1);
     }
     by_expert[static_cast<size_t>(id)].push_back(static_cast<int64_t>(r));
   }
   const auto h = static_cast<size_t>(hidden);
   std::vector<float> route_out(routes.ids.size() * h);
   std::vector<float> xs, ys;
-  for (size_t e = 0; e < experts.size(); ++e) {
-    const auto& rows = by_expert[e];
+  for (int e = 0; e < num_experts; ++e) {
+    const auto& rows = by_expert[static_cast<size_t>(e)];
     if (rows.empty()) continue;
     xs.resize(rows.size() * h);
     ys.resize(rows.size() * h);
@@ -70,7 +92,7 @@ void routed_forward(std::span<const MlpView> experts, const TopK& routes, const 
       const float* src = x + (rows[i] / k) * hidden;
       std::copy_n(src, h, xs.begin() + static_cast<std::ptrdiff_t>(i * h));
     }
-    mlp_forward(experts[e], xs.data(), static_cast<int64_t>(rows.size()), ys.data());
+    expert(e, xs.data(), static_cast<int64_t>(rows.size()), ys.data());
     for (size_t i = 0; i < rows.size(); ++i) {
       std::copy_n(
           ys.begin() + static_cast<std::ptrdiff_t>(i * h), h,
@@ -89,19 +111,6 @@ void routed_forward(std::span<const MlpView> experts, const TopK& routes, const 
   }
 }
 
-std::vector<MlpView> views_of(const MoeLayerWeights& w) {
-  std::vector<MlpView> v;
-  v.reserve(w.experts.size());
-  for (const auto& e : w.experts) v.push_back(MlpView::of(e, w.codebook));
-  return v;
-}
-
-}  // namespace
-
-MlpView MlpView::of(const ExpertWeights& e, trellis::Codebook cb) {
-  return {e.gate.view(cb), e.up.view(cb), e.down.view(cb)};
-}
-
 void mlp_forward(const MlpView& mlp, const float* x, int64_t m, float* y) {
   const int64_t i = mlp.gate.out_features;
   std::vector<float> g(static_cast<size_t>(m * i)), u(g.size());
@@ -113,7 +122,7 @@ void mlp_forward(const MlpView& mlp, const float* x, int64_t m, float* y) {
 
 void moe_forward(std::span<const MlpView> experts, const TopK& routes, const float* x, int64_t m,
                  float* out, std::span<const MlpView> shared) {
-  routed_forward(experts, routes, x, m, out);
+  routed_views(experts, routes, x, m, out);
   add_shared(shared, x, m, hidden_of(experts[0]), out);
 }
 

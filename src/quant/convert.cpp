@@ -15,6 +15,7 @@
 
 #include "exl3/error.hpp"
 #include "exl3/trellis/bitstream.hpp"
+#include "quant/calibrate.hpp"
 #include "quant/convert_internal.hpp"
 
 namespace exl3::quant {
@@ -42,6 +43,17 @@ void validate_options(const ConvertOptions& o) {
   if (!std::isfinite(o.g_scale) || o.g_scale < 0.0) {
     fail("quantize: g_scale {} must be finite and >= 0 (0 = search per tensor)", o.g_scale);
   }
+  if (o.calibration == Calibration::kText &&
+      (o.calibration_rows <= 0 || o.calibration_length <= 0)) {
+    fail("quantize: --calibration-rows {} and --calibration-length {} must be positive",
+         o.calibration_rows, o.calibration_length);
+  }
+}
+
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
 }
 
 // Identifies the source cheaply: config.json bytes plus every tensor's name, dtype, shape and
@@ -69,7 +81,12 @@ nlohmann::json settings_json(const ConvertOptions& o) {
           {"head_bits", o.head_bits},
           {"codebook", trellis::codebook_name(o.codebook)},
           {"out_scales", std::string(out_scales_name(o.out_scales))},
-          {"calibration", "none"},
+          {"calibration", o.calibration == Calibration::kNone
+                              ? nlohmann::json("none")
+                              : nlohmann::json{{"text", o.calibration_label},
+                                               {"text_fnv1a", fmt::format("{:016x}", fnv1a(o.calibration_text))},
+                                               {"rows", o.calibration_rows},
+                                               {"length", o.calibration_length}}},
           {"seed", o.seed},
           {"g_scale", o.g_scale},
           {"shard_size_bytes", o.shard_size_bytes}};
@@ -208,44 +225,62 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
   }
 
   const int64_t stop = stop_after(o);
-  auto loop = [&] {
-    double work_done = 0.0, work_seconds = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-      const PlanItem& it = plan.items[static_cast<size_t>(i)];
-      const auto d = journal.done().find(i);
-      TensorReport rep;
-      if (d != journal.done().end() && d->second.name == it.name && fs::exists(journal.unit_file(i))) {
-        rep = d->second;
-        rep.resumed = true;
-        ++res.resumed;
-      } else {
-        if (stop >= 0 && res.converted >= stop) {
-          fail("quantize: stopped after {} tensors (EXL3_QUANTIZE_STOP_AFTER test hook); re-run "
-               "to resume",
-               res.converted);
-        }
-        rep = detail::stage_item(store, it, o, journal.unit_file(i));
-        journal.append(i, rep);
-        ++res.converted;
-        work_done += work(it);
-        work_seconds += rep.seconds;
+  auto item_done = [&](int64_t i) {
+    const auto d = journal.done().find(i);
+    return d != journal.done().end() && d->second.name == plan.items[static_cast<size_t>(i)].name &&
+           fs::exists(journal.unit_file(i));
+  };
+  double work_done = 0.0, work_seconds = 0.0;
+  auto run_item = [&](int64_t i, const std::vector<double>* hessian) {
+    const PlanItem& it = plan.items[static_cast<size_t>(i)];
+    TensorReport rep;
+    if (item_done(i)) {
+      rep = journal.done().at(i);
+      rep.resumed = true;
+      ++res.resumed;
+    } else {
+      if (stop >= 0 && res.converted >= stop) {
+        fail("quantize: stopped after {} tensors (EXL3_QUANTIZE_STOP_AFTER test hook); re-run "
+             "to resume",
+             res.converted);
       }
-      res.reports[static_cast<size_t>(i)] = rep;
-      if (o.progress) {
-        ProgressEvent ev;
-        ev.index = i + 1;
-        ev.total = n;
-        ev.name = it.name;
-        ev.quantized = rep.quantized;
-        ev.resumed = rep.resumed;
-        ev.bits = rep.bits;
-        ev.proxy_err = rep.proxy_err;
-        ev.seconds = rep.seconds;
-        ev.elapsed = now_seconds() - t0;
-        if (work_done > 0.0) ev.eta_seconds = work_seconds / work_done * std::max(0.0, work_left - work_done);
-        o.progress(ev);
-      }
+      rep = detail::stage_item(store, it, o, journal.unit_file(i), hessian);
+      journal.append(i, rep);
+      ++res.converted;
+      work_done += work(it);
+      work_seconds += rep.seconds;
     }
+    res.reports[static_cast<size_t>(i)] = rep;
+    if (o.progress) {
+      ProgressEvent ev;
+      ev.index = i + 1;
+      ev.total = n;
+      ev.name = it.name;
+      ev.quantized = rep.quantized;
+      ev.resumed = rep.resumed;
+      ev.bits = rep.bits;
+      ev.proxy_err = rep.proxy_err;
+      ev.seconds = rep.seconds;
+      ev.elapsed = now_seconds() - t0;
+      if (work_done > 0.0) ev.eta_seconds = work_seconds / work_done * std::max(0.0, work_left - work_done);
+      o.progress(ev);
+    }
+  };
+  auto loop = [&] {
+    if (o.calibration == Calibration::kNone) {
+      for (int64_t i = 0; i < n; ++i) run_item(i, nullptr);
+      return;
+    }
+    detail::CalibratedRun cr;
+    cr.plan = &plan;
+    cr.in_dir = in_dir;
+    cr.work_dir = journal.dir();
+    cr.options = &o;
+    cr.item_done = item_done;
+    cr.unit_file = [&](int64_t i) { return journal.unit_file(i); };
+    cr.run_item = run_item;
+    cr.started = t0;
+    detail::run_calibrated(cr);
   };
   if (o.threads > 0) {
     tbb::task_arena arena(o.threads);

@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -25,9 +26,10 @@ namespace fs = std::filesystem;
 uint64_t tensor_seed(uint64_t seed, std::string_view name);
 
 // Quantizes (EXL3 linear) or converts (plain tensor) one plan item and writes its output tensors
-// to `file` atomically. Returns the report (seconds, K, proxy error).
+// to `file` atomically. Returns the report (seconds, K, proxy error). `hessian` (EXL3 linears,
+// calibrated runs): H = X^T X / n over the linear's inputs, [in, in] fp64; nullptr = identity.
 TensorReport stage_item(const TensorStore& store, const PlanItem& item, const ConvertOptions& o,
-                        const fs::path& file);
+                        const fs::path& file, const std::vector<double>* hessian = nullptr);
 
 // ---- journal --------------------------------------------------------------------------------
 

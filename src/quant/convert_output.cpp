@@ -82,7 +82,9 @@ nlohmann::ordered_json quantization_config(const ConversionPlan& plan, const Con
   q["version"] = kConverterVersion;
   q["bits"] = std::round(plan.bits_achieved * 100.0) / 100.0;
   q["head_bits"] = o.head_bits;
-  q["calibration"] = {{"rows", 0}, {"cols", 0}};  // --calibration none
+  // exllamav3 records its calibration set as rows x cols tokens; 0 x 0 = --calibration none.
+  const bool cal = o.calibration == Calibration::kText;
+  q["calibration"] = {{"rows", cal ? o.calibration_rows : 0}, {"cols", cal ? o.calibration_length : 0}};
   q["out_scales"] = std::string(out_scales_name(o.out_scales));
   q["codebook"] = trellis::codebook_name(o.codebook);
   return q;

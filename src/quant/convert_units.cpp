@@ -101,7 +101,7 @@ constexpr size_t kChunkElems = size_t{1} << 20;
 std::span<const std::byte> bytes_of(const std::vector<uint16_t>& v) { return std::as_bytes(std::span(v)); }
 
 TensorReport stage_linear(const TensorStore& store, const PlanItem& item, const ConvertOptions& o,
-                          const fs::path& file) {
+                          const fs::path& file, const std::vector<double>* hessian) {
   const TensorRef& ref = store.at(item.source);
   std::vector<float> w = load_transposed(ref);
   release_pages(ref.bytes());
@@ -114,8 +114,11 @@ TensorReport stage_linear(const TensorStore& store, const PlanItem& item, const 
   q.g_scale = o.g_scale;
   q.device = o.device;
   QuantizedTensor r;
+  HessianView hv;
+  if (hessian != nullptr) hv = {nullptr, hessian->data(), item.in_features, item.in_features};
   try {
-    r = quantize_tensor(w.data(), item.in_features, item.out_features, q, nullptr);
+    r = quantize_tensor(w.data(), item.in_features, item.out_features, q,
+                        hessian != nullptr ? &hv : nullptr);
   } catch (const Error& e) {
     fail("{}: tensor '{}': {}", ref.path().string(), ref.name(), e.what());
   }
@@ -208,9 +211,9 @@ uint64_t tensor_seed(uint64_t seed, std::string_view name) {
 }
 
 TensorReport stage_item(const TensorStore& store, const PlanItem& item, const ConvertOptions& o,
-                        const fs::path& file) {
+                        const fs::path& file, const std::vector<double>* hessian) {
   const double t0 = now_seconds();
-  TensorReport r = item.kind == PlanItem::Kind::kExl3Linear ? stage_linear(store, item, o, file)
+  TensorReport r = item.kind == PlanItem::Kind::kExl3Linear ? stage_linear(store, item, o, file, hessian)
                                                             : stage_plain(store, item, file);
   r.seconds = now_seconds() - t0;
   return r;

@@ -34,6 +34,9 @@ ProgressFn make_progress_printer(std::FILE* out, bool terminal) {
     return [out](const ProgressEvent& e) {
       if (e.stage == ProgressEvent::Stage::kWrite) {
         fmt::print(out, "[write {}/{}] {}\n", e.index, e.total, e.name);
+      } else if (e.stage == ProgressEvent::Stage::kLayer) {
+        fmt::print(out, "[layer {}/{}] {} calibrated ({:.0f} tokens/s, {:.1f} s)\n", e.index, e.total,
+                   e.name, e.tokens_per_s, e.seconds);
       } else {
         fmt::print(out, "[{}/{}] {} {}\n", e.index, e.total, e.name, detail_of(e));
       }
@@ -42,7 +45,10 @@ ProgressFn make_progress_printer(std::FILE* out, bool terminal) {
   }
   return [out](const ProgressEvent& e) {
     constexpr int kWidth = 30;
-    if (e.stage == ProgressEvent::Stage::kWrite) {
+    if (e.stage == ProgressEvent::Stage::kLayer) {
+      fmt::print(out, "\r\x1b[Klayer {}/{} {} calibrated ({:.0f} tokens/s, {:.1f} s)\n", e.index,
+                 e.total, e.name, e.tokens_per_s, e.seconds);
+    } else if (e.stage == ProgressEvent::Stage::kWrite) {
       fmt::print(out, "\r\x1b[Kwriting {} ({}/{})", e.name, e.index, e.total);
       if (e.index == e.total) fmt::print(out, "\n");
     } else {

@@ -114,6 +114,7 @@ struct ArchCase {
   HfArch arch;
   nlohmann::json patch;
   bool tie;
+  bool plain_experts = false;  // routed experts as HF weights (an unquantized MoE source)
 };
 
 class ArchTest : public ::testing::TestWithParam<ArchCase> {};
@@ -123,7 +124,7 @@ TEST_P(ArchTest, MatchesFp64ReferenceAndDecodes) {
   const auto& c = GetParam();
   exl3::test::TempDir tmp;
   const auto dir = tmp / c.name;
-  test::write_model(dir, c.arch, 7, c.patch, c.tie);
+  test::write_model(dir, c.arch, 7, c.patch, c.tie, c.plain_experts);
   const std::vector<int32_t> ids = {5, 77, 300, 12, 499, 3, 3, 250, 128, 64, 9};
   const test::ReferenceModel ref(dir);
   const auto want = ref.forward(ids);
@@ -148,6 +149,8 @@ const ArchCase kArchCases[] = {
     {"qwen3moe", HfArch::kQwen3Moe, nlohmann::json::object(), false},
     {"glm4moe_grouped", HfArch::kGlm4Moe, {{"n_group", 2}, {"topk_group", 1}}, false},
     {"glm4moe_linear_rope", HfArch::kGlm4Moe, {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}, false},
+    {"qwen3moe_plain_experts", HfArch::kQwen3Moe, nlohmann::json::object(), false, true},
+    {"glm4moe_plain_experts", HfArch::kGlm4Moe, {{"n_group", 2}, {"topk_group", 1}}, false, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Runtime, ArchTest, ::testing::ValuesIn(kArchCases),
@@ -185,36 +188,48 @@ TEST(Engine, ErrorsAreClear) {
   EXPECT_THROW(parse_device("tpu"), Error);
 }
 
+// Rewrites dir/model.safetensors without tensor `name`.
+void drop_tensor(const std::filesystem::path& dir, const std::string& name) {
+  const auto store = TensorStore::open(dir);
+  SafetensorsWriter w;
+  for (const auto& n : store.names()) {
+    if (n != name) w.add(n, store.at(n).info->dtype, store.at(n).info->shape, store.at(n).bytes());
+  }
+  const std::string blob = w.serialize();
+  std::filesystem::remove(dir / "model.safetensors");
+  write_file_atomic(dir / "model.safetensors", std::string_view(blob));
+}
+
 // A checkpoint that lacks what config.json describes fails at load, naming the tensor.
 TEST(Engine, MissingTensorsFailClearly) {
   exl3::test::TempDir tmp;
   test::write_model(tmp / "q3", HfArch::kQwen3, 3);
-  {
-    const auto store = TensorStore::open(tmp / "q3");
-    SafetensorsWriter w;
-    for (const auto& n : store.names()) {
-      if (n == "model.layers.1.self_attn.k_proj.weight" || n == "model.layers.0.self_attn.q_norm.weight") continue;
-      w.add(n, store.at(n).info->dtype, store.at(n).info->shape, store.at(n).bytes());
-    }
-    const std::string blob = w.serialize();
-    std::filesystem::remove(tmp / "q3" / "model.safetensors");
-    write_file_atomic(tmp / "q3" / "model.safetensors", std::string_view(blob));
-  }
+  drop_tensor(tmp / "q3", "model.layers.1.self_attn.k_proj.weight");
+  drop_tensor(tmp / "q3", "model.layers.0.self_attn.q_norm.weight");
   try {
     (void)load_engine(tmp / "q3");
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("model.layers.0.self_attn.q_norm.weight"));
   }
-  // Unquantized experts: the runtime runs EXL3 experts only, and says so.
-  SyntheticHfSpec s;
-  s.arch = HfArch::kQwen3Moe;
-  write_synthetic_hf_model(tmp / "moe", s);
+  // A layer whose experts are partly EXL3 and partly plain weights fails, naming a tensor.
+  write_synthetic_hf_model(tmp / "mixed", SyntheticHfSpec{.arch = HfArch::kQwen3Moe});
+  test::exl3_experts(tmp / "mixed", 5, nlohmann::json::object(),
+                     [](const std::string& p) { return p.find(".experts.1.") != std::string::npos; });
   try {
-    (void)load_engine(tmp / "moe");
+    (void)load_engine(tmp / "mixed");
     ADD_FAILURE();
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("quantized experts only"));
+    EXPECT_THAT(e.what(), HasSubstr("mixes EXL3 experts with unquantized ones"));
+  }
+  // Plain experts with one projection missing name it.
+  write_synthetic_hf_model(tmp / "gap", SyntheticHfSpec{.arch = HfArch::kQwen3Moe});
+  drop_tensor(tmp / "gap", "model.layers.1.mlp.experts.3.up_proj.weight");
+  try {
+    (void)load_engine(tmp / "gap");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("model.layers.1.mlp.experts.3.up_proj"));
   }
   // A layer shape that disagrees with config.json.
   test::write_model(tmp / "bad", HfArch::kLlama, 4, {{"intermediate_size", 640}});

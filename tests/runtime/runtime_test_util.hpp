@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -72,10 +73,12 @@ inline nlohmann::json base_config(const std::string& arch) {
   return c;
 }
 
-// Rewrites a synthetic HF model folder so every routed expert is a random EXL3 linear (K = 4,
-// MUL1), optionally patching config.json; other tensors stay unquantized as written.
+// Rewrites a synthetic HF model folder so every routed expert projection (or those `which`
+// accepts, by prefix) is a random EXL3 linear (K = 4, MUL1), optionally patching config.json;
+// other tensors stay unquantized as written.
 inline void exl3_experts(const std::filesystem::path& dir, uint64_t seed,
-                         const nlohmann::json& config_patch = nlohmann::json::object()) {
+                         const nlohmann::json& config_patch = nlohmann::json::object(),
+                         const std::function<bool(const std::string&)>& which = {}) {
   const auto store = TensorStore::open(dir);
   SafetensorsWriter w;
   std::mt19937_64 rng(seed);
@@ -87,8 +90,9 @@ inline void exl3_experts(const std::filesystem::path& dir, uint64_t seed,
   };
   for (const auto& name : store.names()) {
     const TensorRef& ref = store.at(name);
-    if (name.find(".mlp.experts.") != std::string::npos && name.ends_with(".weight")) {
-      const std::string prefix = name.substr(0, name.size() - 7);
+    const std::string prefix = name.substr(0, name.size() - std::min<size_t>(name.size(), 7));
+    if (name.find(".mlp.experts.") != std::string::npos && name.ends_with(".weight") &&
+        (!which || which(prefix))) {
       const int64_t out = ref.info->shape[0], in = ref.info->shape[1];
       const int k = 4;
       std::vector<uint16_t> tr(static_cast<size_t>(in / 16 * out / 16 * 16 * k));
@@ -112,10 +116,10 @@ inline void exl3_experts(const std::filesystem::path& dir, uint64_t seed,
   write_file_atomic(dir / "config.json", cfg.dump(2));
 }
 
-// Writes a synthetic model of `arch` into dir (MoE experts as EXL3).
+// Writes a synthetic model of `arch` into dir (MoE experts as EXL3 unless `plain_experts`).
 inline void write_model(const std::filesystem::path& dir, HfArch arch, uint64_t seed,
                         const nlohmann::json& config_patch = nlohmann::json::object(),
-                        bool tie = false) {
+                        bool tie = false, bool plain_experts = false) {
   SyntheticHfSpec s;
   s.arch = arch;
   s.seed = seed;
@@ -124,7 +128,9 @@ inline void write_model(const std::filesystem::path& dir, HfArch arch, uint64_t 
   s.tie_word_embeddings = tie;
   if (arch == HfArch::kGlm4Moe) s.num_layers = 3;  // one dense + two MoE layers
   write_synthetic_hf_model(dir, s);
-  exl3_experts(dir, seed + 100, config_patch);
+  exl3_experts(dir, seed + 100, config_patch,
+               plain_experts ? [](const std::string&) { return false; }
+                             : std::function<bool(const std::string&)>{});
 }
 
 // ---- the fp64 reference forward ----------------------------------------------------------------
@@ -135,6 +141,11 @@ class ReferenceModel {
       : ckpt_(Checkpoint::open(dir)), spec_(describe_model(ckpt_)) {}
 
   const ModelSpec& spec() const { return spec_; }
+
+  // Called with every linear's input x[rows, cols] (fp64) as the forward applies it, named by
+  // the linear's prefix (routed experts see one token row at a time). Calibration tests use it
+  // for an independent X^T X.
+  std::function<void(const std::string& linear, int64_t rows, int64_t cols, const std::vector<double>& x)> tap;
 
   // logits [n, vocab] of one full pass.
   std::vector<double> forward(const std::vector<int32_t>& tokens) const {
@@ -178,6 +189,7 @@ class ReferenceModel {
   struct Lin {
     Mat w;  // [out, in]
     std::vector<double> b;
+    std::string name;  // prefix (empty for the router)
   };
 
   Mat dense(const std::string& name) const {
@@ -190,6 +202,7 @@ class ReferenceModel {
 
   Lin linear(const std::string& prefix) const {
     Lin l;
+    l.name = prefix;
     if (ckpt_.find_linear(prefix) != nullptr) {
       const auto data = Exl3LinearData::load(ckpt_, prefix);
       const auto view = cpu::LinearView::of(data);
@@ -205,7 +218,8 @@ class ReferenceModel {
     return l;
   }
 
-  static Mat apply(const Lin& l, const Mat& x) {
+  Mat apply(const Lin& l, const Mat& x) const {
+    if (tap && !l.name.empty()) tap(l.name, x.r, x.c, x.d);
     Mat y(x.r, l.w.r);
     for (int64_t t = 0; t < x.r; ++t)
       for (int64_t o = 0; o < l.w.r; ++o) {
@@ -285,7 +299,7 @@ class ReferenceModel {
   }
 
   Mat moe(const MoeSpec& m, const Mat& h) const {
-    const Lin router{dense(m.prefix + ".gate.weight"), {}};
+    const Lin router{dense(m.prefix + ".gate.weight"), {}, ""};
     const Mat logits = apply(router, h);
     std::vector<double> bias(static_cast<size_t>(m.num_experts), 0.0);
     if (m.correction_bias) bias = vec(m.prefix + ".gate.e_score_correction_bias");

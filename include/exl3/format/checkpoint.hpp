@@ -91,6 +91,10 @@ class Checkpoint {
  public:
   // PATH is a checkpoint folder or a single .safetensors file. Throws exl3::Error.
   static Checkpoint open(const std::filesystem::path& path);
+  // A checkpoint over an already opened store (e.g. a source model's files overlaid with freshly
+  // quantized linears); `path` labels errors. Discovery runs as in open().
+  static Checkpoint from_store(TensorStore store, std::optional<ModelConfig> config,
+                               const std::filesystem::path& path);
 
   const std::filesystem::path& path() const { return path_; }
   const TensorStore& store() const { return store_; }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -38,6 +39,17 @@ void mlp_forward(const MlpView& mlp, const float* x, int64_t m, float* y);
 // `shared` may be empty. Overwrites out.
 void moe_forward(std::span<const MlpView> experts, const TopK& routes, const float* x, int64_t m,
                  float* out, std::span<const MlpView> shared = {});
+
+// One expert's MLP over the rows routed to it: ys[rows, H] = expert `expert` of xs[rows, H]
+// (overwrites ys). Lets callers route to experts that are not EXL3 views (unquantized weights,
+// or experts whose inputs are observed).
+using ExpertFn = std::function<void(int expert, const float* xs, int64_t rows, float* ys)>;
+
+// out[m, H] = sum over routes j of weights[t, j] * expert_{ids[t, j]}(x_t), each expert called
+// once with all the rows routed to it (in token order), the top-k sum per token in route order
+// in FP32 -- the same reduction as moe_forward. Overwrites out; no shared experts.
+void routed_forward(int num_experts, int64_t hidden, const TopK& routes, const float* x, int64_t m,
+                    float* out, const ExpertFn& expert);
 
 // The same over a loaded layer. For a rank-sliced layer this is rank `w.rank`'s partial output.
 void moe_forward(const MoeLayerWeights& w, const TopK& routes, const float* x, int64_t m,

@@ -108,10 +108,16 @@ std::vector<int> allocate_bits(const std::vector<AllocGroup>& groups, int num_la
 
 // ---- conversion -----------------------------------------------------------------------------
 
-enum class Calibration : uint8_t { kNone };  // identity Hessian; calibrated capture comes later
+// kNone: identity Hessian. kText: Hessians H = X^T X of every linear's inputs, captured layer by
+// layer with the runtime's forward over calibration text (see calibrate.cpp): each layer runs with
+// its original weights to capture, is quantized with LDLQ, then runs again with the quantized
+// weights to give the next layer its inputs (errors propagate as in exllamav3).
+enum class Calibration : uint8_t { kNone, kText };
 
 struct ProgressEvent {
-  enum class Stage : uint8_t { kTensor, kWrite };
+  // kLayer: calibration finished decoder layer `index` of `total` (tokens_per_s: forward
+  // throughput of its capture + quantized passes).
+  enum class Stage : uint8_t { kTensor, kWrite, kLayer };
   Stage stage = Stage::kTensor;
   int64_t index = 0;  // 1-based
   int64_t total = 0;
@@ -123,6 +129,7 @@ struct ProgressEvent {
   double seconds = 0.0;      // this tensor
   double elapsed = 0.0;      // since the run started
   double eta_seconds = -1.0; // < 0: unknown
+  double tokens_per_s = 0.0; // kLayer
 };
 using ProgressFn = std::function<void(const ProgressEvent&)>;
 
@@ -132,6 +139,13 @@ struct ConvertOptions {
   trellis::Codebook codebook = trellis::Codebook::kMul1;
   OutScales out_scales = OutScales::kAlways;
   Calibration calibration = Calibration::kNone;
+  // kText: the text (UTF-8), tokenized with IN_DIR/tokenizer.json and cut into
+  // calibration_rows sequences of calibration_length tokens; the label names it in errors and
+  // in the recorded settings ("builtin" or the file path).
+  std::string calibration_text;
+  std::string calibration_label;
+  int64_t calibration_rows = 8;
+  int64_t calibration_length = 128;
   uint64_t seed = 0;            // per-tensor seeds derive from this and the tensor name
   int threads = 0;              // 0 = the caller's TBB arena
   Device device = Device::kCpu;  // tile encoder: CPU (reference) or CUDA (same states, ~300x faster)
