@@ -19,8 +19,8 @@ gen_speed() { sed -n 's/.*generation: [0-9]* tokens, \([0-9.]*\) tokens\/s.*/\1/
 hf="$out/qwen3-moe-hf"
 q="$out/qwen3-moe-exl3-4bpw"
 echo "== 1. exl3 sample-hf: a small Qwen3-MoE model in Hugging Face layout (seeded noise weights, BF16)"
-"$exl3" sample-hf "$hf" --arch qwen3-moe --seed 42 --hidden 256 --layers 2 --heads 4 --kv-heads 2 \
-  --head-dim 64 --experts 8 --experts-per-tok 2 --moe-intermediate 128 --vocab 512
+"$exl3" sample-hf "$hf" --arch qwen3-moe --seed 42 --hidden 128 --layers 2 --heads 4 --kv-heads 2 \
+  --head-dim 32 --experts 8 --experts-per-tok 2 --moe-intermediate 128 --vocab 512
 ls "$hf"
 echo
 echo "== 2. exl3 quantize: HF -> EXL3, 4 bits per weight on the decoder linears, lm_head at K=6"
@@ -56,7 +56,7 @@ ppl=$(sed -n 's/^perplexity \([^ ]*\) .*/\1/p' "$out/eval.txt")
 ref_ppl=$(sed -n 's/^reference perplexity \([^ ]*\) .*/\1/p' "$out/eval.txt")
 echo
 echo "== summary"
-echo "  model         synthetic Qwen3-MoE (2 layers, 8 experts, top-2, vocab 512), written by exl3 sample-hf"
+echo "  model         synthetic Qwen3-MoE (hidden 128, 2 layers, 8 experts, top-2, vocab 512), written by exl3 sample-hf"
 echo "  unquantized   $(mib "$hf"/*.safetensors) BF16  ($hf)"
 echo "  EXL3 4 bpw    $(mib "$q"/*.safetensors)  ($q)"
 echo "  KL(unquantized || EXL3)  $kl nats/token, top-1 agreement $top1"
