@@ -20,7 +20,7 @@ hf="$out/qwen3-moe-hf"
 q="$out/qwen3-moe-exl3-4bpw"
 echo "== 1. exl3 sample-hf: a small Qwen3-MoE model in Hugging Face layout (seeded noise weights, BF16)"
 "$exl3" sample-hf "$hf" --arch qwen3-moe --seed 42 --hidden 128 --layers 2 --heads 4 --kv-heads 2 \
-  --head-dim 32 --experts 8 --experts-per-tok 2 --moe-intermediate 128 --vocab 512
+  --head-dim 32 --experts 8 --experts-per-tok 2 --moe-intermediate 128 --vocab 512 --init-std 0.05
 ls "$hf"
 echo
 echo "== 2. exl3 quantize: HF -> EXL3, 4 bits per weight on the decoder linears, lm_head at K=6"
@@ -60,6 +60,6 @@ echo "  model         synthetic Qwen3-MoE (hidden 128, 2 layers, 8 experts, top-
 echo "  unquantized   $(mib "$hf"/*.safetensors) BF16  ($hf)"
 echo "  EXL3 4 bpw    $(mib "$q"/*.safetensors)  ($q)"
 echo "  KL(unquantized || EXL3)  $kl nats/token, top-1 agreement $top1"
-echo "  perplexity    EXL3 $ppl, unquantized $ref_ppl (noise weights: near the vocabulary size)"
+echo "  perplexity    EXL3 $ppl, unquantized $ref_ppl (noise weights predict noise: compare the two, not their size)"
 echo "  generation    CPU ${cpu_tps:-?} tokens/s${cuda_tps:+, CUDA $cuda_tps tokens/s}"
 echo "  demo time     $(seconds) s"

@@ -114,3 +114,15 @@ TEST(EvalCli, BadInputsFailClearly) {
   const auto r = run_cli(fmt::format("eval {} --text builtin --context 1", q(a)));
   EXPECT_NE(r.code, 0);  // CLI11 range check
 }
+
+// The demo's model: `sample-hf --init-std` writes what the library writes with that init_std.
+TEST(EvalCli, SampleHfInitStdIsTheLibrarys) {
+  exl3::test::TempDir tmp;
+  const auto r = run_cli(fmt::format("sample-hf {} --arch qwen3 --hidden 128 --heads 2 --kv-heads 1 --intermediate 256 "
+                                     "--layers 2 --seed 11 --init-std 0.08",
+                                     q(tmp / "cli")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto lib = dense_model(tmp, "lib", 11);  // init_std 0.08
+  EXPECT_EQ(exl3::test::read_file(tmp / "cli" / "model.safetensors"), exl3::test::read_file(lib / "model.safetensors"));
+  EXPECT_EQ(run_cli(fmt::format("sample-hf {} --init-std 0", q(tmp / "zero"))).code == 0, false);
+}
