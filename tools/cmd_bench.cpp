@@ -77,8 +77,12 @@ Runner add_bench(CLI::App& app, Common& common) {
   auto quant_run = std::make_shared<Runner>();
   CLI::App* q = app.add_subcommand("quant", "Encoder quality (NMSE vs bound, per codebook and K), speed, and LDLQ gain");
   *quant_run = add_bench_quant(*q, common);
-  return [q, quant_run] {
+  auto model_run = std::make_shared<Runner>();
+  CLI::App* m = app.add_subcommand("model", "Decode (batch 1/8/64) and prefill tokens/s of a model, with the bandwidth ceiling");
+  *model_run = add_bench_model(*m, common);
+  return [q, quant_run, m, model_run] {
     if (q->parsed()) return (*quant_run)();
+    if (m->parsed()) return (*model_run)();
     return 1;
   };
 }

@@ -15,47 +15,18 @@
 #include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/model/chat_template.hpp"
+#include "exl3/model/stop_tokens.hpp"
 #include "exl3/model/tokenizer.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
 
 namespace exl3::cli {
 
-namespace {
-
-// eos_token_id of generation_config.json (a number or a list), when the file exists.
-std::vector<int32_t> generation_config_eos(const std::filesystem::path& dir) {
-  const auto path = dir / "generation_config.json";
-  std::vector<int32_t> out;
-  if (!std::filesystem::exists(path)) return out;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: invalid JSON ({})", path.string(), e.what());
-  }
-  const auto it = j.find("eos_token_id");
-  if (it == j.end() || it->is_null()) return out;
-  auto one = [&](const nlohmann::json& v) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
-      fail("{}: key 'eos_token_id': expected a token id or a list of them, got {}", path.string(), it->dump());
-    }
-    out.push_back(static_cast<int32_t>(v.get<int64_t>()));
-  };
-  if (it->is_array()) {
-    for (const auto& v : *it) one(v);
-  } else {
-    one(*it);
-  }
-  return out;
-}
-
-}  // namespace
-
 Runner add_generate(CLI::App& app, Common&) {
   struct Opts {
     std::string model, prompt, system, chat_format, device = "cpu";
     int64_t max_tokens = 128, page_size = 32;
+    int tp = 1;
     float temperature = 0.0f, top_p = 1.0f;
     uint64_t seed = 0;
     bool chat = false, json = false, ignore_eos = false;
@@ -78,7 +49,7 @@ Runner add_generate(CLI::App& app, Common&) {
       ->capture_default_str();
   app.add_option("--seed", o->seed, "Sampling seed (same seed, same model, same prompt: same text)")
       ->capture_default_str();
-  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime); cuda is not available yet")
+  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime) or cuda (the GPU kernels; EXL3 experts and linears, decode steps as CUDA graphs)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   auto* chat_flag = app.add_flag(
@@ -93,6 +64,11 @@ Runner add_generate(CLI::App& app, Common&) {
   app.add_option("--page-size", o->page_size, "KV cache page size in tokens")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--tp", o->tp, "Tensor-parallel ranks: N > 1 runs N ranks on threads of this\n"
+                 "process, each with its slice of the weights and KV heads; a TP that would cut an EXL3\n"
+                 "128-channel block is refused, naming the TP sizes that work")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_flag("--json", o->json,
                "Print one JSON document instead of streaming (text, ids, stop_reason, tokens/s)");
   app.footer(
@@ -104,7 +80,8 @@ Runner add_generate(CLI::App& app, Common&) {
       "Examples:\n"
       "  exl3 generate ./Qwen3-8B-exl3 --prompt 'The capital of France is' --max-tokens 16\n"
       "  exl3 generate ./Qwen3-8B-exl3 --chat --prompt 'Write a haiku' --temperature 0.7 --top-p 0.9 --seed 1\n"
-      "  exl3 generate ./m --prompt 'def main' --json | jq .text\n\n"
+      "  exl3 generate ./m --prompt 'def main' --json | jq .text\n"
+      "  exl3 generate ./m --prompt 'Hello' --tp 2     # two tensor-parallel ranks (threads), same text\n\n"
       "--chat recognises ChatML and Llama-3 templates (it is not a Jinja engine); other models need\n"
       "--chat-format chatml|llama3|plain. Special tokens are not printed.");
   return [o] {
@@ -132,11 +109,10 @@ Runner add_generate(CLI::App& app, Common&) {
     runtime::EngineOptions eo;
     eo.device = runtime::parse_device(o->device);
     eo.page_size = o->page_size;
+    eo.tp = o->tp;
     eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
     auto engine = runtime::load_engine(dir, eo);
-    for (const int32_t id : engine->spec().eos_token_ids) stops.insert(id);
-    for (const int32_t id : generation_config_eos(dir)) stops.insert(id);
-    if (const auto eos = tok.eos_id()) stops.insert(*eos);
+    for (const int32_t id : model_stop_tokens(dir, engine->spec(), tok)) stops.insert(id);
 
     runtime::GenerateOptions go;
     go.max_new_tokens = o->max_tokens;
@@ -161,6 +137,7 @@ Runner add_generate(CLI::App& app, Common&) {
     if (o->json) {
       nlohmann::json j = {{"model", o->model},
                           {"device", o->device},
+                          {"tp", o->tp},
                           {"prompt_ids", prompt},
                           {"prompt_tokens", r.prompt_tokens},
                           {"ids", r.tokens},

@@ -45,6 +45,7 @@ Runner add_logits(CLI::App& app, Common&) {
     std::string model, tokens, out, device = "cpu";
     bool json = false;
     int64_t page_size = 32;
+    int tp = 1;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("MODEL", o->model, "Model folder: config.json + EXL3 *.safetensors (as exllamav3 writes it)")
@@ -53,11 +54,16 @@ Runner add_logits(CLI::App& app, Common&) {
       ->required();
   app.add_option("--out,-o", o->out, "Output .safetensors file; receives `logits` (F32, [n_tokens, vocab_size])")
       ->required();
-  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime); cuda is not available yet")
+  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime) or cuda (the GPU kernels; EXL3 experts and linears, decode steps as CUDA graphs)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--page-size", o->page_size, "KV cache page size in tokens (results do not depend on it)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--tp", o->tp, "Tensor-parallel ranks: N > 1 runs N ranks on threads of this\n"
+                 "process, each with its slice of the weights and KV heads; a TP that would cut an EXL3\n"
+                 "128-channel block is refused, naming the TP sizes that work")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app.add_flag("--json", o->json, "Print one JSON document (shape, argmax per position, seconds, out)");
   app.footer(
@@ -67,6 +73,7 @@ Runner add_logits(CLI::App& app, Common&) {
       "Compare against other engines with rel-L2 and per-position argmax.\n\n"
       "Examples:\n"
       "  exl3 logits ./Qwen3-30B-A3B-exl3 --tokens 9707,1879 --out logits.safetensors\n"
+      "  exl3 logits ./m --tokens 1,2,3 --out tp4.safetensors --tp 4   # 4 ranks; same logits as --tp 1\n"
       "  exl3 logits ./m --tokens \"$(exl3 tokenize ./m --text 'Hello' --json | jq -r '.ids|join(\",\")')\" \\\n"
       "      --out l.safetensors --json | jq .argmax\n\n"
       "Supported architectures: " + runtime::supported_architectures() + ".");
@@ -75,6 +82,7 @@ Runner add_logits(CLI::App& app, Common&) {
     runtime::EngineOptions eo;
     eo.device = runtime::parse_device(o->device);
     eo.page_size = o->page_size;
+    eo.tp = o->tp;
     eo.cache_tokens = static_cast<int64_t>(ids.size());
     const auto t_load = std::chrono::steady_clock::now();
     auto engine = runtime::load_engine(std::filesystem::path(o->model), eo);
@@ -91,6 +99,7 @@ Runner add_logits(CLI::App& app, Common&) {
     w.set_metadata("tokens", list);
     w.set_metadata("model", o->model);
     w.set_metadata("device", o->device);
+    w.set_metadata("tp", std::to_string(o->tp));
     w.set_metadata("producer", "exl3 logits");
     w.write(o->out);
 
@@ -103,6 +112,7 @@ Runner add_logits(CLI::App& app, Common&) {
       const nlohmann::json j = {{"model", o->model},
                                 {"architecture", std::string(runtime::architecture_name(engine->spec().architecture))},
                                 {"device", o->device},
+                          {"tp", o->tp},
                                 {"spec", runtime::spec_summary(engine->spec())},
                                 {"tokens", ids},
                                 {"shape", {n, vocab}},

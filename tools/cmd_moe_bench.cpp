@@ -383,11 +383,13 @@ int run_moe_bench(const MoeBenchOptions& o) {
     for (auto* p : d_w) cudaFree(p);
 
     const char* plan = cuda::moe_plan_name(L0.plan_for(m));
-    fmt::print("m={:<5} {:>9.1f} us  {:>6.0f} GB/s  {:>5.1f}% copy  [{}]", m, us, gbs, 100.0 * gbs / copy_gbs, plan);
+    const char* tier_mode = L0.tiers().size() <= 1 ? "uniform" : (L0.tier_passes(L0.plan_for(m)) ? "passes" : "grid");
+    fmt::print("m={:<5} {:>9.1f} us  {:>6.0f} GB/s  {:>5.1f}% copy  [{}, {}]", m, us, gbs, 100.0 * gbs / copy_gbs, plan,
+               tier_mode);
     if (o.baseline) fmt::print("  BF16 grouped {:>9.1f} us  ratio {:.2f}x", base_us, us / base_us);
     fmt::print("\n");
     cases.push_back({{"m", m}, {"us", us}, {"touched_bytes", touched}, {"gbs", gbs},
-                     {"pct_copy", 100.0 * gbs / copy_gbs}, {"plan", plan},
+                     {"pct_copy", 100.0 * gbs / copy_gbs}, {"plan", plan}, {"tiers_mode", tier_mode},
                      {"bf16_grouped_us", o.baseline ? nlohmann::json(base_us) : nlohmann::json(nullptr)},
                      {"ratio_vs_bf16", o.baseline ? nlohmann::json(us / base_us) : nlohmann::json(nullptr)}});
   }

@@ -24,9 +24,11 @@ Runner add_sample_hf(CLI::App& app, Common& common);
 Runner add_bench(CLI::App& app, Common& common);
 Runner add_encode_tiles(CLI::App& app, Common& common);  // group: `bench quant`, later gemm/model
 Runner add_moe_bench(CLI::App& app, Common& common);
+Runner add_bench_model(CLI::App& app, Common& common);  // `bench model`
 Runner add_tokenize(CLI::App& app, Common& common);
 Runner add_logits(CLI::App& app, Common& common);    // model runtime
 Runner add_generate(CLI::App& app, Common& common);
 Runner add_eval(CLI::App& app, Common& common);      // perplexity / KL vs a reference
+Runner add_serve(CLI::App& app, Common& common);     // OpenAI-compatible server (src/server)
 
 }  // namespace exl3::cli

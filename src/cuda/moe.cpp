@@ -57,6 +57,22 @@ MoeOptions moe_options_from_env(MoeOptions base) {
   env_override("EXL3_MOE_DECODE_MAX_M", base.decode_max_m);
   env_override("EXL3_MOE_PREFILL_CHUNK", base.prefill_chunk);
   env_override("EXL3_MOE_ARENA_MIB", base.arena_budget_mib);
+  if (const char* v = std::getenv("EXL3_MOE_TIERS"); v != nullptr) {
+    std::string s(v);
+    s.erase(0, s.find_first_not_of(" \t"));
+    s.erase(s.find_last_not_of(" \t") + 1);
+    if (s == "auto") {
+      base.tiers = MoeOptions::Tiers::kAuto;
+    } else if (s == "grid") {
+      base.tiers = MoeOptions::Tiers::kGrid;
+    } else if (s == "passes") {
+      base.tiers = MoeOptions::Tiers::kPasses;
+    } else if (!s.empty()) {
+      fail("environment variable EXL3_MOE_TIERS='{}' is not one of auto, grid, passes (unset it or give e.g. "
+           "EXL3_MOE_TIERS=passes)",
+           v);
+    }
+  }
   return base;
 }
 
@@ -211,6 +227,10 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
   device_bytes_ = slab_bytes;
   upload(&ptrs_, ptrs.data(), ptrs.size() * sizeof(void*), "trellis pointers");
   upload(&bits_, bits.data(), bits.size(), "bit widths");
+  for (const int8_t b : bits) {
+    if (std::find(tiers_.begin(), tiers_.end(), b) == tiers_.end()) tiers_.push_back(b);
+  }
+  std::sort(tiers_.begin(), tiers_.end());
   upload(reinterpret_cast<void**>(&gate_suh_), rot.gate_suh.data(), rot.gate_suh.size() * 2, "gate suh");
   upload(reinterpret_cast<void**>(&up_suh_), rot.up_suh.data(), rot.up_suh.size() * 2, "up suh");
   upload(reinterpret_cast<void**>(&down_svh_), rot.down_svh.data(), rot.down_svh.size() * 2, "down svh");
@@ -226,6 +246,16 @@ MoeLayerCuda::~MoeLayerCuda() {
   cudaFree(up_suh_);
   cudaFree(down_svh_);
   cudaFree(intermediate_);
+}
+
+bool MoeLayerCuda::tier_passes(MoePlan p) const {
+  if (tiers_.size() <= 1) return true;  // one K: its own kernel, one pass
+  switch (opts_.tiers) {
+    case MoeOptions::Tiers::kGrid: return false;
+    case MoeOptions::Tiers::kPasses: return true;
+    case MoeOptions::Tiers::kAuto: break;
+  }
+  return p == MoePlan::kPrefill;
 }
 
 MoePlan MoeLayerCuda::plan_for(int64_t m) const {
@@ -255,6 +285,22 @@ cudaError_t MoeLayerCuda::run(const void* x, DType in_type, const int32_t* topk_
     const cudaError_t e =
         run_pass(static_cast<const char*>(x) + static_cast<size_t>(t0 * H_) * elt, in_type, topk_ids + t0 * k_,
                  topk_weights + t0 * k_, out + t0 * H_, n, plan, carve(arena, n, plan), stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+// The grouped GEMV as one grid over every tier, or one homogeneous pass per K (each block of a
+// pass whose expert has another K exits; the passes write disjoint slot rows).
+cudaError_t MoeLayerCuda::gemv_tiers(detail::MoeGemvArgs& a, int nt, int max_groups, MoePlan plan,
+                                     cudaStream_t stream) const {
+  if (!tier_passes(plan)) {
+    a.fixed_k = 0;
+    return detail::moe_gemv(cb_, a, nt, max_groups, stream);
+  }
+  for (const int k : tiers_) {
+    a.fixed_k = k;
+    const cudaError_t e = detail::moe_gemv(cb_, a, nt, max_groups, stream);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -321,7 +367,7 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     a.proj[p] = {ptrs + static_cast<size_t>(p) * E_, bits + static_cast<size_t>(p) * E_, static_cast<int>(I_ / 16),
                  static_cast<int>(p * I_), p == 0 ? c.xg : c.xu};
   }
-  e = detail::moe_gemv(cb_, a, nt, max_groups, stream);
+  e = gemv_tiers(a, nt, max_groups, plan, stream);
   if (e != cudaSuccess) return e;
   e = detail::moe_activate(c.partial1, s1, c.routes, c.routes, k_, I_, shared_h_, ids, E_, slots, c.scale_g,
                            c.scale_u, intermediate_, c.act, c.act_scale, stream);
@@ -340,7 +386,7 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
   a.nproj = 1;
   a.proj[0] = {ptrs + 2 * static_cast<size_t>(E_), bits + 2 * static_cast<size_t>(E_), static_cast<int>(H_ / 16), 0,
                c.act};
-  e = detail::moe_gemv(cb_, a, nt, max_groups, stream);
+  e = gemv_tiers(a, nt, max_groups, plan, stream);
   if (e != cudaSuccess) return e;
   return detail::moe_combine(c.partial2, s2, c.routes, m, k_, H_, shared_h_, ids, weights, E_, slots, c.act_scale,
                              down_svh_, out, stream);

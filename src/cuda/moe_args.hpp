@@ -23,6 +23,10 @@ struct MoeGemvArgs {
   int k = 0;           // inner dimension
   int splits = 1;
   int num_experts = 0;
+  // 0: one grid for every tier, each block switching to its expert's K. 1..8: a homogeneous
+  // pass of a kernel built for this K alone; blocks of experts with another K exit at once
+  // (mixed layers run one such pass per K present).
+  int fixed_k = 0;
   // Groups: decode (group_expert == nullptr): group g = slot g, expert topk_ids[g], one slot.
   const int32_t* topk_ids = nullptr;
   const int32_t* group_expert = nullptr;  // [max_groups]

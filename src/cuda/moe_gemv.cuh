@@ -1,6 +1,8 @@
 // Grouped trellis GEMV for the fused MoE: one launch runs every (expert group x column block x
 // split) of a projection set, each block decoding its own expert's trellis at that expert's K
-// (mixed K3/K4 tiers share one grid: the K switch is per block, uniform inside it).
+// (mixed K3/K4 tiers share one grid: the K switch is per block, uniform inside it), or in
+// homogeneous per-tier passes of a kernel built for one K (KF > 0): no switch, so the kernel's
+// registers are those of its own K rather than the widest case's.
 //
 // A group is one expert and up to 8 * NT consecutive route slots; the decode plan uses one
 // group per route (slot = route, expert = topk_ids[route]), the prefill plan the expert-packed
@@ -16,7 +18,7 @@
 
 namespace exl3::cuda::detail {
 
-template <tr::Codebook CB, int NT>
+template <tr::Codebook CB, int NT, int KF>
 __global__ void __launch_bounds__(32 * kGemvWarps) moe_gemv_kernel(const __grid_constant__ MoeGemvArgs a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -35,6 +37,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps) moe_gemv_kernel(const __grid_
   if (expert < 0 || expert >= a.num_experts) return;  // invalid ids are skipped (see moe.hpp)
   const int p = blockIdx.x / a.col_blocks;
   const MoeProj& proj = a.proj[p];
+  if (KF != 0 && proj.bits[expert] != KF) return;  // another tier's pass
   const int j0 = ((blockIdx.x % a.col_blocks) * kGemvWarps + warp) * kGemvTiles;
   const int tiles_k = a.k >> 4;
   const int split = blockIdx.y;
@@ -59,6 +62,9 @@ __global__ void __launch_bounds__(32 * kGemvWarps) moe_gemv_kernel(const __grid_
       for (int i = 0; i < 4; ++i) acc[t][nt][i] = 0.0f;
 
   const uint32_t* w = proj.trellis[expert];
+  if constexpr (KF != 0) {
+    gemv_accumulate<KF, CB, NT, kSplitHalves<CB> && NT == 1>(w, proj.tiles_n, j0, kt_begin, kt_end, xrow, acc);
+  } else {
   switch (proj.bits[expert]) {
 #define EXL3_MOE_CASE(KK) \
   case KK:                \
@@ -75,6 +81,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps) moe_gemv_kernel(const __grid_
 #undef EXL3_MOE_CASE
     default:
       return;  // K was validated at upload
+  }
   }
 
   float* out = a.partial + split * a.split_stride + proj.col_offset;
@@ -98,14 +105,30 @@ __global__ void __launch_bounds__(32 * kGemvWarps) moe_gemv_kernel(const __grid_
   }
 }
 
+template <tr::Codebook CB, int KF>
+void launch_moe_gemv_k(const MoeGemvArgs& a, int nt, const dim3& grid, cudaStream_t stream) {
+  if (nt == 1) {
+    moe_gemv_kernel<CB, 1, KF><<<grid, 32 * kGemvWarps, 0, stream>>>(a);
+  } else {
+    moe_gemv_kernel<CB, 4, KF><<<grid, 32 * kGemvWarps, 0, stream>>>(a);
+  }
+}
+
 template <tr::Codebook CB>
 cudaError_t launch_moe_gemv_cb(const MoeGemvArgs& a, int nt, int max_groups, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(a.col_blocks * a.nproj), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(max_groups));
-  if (nt == 1) {
-    moe_gemv_kernel<CB, 1><<<grid, 32 * kGemvWarps, 0, stream>>>(a);
-  } else {
-    moe_gemv_kernel<CB, 4><<<grid, 32 * kGemvWarps, 0, stream>>>(a);
+  switch (a.fixed_k) {
+    case 0: launch_moe_gemv_k<CB, 0>(a, nt, grid, stream); break;
+    case 1: launch_moe_gemv_k<CB, 1>(a, nt, grid, stream); break;
+    case 2: launch_moe_gemv_k<CB, 2>(a, nt, grid, stream); break;
+    case 3: launch_moe_gemv_k<CB, 3>(a, nt, grid, stream); break;
+    case 4: launch_moe_gemv_k<CB, 4>(a, nt, grid, stream); break;
+    case 5: launch_moe_gemv_k<CB, 5>(a, nt, grid, stream); break;
+    case 6: launch_moe_gemv_k<CB, 6>(a, nt, grid, stream); break;
+    case 7: launch_moe_gemv_k<CB, 7>(a, nt, grid, stream); break;
+    case 8: launch_moe_gemv_k<CB, 8>(a, nt, grid, stream); break;
+    default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

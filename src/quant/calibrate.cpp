@@ -253,7 +253,6 @@ void run_calibrated(const CalibratedRun& r) {
       s.in = hidden;
       s.xtx.assign(static_cast<size_t>(hidden * hidden), 0.0);
       accumulate_xtx(s, h.data(), tokens);
-      capture.clear();
       head_h.resize(s.xtx.size());
       for (int64_t a = 0; a < hidden; ++a)
         for (int64_t b = 0; b <= a; ++b)

@@ -22,6 +22,7 @@
 #include "exl3/runtime/cpu_ops.hpp"
 #include "exl3/runtime/linear.hpp"
 #include "exl3/runtime/rope.hpp"
+#include "moe_routing.hpp"
 
 namespace exl3::runtime {
 namespace {
@@ -190,19 +191,7 @@ class CpuMoe final : public CpuMlp {
     }
     std::vector<float> logits(static_cast<size_t>(m * e));
     router_->matmul_t(x, m, logits.data());
-    moe::TopK routes;
-    if (s_.router == RouterKind::kSoftmax) {
-      routes = moe::route_softmax(logits, m, e, {s_.top_k, s_.renormalize});
-    } else {
-      moe::SigmoidGroupedRouting r;
-      r.top_k = s_.top_k;
-      r.n_group = s_.n_group;
-      r.topk_group = s_.topk_group;
-      r.renormalize = s_.renormalize;
-      r.routed_scaling_factor = static_cast<float>(s_.routed_scaling_factor);
-      r.correction_bias = bias_;
-      routes = moe::route_sigmoid_grouped(logits, m, e, r);
-    }
+    const moe::TopK routes = route_moe(s_, logits, m, bias_);
     if (!dense_experts_.empty()) {
       moe::routed_forward(static_cast<int>(e), hidden_, routes, x, m, out,
                           [&](int id, const float* xs, int64_t rows, float* ys) {

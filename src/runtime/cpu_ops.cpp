@@ -35,7 +35,13 @@ void silu_mul(float* g, const float* u, int64_t n) {
 void gqa_attention(const float* q, int64_t m, int64_t start, const PagedKvCache& cache, int layer,
                    PagedKvCache::SeqId seq, const GqaShape& shape, float scale, float* out) {
   const int64_t nh = shape.num_heads, nkv = shape.num_kv_heads, hd = shape.head_dim;
-  if (nkv <= 0 || nh % nkv != 0) fail("gqa_attention: {} heads over {} kv heads", nh, nkv);
+  const bool window = shape.q_per_kv > 0;
+  if (!window && (nkv <= 0 || nh % nkv != 0)) fail("gqa_attention: {} heads over {} kv heads", nh, nkv);
+  const int64_t first_kv = window ? shape.first_q_head / shape.q_per_kv : 0;
+  if (window && (nh <= 0 || (shape.first_q_head + nh - 1) / shape.q_per_kv - first_kv >= nkv)) {
+    fail("gqa_attention: q heads {}..{} read kv heads beyond the {} held", shape.first_q_head,
+         shape.first_q_head + nh - 1, nkv);
+  }
   const auto& ls = cache.layer_shape(layer);
   if (ls.k_width != nkv * hd || ls.v_width != nkv * hd) {
     fail("gqa_attention: cache layer {} holds {}/{} floats per token, expected {}", layer,
@@ -54,7 +60,7 @@ void gqa_attention(const float* q, int64_t m, int64_t start, const PagedKvCache&
   tbb::enumerable_thread_specific<std::vector<float>> scores_tls;
   tbb::parallel_for(int64_t{0}, m * nh, [&](int64_t task) {
     const int64_t t = task / nh, h = task % nh;
-    const int64_t g = kv_head_of(h, nh, nkv);
+    const int64_t g = window ? (shape.first_q_head + h) / shape.q_per_kv - first_kv : kv_head_of(h, nh, nkv);
     const int64_t n = start + t + 1;  // causal: positions 0 .. start + t
     const float* qv = q + (t * nh + h) * hd;
     auto& s = scores_tls.local();

@@ -4,6 +4,8 @@
 #include <unordered_set>
 
 #include "cpu_engine.hpp"
+#include "cuda_engine.hpp"
+#include "tp_engine.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 
@@ -21,10 +23,21 @@ Device parse_device(std::string_view name) {
 
 std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions& opts) {
   ModelSpec spec = describe_model(ckpt);
+  if (opts.tp < 1) fail("tensor parallel: --tp {} must be at least 1", opts.tp);
   if (opts.device == Device::kCuda) {
-    fail("device cuda: the CUDA model runtime is not available yet (the EXL3 linear and MoE "
-         "kernels are, the model runtime is not); use device cpu");
+    if (opts.tp > 1) {
+      fail("device cuda: --tp {} needs one GPU per rank (NCCL), which this build does not run yet; hint: --tp 1 "
+           "on one GPU, or --device cpu --tp {}",
+           opts.tp, opts.tp);
+    }
+#if defined(EXL3_HAVE_CUDA)
+    return make_cuda_engine(ckpt, std::move(spec), opts);
+#else
+    fail("device cuda: this build of exl3 has no CUDA support (configured with EXL3_CUDA=OFF or "
+         "without nvcc); hint: rebuild with the CUDA toolkit installed, or use --device cpu");
+#endif
   }
+  if (opts.tp > 1) return make_tp_cpu_engine(ckpt, std::move(spec), opts);
   return make_cpu_engine(ckpt, std::move(spec), opts);
 }
 

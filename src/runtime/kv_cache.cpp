@@ -7,8 +7,9 @@
 
 namespace exl3::runtime {
 
-PagedKvCache::PagedKvCache(std::vector<KvLayerShape> layers, int64_t page_size, int64_t num_pages)
-    : layers_(std::move(layers)), page_size_(page_size), num_pages_(num_pages) {
+PagedKvCache::PagedKvCache(std::vector<KvLayerShape> layers, int64_t page_size, int64_t num_pages,
+                           bool host_storage)
+    : layers_(std::move(layers)), page_size_(page_size), num_pages_(num_pages), host_storage_(host_storage) {
   if (page_size <= 0) fail("KV cache: page size {} must be positive", page_size);
   if (num_pages <= 0 || num_pages > INT32_MAX) fail("KV cache: page count {} must be in 1..2^31-1", num_pages);
   k_.resize(layers_.size());
@@ -16,6 +17,7 @@ PagedKvCache::PagedKvCache(std::vector<KvLayerShape> layers, int64_t page_size, 
   for (size_t l = 0; l < layers_.size(); ++l) {
     const auto& s = layers_[l];
     if (s.k_width < 0 || s.v_width < 0) fail("KV cache: layer {} has a negative width", l);
+    if (!host_storage_) continue;
     k_[l].assign(static_cast<size_t>(num_pages * page_size * s.k_width), 0.0f);
     v_[l].assign(static_cast<size_t>(num_pages * page_size * s.v_width), 0.0f);
   }
@@ -93,6 +95,7 @@ void PagedKvCache::advance(SeqId seq, int64_t n) {
 }
 
 int64_t PagedKvCache::slot(const Seq& s, int64_t pos) const {
+  if (!host_storage_) fail("KV cache: this cache keeps no host storage (its backend stores K and V)");
   const int64_t page = pos / page_size_;
   if (pos < 0 || page >= static_cast<int64_t>(s.pages.size())) {
     fail("KV cache: position {} is not reserved ({} tokens reserved)", pos,

@@ -173,7 +173,16 @@ TEST(CudaMoe, MixedK3K4TiersBothLayouts) {
   EXL3_REQUIRE_GPU();
   for (auto layout : {moe::RotationLayout::kPerExpert, moe::RotationLayout::kSharedH}) {
     const auto f = make_layer(layout, {3, 4, 4, 3, 3, 4, 3, 4}, 3, 8);
-    expect_matches(*f, opts_for(3072, 1000), {1, 3, 8, 33, 3072}, moe::rotation_layout_name(layout).data());
+    // One grid with a per-block K switch, per-K passes, and the planner's choice by plan.
+    for (const auto tiers : {MoeOptions::Tiers::kGrid, MoeOptions::Tiers::kPasses, MoeOptions::Tiers::kAuto}) {
+      auto o = opts_for(3072, 1000);
+      o.tiers = tiers;
+      const MoeLayerCuda L(f->w, f->top_k, o);
+      EXPECT_EQ(L.tiers(), (std::vector<int>{3, 4}));
+      EXPECT_EQ(L.tier_passes(exl3::cuda::MoePlan::kDecode), tiers == MoeOptions::Tiers::kPasses);
+      EXPECT_EQ(L.tier_passes(exl3::cuda::MoePlan::kPrefill), tiers != MoeOptions::Tiers::kGrid);
+      expect_matches(*f, o, {1, 3, 8, 33, 3072}, moe::rotation_layout_name(layout).data());
+    }
   }
 }
 
@@ -312,6 +321,14 @@ TEST(CudaMoeOptions, EnvironmentOverridesAreValidated) {
               testing::HasSubstr("EXL3_MOE_PREFILL_CHUNK"));
   ::unsetenv("EXL3_MOE_DECODE_MAX_M");
   ::unsetenv("EXL3_MOE_PREFILL_CHUNK");
+  ::setenv("EXL3_MOE_TIERS", " passes ", 1);
+  EXPECT_EQ(exl3::cuda::moe_options_from_env({}).tiers, MoeOptions::Tiers::kPasses);
+  ::setenv("EXL3_MOE_TIERS", "", 1);
+  EXPECT_EQ(exl3::cuda::moe_options_from_env({}).tiers, MoeOptions::Tiers::kAuto);
+  ::setenv("EXL3_MOE_TIERS", "fast", 1);
+  EXPECT_THAT(exl3::test::error_of([] { exl3::cuda::moe_options_from_env({}); }),
+              testing::HasSubstr("EXL3_MOE_TIERS='fast' is not one of auto, grid, passes"));
+  ::unsetenv("EXL3_MOE_TIERS");
 }
 
 TEST(CudaMoe, SharedHStaysOneRowOnTheDevice) {

@@ -162,10 +162,9 @@ TEST(Engine, ErrorsAreClear) {
   EngineOptions eo;
   eo.device = Device::kCuda;
   try {
-    (void)load_engine(model, eo);
-    ADD_FAILURE();
+    (void)load_engine(model, eo);  // loads where a GPU is visible
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("not available yet"));
+    EXPECT_THAT(e.what(), HasSubstr("device cuda"));
   }
   eo.device = Device::kCpu;
   eo.cache_tokens = 8;

@@ -109,6 +109,28 @@ TEST(QuantizeCli, RejectsBadOptions) {
   EXPECT_NE(run_cli(fmt::format("sample-hf {} --arch gpt2", q(tmp / "x"))).code, 0);
 }
 
+// --calibration builtin through the binary: per-layer progress, the calibration set recorded in
+// quantization_config; a missing calibration file is named.
+TEST(QuantizeCli, CalibratedBuiltinAndMissingFile) {
+  exl3::test::TempDir tmp;
+  ASSERT_EQ(run_cli(fmt::format("sample-hf {} --arch llama --hidden 128 --layers 1 --heads 2 --kv-heads 1 "
+                                "--head-dim 64 --intermediate 128 --vocab 384 --seed 4",
+                                q(tmp / "hf")))
+                .code,
+            0);
+  const auto r = run_cli(fmt::format("quantize {} {} --bits 2 --head-bits 16 --g-scale 0.78 --calibration builtin "
+                                     "--calibration-rows 2 --calibration-length 32",
+                                     q(tmp / "hf"), q(tmp / "out")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("[layer 1/1] model.layers.0 calibrated"));
+  const auto cfg = nlohmann::json::parse(exl3::test::read_file(tmp / "out" / "config.json"));
+  EXPECT_EQ(cfg["quantization_config"]["calibration"], nlohmann::json({{"rows", 2}, {"cols", 32}}));
+  const auto missing = run_cli(fmt::format("quantize {} {} --bits 2 --calibration {}", q(tmp / "hf"),
+                                           q(tmp / "out2"), q(tmp / "no_such_corpus.txt")));
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_THAT(missing.out, HasSubstr("no_such_corpus.txt"));
+}
+
 TEST(QuantizeCli, BenchQuantJson) {
   const bool fast = exl3::test::quant_fast_mode();
   const auto r = run_cli(fmt::format("bench quant --tiles {} --ldlq-in 128 --ldlq-out 128 --ldlq-g-scale 0.9 --json",

@@ -42,6 +42,9 @@ struct MoeLayerWeights;
 }
 
 namespace exl3::cuda {
+namespace detail {
+struct MoeGemvArgs;
+}
 
 // Tunables: plain fields, with environment overrides applied by moe_options_from_env.
 struct MoeOptions {
@@ -49,10 +52,17 @@ struct MoeOptions {
   int64_t decode_max_m = 32;   // EXL3_MOE_DECODE_MAX_M: m up to this uses the decode plan
   int64_t prefill_chunk = 0;   // EXL3_MOE_PREFILL_CHUNK: tokens per prefill pass; 0 = fit budget
   int64_t arena_budget_mib = 256;  // EXL3_MOE_ARENA_MIB: prefill_chunk = 0 sizes chunks to this
+  // EXL3_MOE_TIERS: how the expert GEMVs meet mixed bit widths (K3 + K4 tiers). kGrid: one grid,
+  // each block switching to its expert's K; kPasses: one homogeneous pass per K present, each a
+  // kernel built for that K alone; kAuto: the grid on the decode plan, passes on the prefill
+  // plan (measured: docs/performance.md). A layer of one K always runs that K's own kernel.
+  enum class Tiers : uint8_t { kAuto, kGrid, kPasses };
+  Tiers tiers = Tiers::kAuto;
 };
 
-// Applies EXL3_MOE_DECODE_MAX_M, EXL3_MOE_PREFILL_CHUNK and EXL3_MOE_ARENA_MIB to `base`. Blank
-// values count as unset; anything but a positive integer throws exl3::Error naming the variable.
+// Applies EXL3_MOE_DECODE_MAX_M, EXL3_MOE_PREFILL_CHUNK, EXL3_MOE_ARENA_MIB (positive integers)
+// and EXL3_MOE_TIERS (auto | grid | passes) to `base`. Blank values count as unset; anything
+// else throws exl3::Error naming the variable.
 MoeOptions moe_options_from_env(MoeOptions base);
 
 enum class MoePlan : uint8_t { kDecode, kPrefill };
@@ -76,6 +86,9 @@ class MoeLayerCuda {
   MoePlan plan_for(int64_t m) const;
   // Split-K of FC1 / FC2 on the decode plan (1 on prefill).
   std::pair<int, int> decode_splits() const { return {split1_, split2_}; }
+  // The distinct K of the experts (ascending), and whether a plan runs them as per-K passes.
+  const std::vector<int>& tiers() const { return tiers_; }
+  bool tier_passes(MoePlan p) const;
   // Bytes of the caller-owned scratch arena run() needs for any m <= capacity.
   size_t arena_bytes() const;
   // Device bytes this layer holds (trellis slab + tables).
@@ -90,6 +103,7 @@ class MoeLayerCuda {
  private:
   struct Carve;
   Carve carve(void* base, int64_t tokens, MoePlan plan) const;
+  cudaError_t gemv_tiers(detail::MoeGemvArgs& a, int nt, int max_groups, MoePlan plan, cudaStream_t stream) const;
   cudaError_t run_pass(const void* x, DType in_type, const int32_t* ids, const float* weights, float* out,
                        int64_t m, MoePlan plan, const Carve& c, cudaStream_t stream) const;
 
@@ -100,6 +114,7 @@ class MoeLayerCuda {
   MoeOptions opts_;
   int64_t chunk_ = 0;
   int split1_ = 1, split2_ = 1;
+  std::vector<int> tiers_;
   int sms_ = 132;
   size_t device_bytes_ = 0;
   // Device allocations.

@@ -24,6 +24,11 @@ struct GqaShape {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
+  // A tensor-parallel rank's window of a larger GQA layer (0 = the whole layer): local q head h
+  // is global head first_q_head + h and reads global kv head (first_q_head + h) / q_per_kv; the
+  // cache holds the kv heads from first_q_head / q_per_kv on.
+  int64_t q_per_kv = 0;
+  int64_t first_q_head = 0;
 };
 
 // Causal attention of m queries q[m, num_heads, head_dim] at positions start .. start + m - 1

@@ -33,6 +33,14 @@ struct EngineOptions {
   Device device = Device::kCpu;
   int64_t page_size = 32;      // tokens per KV page
   int64_t cache_tokens = 4096; // KV pool capacity over all sequences (rounded up to pages)
+  // CUDA: the most tokens one kernel pass runs (longer batches run in chunks); every device
+  // buffer is sized for it at load.
+  int64_t max_batch_tokens = 2048;
+  // CUDA: capture each decode step (one token per sequence) as a graph per batch size.
+  bool cuda_graphs = true;
+  // Tensor-parallel ranks. 1: the single-rank reference engine; N > 1 on the CPU: N ranks in
+  // this process, each on its own thread with its slice of every weight (runtime/tp_plan.hpp).
+  int tp = 1;
 };
 
 enum class LogitsMode : uint8_t {
@@ -78,7 +86,8 @@ class Engine {
 };
 
 // Builds the description of `ckpt` and loads it on opts.device. The engine keeps its own copy
-// of the checkpoint (the mapped files stay alive). Device kCuda throws "not available yet".
+// of the checkpoint (the mapped files stay alive). Device kCuda needs a build with CUDA and a
+// visible GPU (else exl3::Error says which is missing).
 std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions& opts = {});
 std::unique_ptr<Engine> load_engine(const std::filesystem::path& path,
                                     const EngineOptions& opts = {});

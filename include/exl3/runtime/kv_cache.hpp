@@ -26,7 +26,10 @@ class PagedKvCache {
  public:
   using SeqId = int32_t;
 
-  PagedKvCache(std::vector<KvLayerShape> layers, int64_t page_size, int64_t num_pages);
+  // host_storage = false keeps only the bookkeeping (pages, tables, lengths) for a backend that
+  // stores K and V itself (the CUDA engine); key() / value() must not be called then.
+  PagedKvCache(std::vector<KvLayerShape> layers, int64_t page_size, int64_t num_pages,
+               bool host_storage = true);
 
   // A new, empty sequence.
   SeqId add_sequence();
@@ -71,6 +74,7 @@ class PagedKvCache {
   std::vector<KvLayerShape> layers_;
   int64_t page_size_;
   int64_t num_pages_;
+  bool host_storage_ = true;
   std::vector<std::vector<float>> k_, v_;  // per layer
   std::vector<int32_t> free_;              // free page ids (a stack)
   std::vector<Seq> seqs_;

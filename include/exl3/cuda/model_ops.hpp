@@ -1,0 +1,105 @@
+// Device kernels of the CUDA model runtime (src/cuda/model_ops.cu): embeddings, RMSNorm, per-head
+// q/k norm + RoPE + paged-KV write, paged attention (decode and prefill), SwiGLU, MoE routers.
+// Activations are fp32; the KV cache is fp16. Every launcher is asynchronous on `stream`, never
+// allocates and never synchronises, so a decode step made of them can be captured in a CUDA
+// graph; each returns the launch's cudaError_t. The CPU engine (src/runtime/cpu_engine.cpp and
+// cpu_ops) is the reference every kernel is tested against.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "exl3/cuda/linear.hpp"
+
+namespace exl3::cuda {
+
+// out[n, hidden] (fp32) = rows ids[0..n) of table [vocab, hidden] (f16 / bf16 / f32).
+cudaError_t embed_rows(const void* table, DType table_type, int64_t hidden, const int32_t* ids, int64_t n,
+                       float* out, cudaStream_t stream);
+
+// Per row r < rows: when `add` is non-null x[r] += add[r] first (the residual update, in place);
+// then y[r] = x[src] * rsqrt(mean(x[src]^2) + eps) * w, where src = row_index ? row_index[r] : r
+// (row_index gathers e.g. the last token of each sequence before the head). y may not alias x.
+cudaError_t add_rms_norm(float* x, const float* add, const float* w, const int32_t* row_index, int64_t rows,
+                         int64_t n, float eps, float* y, cudaStream_t stream);
+
+// The paged KV cache of one layer as kernels see it: token `pos` of the sequence whose page
+// table row is `r` lives in slot page_tables[r * max_pages + pos / page_size] * page_size +
+// pos % page_size of K and V (each slot: kv_heads * head_dim halves).
+struct PagedKv {
+  uint16_t* k = nullptr;  // fp16 bits
+  uint16_t* v = nullptr;
+  const int32_t* page_tables = nullptr;  // [rows, max_pages]
+  int32_t max_pages = 0;
+  int32_t page_size = 0;
+};
+
+// Per-token geometry of one forward step: token t is at position pos[t] of the sequence whose
+// page-table row is seq_row[t].
+struct TokenMeta {
+  const int32_t* pos = nullptr;
+  const int32_t* seq_row = nullptr;
+};
+
+struct AttnShape {
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;   // 64 or 128
+  int rotary_half = 0;  // rotary_dim / 2 (<= head_dim / 2)
+};
+
+// For every token t < n: optional per-head RMSNorm of q [n, heads, hd] and k [n, kv, hd] (q_norm /
+// k_norm weights [hd], null = none), NeoX RoPE on the first 2 * rotary_half channels with
+// cos/sin from rope_cs [max_pos, 2, rotary_half] at pos[t], then k and v [n, kv, hd] stored (fp16)
+// in the cache slot of (seq_row[t], pos[t]). q is updated in place (fp32).
+cudaError_t qk_norm_rope_store(float* q, const float* k, const float* v, const float* q_norm, const float* k_norm,
+                               float eps, const float* rope_cs, TokenMeta meta, int64_t n, const AttnShape& shape,
+                               const PagedKv& kv, cudaStream_t stream);
+
+// Causal attention of queries q [n, heads, hd] (after RoPE) over keys/values 0..pos[t] of their
+// sequence -> out [n, heads, hd] (fp32; softmax in fp32).
+//   decode:  the `count` tokens listed in tokens[] (one block per token and kv head, keys split
+//            over warps; what a decode step runs).
+//   prefill: `count` tiles of up to 32 consecutive tokens of one sequence, tile i = tokens
+//            tile_first[i] .. tile_first[i] + tile_len[i] - 1 at consecutive positions; a block per
+//            tile and head walks the keys in shared-memory chunks.
+cudaError_t attention_decode(const float* q, const int32_t* tokens, int64_t count, TokenMeta meta,
+                             const AttnShape& shape, float scale, const PagedKv& kv, float* out,
+                             cudaStream_t stream);
+cudaError_t attention_prefill(const float* q, const int32_t* tile_first, const int32_t* tile_len, int64_t count,
+                              TokenMeta meta, const AttnShape& shape, float scale, const PagedKv& kv, float* out,
+                              cudaStream_t stream);
+// Head dims the attention kernels are built for.
+bool attention_supports_head_dim(int head_dim);
+
+// g[i] = SiLU(g[i]) * u[i], i < n.
+cudaError_t silu_mul(float* g, const float* u, int64_t n, cudaStream_t stream);
+
+// y[i] += x[i], i < n.
+cudaError_t add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream);
+
+// MoE routers on router logits [m, E] (fp32) -> ids int32 [m, k] and weights fp32 [m, k], the
+// same selection and weights as exl3::moe::route_softmax / route_sigmoid_grouped (ties to the
+// lower id). E <= 1024, n_group <= 32, k <= 32.
+struct RouterParams {
+  int num_experts = 0;
+  int top_k = 0;
+  bool sigmoid_grouped = false;  // else softmax top-k
+  bool renormalize = true;
+  int n_group = 1;
+  int topk_group = 1;
+  float routed_scaling_factor = 1.0f;
+  const float* correction_bias = nullptr;  // [E] or null
+};
+cudaError_t route_topk(const float* logits, int64_t m, const RouterParams& p, int32_t* ids, float* weights,
+                       cudaStream_t stream);
+
+// dst[m, n] (f16 / bf16 / f32) = src[m, n] (fp32), row strides ld_src / ld_dst (elements).
+cudaError_t convert_rows(const float* src, int64_t ld_src, void* dst, DType dst_type, int64_t ld_dst, int64_t m,
+                         int64_t n, cudaStream_t stream);
+
+// y[m, n] += bias[n].
+cudaError_t add_bias(float* y, const float* bias, int64_t m, int64_t n, cudaStream_t stream);
+
+}  // namespace exl3::cuda

@@ -1,0 +1,48 @@
+// Model speed benchmark (`exl3 bench model`): decode tokens/s at several batch sizes and prefill
+// tokens/s, measured through the Engine interface (each forward call returns host logits, so the
+// wall clock around it is the user-visible time), plus the weight bytes a decoded token reads,
+// the basis of the bandwidth ceiling the command reports beside each figure.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "exl3/runtime/engine.hpp"
+
+namespace exl3 {
+class Checkpoint;
+}
+
+namespace exl3::runtime {
+
+// Bytes of weights one token reads at batch 1: every linear outside the routed experts (EXL3 or
+// unquantized, lm_head included), top_k experts' worth of each MoE layer (its mean expert size),
+// routers, norms and one embedding row.
+uint64_t active_weight_bytes_per_token(const Checkpoint& ckpt, const ModelSpec& spec);
+
+struct ModelBenchOptions {
+  std::vector<int64_t> batches = {1, 8, 64};
+  int64_t context = 128;       // prompt tokens per sequence before decode is timed
+  int64_t decode_steps = 32;   // timed steps per batch size (after 2 warm-up steps)
+  int64_t prefill_tokens = 2048;
+  uint64_t seed = 1;
+};
+
+struct DecodeResult {
+  int64_t batch = 0;
+  double seconds_per_step = 0.0;  // median over the timed steps
+  double tokens_per_second = 0.0;
+};
+
+struct ModelBenchResult {
+  std::vector<DecodeResult> decode;
+  int64_t prefill_tokens = 0;
+  double prefill_seconds = 0.0;
+  double prefill_tokens_per_second = 0.0;
+};
+
+// Runs the benchmark (token ids are seeded random, sampling excluded). Throws exl3::Error when
+// the engine's KV pool cannot hold the largest batch's sequences or the prefill.
+ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts);
+
+}  // namespace exl3::runtime

@@ -1,0 +1,65 @@
+// One rank's slice of a linear layer, cut by a TpLinearPlan (tp_plan.hpp).
+//
+// EXL3: y = had128(had128(x * suh) @ W_hat) * svh + b works block by block on both sides, so
+//   column slice  [c0, c1) of the outputs: the tiles of columns c0/16 .. c1/16 of every tile row
+//                 (copied: they are strided), svh[c0:c1], bias[c0:c1]; suh whole;
+//   row slice     [r0, r1) of the inputs: tile rows r0/16 .. r1/16 (a contiguous view), suh[r0:r1],
+//                 svh whole; the output is a partial sum, and only rank 0 adds the bias.
+// Cuts are at 128-channel block boundaries (the plan guarantees it), except the stored padding
+// of a linear whose real size is not a multiple of 128: the input is zero-padded and the output
+// trimmed as the unsliced Linear does. Unquantized linears are sliced into fp32 copies.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "exl3/cpu/linear.hpp"
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/runtime/linear.hpp"
+#include "exl3/runtime/tp_plan.hpp"
+
+namespace exl3::runtime {
+
+// An EXL3 linear's slice: a view over the parent's tensors, with its own tile copy (column
+// slices) and bias. Move-only (the view points into the owned vectors).
+struct Exl3Slice {
+  cpu::LinearView view;
+  std::vector<uint16_t> trellis;  // column slices only
+  std::vector<float> bias;
+
+  Exl3Slice() = default;
+  Exl3Slice(Exl3Slice&&) = default;
+  Exl3Slice& operator=(Exl3Slice&&) = default;
+  Exl3Slice(const Exl3Slice&) = delete;
+  Exl3Slice& operator=(const Exl3Slice&) = delete;
+};
+
+// The stored channels [begin, end) (multiples of 16 inside the stored dims) along the split
+// axis of `full`. Row slices keep the bias only when `with_bias`. The parent's tensors must
+// outlive the slice.
+Exl3Slice slice_exl3(const cpu::LinearView& full, TpSplit split, int64_t begin, int64_t end, bool with_bias);
+
+class RankLinear {
+ public:
+  // Every rank's slice of the linear `plan` names (loaded once, sliced per rank).
+  static std::vector<RankLinear> slice_all(const Checkpoint& ckpt, const TpLinearPlan& plan);
+  // The column slices of an unquantized matrix [out, in] (the tied embedding as lm_head).
+  static std::vector<RankLinear> slice_dense(const DenseMatrix& w, const std::vector<Extent>& ranks);
+
+  int64_t in_features() const { return in_; }   // local (real) features
+  int64_t out_features() const { return out_; }
+  // y[m, out_features()] = this rank's part of x[m, in_features()] @ W^T (+ its bias). A row
+  // slice's output is a partial sum; an empty row slice writes its bias (rank 0) or zeros.
+  void forward(const float* x, int64_t m, float* y) const;
+
+ private:
+  int64_t in_ = 0, out_ = 0;
+  std::shared_ptr<const Exl3LinearData> parent_;  // keeps the viewed tensors alive
+  std::shared_ptr<const Exl3Slice> exl3_;
+  std::shared_ptr<const DenseMatrix> dense_;
+  std::vector<float> bias_;  // dense slices, and the bias of an empty row slice
+};
+
+}  // namespace exl3::runtime

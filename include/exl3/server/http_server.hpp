@@ -1,0 +1,71 @@
+// `exl3 serve`'s HTTP front (cpp-httplib): the OpenAI-compatible endpoints over a Scheduler.
+//
+//   POST /v1/completions       prompt (text or token ids) -> text_completion
+//   POST /v1/chat/completions  messages -> chat prompt (the model's ChatML / Llama-3 template, or
+//                              the ServerOptions::chat_format override) -> chat.completion
+//   GET  /v1/models, /v1/models/{id}
+//   GET  /health               {"status": "ok", running, queued, KV cache use, counters}
+//
+// "stream": true answers with server-sent events (`data: {chunk}\n\n` ..., `data: [DONE]\n\n`);
+// a client that goes away mid-stream cancels its request (its KV pages return to the pool at the
+// next scheduler step). Errors are OpenAI error objects: 400 (bad JSON, wrong field types or
+// values, prompt + max_tokens over the context), 404 (unknown model or path), 405 (wrong method),
+// 413 (body over max_body_bytes), 503 (queue full, shutting down), 500 (engine failure).
+// Non-streamed requests run to completion even when the client disconnects (max_tokens bounds
+// them).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "exl3/model/chat_template.hpp"
+#include "exl3/model/tokenizer.hpp"
+#include "exl3/runtime/engine.hpp"
+#include "exl3/server/scheduler.hpp"
+
+namespace exl3::server {
+
+struct ServerOptions {
+  std::string model_name = "exl3";  // the id /v1/models lists and requests must name (or omit)
+  std::optional<ChatFormat> chat_format;  // overrides detection from the tokenizer's chat_template
+  std::vector<int32_t> stop_tokens;       // the model's end-of-sequence ids (model_stop_tokens)
+  SchedulerOptions scheduler;
+  size_t max_body_bytes = size_t{8} << 20;
+  // Called once per answered request ("POST /v1/completions 200 12 ms"); empty = silent.
+  std::function<void(const std::string&)> log;
+};
+
+class HttpServer {
+ public:
+  // Starts the scheduler on `engine` (no live sequences; it must outlive the server). Ignores
+  // SIGPIPE for the whole process: a write to a client that went away must fail, not kill us.
+  HttpServer(runtime::Engine& engine, Tokenizer tokenizer, ServerOptions opts);
+  ~HttpServer();  // stop()
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds host:port (port 0: any free port) and returns the port. Throws exl3::Error naming the
+  // address when it cannot bind.
+  int bind(const std::string& host, int port);
+  // Serves on the bound socket until stop(); blocks the calling thread.
+  void run();
+  // Cancels every request, stops accepting and makes run() return. Thread-safe, idempotent.
+  void stop();
+
+  SchedulerStats stats() const;
+  // The chat format in use, or why /v1/chat/completions is unavailable.
+  std::string chat_status() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace exl3::server

@@ -1,0 +1,86 @@
+// The OpenAI API surface of `exl3 serve`, without any HTTP: parsing and validating
+// /v1/completions and /v1/chat/completions bodies, and building the response objects, error
+// objects and server-sent-event chunks, shaped as OpenAI's (and vLLM's) servers shape them.
+//
+// Supported request fields: model, prompt (string, token-id list, or a one-element list of
+// either), messages (roles system/user/assistant; content a string or text parts), max_tokens /
+// max_completion_tokens, temperature, top_p, seed, stop (string or up to 4 strings), stream,
+// stream_options.include_usage, and vLLM's ignore_eos. Fields that would change the result but
+// are not implemented (n > 1, best_of > 1, echo, logprobs, penalties, logit_bias, suffix, tools,
+// a JSON response_format) are refused with 400 rather than silently ignored; fields without
+// effect on the output (user, ...) are ignored.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "exl3/model/chat_template.hpp"
+
+namespace exl3::server {
+
+// An OpenAI error object: {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field; null when empty
+  std::string code;   // e.g. "context_length_exceeded", "model_not_found"; null when empty
+  nlohmann::json to_json() const;
+};
+
+enum class Endpoint : uint8_t { kCompletions, kChat };
+
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;  // empty when the client sent none
+  // /v1/completions: text, or token ids when prompt_is_ids.
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+  // /v1/chat/completions
+  std::vector<ChatMessage> messages;
+
+  std::optional<int64_t> max_tokens;  // > 0 when set
+  float temperature = 1.0f;           // OpenAI's default
+  float top_p = 1.0f;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+  bool ignore_eos = false;
+};
+
+// Parses a request body. Returns the request, or the 400 error naming the field at fault.
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, Endpoint endpoint);
+
+// What every response object of one request shares.
+struct ResponseMeta {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string id;  // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;
+  std::string model;
+};
+
+nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+// The complete (non-streamed) response: text_completion or chat.completion.
+nlohmann::json completion_response(const ResponseMeta& meta, const std::string& text,
+                                   std::string_view finish_reason, int64_t prompt_tokens,
+                                   int64_t completion_tokens);
+// One streamed chunk: new text (chat: delta.content; `role_delta` sends delta.role instead), and
+// finish_reason when set.
+nlohmann::json stream_chunk(const ResponseMeta& meta, const std::string& text,
+                            std::optional<std::string_view> finish_reason, bool role_delta = false);
+// The last chunk of stream_options.include_usage: no choices, usage.
+nlohmann::json usage_chunk(const ResponseMeta& meta, int64_t prompt_tokens, int64_t completion_tokens);
+// "data: {json}\n\n" (invalid UTF-8 replaced, never thrown on).
+std::string sse_event(const nlohmann::json& j);
+// JSON text for an HTTP body (invalid UTF-8 replaced).
+std::string dump(const nlohmann::json& j);
+
+}  // namespace exl3::server

@@ -1,0 +1,171 @@
+// Continuous batching: one worker thread owns the Engine and interleaves every running request.
+//
+// Requests enter a bounded FIFO queue (submit() refuses when it is full: the HTTP layer answers
+// 503). Each iteration of the worker
+//   1. drops cancelled requests (their KV pages go back to the pool) and admits queued ones while
+//      fewer than max_seqs run and the KV pool can hold their worst case (prompt + max_tokens,
+//      reserved at admission so a running sequence never runs out of cache mid-generation; a
+//      request that does not fit yet waits at the head of the queue, it does not fail);
+//   2. builds one Engine::forward_batch step: one decode token for every sequence that is
+//      generating, then prefill chunks of the admitted prompts in admission order until
+//      step_tokens tokens are in the step (so a long prompt costs the decoders at most one step
+//      of step_tokens tokens at a time, not its whole prefill);
+//   3. samples each finished prefill / decode with the request's own Sampler (temperature,
+//      top_p, seed), detokenizes incrementally, checks stop tokens, stop strings and max_tokens,
+//      and publishes the new text to the request's RequestStream.
+//
+// A greedy request produces the same tokens as runtime::generate() whatever else runs beside it
+// (each sequence's tokens only ever attend to its own KV pages).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "exl3/model/tokenizer.hpp"
+#include "exl3/runtime/engine.hpp"
+#include "exl3/runtime/generate.hpp"
+
+namespace exl3::server {
+
+enum class FinishReason : uint8_t {
+  kStop,       // a stop token or stop string
+  kLength,     // max_tokens reached
+  kCancelled,  // the client went away, or the server is shutting down
+  kError,      // the engine failed (message in StreamUpdate::error)
+};
+// "stop", "length", "cancelled", "error" (the first two are OpenAI's finish_reason values).
+std::string_view finish_reason_name(FinishReason r);
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // non-empty, ids < vocab
+  int64_t max_tokens = 16;      // > 0
+  runtime::SamplingOptions sampling;
+  std::vector<int32_t> stop_tokens;   // generation ends when one is sampled (not sent as text)
+  std::vector<std::string> stop_strings;  // non-empty strings; the text ends before the first one
+};
+
+// What arrived for one request since the last wait().
+struct StreamUpdate {
+  std::string text;              // new text (stop strings and special tokens removed)
+  std::vector<int32_t> tokens;   // new token ids (a final stop token included)
+  bool finished = false;
+  FinishReason reason = FinishReason::kStop;  // valid when finished
+  std::string error;             // kError / kCancelled: why
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;  // tokens sampled so far (a stop token counts)
+};
+
+// The channel between the worker and the thread serving one request.
+class RequestStream {
+ public:
+  // Waits until there is news or `timeout` passes; returns (and clears) what arrived. After the
+  // update with finished = true, further calls return finished immediately.
+  StreamUpdate wait(std::chrono::milliseconds timeout);
+  // Asks the worker to drop the request (its sequence is freed at the next iteration).
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+ private:
+  friend class Scheduler;
+  void publish(std::string_view text, int32_t token, int64_t completion_tokens);
+  void finish(FinishReason reason, std::string_view text, std::string error, int64_t completion_tokens);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  StreamUpdate pending_;
+  bool has_news_ = false;
+  bool finished_ = false;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerOptions {
+  int max_seqs = 8;           // sequences generating at once
+  int max_queue = 32;         // requests waiting beyond those (submit refuses when full)
+  int64_t max_context = 0;    // prompt + max_tokens per request; 0 = the model's
+                              // max_position_embeddings, capped by the KV pool
+  int64_t step_tokens = 256;  // tokens per forward_batch step (decodes + prefill chunks)
+};
+
+struct SchedulerStats {
+  int64_t running = 0;
+  int64_t queued = 0;
+  int64_t cache_tokens = 0;       // KV pool capacity
+  int64_t free_cache_tokens = 0;  // not held by any sequence (after the last step)
+  int64_t max_context = 0;
+  int64_t completed = 0;  // finished with stop / length
+  int64_t cancelled = 0;  // dropped because the client went away
+  int64_t failed = 0;     // finished with an engine error
+  int64_t steps = 0;      // forward_batch calls
+};
+
+class Scheduler {
+ public:
+  // `engine` must have no live sequences and outlive the scheduler; the worker starts here.
+  // Throws exl3::Error for options out of range.
+  Scheduler(runtime::Engine& engine, Tokenizer tokenizer, const SchedulerOptions& opts);
+  ~Scheduler();  // shutdown()
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  enum class Refusal : uint8_t {
+    kInvalid,      // bad request (empty prompt, ids outside the vocabulary, max_tokens <= 0, ...)
+    kTooLong,      // prompt + max_tokens over max_context
+    kQueueFull,    // try again later (HTTP 503)
+    kShuttingDown, // HTTP 503
+  };
+  struct Submitted {
+    std::shared_ptr<RequestStream> stream;  // null when refused
+    std::optional<Refusal> refusal;
+    std::string message;  // why it was refused
+  };
+  // Validates and queues a request; never blocks on the engine.
+  Submitted submit(GenerationRequest req);
+
+  // Stops the worker: every queued and running request finishes with kCancelled. Idempotent.
+  void shutdown();
+
+  SchedulerStats stats() const;
+  int64_t max_context() const { return max_context_; }
+  const runtime::ModelSpec& spec() const { return engine_.spec(); }
+
+ private:
+  struct Pending {
+    GenerationRequest req;
+    std::shared_ptr<RequestStream> stream;
+  };
+  struct Active;
+
+  void run();
+  void admit(std::vector<std::unique_ptr<Active>>& running);
+  void step(std::vector<std::unique_ptr<Active>>& running);
+  void accept_token(Active& a, int32_t tok);
+  void retire(std::vector<std::unique_ptr<Active>>& running);
+  int64_t pages_for(int64_t tokens) const;
+
+  runtime::Engine& engine_;
+  Tokenizer tokenizer_;
+  SchedulerOptions opts_;
+  int64_t page_tokens_ = 1;    // KV page size in tokens
+  int64_t cache_tokens_ = 0;   // pool capacity
+  int64_t max_context_ = 0;
+  int64_t reserved_ = 0;       // worst-case KV tokens of the running sequences (worker only)
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> queue_;
+  bool stop_ = false;
+  SchedulerStats stats_;  // guarded by mu_
+  std::thread worker_;
+};
+
+}  // namespace exl3::server

@@ -1,0 +1,746 @@
+// The CUDA engine: the same ModelSpec as the CPU reference, every module on the GPU.
+//
+//   x = embed(tokens)                                   fp32 residual stream
+//   per layer:  h = rms_norm(x);  x += o(attn(rope(norm(q(h)), norm(k(h))), v(h)))
+//               h = rms_norm(x);  x += mlp(h)           dense SwiGLU or fused MoE (+ shared)
+//   logits = lm_head(rms_norm(x[rows]))                 only the rows the caller wants
+//
+// Linears are Exl3LinearCuda (EXL3) or DenseLinearCuda (cuBLAS); the MoE layer is MoeLayerCuda
+// with its routes from the GPU router; attention reads an fp16 paged KV cache whose page tables
+// live in a PagedKvCache without host storage. A forward step runs in chunks of at most
+// max_batch_tokens tokens, so every buffer is sized once at load. Each step's geometry (ids,
+// positions, page tables, attention tiles, head rows) goes to the device in one copy from pinned
+// memory; kernels read it there, so a pure decode step (one token per sequence) depends on the
+// host only through its token count and is captured as a CUDA graph per count, then replayed.
+#include "cuda_engine.hpp"
+
+#if defined(EXL3_HAVE_CUDA)
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <utility>
+#include <variant>
+
+#include <cuda_runtime_api.h>
+#include <tbb/parallel_for.h>
+
+#include "exl3/cuda/dense_linear.hpp"
+#include "exl3/cuda/linear.hpp"
+#include "exl3/cuda/model_ops.hpp"
+#include "exl3/cuda/moe.hpp"
+#include "exl3/error.hpp"
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/moe/layout.hpp"
+#include "exl3/moe/weights.hpp"
+#include "exl3/runtime/linear.hpp"
+#include "exl3/runtime/rope.hpp"
+
+namespace exl3::runtime {
+namespace {
+
+using cuda::DType;
+using SeqId = PagedKvCache::SeqId;
+
+void check(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) fail("CUDA engine: {}: {}", what, cudaGetErrorString(e));
+}
+
+// One device allocation, freed with the owner.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
+    if (bytes > 0) check(cudaMalloc(&p_, bytes), "allocating " + what);
+  }
+  DeviceBuffer(const void* host, size_t bytes, const std::string& what) : DeviceBuffer(bytes, what) {
+    if (bytes > 0) check(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice), "uploading " + what);
+  }
+  ~DeviceBuffer() { cudaFree(p_); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+DeviceBuffer upload_floats(const std::vector<float>& v, const std::string& what) {
+  return DeviceBuffer(v.data(), v.size() * sizeof(float), what);
+}
+
+DType cuda_dtype(exl3::DType t, const std::string& what) {
+  switch (t) {
+    case exl3::DType::kF32: return DType::kF32;
+    case exl3::DType::kF16: return DType::kF16;
+    case exl3::DType::kBF16: return DType::kBF16;
+    default: fail("CUDA engine: {} is {}; expected F32, F16 or BF16", what, dtype_name(t));
+  }
+}
+
+// A linear on the GPU: EXL3 (its stored dims may be padded past the model's: the input is
+// zero-padded and the output trimmed through the engine's pad buffers) or unquantized.
+class GpuLinear {
+ public:
+  struct Pads {
+    float* in = nullptr;   // [cap, max stored in]
+    float* out = nullptr;  // [cap, max stored out]
+  };
+
+  static GpuLinear load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out, int64_t cap,
+                        bool fp32_weights = false) {
+    GpuLinear l;
+    l.in_ = in;
+    l.out_ = out;
+    l.name_ = prefix;
+    if (const Exl3LinearInfo* info = ckpt.find_linear(prefix)) {
+      if (info->in_features < in || info->out_features < out || info->in_features - in >= 128 ||
+          info->out_features - out >= 128) {
+        fail("{}: EXL3 linear '{}' is {} -> {}, expected {} -> {} from config.json", ckpt.path().string(), prefix,
+             info->in_features, info->out_features, in, out);
+      }
+      const Exl3LinearData data = Exl3LinearData::load(ckpt, prefix);
+      cuda::LinearOptions lo;
+      lo.max_m = cap;
+      l.exl3_ = std::make_unique<cuda::Exl3LinearCuda>(data, lo);
+      l.stored_in_ = info->in_features;
+      l.stored_out_ = info->out_features;
+      l.bytes_ = data.trellis().size() * 2 + (data.suh().size() + data.svh().size()) * 2;
+      return l;
+    }
+    if (!ckpt.store().contains(prefix + ".weight")) {
+      fail("{}: linear '{}' is missing (neither EXL3 '{}.trellis' nor unquantized '{}.weight')", ckpt.path().string(),
+           prefix, prefix, prefix);
+    }
+    (void)DenseMatrix::load(ckpt.store(), prefix + ".weight", out, in);  // validates dtype and shape
+    std::vector<float> bias;
+    if (ckpt.store().contains(prefix + ".bias")) bias = load_vector(ckpt.store(), prefix + ".bias", out);
+    return dense(ckpt.store(), prefix + ".weight", bias, cap, fp32_weights);
+  }
+
+  // An unquantized [out, in] matrix tensor (also the tied embedding as the head).
+  static GpuLinear dense(const TensorStore& store, const std::string& tensor, const std::vector<float>& bias,
+                         int64_t cap, bool fp32_weights) {
+    const TensorRef* ref = store.find(tensor);
+    if (ref == nullptr) fail("{}: tensor '{}' is missing", store.root().string(), tensor);
+    if (ref->info->rank() != 2) fail("{}: tensor '{}' is not a matrix", ref->path().string(), tensor);
+    GpuLinear l;
+    l.name_ = tensor;
+    l.out_ = l.stored_out_ = ref->info->shape[0];
+    l.in_ = l.stored_in_ = ref->info->shape[1];
+    const DType t = cuda_dtype(ref->info->dtype, tensor);
+    const auto bytes = ref->bytes();
+    std::vector<std::byte> aligned(bytes.begin(), bytes.end());  // the mapping may be unaligned
+    l.dense_ = std::make_unique<cuda::DenseLinearCuda>(tensor, aligned.data(), t, l.in_, l.out_,
+                                                       bias.empty() ? nullptr : bias.data(), cap, fp32_weights);
+    l.bytes_ = l.dense_->device_bytes();
+    return l;
+  }
+
+  int64_t in() const { return in_; }
+  int64_t out() const { return out_; }
+  int64_t stored_in() const { return stored_in_; }
+  int64_t stored_out() const { return stored_out_; }
+  size_t device_bytes() const { return bytes_; }
+  size_t workspace_bytes() const { return exl3_ ? exl3_->workspace_bytes() : dense_->workspace_bytes(); }
+
+  // y[m, out] = x[m, in] (both fp32, packed rows).
+  void run(const float* x, float* y, int64_t m, void* ws, size_t ws_size, const Pads& pads,
+           cudaStream_t stream) const {
+    if (dense_) {
+      check(dense_->run(x, y, m, ws, ws_size, stream), name_);
+      return;
+    }
+    const float* xin = x;
+    if (stored_in_ != in_) {  // zero-pad the input columns
+      check(cudaMemsetAsync(pads.in, 0, static_cast<size_t>(m * stored_in_) * 4, stream), name_ + " (pad)");
+      check(cudaMemcpy2DAsync(pads.in, static_cast<size_t>(stored_in_) * 4, x, static_cast<size_t>(in_) * 4,
+                              static_cast<size_t>(in_) * 4, static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
+            name_ + " (pad)");
+      xin = pads.in;
+    }
+    float* yout = stored_out_ != out_ ? pads.out : y;
+    check(exl3_->run(xin, DType::kF32, yout, DType::kF32, m, ws, ws_size, stream), name_);
+    if (yout != y) {
+      check(cudaMemcpy2DAsync(y, static_cast<size_t>(out_) * 4, yout, static_cast<size_t>(stored_out_) * 4,
+                              static_cast<size_t>(out_) * 4, static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
+            name_ + " (trim)");
+    }
+  }
+
+ private:
+  std::string name_;
+  int64_t in_ = 0, out_ = 0, stored_in_ = 0, stored_out_ = 0;
+  size_t bytes_ = 0;
+  std::unique_ptr<cuda::Exl3LinearCuda> exl3_;
+  std::unique_ptr<cuda::DenseLinearCuda> dense_;
+};
+
+// Scratch of one forward chunk (cap tokens), shared by every layer.
+struct Scratch {
+  DeviceBuffer x, h, y;            // [cap, hidden]
+  DeviceBuffer q, k, v, attn;      // [cap, widest q / kv / q]
+  DeviceBuffer g, u;               // [cap, widest intermediate]
+  DeviceBuffer router, ids, wts;   // [cap, E], [cap, k] x2
+  DeviceBuffer shared_out;         // [cap, hidden]
+  DeviceBuffer logits;             // [cap, stored vocab]
+  DeviceBuffer pad_in, pad_out;
+  DeviceBuffer ws;                 // linear workspace / MoE arena (never used at the same time)
+  DeviceBuffer meta;               // int32 step geometry
+};
+
+struct DenseMlpGpu {
+  GpuLinear gate, up, down;
+  int64_t inter = 0;
+};
+
+struct MoeGpu {
+  GpuLinear router;
+  DeviceBuffer bias;
+  cuda::RouterParams params;
+  std::unique_ptr<cuda::MoeLayerCuda> layer;
+  std::optional<DenseMlpGpu> shared;
+};
+
+struct AttnGpu {
+  GqaAttentionSpec spec;
+  GpuLinear q, k, v, o;
+  DeviceBuffer q_norm, k_norm;
+  int rope = 0;  // index into the engine's RoPE tables
+  DeviceBuffer kcache, vcache;  // fp16 [pages * page_size, kv_heads * head_dim]
+};
+
+struct LayerGpu {
+  DeviceBuffer input_norm, post_norm;
+  AttnGpu attn;
+  std::variant<DenseMlpGpu, MoeGpu> mlp;
+};
+
+// Offsets (int32 elements) of one step's geometry in the meta buffer; a function of the counts
+// only, so a graph captured for a count finds its data at the same addresses on replay.
+struct MetaLayout {
+  int64_t n = 0, decode = 0, tiles = 0, rows = 0, seqs = 0, max_pages = 0;
+  int64_t ids() const { return 0; }
+  int64_t pos() const { return n; }
+  int64_t seq_row() const { return 2 * n; }
+  int64_t decode_list() const { return 3 * n; }
+  int64_t tile_first() const { return 3 * n + decode; }
+  int64_t tile_len() const { return 3 * n + decode + tiles; }
+  int64_t row_index() const { return 3 * n + decode + 2 * tiles; }
+  int64_t page_tables() const { return 3 * n + decode + 2 * tiles + rows; }
+  int64_t total() const { return page_tables() + seqs * max_pages; }
+};
+
+// One chunk of a batch: runs of consecutive tokens, each from one entry.
+struct Run {
+  size_t entry = 0;
+  SeqId seq = -1;
+  size_t first = 0;  // index into the entry's tokens
+  size_t len = 0;
+  int64_t start = 0;  // position of the first token
+  bool want_all = false, want_last = false;
+};
+
+class CudaEngine final : public Engine {
+ public:
+  CudaEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts)
+      : ckpt_(ckpt), spec_(std::move(spec)), opts_(opts) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      fail("device cuda: no CUDA device is visible; hint: use --device cpu");
+    }
+    if (opts.page_size <= 0) fail("engine: page size {} must be positive", opts.page_size);
+    if (opts.cache_tokens <= 0) fail("engine: cache size {} tokens must be positive", opts.cache_tokens);
+    if (opts.max_batch_tokens <= 0) fail("engine: max batch tokens {} must be positive", opts.max_batch_tokens);
+    cap_ = opts.max_batch_tokens;
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the stream");
+    const int64_t pages = (opts.cache_tokens + opts.page_size - 1) / opts.page_size;
+    max_seq_tokens_ = pages * opts.page_size;
+    if (spec_.max_position_embeddings > 0) max_seq_tokens_ = std::min(max_seq_tokens_, spec_.max_position_embeddings);
+    max_pages_ = (max_seq_tokens_ + opts.page_size - 1) / opts.page_size;
+    load_weights();
+    std::vector<KvLayerShape> kv;
+    for (const auto& l : layers_) {
+      const int64_t w = l.attn.spec.num_kv_heads * l.attn.spec.head_dim;
+      kv.push_back({w, w});
+    }
+    cache_ = std::make_unique<PagedKvCache>(std::move(kv), opts.page_size, pages, /*host_storage=*/false);
+    for (auto& l : layers_) {
+      const auto bytes = static_cast<size_t>(pages * opts.page_size * l.attn.spec.num_kv_heads * l.attn.spec.head_dim) * 2;
+      l.attn.kcache = DeviceBuffer(bytes, "the KV cache");
+      l.attn.vcache = DeviceBuffer(bytes, "the KV cache");
+      kv_bytes_ += 2 * bytes;
+    }
+    allocate_scratch();
+    void* pinned = nullptr;
+    check(cudaMallocHost(&pinned, static_cast<size_t>(meta_capacity_) * 4), "allocating pinned memory");
+    meta_host_ = static_cast<int32_t*>(pinned);
+    check(cudaMallocHost(&pinned, static_cast<size_t>(cap_ * head_.out()) * 4), "allocating pinned memory");
+    logits_host_ = static_cast<float*>(pinned);
+  }
+
+  ~CudaEngine() override {
+    for (auto& [n, g] : graphs_) cudaGraphExecDestroy(g);
+    if (meta_host_) cudaFreeHost(meta_host_);
+    if (logits_host_) cudaFreeHost(logits_host_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  const ModelSpec& spec() const override { return spec_; }
+  Device device() const override { return Device::kCuda; }
+  SeqId new_sequence() override { return cache_->add_sequence(); }
+  void drop_sequence(SeqId seq) override { cache_->remove_sequence(seq); }
+  int64_t sequence_length(SeqId seq) const override { return cache_->length(seq); }
+  int64_t free_cache_tokens() const override { return cache_->free_pages() * cache_->page_size(); }
+  int64_t cache_tokens_needed(SeqId seq, int64_t new_tokens) const override {
+    return cache_->pages_needed(seq, new_tokens) * cache_->page_size();
+  }
+
+  std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
+    const BatchEntry e{seq, tokens, mode};
+    return std::move(forward_batch(std::span<const BatchEntry>(&e, 1)).front());
+  }
+
+  std::vector<std::vector<float>> forward_batch(std::span<const BatchEntry> batch) override {
+    validate_batch(*this, batch);
+    for (const auto& e : batch) {
+      const int64_t end = cache_->length(e.seq) + static_cast<int64_t>(e.tokens.size());
+      if (end > max_seq_tokens_) {
+        fail("forward: sequence {} would hold {} tokens; this engine runs sequences of up to {} (the KV pool or the "
+             "model's max_position_embeddings); hint: raise --cache-tokens",
+             e.seq, end, max_seq_tokens_);
+      }
+    }
+    std::vector<std::vector<float>> out(batch.size());
+    // Cut the batch's tokens into chunks of at most cap_ tokens, entry by entry.
+    std::vector<Run> chunk;
+    int64_t in_chunk = 0;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const auto& e = batch[b];
+      size_t done = 0;
+      while (done < e.tokens.size()) {
+        const size_t len = std::min<size_t>(e.tokens.size() - done, static_cast<size_t>(cap_ - in_chunk));
+        Run r;
+        r.entry = b;
+        r.seq = e.seq;
+        r.first = done;
+        r.len = len;
+        r.want_all = e.mode == LogitsMode::kAll;
+        r.want_last = e.mode == LogitsMode::kLast && done + len == e.tokens.size();
+        chunk.push_back(r);
+        in_chunk += static_cast<int64_t>(len);
+        done += len;
+        if (in_chunk == cap_) {
+          run_chunk(batch, chunk, out);
+          chunk.clear();
+          in_chunk = 0;
+        }
+      }
+    }
+    if (!chunk.empty()) run_chunk(batch, chunk, out);
+    return out;
+  }
+
+ private:
+  // ---- loading ----------------------------------------------------------------------------
+
+  void load_weights() {
+    const auto& store = ckpt_.store();
+    const int64_t hidden = spec_.hidden_size;
+    const TensorRef* emb = store.find(spec_.embed_tokens);
+    if (emb == nullptr) fail("{}: tensor '{}' is missing", ckpt_.path().string(), spec_.embed_tokens);
+    if (emb->info->rank() != 2 || emb->info->shape[1] != hidden || emb->info->shape[0] < spec_.vocab_size) {
+      fail("{}: tensor '{}' is not [>= vocab_size {}, hidden_size {}]", ckpt_.path().string(), spec_.embed_tokens,
+           spec_.vocab_size, hidden);
+    }
+    embed_type_ = cuda_dtype(emb->info->dtype, spec_.embed_tokens);
+    {
+      const auto bytes = emb->bytes();
+      embed_ = DeviceBuffer(bytes.data(), bytes.size(), spec_.embed_tokens);
+      weight_bytes_ += bytes.size();
+    }
+    final_norm_ = upload_floats(load_vector(store, spec_.final_norm, hidden), spec_.final_norm);
+    if (spec_.lm_head_tied) {
+      head_ = GpuLinear::dense(store, spec_.embed_tokens, {}, cap_, false);
+    } else {
+      head_ = GpuLinear::load(ckpt_, spec_.lm_head, hidden, spec_.vocab_size, cap_);
+    }
+    weight_bytes_ += head_.device_bytes();
+    std::optional<moe::MoeLayout> layout;
+    if (spec_.is_moe()) {
+      layout = moe::read_moe_layout(ckpt_);
+      if (!layout) {
+        fail("{}: config.json describes a MoE model but the checkpoint has no EXL3 experts; the CUDA engine runs "
+             "quantized experts only (hint: quantize the model with `exl3 quantize`, or use --device cpu)",
+             ckpt_.path().string());
+      }
+      if (layout->tp != 1) {
+        fail("{}: the experts are sliced for TP {}; the CUDA engine runs one GPU per process at TP 1", ckpt_.path().string(),
+             layout->tp);
+      }
+    }
+    for (const auto& ls : spec_.layers) {
+      LayerGpu l;
+      l.input_norm = upload_floats(load_vector(store, ls.input_norm, hidden), ls.input_norm);
+      l.post_norm = upload_floats(load_vector(store, ls.post_attention_norm, hidden), ls.post_attention_norm);
+      load_attention(l.attn, std::get<GqaAttentionSpec>(ls.attention));
+      if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
+        l.mlp = load_dense_mlp(d->prefix, d->intermediate);
+      } else {
+        const auto& m = std::get<MoeSpec>(ls.mlp);
+        if (!layout->has_layer(ls.index)) {
+          fail("{}: config.json makes layer {} a MoE layer, but the checkpoint has no experts for it",
+               ckpt_.path().string(), ls.index);
+        }
+        l.mlp = load_moe(m, *layout, ls.index);
+      }
+      layers_.push_back(std::move(l));
+    }
+  }
+
+  void load_attention(AttnGpu& a, const GqaAttentionSpec& s) {
+    const int64_t hidden = spec_.hidden_size, qw = s.num_heads * s.head_dim, kvw = s.num_kv_heads * s.head_dim;
+    if (!cuda::attention_supports_head_dim(static_cast<int>(s.head_dim))) {
+      fail("{}: {} has head_dim {}; the CUDA attention kernels are built for 64 and 128 (hint: --device cpu)",
+           spec_.label, s.prefix, s.head_dim);
+    }
+    a.spec = s;
+    a.q = GpuLinear::load(ckpt_, s.prefix + ".q_proj", hidden, qw, cap_);
+    a.k = GpuLinear::load(ckpt_, s.prefix + ".k_proj", hidden, kvw, cap_);
+    a.v = GpuLinear::load(ckpt_, s.prefix + ".v_proj", hidden, kvw, cap_);
+    a.o = GpuLinear::load(ckpt_, s.prefix + ".o_proj", qw, hidden, cap_);
+    for (const GpuLinear* l : {&a.q, &a.k, &a.v, &a.o}) track(*l);
+    if (s.qk_norm) {
+      a.q_norm = upload_floats(load_vector(ckpt_.store(), s.prefix + ".q_norm.weight", s.head_dim), "q_norm");
+      a.k_norm = upload_floats(load_vector(ckpt_.store(), s.prefix + ".k_norm.weight", s.head_dim), "k_norm");
+    }
+    a.rope = rope_table(s.rope);
+    widest_q_ = std::max(widest_q_, qw);
+    widest_kv_ = std::max(widest_kv_, kvw);
+  }
+
+  DenseMlpGpu load_dense_mlp(const std::string& prefix, int64_t inter) {
+    const int64_t hidden = spec_.hidden_size;
+    DenseMlpGpu m{GpuLinear::load(ckpt_, prefix + ".gate_proj", hidden, inter, cap_),
+                  GpuLinear::load(ckpt_, prefix + ".up_proj", hidden, inter, cap_),
+                  GpuLinear::load(ckpt_, prefix + ".down_proj", inter, hidden, cap_), inter};
+    for (const GpuLinear* l : {&m.gate, &m.up, &m.down}) track(*l);
+    widest_inter_ = std::max(widest_inter_, inter);
+    return m;
+  }
+
+  MoeGpu load_moe(const MoeSpec& s, const moe::MoeLayout& layout, int layer) {
+    MoeGpu m;
+    const auto& store = ckpt_.store();
+    m.router = GpuLinear::load(ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts, cap_, /*fp32=*/true);
+    track(m.router);
+    m.params.num_experts = static_cast<int>(s.num_experts);
+    m.params.top_k = s.top_k;
+    m.params.renormalize = s.renormalize;
+    m.params.sigmoid_grouped = s.router == RouterKind::kSigmoidGrouped;
+    m.params.n_group = s.n_group;
+    m.params.topk_group = s.topk_group;
+    m.params.routed_scaling_factor = static_cast<float>(s.routed_scaling_factor);
+    if (s.num_experts > 1024 || s.top_k > 32 || s.n_group > 32) {
+      fail("{}: {}: the GPU router handles up to 1024 experts, top-k 32 and 32 groups (this layer: {}, {}, {})",
+           spec_.label, s.prefix, s.num_experts, s.top_k, s.n_group);
+    }
+    if (s.correction_bias) {
+      m.bias = upload_floats(load_vector(store, s.prefix + ".gate.e_score_correction_bias", s.num_experts),
+                             "e_score_correction_bias");
+      m.params.correction_bias = m.bias.get<float>();
+    }
+    const moe::MoeLayerWeights w = moe::load_moe_layer(store, layout, layer, 0, 1, static_cast<int>(s.num_experts));
+    if (w.hidden != spec_.hidden_size || w.intermediate != s.intermediate) {
+      fail("{}: MoE layer {} experts are {} -> {}, but config.json gives hidden_size {} and moe_intermediate_size {}",
+           ckpt_.path().string(), layer, w.hidden, w.intermediate, spec_.hidden_size, s.intermediate);
+    }
+    cuda::MoeOptions mo;
+    mo.capacity = cap_;
+    m.layer = std::make_unique<cuda::MoeLayerCuda>(w, s.top_k, cuda::moe_options_from_env(mo));
+    weight_bytes_ += m.layer->device_bytes();
+    ws_bytes_ = std::max(ws_bytes_, m.layer->arena_bytes());
+    widest_experts_ = std::max<int64_t>(widest_experts_, s.num_experts);
+    widest_topk_ = std::max<int64_t>(widest_topk_, s.top_k);
+    if (s.shared) m.shared = load_dense_mlp(s.shared->prefix, s.shared->intermediate);
+    return m;
+  }
+
+  void track(const GpuLinear& l) {
+    weight_bytes_ += l.device_bytes();
+    ws_bytes_ = std::max(ws_bytes_, l.workspace_bytes());
+    if (l.stored_in() != l.in()) widest_pad_in_ = std::max(widest_pad_in_, l.stored_in());
+    if (l.stored_out() != l.out()) widest_pad_out_ = std::max(widest_pad_out_, l.stored_out());
+  }
+
+  // cos/sin tables [max_seq_tokens, 2, half] per distinct RoPE (every layer shares one in the
+  // supported architectures).
+  int rope_table(const RopeSpec& r) {
+    const RopeTable table(r);
+    for (size_t i = 0; i < ropes_.size(); ++i) {
+      if (ropes_[i].inv_freq == table.inv_freq() && ropes_[i].factor == r.attention_factor) return static_cast<int>(i);
+    }
+    const int64_t half = table.half();
+    std::vector<float> cs(static_cast<size_t>(max_seq_tokens_ * 2 * half));
+    for (int64_t p = 0; p < max_seq_tokens_; ++p) {
+      table.at(p, cs.data() + p * 2 * half, cs.data() + p * 2 * half + half);
+    }
+    ropes_.push_back({table.inv_freq(), r.attention_factor, upload_floats(cs, "the RoPE table")});
+    return static_cast<int>(ropes_.size() - 1);
+  }
+
+  void allocate_scratch() {
+    const auto f = [&](int64_t width, const char* what) { return DeviceBuffer(static_cast<size_t>(cap_ * width) * 4, what); };
+    const int64_t hidden = spec_.hidden_size;
+    s_.x = f(hidden, "activations");
+    s_.h = f(hidden, "activations");
+    s_.y = f(hidden, "activations");
+    s_.q = f(widest_q_, "activations");
+    s_.attn = f(widest_q_, "activations");
+    s_.k = f(widest_kv_, "activations");
+    s_.v = f(widest_kv_, "activations");
+    s_.g = f(std::max<int64_t>(widest_inter_, 1), "activations");
+    s_.u = f(std::max<int64_t>(widest_inter_, 1), "activations");
+    s_.router = f(std::max<int64_t>(widest_experts_, 1), "router logits");
+    s_.ids = f(std::max<int64_t>(widest_topk_, 1), "routes");
+    s_.wts = f(std::max<int64_t>(widest_topk_, 1), "routes");
+    s_.shared_out = f(hidden, "activations");
+    s_.logits = f(head_.out(), "logits");
+    if (widest_pad_in_ > 0) s_.pad_in = f(widest_pad_in_, "padding");
+    if (widest_pad_out_ > 0) s_.pad_out = f(widest_pad_out_, "padding");
+    s_.ws = DeviceBuffer(ws_bytes_, "the workspace");
+    meta_capacity_ = 7 * cap_ + cap_ * max_pages_;  // the largest MetaLayout::total()
+    s_.meta = DeviceBuffer(static_cast<size_t>(meta_capacity_) * 4, "step metadata");
+    pads_ = {s_.pad_in.get<float>(), s_.pad_out.get<float>()};
+  }
+
+  // ---- one chunk --------------------------------------------------------------------------
+
+  void run_chunk(std::span<const BatchEntry> batch, std::vector<Run>& runs, std::vector<std::vector<float>>& out) {
+    MetaLayout ml;
+    ml.max_pages = max_pages_;
+    ml.seqs = static_cast<int64_t>(runs.size());
+    bool pure_decode = true;
+    for (auto& r : runs) {
+      r.start = cache_->length(r.seq);
+      ml.n += static_cast<int64_t>(r.len);
+      if (r.len == 1) {
+        ++ml.decode;
+      } else {
+        ml.tiles += static_cast<int64_t>((r.len + 31) / 32);
+        pure_decode = false;
+      }
+      ml.rows += r.want_all ? static_cast<int64_t>(r.len) : (r.want_last ? 1 : 0);
+      if (!r.want_last || r.want_all) pure_decode = false;
+    }
+    for (const auto& r : runs) cache_->reserve(r.seq, static_cast<int64_t>(r.len));
+    int32_t* h = meta_host_;
+    int64_t t = 0, d = 0, ti = 0, row = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const Run& r = runs[i];
+      const auto& tokens = batch[r.entry].tokens;
+      if (r.len > 1) {
+        for (size_t f = 0; f < r.len; f += 32) {
+          h[ml.tile_first() + ti] = static_cast<int32_t>(t + static_cast<int64_t>(f));
+          h[ml.tile_len() + ti] = static_cast<int32_t>(std::min<size_t>(32, r.len - f));
+          ++ti;
+        }
+      } else {
+        h[ml.decode_list() + d++] = static_cast<int32_t>(t);
+      }
+      for (size_t j = 0; j < r.len; ++j, ++t) {
+        h[ml.ids() + t] = tokens[r.first + j];
+        h[ml.pos() + t] = static_cast<int32_t>(r.start + static_cast<int64_t>(j));
+        h[ml.seq_row() + t] = static_cast<int32_t>(i);
+        if (r.want_all || (r.want_last && j + 1 == r.len)) h[ml.row_index() + row++] = static_cast<int32_t>(t);
+      }
+      const auto pages = cache_->page_table(r.seq);
+      int32_t* pt = h + ml.page_tables() + static_cast<int64_t>(i) * max_pages_;
+      std::fill_n(pt, max_pages_, 0);
+      std::copy(pages.begin(), pages.end(), pt);
+    }
+    check(cudaMemcpyAsync(s_.meta.get(), meta_host_, static_cast<size_t>(ml.total()) * 4, cudaMemcpyHostToDevice, stream_),
+          "uploading the step");
+    if (pure_decode && opts_.cuda_graphs) {
+      launch_graph(ml);
+    } else {
+      forward_kernels(ml);
+    }
+    if (ml.rows > 0) {
+      const int64_t vs = head_.out();
+      check(cudaMemcpyAsync(logits_host_, s_.logits.get(), static_cast<size_t>(ml.rows * vs) * 4,
+                            cudaMemcpyDeviceToHost, stream_),
+            "reading the logits");
+    }
+    check(cudaStreamSynchronize(stream_), "running the forward pass");
+    // Hand each run's rows to its entry (vocab columns only: the head may be padded). A decode
+    // step of 64 sequences returns 64 vocab-wide rows (39 MB for a 152k vocabulary), so the
+    // copies out of pinned memory run in parallel.
+    const int64_t vs = head_.out(), vocab = spec_.vocab_size;
+    std::vector<std::pair<float*, int64_t>> rows_out;  // destination, source row
+    int64_t r_at = 0;
+    for (const Run& r : runs) {
+      const int64_t rows = r.want_all ? static_cast<int64_t>(r.len) : (r.want_last ? 1 : 0);
+      auto& dst = out[r.entry];
+      const size_t at = dst.size();
+      dst.resize(at + static_cast<size_t>(rows * vocab));
+      for (int64_t i = 0; i < rows; ++i) rows_out.emplace_back(dst.data() + at + i * vocab, r_at++);
+      cache_->advance(r.seq, static_cast<int64_t>(r.len));
+    }
+    tbb::parallel_for(size_t{0}, rows_out.size(), [&](size_t i) {
+      std::memcpy(rows_out[i].first, logits_host_ + rows_out[i].second * vs, static_cast<size_t>(vocab) * 4);
+    });
+  }
+
+  void launch_graph(const MetaLayout& ml) {
+    auto it = graphs_.find(ml.n);
+    if (it == graphs_.end()) {
+      cudaGraph_t graph = nullptr;
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capturing the decode step");
+      try {
+        forward_kernels(ml);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      check(cudaStreamEndCapture(stream_, &graph), "capturing the decode step");
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      check(e, "instantiating the decode graph");
+      it = graphs_.emplace(ml.n, exec).first;
+    }
+    check(cudaGraphLaunch(it->second, stream_), "replaying the decode graph");
+  }
+
+  // Every kernel of one chunk, in stream order (no host sync, no allocation).
+  void forward_kernels(const MetaLayout& ml) {
+    const int64_t n = ml.n, hidden = spec_.hidden_size;
+    const auto* meta = s_.meta.get<int32_t>();
+    const cuda::TokenMeta tm{meta + ml.pos(), meta + ml.seq_row()};
+    float* x = s_.x.get<float>();
+    float* hbuf = s_.h.get<float>();
+    float* y = s_.y.get<float>();
+    void* ws = s_.ws.get();
+    const size_t wsz = s_.ws.bytes();
+    const float eps = static_cast<float>(spec_.rms_norm_eps);
+    check(cuda::embed_rows(embed_.get(), embed_type_, hidden, meta + ml.ids(), n, x, stream_), "embedding");
+    const float* pending = nullptr;  // the last block's output, added to x by the next norm
+    for (size_t li = 0; li < layers_.size(); ++li) {
+      const LayerGpu& l = layers_[li];
+      check(cuda::add_rms_norm(x, pending, l.input_norm.get<float>(), nullptr, n, hidden, eps, hbuf, stream_), "norm");
+      attention(l.attn, ml, tm, hbuf, y, ws, wsz);
+      check(cuda::add_rms_norm(x, y, l.post_norm.get<float>(), nullptr, n, hidden, eps, hbuf, stream_), "norm");
+      if (const auto* d = std::get_if<DenseMlpGpu>(&l.mlp)) {
+        dense_mlp(*d, hbuf, y, n, ws, wsz);
+      } else {
+        moe_mlp(std::get<MoeGpu>(l.mlp), hbuf, y, n, ws, wsz);
+      }
+      pending = y;
+    }
+    if (ml.rows == 0) return;
+    check(cuda::add_rms_norm(x, pending, final_norm_.get<float>(), meta + ml.row_index(), ml.rows, hidden, eps, hbuf,
+                             stream_),
+          "final norm");
+    head_.run(hbuf, s_.logits.get<float>(), ml.rows, ws, wsz, pads_, stream_);
+  }
+
+  void attention(const AttnGpu& a, const MetaLayout& ml, const cuda::TokenMeta& tm, const float* h, float* out,
+                 void* ws, size_t wsz) {
+    const int64_t n = ml.n;
+    const auto& s = a.spec;
+    float* q = s_.q.get<float>();
+    float* k = s_.k.get<float>();
+    float* v = s_.v.get<float>();
+    a.q.run(h, q, n, ws, wsz, pads_, stream_);
+    a.k.run(h, k, n, ws, wsz, pads_, stream_);
+    a.v.run(h, v, n, ws, wsz, pads_, stream_);
+    const auto* meta = s_.meta.get<int32_t>();
+    cuda::PagedKv kv{a.kcache.get<uint16_t>(), a.vcache.get<uint16_t>(), meta + ml.page_tables(),
+                     static_cast<int32_t>(max_pages_), static_cast<int32_t>(cache_->page_size())};
+    const cuda::AttnShape shape{static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
+                                static_cast<int>(s.head_dim), static_cast<int>(s.rope.half())};
+    check(cuda::qk_norm_rope_store(q, k, v, a.q_norm.get<float>(), a.k_norm.get<float>(),
+                                   static_cast<float>(spec_.rms_norm_eps), ropes_[static_cast<size_t>(a.rope)].table.get<float>(),
+                                   tm, n, shape, kv, stream_),
+          "rope");
+    float* attn = s_.attn.get<float>();
+    const auto scale = static_cast<float>(s.scale);
+    check(cuda::attention_decode(q, meta + ml.decode_list(), ml.decode, tm, shape, scale, kv, attn, stream_),
+          "attention (decode)");
+    check(cuda::attention_prefill(q, meta + ml.tile_first(), meta + ml.tile_len(), ml.tiles, tm, shape, scale, kv, attn,
+                                  stream_),
+          "attention (prefill)");
+    a.o.run(attn, out, n, ws, wsz, pads_, stream_);
+  }
+
+  void dense_mlp(const DenseMlpGpu& m, const float* h, float* out, int64_t n, void* ws, size_t wsz) {
+    float* g = s_.g.get<float>();
+    float* u = s_.u.get<float>();
+    m.gate.run(h, g, n, ws, wsz, pads_, stream_);
+    m.up.run(h, u, n, ws, wsz, pads_, stream_);
+    check(cuda::silu_mul(g, u, n * m.inter, stream_), "SiLU");
+    m.down.run(g, out, n, ws, wsz, pads_, stream_);
+  }
+
+  void moe_mlp(const MoeGpu& m, const float* h, float* out, int64_t n, void* ws, size_t wsz) {
+    float* logits = s_.router.get<float>();
+    m.router.run(h, logits, n, ws, wsz, pads_, stream_);
+    auto* ids = s_.ids.get<int32_t>();
+    auto* wts = s_.wts.get<float>();
+    check(cuda::route_topk(logits, n, m.params, ids, wts, stream_), "routing");
+    check(m.layer->run(h, DType::kF32, ids, wts, out, n, ws, wsz, stream_), "MoE layer");
+    if (m.shared) {
+      float* so = s_.shared_out.get<float>();
+      dense_mlp(*m.shared, h, so, n, ws, wsz);
+      check(cuda::add_inplace(out, so, n * spec_.hidden_size, stream_), "shared experts");
+    }
+  }
+
+  struct Rope {
+    std::vector<float> inv_freq;
+    double factor = 1.0;
+    DeviceBuffer table;
+  };
+
+  Checkpoint ckpt_;
+  ModelSpec spec_;
+  EngineOptions opts_;
+  int64_t cap_ = 0, max_seq_tokens_ = 0, max_pages_ = 0, meta_capacity_ = 0;
+  cudaStream_t stream_ = nullptr;
+  DeviceBuffer embed_, final_norm_;
+  DType embed_type_ = DType::kBF16;
+  GpuLinear head_;
+  std::vector<LayerGpu> layers_;
+  std::vector<Rope> ropes_;
+  std::unique_ptr<PagedKvCache> cache_;
+  Scratch s_;
+  GpuLinear::Pads pads_;
+  int64_t widest_q_ = 0, widest_kv_ = 0, widest_inter_ = 0, widest_experts_ = 0, widest_topk_ = 0;
+  int64_t widest_pad_in_ = 0, widest_pad_out_ = 0;
+  size_t ws_bytes_ = 0, weight_bytes_ = 0, kv_bytes_ = 0;
+  int32_t* meta_host_ = nullptr;
+  float* logits_host_ = nullptr;
+  std::map<int64_t, cudaGraphExec_t> graphs_;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> make_cuda_engine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts) {
+  return std::make_unique<CudaEngine>(ckpt, std::move(spec), opts);
+}
+
+}  // namespace exl3::runtime
+
+#endif  // EXL3_HAVE_CUDA

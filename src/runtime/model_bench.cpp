@@ -1,0 +1,125 @@
+// `exl3 bench model` measurements (see model_bench.hpp).
+#include "exl3/runtime/model_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+#include <set>
+#include <variant>
+
+#include "exl3/error.hpp"
+#include "exl3/format/checkpoint.hpp"
+
+namespace exl3::runtime {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+uint64_t active_weight_bytes_per_token(const Checkpoint& ckpt, const ModelSpec& spec) {
+  uint64_t bytes = 0;
+  // Routed experts: per layer, the mean expert's bytes times top_k.
+  std::map<int, std::pair<uint64_t, std::set<int>>> experts;  // layer -> (bytes, expert ids)
+  for (const auto& l : ckpt.linears()) {
+    if (l.expert && l.expert->layer >= 0 && l.prefix.find(".experts.") != std::string::npos) {
+      auto& e = experts[l.expert->layer];
+      e.first += l.bytes;
+      e.second.insert(l.expert->expert);
+    } else {
+      bytes += l.bytes;
+    }
+  }
+  for (const auto& ls : spec.layers) {
+    const auto* m = std::get_if<MoeSpec>(&ls.mlp);
+    const auto it = experts.find(ls.index);
+    if (m == nullptr || it == experts.end() || it->second.second.empty()) continue;
+    bytes += it->second.first / it->second.second.size() * static_cast<uint64_t>(m->top_k);
+  }
+  for (const auto& t : ckpt.plain_tensors()) {
+    if (t.role == "embedding") {
+      if (!t.shape.empty() && t.shape[0] > 0) bytes += t.bytes / static_cast<uint64_t>(t.shape[0]);  // one row
+      if (spec.lm_head_tied && t.name == spec.embed_tokens) bytes += t.bytes;  // the head reads all of it
+    } else if (t.name.find(".experts.") == std::string::npos) {
+      bytes += t.bytes;  // norms, routers, unquantized linears
+    }
+  }
+  return bytes;
+}
+
+ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts) {
+  ModelBenchResult res;
+  std::mt19937_64 rng(opts.seed);
+  const auto vocab = static_cast<int32_t>(engine.spec().vocab_size);
+  std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+  const auto random_ids = [&](int64_t n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (auto& t : v) t = tok(rng);
+    return v;
+  };
+  for (const int64_t batch : opts.batches) {
+    const int64_t need = batch * (opts.context + opts.decode_steps + 2);
+    if (need > engine.free_cache_tokens()) {
+      fail("bench model: batch {} x {} tokens needs {} KV cache tokens, {} are free; hint: raise --cache-tokens",
+           batch, opts.context + opts.decode_steps + 2, need, engine.free_cache_tokens());
+    }
+    std::vector<Engine::SeqId> seqs;
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<Engine::BatchEntry> entries;
+    for (int64_t b = 0; b < batch; ++b) {
+      seqs.push_back(engine.new_sequence());
+      prompts.push_back(random_ids(opts.context));
+    }
+    for (int64_t b = 0; b < batch; ++b) entries.push_back({seqs[static_cast<size_t>(b)], prompts[static_cast<size_t>(b)]});
+    engine.forward_batch(entries);
+    std::vector<int32_t> step_tokens(static_cast<size_t>(batch));
+    std::vector<double> times;
+    for (int64_t s = 0; s < opts.decode_steps + 2; ++s) {
+      entries.clear();
+      for (int64_t b = 0; b < batch; ++b) {
+        step_tokens[static_cast<size_t>(b)] = tok(rng);
+        entries.push_back({seqs[static_cast<size_t>(b)], std::span(step_tokens).subspan(static_cast<size_t>(b), 1)});
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      engine.forward_batch(entries);
+      if (s >= 2) times.push_back(seconds_since(t0));  // two warm-up steps (graph capture)
+    }
+    for (const auto s : seqs) engine.drop_sequence(s);
+    DecodeResult d;
+    d.batch = batch;
+    d.seconds_per_step = median(times);
+    d.tokens_per_second = static_cast<double>(batch) / d.seconds_per_step;
+    res.decode.push_back(d);
+  }
+  if (opts.prefill_tokens > 0) {
+    if (opts.prefill_tokens > engine.free_cache_tokens()) {
+      fail("bench model: a prefill of {} tokens needs as many KV cache tokens, {} are free; hint: raise "
+           "--cache-tokens",
+           opts.prefill_tokens, engine.free_cache_tokens());
+    }
+    const auto ids = random_ids(opts.prefill_tokens);
+    std::vector<double> times;
+    for (int rep = 0; rep < 3; ++rep) {  // the first is a warm-up
+      const auto seq = engine.new_sequence();
+      const auto t0 = std::chrono::steady_clock::now();
+      engine.forward(seq, ids, LogitsMode::kLast);
+      if (rep > 0) times.push_back(seconds_since(t0));
+      engine.drop_sequence(seq);
+    }
+    res.prefill_tokens = opts.prefill_tokens;
+    res.prefill_seconds = median(times);
+    res.prefill_tokens_per_second = static_cast<double>(opts.prefill_tokens) / res.prefill_seconds;
+  }
+  return res;
+}
+
+}  // namespace exl3::runtime

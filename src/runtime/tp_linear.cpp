@@ -1,0 +1,149 @@
+// Per-rank linear slices (see tp_linear.hpp).
+#include "exl3/runtime/tp_linear.hpp"
+
+#include <algorithm>
+
+#include "exl3/error.hpp"
+
+namespace exl3::runtime {
+namespace {
+
+int64_t round_up(int64_t v, int64_t to) {
+  return (v + to - 1) / to * to;
+}
+
+}  // namespace
+
+Exl3Slice slice_exl3(const cpu::LinearView& full, TpSplit split, int64_t begin, int64_t end, bool with_bias) {
+  const int64_t axis = split == TpSplit::kColumn ? full.out_features : full.in_features;
+  if (begin < 0 || end <= begin || end > axis || begin % 16 != 0 || end % 16 != 0) {
+    fail("slice_exl3: channels [{}, {}) are not whole 16-channel tiles inside the {} stored {} features", begin,
+         end, axis, split == TpSplit::kColumn ? "output" : "input");
+  }
+  Exl3Slice s;
+  s.view = full;
+  const auto tile_words = static_cast<size_t>(16 * full.bits);
+  const auto tiles_out = static_cast<size_t>(full.out_features / 16);
+  const auto b = static_cast<size_t>(begin), e = static_cast<size_t>(end);
+  if (split == TpSplit::kColumn) {
+    const size_t rows = static_cast<size_t>(full.in_features / 16), cols = (e - b) / 16;
+    s.trellis.resize(rows * cols * tile_words);
+    for (size_t i = 0; i < rows; ++i) {
+      std::copy_n(full.trellis.begin() + static_cast<ptrdiff_t>((i * tiles_out + b / 16) * tile_words),
+                  cols * tile_words, s.trellis.begin() + static_cast<ptrdiff_t>(i * cols * tile_words));
+    }
+    s.view.trellis = s.trellis;
+    s.view.out_features = end - begin;
+    s.view.svh = full.svh.subspan(b, e - b);
+    if (!full.bias.empty()) s.bias.assign(full.bias.begin() + static_cast<ptrdiff_t>(b), full.bias.begin() + static_cast<ptrdiff_t>(e));
+  } else {
+    s.view.trellis = full.trellis.subspan(b / 16 * tiles_out * tile_words, (e - b) / 16 * tiles_out * tile_words);
+    s.view.in_features = end - begin;
+    s.view.suh = full.suh.subspan(b, e - b);
+    if (with_bias) s.bias.assign(full.bias.begin(), full.bias.end());
+  }
+  s.view.bias = s.bias;
+  s.view.validate();
+  return s;
+}
+
+std::vector<RankLinear> RankLinear::slice_all(const Checkpoint& ckpt, const TpLinearPlan& plan) {
+  std::vector<RankLinear> out;
+  const bool column = plan.split == TpSplit::kColumn;
+  if (plan.exl3) {
+    auto data = std::make_shared<const Exl3LinearData>(Exl3LinearData::load(ckpt, plan.prefix));
+    const auto full = cpu::LinearView::of(*data);
+    const int64_t stored = column ? full.out_features : full.in_features;
+    for (size_t r = 0; r < plan.ranks.size(); ++r) {
+      const Extent& e = plan.ranks[r];
+      RankLinear l;
+      l.in_ = column ? plan.in : e.count;
+      l.out_ = column ? e.count : plan.out;
+      l.parent_ = data;
+      if (!e.empty()) {
+        const int64_t end = std::min(round_up(e.end(), kTpBlock), stored);
+        l.exl3_ = std::make_shared<const Exl3Slice>(slice_exl3(full, plan.split, e.begin, end, r == 0));
+      } else if (!column && r == 0) {
+        l.bias_ = data->bias();
+      }
+      out.push_back(std::move(l));
+    }
+    return out;
+  }
+  const auto w = DenseMatrix::load(ckpt.store(), plan.prefix + ".weight", plan.out, plan.in);
+  std::vector<float> bias;
+  if (ckpt.store().contains(plan.prefix + ".bias")) bias = load_vector(ckpt.store(), plan.prefix + ".bias", plan.out);
+  if (column) {
+    out = slice_dense(w, plan.ranks);
+    if (!bias.empty()) {
+      for (size_t r = 0; r < out.size(); ++r) {
+        const Extent& e = plan.ranks[r];
+        out[r].bias_.assign(bias.begin() + e.begin, bias.begin() + e.end());
+      }
+    }
+    return out;
+  }
+  std::vector<float> row(static_cast<size_t>(plan.in));
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    const Extent& e = plan.ranks[r];
+    RankLinear l;
+    l.in_ = e.count;
+    l.out_ = plan.out;
+    if (r == 0) l.bias_ = bias;
+    if (!e.empty()) {
+      std::vector<float> v(static_cast<size_t>(plan.out * e.count));
+      for (int64_t o = 0; o < plan.out; ++o) {
+        w.row(o, row.data());
+        std::copy_n(row.begin() + e.begin, e.count, v.begin() + o * e.count);
+      }
+      l.dense_ = std::make_shared<const DenseMatrix>(
+          DenseMatrix::from_f32(std::move(v), plan.out, e.count, fmt::format("{}[:, {}:{}]", w.name(), e.begin, e.end())));
+    }
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+std::vector<RankLinear> RankLinear::slice_dense(const DenseMatrix& w, const std::vector<Extent>& ranks) {
+  std::vector<RankLinear> out;
+  for (const Extent& e : ranks) {
+    if (e.end() > w.rows()) fail("{}: rows [{}, {}) are outside its {} rows", w.name(), e.begin, e.end(), w.rows());
+    RankLinear l;
+    l.in_ = w.cols();
+    l.out_ = e.count;
+    if (!e.empty()) {
+      std::vector<float> v(static_cast<size_t>(e.count * w.cols()));
+      for (int64_t o = 0; o < e.count; ++o) w.row(e.begin + o, v.data() + o * w.cols());
+      l.dense_ = std::make_shared<const DenseMatrix>(
+          DenseMatrix::from_f32(std::move(v), e.count, w.cols(), fmt::format("{}[{}:{}]", w.name(), e.begin, e.end())));
+    }
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+void RankLinear::forward(const float* x, int64_t m, float* y) const {
+  if (m <= 0 || out_ == 0) return;
+  if (dense_) {
+    dense_->matmul_t(x, m, y, bias_);
+    return;
+  }
+  if (!exl3_) {  // an empty row slice: rank 0 adds the bias, the others nothing
+    for (int64_t t = 0; t < m; ++t) {
+      for (int64_t o = 0; o < out_; ++o) y[t * out_ + o] = bias_.empty() ? 0.0f : bias_[static_cast<size_t>(o)];
+    }
+    return;
+  }
+  const auto& v = exl3_->view;
+  const int64_t sin = v.in_features, sout = v.out_features;
+  if (sin == in_ && sout == out_) {
+    cpu::linear_forward(v, x, cpu::ActDType::kF32, m, y);
+    return;
+  }
+  std::vector<float> xp(static_cast<size_t>(m * sin), 0.0f), yp(static_cast<size_t>(m * sout));
+  for (int64_t r = 0; r < m; ++r) std::copy_n(x + r * in_, in_, xp.data() + r * sin);
+  cpu::linear_forward(v, xp.data(), cpu::ActDType::kF32, m, yp.data());
+  for (int64_t r = 0; r < m; ++r) std::copy_n(yp.data() + r * sout, out_, y + r * out_);
+}
+
+}  // namespace exl3::runtime

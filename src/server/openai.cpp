@@ -1,0 +1,323 @@
+// OpenAI request parsing and response shapes (see openai.hpp).
+#include "exl3/server/openai.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace exl3::server {
+
+using nlohmann::json;
+
+namespace {
+
+ApiError bad(std::string param, std::string message) {
+  ApiError e;
+  e.status = 400;
+  e.param = std::move(param);
+  e.message = std::move(message);
+  return e;
+}
+
+std::string type_name(const json& v) {
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number";
+  return fmt::format("a{} {}", v.is_array() || v.is_object() ? "n" : "", v.type_name());
+}
+
+// The reader of one body: each accessor validates one field and records the first error.
+class Fields {
+ public:
+  explicit Fields(const json& j) : j_(j) {}
+  std::optional<ApiError> error;
+
+  const json* get(const char* key) const {
+    const auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  void fail_type(const char* key, const char* want, const json& got) {
+    if (!error) error = bad(key, fmt::format("'{}' must be {}, got {}", key, want, type_name(got)));
+  }
+  void fail_value(const char* key, std::string msg) {
+    if (!error) error = bad(key, fmt::format("'{}' {}", key, msg));
+  }
+  std::optional<bool> boolean(const char* key) {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) return fail_type(key, "true or false", *v), std::nullopt;
+    return v->get<bool>();
+  }
+  std::optional<double> number(const char* key) {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) return fail_type(key, "a number", *v), std::nullopt;
+    const double d = v->get<double>();
+    if (!std::isfinite(d)) return fail_value(key, "must be finite"), std::nullopt;
+    return d;
+  }
+  std::optional<int64_t> integer(const char* key) {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number_integer()) return fail_type(key, "an integer", *v), std::nullopt;
+    return v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+               ? INT64_MAX
+               : v->get<int64_t>();
+  }
+  // A field this server does not implement: refused unless it has its neutral value.
+  void unsupported_unless(const char* key, const json& neutral, const char* what) {
+    const json* v = get(key);
+    if (!v || *v == neutral) return;
+    if ((v->is_array() || v->is_object()) && v->empty()) return;
+    fail_value(key, fmt::format("is not supported by this server ({}); leave it out", what));
+  }
+
+ private:
+  const json& j_;
+};
+
+std::optional<std::vector<int32_t>> token_list(const json& v) {
+  std::vector<int32_t> ids;
+  for (const auto& x : v) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX) return std::nullopt;
+    ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+  }
+  return ids;
+}
+
+void parse_prompt(Fields& f, CompletionRequest& r) {
+  const json* p = f.get("prompt");
+  if (!p) return f.fail_value("prompt", "is required (a string or a list of token ids)");
+  const json* one = p;
+  if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
+    if (p->size() != 1) {
+      return f.fail_value("prompt", fmt::format("holds {} prompts; this server takes one prompt per request", p->size()));
+    }
+    one = &p->front();
+  }
+  if (one->is_string()) {
+    r.prompt_text = one->get<std::string>();
+    if (r.prompt_text.empty()) f.fail_value("prompt", "is empty");
+    return;
+  }
+  if (one->is_array()) {
+    if (one->empty()) return f.fail_value("prompt", "is an empty token list");
+    auto ids = token_list(*one);
+    if (!ids) return f.fail_value("prompt", "must be a string or a list of non-negative integer token ids");
+    r.prompt_ids = std::move(*ids);
+    r.prompt_is_ids = true;
+    return;
+  }
+  f.fail_type("prompt", "a string or a list of token ids", *one);
+}
+
+void parse_messages(Fields& f, CompletionRequest& r) {
+  const json* m = f.get("messages");
+  if (!m) return f.fail_value("messages", "is required (a list of {\"role\", \"content\"} objects)");
+  if (!m->is_array()) return f.fail_type("messages", "a list", *m);
+  if (m->empty()) return f.fail_value("messages", "is empty");
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    if (!msg.is_object()) return f.fail_value("messages", fmt::format("item {} must be an object, got {}", i, type_name(msg)));
+    const auto role = msg.find("role");
+    if (role == msg.end() || !role->is_string()) {
+      return f.fail_value("messages", fmt::format("item {} needs a string 'role'", i));
+    }
+    ChatMessage cm;
+    cm.role = role->get<std::string>();
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "developer") {
+      return f.fail_value("messages", fmt::format("item {}: role '{}' is not supported (system, developer, user, "
+                                                  "assistant)", i, cm.role));
+    }
+    if (cm.role == "developer") cm.role = "system";  // OpenAI's newer name for the system turn
+    const auto content = msg.find("content");
+    if (content == msg.end() || content->is_null()) {
+      return f.fail_value("messages", fmt::format("item {} has no 'content'", i));
+    }
+    if (content->is_string()) {
+      cm.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (const auto& part : *content) {
+        const auto type = part.is_object() ? part.find("type") : part.end();
+        const auto text = part.is_object() ? part.find("text") : part.end();
+        if (!part.is_object() || type == part.end() || *type != "text" || text == part.end() || !text->is_string()) {
+          return f.fail_value("messages", fmt::format("item {}: only text content parts ({{\"type\": \"text\", "
+                                                      "\"text\": ...}}) are supported",
+                                                      i));
+        }
+        cm.content += text->get<std::string>();
+      }
+    } else {
+      return f.fail_value("messages", fmt::format("item {}: 'content' must be a string or a list of text parts, got {}",
+                                                  i, type_name(*content)));
+    }
+    r.messages.push_back(std::move(cm));
+  }
+}
+
+}  // namespace
+
+json ApiError::to_json() const {
+  return {{"error",
+           {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, Endpoint endpoint) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::exception& e) {
+    return bad("", fmt::format("the request body is not valid JSON ({}); send a JSON object with "
+                               "Content-Type: application/json",
+                               e.what()));
+  }
+  if (!j.is_object()) return bad("", fmt::format("the request body must be a JSON object, got {}", type_name(j)));
+
+  CompletionRequest r;
+  r.endpoint = endpoint;
+  Fields f(j);
+  if (const json* m = f.get("model")) {
+    if (m->is_string()) {
+      r.model = m->get<std::string>();
+    } else {
+      f.fail_type("model", "a string", *m);
+    }
+  }
+  if (endpoint == Endpoint::kCompletions) {
+    parse_prompt(f, r);
+  } else {
+    parse_messages(f, r);
+  }
+  const char* max_key = f.get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  if (auto v = f.integer(max_key)) {
+    if (*v <= 0) f.fail_value(max_key, fmt::format("must be at least 1, got {}", *v));
+    r.max_tokens = *v;
+  }
+  if (auto v = f.number("temperature")) {
+    if (*v < 0.0) f.fail_value("temperature", fmt::format("must be >= 0 (0 = greedy), got {}", *v));
+    r.temperature = static_cast<float>(*v);
+  }
+  if (auto v = f.number("top_p")) {
+    if (!(*v > 0.0 && *v <= 1.0)) f.fail_value("top_p", fmt::format("must be in (0, 1], got {}", *v));
+    r.top_p = static_cast<float>(*v);
+  }
+  if (auto v = f.integer("seed")) r.seed = static_cast<uint64_t>(*v);
+  if (auto v = f.integer("n")) {
+    if (*v != 1) f.fail_value("n", fmt::format("must be 1 (one choice per request), got {}", *v));
+  }
+  if (auto v = f.boolean("stream")) r.stream = *v;
+  if (const json* so = f.get("stream_options")) {
+    if (!so->is_object()) {
+      f.fail_type("stream_options", "an object", *so);
+    } else if (const auto iu = so->find("include_usage"); iu != so->end() && !iu->is_null()) {
+      if (!iu->is_boolean()) {
+        f.fail_type("stream_options", "an object whose include_usage is true or false", *iu);
+      } else {
+        r.include_usage = iu->get<bool>();
+      }
+    }
+  }
+  if (const json* s = f.get("stop")) {
+    if (s->is_string()) {
+      r.stop.push_back(s->get<std::string>());
+    } else if (s->is_array()) {
+      for (const auto& x : *s) {
+        if (!x.is_string()) {
+          f.fail_value("stop", "must be a string or a list of strings");
+          break;
+        }
+        r.stop.push_back(x.get<std::string>());
+      }
+      if (r.stop.size() > 4) f.fail_value("stop", fmt::format("holds {} strings; at most 4 are allowed", r.stop.size()));
+    } else {
+      f.fail_type("stop", "a string or a list of strings", *s);
+    }
+    for (const auto& x : r.stop) {
+      if (x.empty()) f.fail_value("stop", "contains an empty string");
+    }
+  }
+  if (auto v = f.boolean("ignore_eos")) r.ignore_eos = *v;
+  f.unsupported_unless("best_of", 1, "one completion per request");
+  f.unsupported_unless("echo", false, "the prompt is not echoed");
+  f.unsupported_unless("logprobs", false, "no log-probabilities");
+  f.unsupported_unless("top_logprobs", 0, "no log-probabilities");
+  f.unsupported_unless("frequency_penalty", 0, "no penalties");
+  f.unsupported_unless("presence_penalty", 0, "no penalties");
+  f.unsupported_unless("logit_bias", json::object(), "no logit bias");
+  f.unsupported_unless("suffix", "", "no insertion");
+  f.unsupported_unless("tools", json::array(), "no tool calls");
+  if (const json* rf = f.get("response_format")) {
+    if (!(rf->is_object() && rf->value("type", "text") == "text")) {
+      f.fail_value("response_format", "is not supported by this server (only plain text); leave it out");
+    }
+  }
+  if (f.error) return *f.error;
+  return r;
+}
+
+json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+json completion_response(const ResponseMeta& meta, const std::string& text, std::string_view finish_reason,
+                         int64_t prompt_tokens, int64_t completion_tokens) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+  const bool chat = meta.endpoint == Endpoint::kChat;
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  return {{"id", meta.id},
+          {"object", chat ? "chat.completion" : "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array({choice})},
+          {"usage", usage_json(prompt_tokens, completion_tokens)}};
+}
+
+json stream_chunk(const ResponseMeta& meta, const std::string& text, std::optional<std::string_view> finish_reason,
+                  bool role_delta) {
+  const bool chat = meta.endpoint == Endpoint::kChat;
+  json choice = {{"index", 0},
+                 {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)},
+                 {"logprobs", nullptr}};
+  if (chat) {
+    json delta = json::object();
+    if (role_delta) delta["role"] = "assistant";
+    if (role_delta || !text.empty()) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  return {{"id", meta.id},
+          {"object", chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array({choice})}};
+}
+
+json usage_chunk(const ResponseMeta& meta, int64_t prompt_tokens, int64_t completion_tokens) {
+  const bool chat = meta.endpoint == Endpoint::kChat;
+  return {{"id", meta.id},
+          {"object", chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array()},
+          {"usage", usage_json(prompt_tokens, completion_tokens)}};
+}
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string sse_event(const json& j) {
+  return "data: " + dump(j) + "\n\n";
+}
+
+}  // namespace exl3::server

@@ -1,0 +1,346 @@
+// The continuous-batching worker (see scheduler.hpp).
+#include "exl3/server/scheduler.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "exl3/error.hpp"
+#include "exl3/server/stop_strings.hpp"
+
+namespace exl3::server {
+
+std::string_view finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+  }
+  return "error";
+}
+
+// ---- RequestStream -----------------------------------------------------------------------------
+
+StreamUpdate RequestStream::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return has_news_ || finished_; });
+  StreamUpdate out = pending_;
+  pending_.text.clear();
+  pending_.tokens.clear();
+  has_news_ = false;
+  return out;
+}
+
+void RequestStream::publish(std::string_view text, int32_t token, int64_t completion_tokens) {
+  {
+    std::lock_guard lk(mu_);
+    pending_.text += text;
+    if (token >= 0) pending_.tokens.push_back(token);
+    pending_.completion_tokens = completion_tokens;
+    has_news_ = true;
+  }
+  cv_.notify_all();
+}
+
+void RequestStream::finish(FinishReason reason, std::string_view text, std::string error,
+                           int64_t completion_tokens) {
+  {
+    std::lock_guard lk(mu_);
+    if (finished_) return;
+    pending_.text += text;
+    pending_.completion_tokens = completion_tokens;
+    pending_.finished = true;
+    pending_.reason = reason;
+    pending_.error = std::move(error);
+    finished_ = true;
+    has_news_ = true;
+  }
+  cv_.notify_all();
+}
+
+// ---- Scheduler ---------------------------------------------------------------------------------
+
+struct Scheduler::Active {
+  Active(GenerationRequest r, std::shared_ptr<RequestStream> s, const Tokenizer& tok)
+      : req(std::move(r)), stream(std::move(s)), sampler(req.sampling), decoder(tok, /*skip_special=*/true),
+        matcher(req.stop_strings) {}
+
+  GenerationRequest req;
+  std::shared_ptr<RequestStream> stream;
+  runtime::Sampler sampler;
+  StreamDecoder decoder;
+  StopStringMatcher matcher;
+  runtime::Engine::SeqId seq = -1;
+  int64_t reserved = 0;   // KV tokens set aside for prompt + max_tokens
+  size_t prefilled = 0;   // prompt tokens already in the KV cache
+  int64_t generated = 0;  // tokens sampled
+  int32_t next = -1;      // the last sampled token: the input of the next decode step
+  bool done = false;      // finished: retire() drops the sequence, then tells the client
+  FinishReason reason = FinishReason::kStop;
+  std::string error;
+
+  void end(FinishReason r, std::string why = {}) {
+    done = true;
+    reason = r;
+    error = std::move(why);
+  }
+
+  bool decoding() const { return prefilled == req.prompt.size(); }
+  // Text still held by the detokenizer and the stop-string matcher, at the end.
+  std::string tail() {
+    auto r = matcher.push(decoder.finish());
+    return r.stopped ? r.text : r.text + matcher.flush();
+  }
+};
+
+Scheduler::Scheduler(runtime::Engine& engine, Tokenizer tokenizer, const SchedulerOptions& opts)
+    : engine_(engine), tokenizer_(std::move(tokenizer)), opts_(opts) {
+  if (opts.max_seqs < 1) fail("server: max_seqs {} must be at least 1", opts.max_seqs);
+  if (opts.max_queue < 1) fail("server: max_queue {} must be at least 1", opts.max_queue);
+  if (opts.step_tokens < 1) fail("server: step_tokens {} must be at least 1", opts.step_tokens);
+  if (opts.max_context < 0) fail("server: max_context {} is negative (0 = the model's)", opts.max_context);
+  // The page size, measured rather than assumed: one token of a fresh sequence takes one page.
+  const auto probe = engine_.new_sequence();
+  page_tokens_ = std::max<int64_t>(1, engine_.cache_tokens_needed(probe, 1));
+  engine_.drop_sequence(probe);
+  cache_tokens_ = engine_.free_cache_tokens();
+  const int64_t model_ctx = engine_.spec().max_position_embeddings;
+  max_context_ = model_ctx > 0 ? std::min(model_ctx, cache_tokens_) : cache_tokens_;
+  if (opts.max_context > 0) {
+    if (opts.max_context > cache_tokens_) {
+      fail("server: max_context {} exceeds the KV cache of {} tokens; hint: raise --cache-tokens to at "
+           "least the context",
+           opts.max_context, cache_tokens_);
+    }
+    if (model_ctx > 0 && opts.max_context > model_ctx) {
+      fail("server: max_context {} exceeds the model's max_position_embeddings {} ({})", opts.max_context,
+           model_ctx, engine_.spec().label);
+    }
+    max_context_ = opts.max_context;
+  }
+  if (max_context_ < 2) fail("server: a context of {} tokens leaves no room for a prompt and a reply", max_context_);
+  stats_.cache_tokens = stats_.free_cache_tokens = cache_tokens_;
+  stats_.max_context = max_context_;
+  worker_ = std::thread([this] { run(); });
+}
+
+Scheduler::~Scheduler() { shutdown(); }
+
+void Scheduler::shutdown() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lk(mu_);
+  SchedulerStats s = stats_;
+  s.queued = static_cast<int64_t>(queue_.size());
+  return s;
+}
+
+int64_t Scheduler::pages_for(int64_t tokens) const {
+  return (tokens + page_tokens_ - 1) / page_tokens_ * page_tokens_;
+}
+
+Scheduler::Submitted Scheduler::submit(GenerationRequest req) {
+  auto refuse = [](Refusal r, std::string msg) { return Submitted{nullptr, r, std::move(msg)}; };
+  if (req.prompt.empty()) return refuse(Refusal::kInvalid, "the prompt is empty (it encodes to no tokens)");
+  const int64_t vocab = engine_.spec().vocab_size;
+  for (size_t i = 0; i < req.prompt.size(); ++i) {
+    if (req.prompt[i] < 0 || req.prompt[i] >= vocab) {
+      return refuse(Refusal::kInvalid, fmt::format("prompt token id {} at index {} is outside the vocabulary 0..{}",
+                                                   req.prompt[i], i, vocab - 1));
+    }
+  }
+  if (req.max_tokens <= 0) {
+    return refuse(Refusal::kInvalid, fmt::format("max_tokens {} must be at least 1", req.max_tokens));
+  }
+  for (const auto& s : req.stop_strings) {
+    if (s.empty()) return refuse(Refusal::kInvalid, "a stop string is empty");
+  }
+  try {
+    runtime::Sampler check(req.sampling);
+  } catch (const Error& e) {
+    return refuse(Refusal::kInvalid, e.what());
+  }
+  const auto prompt_len = static_cast<int64_t>(req.prompt.size());
+  if (prompt_len + req.max_tokens > max_context_) {
+    return refuse(Refusal::kTooLong,
+                  fmt::format("the prompt has {} tokens and max_tokens is {}: {} tokens exceed this server's "
+                              "context of {} tokens; hint: shorten the prompt or lower max_tokens",
+                              prompt_len, req.max_tokens, prompt_len + req.max_tokens, max_context_));
+  }
+  auto stream = std::make_shared<RequestStream>();
+  stream->pending_.prompt_tokens = prompt_len;
+  {
+    std::lock_guard lk(mu_);
+    if (stop_) return refuse(Refusal::kShuttingDown, "the server is shutting down");
+    if (static_cast<int64_t>(queue_.size()) >= opts_.max_queue) {
+      return refuse(Refusal::kQueueFull,
+                    fmt::format("the server is busy: {} requests are waiting and {} are running (limits "
+                                "--max-queue {}, --max-seqs {}); retry later",
+                                queue_.size(), stats_.running, opts_.max_queue, opts_.max_seqs));
+    }
+    queue_.push_back({std::move(req), stream});
+  }
+  cv_.notify_all();
+  return {stream, std::nullopt, {}};
+}
+
+void Scheduler::run() {
+  std::vector<std::unique_ptr<Active>> running;
+  for (;;) {
+    {
+      std::unique_lock lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !running.empty(); });
+      if (stop_) break;
+    }
+    for (auto& a : running) {
+      if (!a->done && a->stream->cancelled()) a->end(FinishReason::kCancelled, "the request was cancelled");
+    }
+    retire(running);
+    admit(running);
+    if (!running.empty()) step(running);
+    retire(running);
+  }
+  // Shutting down: nobody waits forever.
+  for (auto& a : running) a->end(FinishReason::kCancelled, "the server is shutting down");
+  retire(running);
+  std::lock_guard lk(mu_);
+  for (auto& p : queue_) p.stream->finish(FinishReason::kCancelled, "", "the server is shutting down", 0);
+  queue_.clear();
+}
+
+void Scheduler::admit(std::vector<std::unique_ptr<Active>>& running) {
+  std::lock_guard lk(mu_);
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (it->stream->cancelled()) {
+      it->stream->finish(FinishReason::kCancelled, "", "the request was cancelled", 0);
+      ++stats_.cancelled;
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // FIFO: the head waits for room rather than being overtaken by smaller requests (no starvation).
+  while (static_cast<int64_t>(running.size()) < opts_.max_seqs && !queue_.empty()) {
+    Pending& p = queue_.front();
+    const int64_t need = pages_for(static_cast<int64_t>(p.req.prompt.size()) + p.req.max_tokens);
+    if (need > cache_tokens_ - reserved_) break;
+    auto a = std::make_unique<Active>(std::move(p.req), std::move(p.stream), tokenizer_);
+    queue_.pop_front();
+    a->seq = engine_.new_sequence();
+    a->reserved = need;
+    reserved_ += need;
+    running.push_back(std::move(a));
+  }
+  stats_.running = static_cast<int64_t>(running.size());
+}
+
+void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
+  std::vector<runtime::Engine::BatchEntry> batch;
+  std::vector<Active*> who;
+  std::vector<int64_t> fed;  // prompt tokens each prefill entry feeds (0 for decodes)
+  int64_t budget = opts_.step_tokens;
+  for (auto& a : running) {
+    if (a->done || !a->decoding()) continue;
+    batch.push_back({a->seq, {&a->next, 1}, runtime::LogitsMode::kLast});
+    who.push_back(a.get());
+    fed.push_back(0);
+    --budget;
+  }
+  for (auto& a : running) {
+    if (budget <= 0) break;
+    if (a->done || a->decoding()) continue;
+    const int64_t left = static_cast<int64_t>(a->req.prompt.size() - a->prefilled);
+    const int64_t n = std::min(left, budget);
+    batch.push_back({a->seq, std::span<const int32_t>(a->req.prompt).subspan(a->prefilled, static_cast<size_t>(n)),
+                     runtime::LogitsMode::kLast});
+    who.push_back(a.get());
+    fed.push_back(n);
+    budget -= n;
+  }
+  if (batch.empty()) return;
+
+  std::vector<std::vector<float>> logits;
+  try {
+    logits = engine_.forward_batch(batch);
+  } catch (const std::exception& e) {
+    // Admission reserved the KV room and submit() checked every id, so this is an engine fault:
+    // fail the step's requests (their clients get the message) and keep serving the others.
+    std::fprintf(stderr, "exl3 serve: forward_batch failed: %s\n", e.what());
+    for (Active* a : who) a->end(FinishReason::kError, e.what());
+    return;
+  }
+  {
+    std::lock_guard lk(mu_);
+    ++stats_.steps;
+  }
+  for (size_t i = 0; i < who.size(); ++i) {
+    Active& a = *who[i];
+    a.prefilled += static_cast<size_t>(fed[i]);
+    if (!a.decoding()) continue;  // more prompt to prefill before the first sample
+    try {
+      accept_token(a, a.sampler.sample(logits[i]));
+    } catch (const std::exception& e) {
+      a.end(FinishReason::kError, e.what());
+    }
+  }
+}
+
+void Scheduler::accept_token(Active& a, int32_t tok) {
+  ++a.generated;
+  auto finish = [&](FinishReason reason, const std::string& text, int32_t token) {
+    a.stream->publish(text, token, a.generated);
+    a.end(reason);
+  };
+  if (std::find(a.req.stop_tokens.begin(), a.req.stop_tokens.end(), tok) != a.req.stop_tokens.end()) {
+    finish(FinishReason::kStop, a.tail(), tok);
+    return;
+  }
+  const auto r = a.matcher.push(a.decoder.push(tok));
+  if (r.stopped) {
+    finish(FinishReason::kStop, r.text, tok);
+  } else if (a.generated >= a.req.max_tokens) {
+    finish(FinishReason::kLength, r.text + a.tail(), tok);
+  } else {
+    a.stream->publish(r.text, tok, a.generated);
+    a.next = tok;
+  }
+}
+
+void Scheduler::retire(std::vector<std::unique_ptr<Active>>& running) {
+  // Drop the sequences and count them first, then tell the clients: whoever sees a request end
+  // also sees its KV pages back in the pool (and /health agrees).
+  std::vector<std::unique_ptr<Active>> ended;
+  for (auto& a : running) {
+    if (!a->done) continue;
+    engine_.drop_sequence(a->seq);
+    reserved_ -= a->reserved;
+    ended.push_back(std::move(a));
+  }
+  std::erase(running, nullptr);
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& a : ended) {
+      if (a->reason == FinishReason::kCancelled) {
+        ++stats_.cancelled;
+      } else if (a->reason == FinishReason::kError) {
+        ++stats_.failed;
+      } else {
+        ++stats_.completed;
+      }
+    }
+    stats_.running = static_cast<int64_t>(running.size());
+    stats_.free_cache_tokens = engine_.free_cache_tokens();
+  }
+  for (const auto& a : ended) a->stream->finish(a->reason, "", a->error, a->generated);
+}
+
+}  // namespace exl3::server

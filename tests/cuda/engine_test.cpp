@@ -1,0 +1,177 @@
+// The CUDA engine against the CPU reference engine on the same checkpoints: the conformance
+// model (EXL3 everywhere) and synthetic models of every architecture (unquantized attention and
+// dense MLPs through cuBLAS, EXL3 experts through the fused MoE layer, both routers, shared
+// experts, tied heads, RoPE variants). Then the engine's own contracts: incremental decode equals
+// one pass, a mixed batch equals separate calls, graph replay equals eager bit for bit, chunked
+// prefill equals one chunk.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "../runtime/runtime_test_util.hpp"
+#include "cuda_check.hpp"
+#include "exl3/error.hpp"
+#include "exl3/runtime/engine.hpp"
+#include "exl3/runtime/generate.hpp"
+#include "test_support.hpp"
+
+namespace exl3::runtime {
+namespace {
+
+EngineOptions cuda_options(int64_t max_batch_tokens = 2048, bool graphs = true) {
+  EngineOptions eo;
+  eo.device = Device::kCuda;
+  eo.page_size = 4;  // several pages per sequence even in short tests
+  eo.cache_tokens = 512;
+  eo.max_batch_tokens = max_batch_tokens;
+  eo.cuda_graphs = graphs;
+  return eo;
+}
+
+int argmax_row(const std::vector<float>& v, size_t row, size_t vocab) {
+  return argmax(std::span<const float>(v).subspan(row * vocab, vocab));
+}
+
+// Relative L2 of CUDA vs CPU logits, and the positions whose argmax differ although the CPU's
+// top-2 margin is clear (ties within noise may flip).
+void expect_matches_cpu(const std::filesystem::path& model, const std::vector<int32_t>& ids, double tol,
+                        const char* label) {
+  auto cpu = load_engine(model);
+  auto gpu = load_engine(model, cuda_options());
+  const auto want = forward_logits(*cpu, ids);
+  const auto got = forward_logits(*gpu, ids);
+  ASSERT_EQ(got.size(), want.size());
+  const double err = exl3::test::rel_l2(got, want);
+  std::printf("%s: CUDA vs CPU logits rel-L2 %.3e\n", label, err);
+  EXPECT_LE(err, tol) << label;
+  const auto vocab = static_cast<size_t>(cpu->spec().vocab_size);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    auto row = std::vector<float>(want.begin() + static_cast<std::ptrdiff_t>(t * vocab),
+                                  want.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
+    const int best = argmax(row);
+    const float top = row[static_cast<size_t>(best)];
+    row[static_cast<size_t>(best)] = -INFINITY;
+    const float second = row[static_cast<size_t>(argmax(row))];
+    if (top - second > 1e-2f * std::max(1.0f, std::abs(top))) {
+      EXPECT_EQ(argmax_row(got, t, vocab), best) << label << " position " << t;
+    }
+  }
+}
+
+TEST(CudaEngine, ConformanceModelMatchesCpu) {
+  EXL3_REQUIRE_GPU();
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = test::tiny_model(dir);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 70; ++i) ids.push_back((i * 53 + 11) % 512);  // three attention tiles
+  expect_matches_cpu(model, ids, 1e-3, "tiny-qwen3moe-exl3");
+}
+
+struct Case {
+  const char* name;
+  HfArch arch;
+  nlohmann::json patch;
+  bool tie;
+};
+
+class CudaArchTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaArchTest, MatchesCpu) {
+  EXL3_REQUIRE_GPU();
+  const auto& c = GetParam();
+  exl3::test::TempDir tmp;
+  const auto dir = tmp / c.name;
+  test::write_model(dir, c.arch, 11, c.patch, c.tie);
+  // 40 tokens: more than one 32-token attention tile, several KV pages.
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 500);
+  expect_matches_cpu(dir, ids, 1e-2, c.name);
+}
+
+const Case kCases[] = {
+    {"llama_tied", HfArch::kLlama, nlohmann::json::object(), true},
+    {"qwen2_bias", HfArch::kQwen2, nlohmann::json::object(), false},
+    {"qwen3_yarn", HfArch::kQwen3,
+     {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}}}}, false},
+    {"qwen3moe", HfArch::kQwen3Moe, nlohmann::json::object(), false},
+    {"glm4moe_grouped", HfArch::kGlm4Moe, {{"n_group", 2}, {"topk_group", 1}}, false},
+};
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaArchTest, ::testing::ValuesIn(kCases),
+                         [](const auto& p) { return std::string(p.param.name); });
+
+// Prefill then one token at a time (decode graphs) equals one pass; graphs off gives the same
+// bits as graphs on; a mixed batch equals separate calls; small chunks equal one chunk.
+TEST(CudaEngine, DecodeBatchGraphsAndChunks) {
+  EXL3_REQUIRE_GPU();
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = test::tiny_model(dir);
+  const std::vector<int32_t> ids = {40, 41, 300, 7, 99, 12, 500, 3, 3, 250, 128, 64, 9, 77, 1, 2, 180, 181};
+  auto graphs = load_engine(model, cuda_options());
+  auto eager = load_engine(model, cuda_options(2048, false));
+  const auto full = forward_logits(*graphs, ids);
+  const size_t vocab = static_cast<size_t>(graphs->spec().vocab_size);
+
+  std::vector<float> inc_g, inc_e;
+  const size_t prefill = 5;
+  const auto sg = graphs->new_sequence(), se = eager->new_sequence();
+  inc_g = graphs->forward(sg, std::span(ids).first(prefill));
+  inc_e = eager->forward(se, std::span(ids).first(prefill));
+  for (size_t t = prefill; t < ids.size(); ++t) {
+    const auto a = graphs->forward(sg, std::span(ids).subspan(t, 1), LogitsMode::kLast);
+    const auto b = eager->forward(se, std::span(ids).subspan(t, 1), LogitsMode::kLast);
+    ASSERT_EQ(a.size(), vocab);
+    EXPECT_EQ(a, b) << "graph replay differs from eager at position " << t;
+    inc_g.insert(inc_g.end(), a.begin(), a.end());
+  }
+  const double err = exl3::test::rel_l2(inc_g, full);
+  std::printf("incremental (decode graphs) vs one pass rel-L2 %.3e\n", err);
+  EXPECT_LE(err, 1e-3);
+
+  // A mixed batch: a prefill chunk beside two decode tokens.
+  const auto s1 = graphs->new_sequence(), s2 = graphs->new_sequence(), s3 = graphs->new_sequence();
+  graphs->forward(s1, std::span(ids).first(6));
+  graphs->forward(s2, std::span(ids).first(9));
+  std::vector<Engine::BatchEntry> batch = {{s1, std::span(ids).subspan(6, 1), LogitsMode::kLast},
+                                           {s3, std::span(ids).first(7), LogitsMode::kAll},
+                                           {s2, std::span(ids).subspan(9, 1), LogitsMode::kLast}};
+  const auto out = graphs->forward_batch(batch);
+  ASSERT_EQ(out.size(), 3u);
+  const auto row = [&](size_t t) {
+    return std::vector<float>(full.begin() + static_cast<std::ptrdiff_t>(t * vocab),
+                              full.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
+  };
+  EXPECT_LE(exl3::test::rel_l2(out[0], row(6)), 1e-3);
+  EXPECT_LE(exl3::test::rel_l2(out[2], row(9)), 1e-3);
+  EXPECT_LE(exl3::test::rel_l2(out[1], std::vector<float>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(7 * vocab))),
+            1e-3);
+
+  // Chunks of 4 tokens (prefill split over 5 passes) vs one pass.
+  auto small = load_engine(model, cuda_options(4));
+  const auto chunked = forward_logits(*small, ids);
+  EXPECT_LE(exl3::test::rel_l2(chunked, full), 1e-3);
+
+  // Greedy generation agrees with the CPU engine's.
+  auto cpu = load_engine(model);
+  GenerateOptions go;
+  go.max_new_tokens = 8;
+  const std::vector<int32_t> prompt = {40, 41, 42, 43};
+  EXPECT_EQ(generate(*graphs, prompt, go).tokens, generate(*cpu, prompt, go).tokens);
+}
+
+TEST(CudaEngine, BadInputFailsClearly) {
+  EXL3_REQUIRE_GPU();
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  auto e = load_engine(test::tiny_model(dir), cuda_options());
+  const auto s = e->new_sequence();
+  const std::vector<int32_t> bad = {1, 100000};
+  EXPECT_THAT([&] { e->forward(s, bad); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr("outside the vocabulary")));
+  const std::vector<int32_t> huge(600, 5);
+  EXPECT_THROW(e->forward(s, huge), Error);
+  EXPECT_EQ(e->sequence_length(s), 0);
+}
+
+}  // namespace
+}  // namespace exl3::runtime

@@ -1,0 +1,304 @@
+// The CPU tensor-parallel engine: N ranks in one process (own weight slices and KV heads, an
+// in-process all-reduce / all-gather) against the single-rank reference engine on the same
+// checkpoint. Sliced == unsliced to rel-L2 <= 1e-5 for dense and MoE models with EXL3 linears at
+// TP 2/3/4, unquantized models with padded heads and straddling kv heads, rank-sliced experts,
+// incremental decode; and the communicator and the fail-closed checks.
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "exl3/error.hpp"
+#include "exl3/runtime/communicator.hpp"
+#include "exl3/runtime/engine.hpp"
+#include "exl3/runtime/tp_linear.hpp"
+#include "test_support.hpp"
+#include "tp_test_util.hpp"
+
+namespace exl3::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<int32_t> random_ids(std::mt19937_64& rng, int n, int64_t vocab) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+  return ids;
+}
+
+std::unique_ptr<Engine> engine_at(const std::filesystem::path& dir, int tp, int64_t page_size = 32) {
+  EngineOptions o;
+  o.tp = tp;
+  o.page_size = page_size;
+  o.cache_tokens = 256;
+  return load_engine(dir, o);
+}
+
+// TP logits vs the reference engine's, full pass and incremental decode.
+double expect_tp_matches(const std::filesystem::path& dir, int tp, const std::vector<int32_t>& ids,
+                         const char* what) {
+  auto ref = engine_at(dir, 1);
+  const auto want = forward_logits(*ref, ids);
+  auto eng = engine_at(dir, tp, 4);
+  const auto got = forward_logits(*eng, ids);
+  EXPECT_EQ(got.size(), want.size());
+  const double err = exl3::test::rel_l2(got, want);
+  std::printf("%s TP %d: sliced vs unsliced logits rel-L2 %.3e\n", what, tp, err);
+  EXPECT_LE(err, 1e-5) << what << " TP " << tp;
+  // Prefill 3 tokens, then decode one at a time across pages of 4.
+  const auto seq = eng->new_sequence();
+  auto inc = eng->forward(seq, std::span(ids).first(3));
+  for (size_t t = 3; t < ids.size(); ++t) {
+    const auto row = eng->forward(seq, std::span(ids).subspan(t, 1), LogitsMode::kLast);
+    inc.insert(inc.end(), row.begin(), row.end());
+  }
+  EXPECT_EQ(eng->sequence_length(seq), static_cast<int64_t>(ids.size()));
+  EXPECT_LE(exl3::test::rel_l2(inc, want), 1e-5) << what << " TP " << tp << " incremental";
+  eng->drop_sequence(seq);
+  return err;
+}
+
+struct Arch {
+  const char* name;
+  HfArch arch;
+};
+const Arch kArchs[] = {{"llama", HfArch::kLlama},     {"qwen2", HfArch::kQwen2},         {"qwen3", HfArch::kQwen3},
+                       {"qwen3moe", HfArch::kQwen3Moe}, {"glm4moe", HfArch::kGlm4Moe}};
+
+class TpSlicedEqualsUnsliced : public ::testing::TestWithParam<Arch> {};
+
+// Every projection EXL3 (head_dim 128, widths multiples of 128), TP 2, 3 and 4.
+TEST_P(TpSlicedEqualsUnsliced, Exl3Linears) {
+  const auto& c = GetParam();
+  exl3::test::TempDir tmp;
+  const auto dir = tmp / c.name;
+  const uint64_t seed = exl3::test::test_seed();
+  test::write_tp_model(dir, c.arch, seed);
+  ASSERT_NE(Checkpoint::open(dir).find_linear("model.layers.0.self_attn.k_proj"), nullptr);
+  ASSERT_NE(Checkpoint::open(dir).find_linear("lm_head"), nullptr);
+  auto rng = exl3::test::make_rng();
+  const auto ids = random_ids(rng, 9, 512);
+  for (const int tp : {2, 3, 4}) expect_tp_matches(dir, tp, ids, c.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Runtime, TpSlicedEqualsUnsliced, ::testing::ValuesIn(kArchs),
+                         [](const auto& p) { return std::string(p.param.name); });
+
+// Unquantized: 6 heads over 2 kv heads at TP 4 pads to 8 heads (the last rank holds none) and
+// rank 1's heads 2, 3 straddle kv heads 0 and 1; a tied head and vocab 500 split unevenly.
+TEST(TpEngine, UnquantizedPaddedHeadsAndStraddlingKv) {
+  exl3::test::TempDir tmp;
+  const auto dir = tmp / "llama_dense";
+  test::TpModelOptions o;
+  o.quantize = false;
+  o.num_heads = 6;
+  o.num_kv_heads = 2;
+  o.head_dim = 64;
+  o.vocab = 500;
+  test::write_tp_model(dir, HfArch::kLlama, exl3::test::test_seed(), o, {{"tie_word_embeddings", true}});
+  auto rng = exl3::test::make_rng();
+  const auto ids = random_ids(rng, 7, 500);
+  for (const int tp : {2, 3, 4, 5}) expect_tp_matches(dir, tp, ids, "llama unquantized");
+}
+
+// Rank-sliced experts (`.rank{r}` tensors, hybrid_tr3_tail tp 2): the TP-2 engine reads each
+// rank's own tensors and equals the unsliced engine on the plain checkpoint.
+TEST(TpEngine, RankSlicedExpertsEqualPlainCheckpoint) {
+  exl3::test::TempDir tmp;
+  const auto plain = tmp / "plain", sliced = tmp / "sliced";
+  test::write_tp_model(plain, HfArch::kQwen3Moe, exl3::test::test_seed());
+  test::write_rank_sliced_copy(plain, sliced, 2, {0, 1}, 4);
+  ASSERT_EQ(Checkpoint::open(sliced).find_linear("model.layers.0.mlp.experts.0.gate_proj"), nullptr);
+  auto rng = exl3::test::make_rng();
+  const auto ids = random_ids(rng, 6, 512);
+  auto ref = engine_at(plain, 1);
+  const auto want = forward_logits(*ref, ids);
+  auto eng = engine_at(sliced, 2);
+  const double err = exl3::test::rel_l2(forward_logits(*eng, ids), want);
+  std::printf("rank-sliced TP 2 vs plain unsliced: rel-L2 %.3e\n", err);
+  EXPECT_LE(err, 1e-5);
+  // A different runtime TP is an error, never a reshuffle.
+  EXPECT_THAT([&] { engine_at(sliced, 4); },
+              ::testing::ThrowsMessage<Error>(::testing::AllOf(HasSubstr("rank-sliced for TP 2"),
+                                                               HasSubstr("TP sizes that work for this model: 1, 2"))));
+}
+
+// head_dim 64 with EXL3 k/v: each rank computes the 128-channel block around its kv head.
+TEST(TpEngine, Exl3KvBlocksCoverNeighbouringHeads) {
+  exl3::test::TempDir tmp;
+  const auto dir = tmp / "hd64";
+  test::TpModelOptions o;
+  o.head_dim = 64;
+  test::write_tp_model(dir, HfArch::kQwen3, exl3::test::test_seed(), o);
+  auto rng = exl3::test::make_rng();
+  const auto ids = random_ids(rng, 7, 512);
+  for (const int tp : {2, 3}) expect_tp_matches(dir, tp, ids, "qwen3 head_dim 64");
+}
+
+// The exllamav3-converted conformance model (head_dim 64, one 128-channel expert block) at TP 2
+// and 3, against its fp64 reference logits as well as the single-rank engine.
+TEST(TpEngine, ConformanceModel) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  const auto model = conf / "models" / "tiny-qwen3moe-exl3";
+  const auto store = TensorStore::open(model / "reference_logits.safetensors");
+  std::vector<int32_t> ids;
+  for (const int64_t id : copy_tensor<int64_t>(store.at("input_ids"))) ids.push_back(static_cast<int32_t>(id));
+  const auto fp64 = read_as_double(store.at("hf_dequant_fp64.logits"));
+  for (const int tp : {2, 3}) {
+    expect_tp_matches(model, tp, ids, "tiny-qwen3moe-exl3");
+    auto eng = engine_at(model, tp);
+    const double err = exl3::test::rel_l2(forward_logits(*eng, ids), fp64);
+    std::printf("tiny-qwen3moe-exl3 TP %d vs hf_dequant_fp64: rel-L2 %.3e\n", tp, err);
+    EXPECT_LE(err, 1e-4);
+  }
+  EXPECT_THAT([&] { engine_at(model, 4); },
+              ::testing::ThrowsMessage<Error>(::testing::AllOf(HasSubstr("self_attn.q_proj: TP 4"),
+                                                               HasSubstr("TP sizes that work for this model: 1, 2, 3"))));
+}
+
+TEST(TpEngine, FailsClosed) {
+  exl3::test::TempDir tmp;
+  const auto ok = tmp / "ok";
+  test::write_tp_model(ok, HfArch::kLlama, exl3::test::test_seed());
+  EXPECT_THAT([&] { engine_at(ok, 0); }, ::testing::ThrowsMessage<Error>(HasSubstr("--tp 0 must be at least 1")));
+  // Bad ids and a full cache fail before any rank runs, leaving the sequence unchanged.
+  auto eng = engine_at(ok, 2);
+  const auto seq = eng->new_sequence();
+  const std::vector<int32_t> bad = {1, 512};
+  EXPECT_THAT([&] { eng->forward(seq, bad); }, ::testing::ThrowsMessage<Error>(HasSubstr("outside the vocabulary")));
+  const std::vector<int32_t> many(300, 1);
+  EXPECT_THAT([&] { eng->forward(seq, many); }, ::testing::ThrowsMessage<Error>(HasSubstr("KV cache is full")));
+  EXPECT_EQ(eng->sequence_length(seq), 0);
+  const std::vector<int32_t> two = {1, 2};
+  EXPECT_EQ(eng->forward(seq, two).size(), 2u * 512u);
+}
+
+// One EXL3 linear with a bias, stored padded (real 300 -> 200 in 384 -> 256): the column slices
+// concatenate to the unsliced Linear's output and the row slices sum to it, the bias added once.
+TEST(TpLinear, SlicesRecomposeTheUnslicedLinear) {
+  exl3::test::TempDir tmp;
+  auto rng = exl3::test::make_rng();
+  const int64_t sin = 384, sout = 256, in = 300, out = 200;
+  const int k = 3;
+  SafetensorsWriter w;
+  std::vector<uint16_t> tr(static_cast<size_t>(sin / 16 * sout / 16 * 16 * k));
+  for (auto& x : tr) x = static_cast<uint16_t>(rng());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> suh(sin), svh(sout);
+  for (auto& x : suh) x = trellis::float_to_half(0.05f * nd(rng));
+  for (auto& x : svh) x = trellis::float_to_half(nd(rng));
+  std::vector<float> bias(sout);
+  for (auto& x : bias) x = nd(rng);
+  w.add("lin.trellis", DType::kI16, {sin / 16, sout / 16, 16 * k}, std::span<const uint16_t>(tr));
+  w.add("lin.suh", DType::kF16, {sin}, std::span<const uint16_t>(suh));
+  w.add("lin.svh", DType::kF16, {sout}, std::span<const uint16_t>(svh));
+  w.add("lin.bias", DType::kF32, {sout}, std::span<const float>(bias));
+  const int32_t marker = trellis::kMul1Marker;
+  w.add("lin.mul1", DType::kI32, {}, std::span<const int32_t>(&marker, 1));
+  w.write(tmp / "model.safetensors");
+  const auto ckpt = Checkpoint::open(tmp / "model.safetensors");
+  const auto full = Linear::load(ckpt, "lin", in, out);
+  const int64_t m = 3;
+  std::vector<float> x(static_cast<size_t>(m * in));
+  for (auto& v : x) v = nd(rng);
+  std::vector<float> want(static_cast<size_t>(m * out));
+  full.forward(x.data(), m, want.data());
+  for (const int tp : {2, 3, 4}) {
+    TpLinearPlan col{"lin", TpSplit::kColumn, true, in, out, deal_extents(out, tp, kTpBlock)};
+    std::vector<float> cat(want.size());
+    const auto cs = RankLinear::slice_all(ckpt, col);
+    for (size_t r = 0; r < cs.size(); ++r) {
+      const Extent e = col.ranks[r];
+      ASSERT_EQ(cs[r].out_features(), e.count);
+      std::vector<float> y(static_cast<size_t>(m * e.count));
+      cs[r].forward(x.data(), m, y.data());
+      for (int64_t t = 0; t < m; ++t) std::copy_n(y.data() + t * e.count, e.count, cat.data() + t * out + e.begin);
+    }
+    EXPECT_EQ(cat, want) << "column TP " << tp;  // the same tiles in the same order: bit-exact
+    TpLinearPlan row{"lin", TpSplit::kRow, true, in, out, deal_extents(in, tp, kTpBlock)};
+    std::vector<float> sum(want.size(), 0.0f);
+    const auto rs = RankLinear::slice_all(ckpt, row);
+    for (size_t r = 0; r < rs.size(); ++r) {
+      const Extent e = row.ranks[r];
+      std::vector<float> xs(static_cast<size_t>(m * e.count)), y(want.size());
+      for (int64_t t = 0; t < m; ++t) std::copy_n(x.data() + t * in + e.begin, e.count, xs.data() + t * e.count);
+      rs[r].forward(xs.data(), m, y.data());
+      for (size_t i = 0; i < y.size(); ++i) sum[i] += y[i];
+    }
+    EXPECT_LE(exl3::test::rel_l2(sum, want), 1e-6) << "row TP " << tp;
+  }
+  EXPECT_THAT([&] { slice_exl3(cpu::LinearView::of(Exl3LinearData::load(ckpt, "lin")), TpSplit::kColumn, 8, 128, true); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("not whole 16-channel tiles")));
+}
+
+// ---- the in-process communicator --------------------------------------------------------------
+
+template <typename F>
+void on_ranks(std::vector<std::unique_ptr<Communicator>>& comms, F f) {
+  std::vector<std::thread> th;
+  for (auto& c : comms) th.emplace_back([&f, &c] { f(*c); });
+  for (auto& t : th) t.join();
+}
+
+TEST(Communicator, AllReduceSumsInRankOrderAndGathers) {
+  auto rng = exl3::test::make_rng();
+  const int n = 4;
+  const size_t count = 1000;
+  std::vector<std::vector<float>> data(n);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& d : data)
+    for (size_t i = 0; i < count; ++i) d.push_back(nd(rng));
+  std::vector<float> want(count);
+  for (size_t i = 0; i < count; ++i) want[i] = ((data[0][i] + data[1][i]) + data[2][i]) + data[3][i];
+  auto bufs = data;
+  std::vector<std::vector<float>> gathered(n, std::vector<float>(n * count));
+  auto comms = make_in_process_group(n);
+  on_ranks(comms, [&](Communicator& c) {
+    auto& b = bufs[static_cast<size_t>(c.rank())];
+    for (int rep = 0; rep < 3; ++rep) {  // back-to-back collectives reuse the barrier
+      c.all_gather(data[static_cast<size_t>(c.rank())], gathered[static_cast<size_t>(c.rank())]);
+    }
+    c.all_reduce_sum(b);
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(bufs[static_cast<size_t>(r)], want) << "rank " << r;  // bit-identical on every rank
+    for (int q = 0; q < n; ++q) {
+      EXPECT_TRUE(std::equal(data[static_cast<size_t>(q)].begin(), data[static_cast<size_t>(q)].end(),
+                             gathered[static_cast<size_t>(r)].begin() + static_cast<ptrdiff_t>(q * count)));
+    }
+  }
+  EXPECT_EQ(comms[2]->size(), 4);
+  EXPECT_THROW(make_in_process_group(0), Error);
+}
+
+TEST(Communicator, MismatchAndAbortNeverHang) {
+  auto comms = make_in_process_group(3);
+  std::vector<std::string> errors(3);
+  on_ranks(comms, [&](Communicator& c) {
+    std::vector<float> v(static_cast<size_t>(10 + c.rank()), 1.0f);
+    try {
+      c.all_reduce_sum(v);
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(c.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) EXPECT_THAT(e, HasSubstr("all_reduce_sum: rank"));
+  auto group = make_in_process_group(3);
+  std::vector<int> threw(3, 0);
+  on_ranks(group, [&](Communicator& c) {
+    if (c.rank() == 1) {
+      c.abort();  // rank 1 failed before its collective
+      return;
+    }
+    std::vector<float> v(4, 1.0f);
+    try {
+      c.all_reduce_sum(v);
+    } catch (const Error& e) {
+      threw[static_cast<size_t>(c.rank())] = std::string(e.what()).find("aborted") != std::string::npos;
+    }
+  });
+  EXPECT_EQ(threw, (std::vector<int>{1, 0, 1}));
+}
+
+}  // namespace
+}  // namespace exl3::runtime

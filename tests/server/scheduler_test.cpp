@@ -1,0 +1,249 @@
+// The continuous-batching scheduler without HTTP, on the conformance model: concurrent greedy
+// requests each equal runtime::generate() alone, and were batched (fewer steps than tokens);
+// chunked prefill changes nothing; a KV pool too small for two requests makes them wait, not
+// fail; cancellation frees the KV pages; stop strings cut the text; bad requests are refused.
+#include <chrono>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "exl3/error.hpp"
+#include "exl3/model/stop_tokens.hpp"
+#include "exl3/server/scheduler.hpp"
+#include "server_test_util.hpp"
+#include "test_support.hpp"
+
+using namespace exl3::server;
+namespace st = exl3::server::test;
+using exl3::Tokenizer;
+namespace runtime = exl3::runtime;
+using ::testing::HasSubstr;
+
+namespace {
+
+struct Done {
+  std::string text;
+  std::vector<int32_t> tokens;
+  StreamUpdate last;
+};
+
+Done drain(const std::shared_ptr<RequestStream>& s, double seconds = 30.0) {
+  Done d;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    auto u = s->wait(std::chrono::milliseconds(50));
+    d.text += u.text;
+    d.tokens.insert(d.tokens.end(), u.tokens.begin(), u.tokens.end());
+    if (u.finished) {
+      d.last = u;
+      return d;
+    }
+  }
+  ADD_FAILURE() << "request did not finish in " << seconds << " s";
+  return d;
+}
+
+std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t n) {
+  std::vector<int32_t> p(n);
+  for (auto& t : p) t = static_cast<int32_t>(3 + rng() % 509);  // ordinary (non-special) ids
+  return p;
+}
+
+struct Fixture {
+  explicit Fixture(const std::filesystem::path& conf, SchedulerOptions so = {}, int64_t cache = 4096)
+      : model(st::tiny_model(conf)), tok(Tokenizer::load(model)) {
+    runtime::EngineOptions eo;
+    eo.cache_tokens = cache;
+    engine = runtime::load_engine(model, eo);
+    stops = exl3::model_stop_tokens(model, engine->spec(), tok);
+    sched = std::make_unique<Scheduler>(*engine, tok, so);
+  }
+  GenerationRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) const {
+    GenerationRequest g;
+    g.prompt = std::move(prompt);
+    g.max_tokens = max_tokens;
+    g.stop_tokens = stops;
+    return g;
+  }
+  std::filesystem::path model;
+  Tokenizer tok;
+  std::unique_ptr<runtime::Engine> engine;
+  std::vector<int32_t> stops;
+  std::unique_ptr<Scheduler> sched;
+};
+
+void expect_equals_reference(const Fixture& f, const GenerationRequest& g, const Done& d, const std::string& what) {
+  const auto ref = st::reference_generate(f.model, g.prompt, g.max_tokens, g.stop_tokens);
+  auto expected = ref.tokens;
+  if (ref.stopped) {
+    ASSERT_FALSE(d.tokens.empty()) << what;
+    expected.push_back(d.tokens.back());  // the stop token itself is reported (and counted)
+  }
+  EXPECT_EQ(d.tokens, expected) << what;
+  EXPECT_EQ(d.text, f.tok.decode(ref.tokens, /*skip_special=*/true)) << what;
+  EXPECT_EQ(d.last.reason, ref.stopped ? FinishReason::kStop : FinishReason::kLength) << what;
+  EXPECT_EQ(d.last.completion_tokens, static_cast<int64_t>(expected.size())) << what;
+  EXPECT_EQ(d.last.prompt_tokens, static_cast<int64_t>(g.prompt.size())) << what;
+}
+
+}  // namespace
+
+TEST(Scheduler, ConcurrentGreedyRequestsEqualGenerateAndAreBatched) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  Fixture f(conf, {.max_seqs = 4, .max_queue = 8, .max_context = 0, .step_tokens = 64});
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  int64_t total_tokens = 0;
+  for (int i = 0; i < 4; ++i) {
+    reqs.push_back(f.greedy(random_prompt(rng, 5 + rng() % 20), 24));
+    if (i % 2 == 0) reqs.back().stop_tokens.clear();  // at least 48 tokens, whatever the model says
+    auto sub = f.sched->submit(reqs.back());
+    ASSERT_TRUE(sub.stream) << sub.message;
+    streams.push_back(sub.stream);
+  }
+  std::vector<Done> done;
+  for (auto& s : streams) done.push_back(drain(s));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    expect_equals_reference(f, reqs[i], done[i], "request " + std::to_string(i));
+    total_tokens += done[i].last.completion_tokens;
+  }
+  const auto st = f.sched->stats();
+  EXPECT_EQ(st.completed, 4);
+  EXPECT_LT(st.steps, total_tokens) << "the requests were not batched together";
+  EXPECT_EQ(st.free_cache_tokens, st.cache_tokens);
+  EXPECT_EQ(st.running, 0);
+}
+
+TEST(Scheduler, ChunkedPrefillGivesTheSameTokens) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  // 3 tokens per step: a 40-token prompt takes 14 steps while another request decodes.
+  Fixture f(conf, {.max_seqs = 2, .max_queue = 4, .max_context = 0, .step_tokens = 3});
+  const auto a = f.greedy(random_prompt(rng, 40), 12), b = f.greedy(random_prompt(rng, 7), 20);
+  auto sa = f.sched->submit(a).stream, sb = f.sched->submit(b).stream;
+  ASSERT_TRUE(sa && sb);
+  const auto da = drain(sa), db = drain(sb);
+  expect_equals_reference(f, a, da, "long prompt");
+  expect_equals_reference(f, b, db, "short prompt");
+}
+
+TEST(Scheduler, SmallKvPoolMakesRequestsWaitNotFail) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  // 128 cache tokens (4 pages of 32); each request reserves 96: one runs at a time.
+  Fixture f(conf, {.max_seqs = 4, .max_queue = 4, .max_context = 0, .step_tokens = 64}, 128);
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 3; ++i) {
+    reqs.push_back(f.greedy(random_prompt(rng, 10), 60));
+    reqs.back().stop_tokens.clear();  // run all 60 tokens
+    auto sub = f.sched->submit(reqs.back());
+    ASSERT_TRUE(sub.stream) << sub.message;
+    streams.push_back(sub.stream);
+  }
+  EXPECT_LE(f.sched->stats().running, 1);
+  for (size_t i = 0; i < streams.size(); ++i) {
+    const auto d = drain(streams[i]);
+    EXPECT_EQ(d.last.reason, FinishReason::kLength) << d.last.error;
+    expect_equals_reference(f, reqs[i], d, "request " + std::to_string(i));
+  }
+  // A request that could never fit is refused up front instead of waiting forever.
+  auto big = f.sched->submit(f.greedy(random_prompt(rng, 100), 60));
+  ASSERT_TRUE(big.refusal);
+  EXPECT_EQ(*big.refusal, Scheduler::Refusal::kTooLong);
+  EXPECT_THAT(big.message, HasSubstr("context of 128 tokens"));
+}
+
+TEST(Scheduler, CancelFreesTheSequence) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  Fixture f(conf, {.max_seqs = 2, .max_queue = 4, .max_context = 0, .step_tokens = 64});
+  auto g = f.greedy(random_prompt(rng, 8), 3000);
+  g.stop_tokens.clear();
+  auto s = f.sched->submit(g).stream;
+  ASSERT_TRUE(s);
+  int64_t seen = 0;
+  while (seen < 3) {
+    const auto u = s->wait(std::chrono::milliseconds(100));
+    ASSERT_FALSE(u.finished);
+    seen += static_cast<int64_t>(u.tokens.size());
+  }
+  EXPECT_LT(f.sched->stats().free_cache_tokens, f.sched->stats().cache_tokens);
+  s->cancel();
+  const auto d = drain(s);
+  EXPECT_EQ(d.last.reason, FinishReason::kCancelled);
+  EXPECT_LT(d.last.completion_tokens, 3000);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (f.sched->stats().free_cache_tokens != f.sched->stats().cache_tokens && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(f.sched->stats().free_cache_tokens, f.sched->stats().cache_tokens);
+  EXPECT_EQ(f.sched->stats().cancelled, 1);
+}
+
+TEST(Scheduler, StopStringEndsTheTextBeforeIt) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  Fixture f(conf);
+  // Find a greedy continuation with enough text, then stop on a piece from its middle.
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    auto g = f.greedy(random_prompt(rng, 6), 32);
+    g.stop_tokens.clear();
+    const auto ref = st::reference_generate(f.model, g.prompt, g.max_tokens, {});
+    const std::string text = f.tok.decode(ref.tokens, true);
+    if (text.size() < 12) continue;
+    const std::string stop = text.substr(text.size() / 2, 3);
+    g.stop_strings = {stop};
+    const auto d = drain(f.sched->submit(g).stream);
+    EXPECT_EQ(d.last.reason, FinishReason::kStop);
+    EXPECT_EQ(d.text, text.substr(0, text.find(stop))) << "stop '" << stop << "' in '" << text << "'";
+    EXPECT_LE(d.last.completion_tokens, 32);
+    return;
+  }
+  GTEST_SKIP() << "no greedy continuation with 12+ bytes of text found";
+}
+
+TEST(Scheduler, RefusesBadRequests) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  Fixture f(conf, {.max_seqs = 1, .max_queue = 1, .max_context = 64, .step_tokens = 16});
+  auto refusal = [&](GenerationRequest g) {
+    auto s = f.sched->submit(std::move(g));
+    EXPECT_FALSE(s.stream);
+    return s.refusal ? std::make_pair(*s.refusal, s.message) : std::make_pair(Scheduler::Refusal::kInvalid, std::string("accepted"));
+  };
+  EXPECT_THAT(refusal(f.greedy({}, 4)).second, HasSubstr("empty"));
+  EXPECT_THAT(refusal(f.greedy({5, 512}, 4)).second, HasSubstr("outside the vocabulary 0..511"));
+  EXPECT_THAT(refusal(f.greedy({5}, 0)).second, HasSubstr("max_tokens 0"));
+  auto hot = f.greedy({5}, 4);
+  hot.sampling.temperature = -1.0f;
+  EXPECT_THAT(refusal(hot).second, HasSubstr("temperature"));
+  auto empty_stop = f.greedy({5}, 4);
+  empty_stop.stop_strings = {""};
+  EXPECT_THAT(refusal(empty_stop).second, HasSubstr("stop string is empty"));
+  const auto too_long = refusal(f.greedy(std::vector<int32_t>(60, 5), 5));
+  EXPECT_EQ(too_long.first, Scheduler::Refusal::kTooLong);
+  EXPECT_THAT(too_long.second, HasSubstr("65 tokens exceed this server's context of 64"));
+  f.sched->shutdown();
+  EXPECT_EQ(refusal(f.greedy({5}, 4)).first, Scheduler::Refusal::kShuttingDown);
+}
+
+TEST(Scheduler, RefusesBadOptions) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto engine = runtime::load_engine(st::tiny_model(conf), {.device = runtime::Device::kCpu, .page_size = 32, .cache_tokens = 256});
+  const auto tok = Tokenizer::load(st::tiny_model(conf));
+  auto make = [&](const SchedulerOptions& o) { Scheduler s(*engine, tok, o); };
+  EXPECT_THROW(make(SchedulerOptions{.max_seqs = 0}), exl3::Error);
+  EXPECT_THROW(make(SchedulerOptions{.max_seqs = 1, .max_queue = 0}), exl3::Error);
+  EXPECT_THROW(make(SchedulerOptions{.max_seqs = 1, .max_queue = 1, .max_context = 0, .step_tokens = 0}), exl3::Error);
+  try {
+    make(SchedulerOptions{.max_seqs = 1, .max_queue = 1, .max_context = 1000, .step_tokens = 8});
+    ADD_FAILURE() << "max_context over the cache accepted";
+  } catch (const exl3::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--cache-tokens"));
+  }
+}

@@ -1,0 +1,118 @@
+// Helpers for the server tests: a real HttpServer on 127.0.0.1 (any free port) over the
+// conformance model, an httplib client with timeouts on every call, and a server-sent-event
+// reader.
+#pragma once
+
+#include <httplib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "exl3/model/stop_tokens.hpp"
+#include "exl3/model/tokenizer.hpp"
+#include "exl3/runtime/engine.hpp"
+#include "exl3/runtime/generate.hpp"
+#include "exl3/server/http_server.hpp"
+
+namespace exl3::server::test {
+
+inline std::filesystem::path tiny_model(const std::filesystem::path& conformance) {
+  return conformance / "models" / "tiny-qwen3moe-exl3";
+}
+
+// One server on its own engine, serving from a background thread until destroyed.
+class LiveServer {
+ public:
+  LiveServer(const std::filesystem::path& model, ServerOptions opts, int64_t cache_tokens = 4096)
+      : tok_(Tokenizer::load(model)) {
+    runtime::EngineOptions eo;
+    eo.cache_tokens = cache_tokens;
+    engine_ = runtime::load_engine(model, eo);
+    if (opts.stop_tokens.empty()) opts.stop_tokens = model_stop_tokens(model, engine_->spec(), tok_);
+    opts_ = opts;
+    server_ = std::make_unique<HttpServer>(*engine_, tok_, opts);
+    port_ = server_->bind("127.0.0.1", 0);
+    thread_ = std::thread([this] { server_->run(); });
+  }
+  ~LiveServer() {
+    server_->stop();
+    thread_.join();
+  }
+
+  int port() const { return port_; }
+  HttpServer& server() { return *server_; }
+  const Tokenizer& tokenizer() const { return tok_; }
+  const ServerOptions& options() const { return opts_; }
+
+  std::unique_ptr<httplib::Client> client(int read_timeout_s = 20) const {
+    auto c = std::make_unique<httplib::Client>("127.0.0.1", port_);
+    c->set_connection_timeout(2, 0);
+    c->set_read_timeout(read_timeout_s, 0);
+    c->set_write_timeout(5, 0);
+    return c;
+  }
+
+  nlohmann::json health() const {
+    auto r = client()->Get("/health");
+    if (!r || r->status != 200) return {};
+    return nlohmann::json::parse(r->body);
+  }
+
+  // Polls /health until pred holds (true) or `seconds` pass (false).
+  bool wait_health(const std::function<bool(const nlohmann::json&)>& pred, double seconds = 10.0) const {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+      const auto h = health();
+      if (!h.is_null() && pred(h)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+ private:
+  Tokenizer tok_;
+  std::unique_ptr<runtime::Engine> engine_;
+  ServerOptions opts_;
+  std::unique_ptr<HttpServer> server_;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+// The `data:` payloads of a server-sent-event body, in order (comments skipped).
+inline std::vector<std::string> sse_data(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    const std::string ev = body.substr(pos, end - pos);
+    if (ev.rfind("data: ", 0) == 0) out.push_back(ev.substr(6));
+    pos = end + 2;
+  }
+  return out;
+}
+
+// The reference: runtime::generate on a separate engine, what a greedy request must return.
+struct Reference {
+  std::vector<int32_t> tokens;
+  bool stopped = false;  // ended at a stop token (it counts as a completion token)
+};
+inline Reference reference_generate(const std::filesystem::path& model, const std::vector<int32_t>& prompt,
+                                    int64_t max_tokens, const std::vector<int32_t>& stops) {
+  auto engine = runtime::load_engine(model);
+  runtime::GenerateOptions go;
+  go.max_new_tokens = max_tokens;
+  go.stop_tokens = stops;
+  const auto r = runtime::generate(*engine, prompt, go);
+  return {r.tokens, r.stop_reason == "stop_token"};
+}
+
+}  // namespace exl3::server::test

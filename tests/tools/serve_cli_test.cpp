@@ -1,0 +1,119 @@
+// `exl3 serve` through the binary: --help teaches, and a real process on a free port answers
+// /health and a completion, then stops cleanly (exit 0) on SIGTERM.
+#include <httplib.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+
+extern char** environ;
+
+using exl3::test::run_cli;
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+TEST(ServeCli, HelpTeaches) {
+  EXPECT_THAT(run_cli("--help").out, HasSubstr("serve"));
+  const auto h = run_cli("serve --help");
+  EXPECT_EQ(h.code, 0);
+  for (const char* s : {"MODEL", "--host", "--port", "--device", "--max-seqs", "--max-queue", "--cache-tokens",
+                        "--model-name", "--chat-format", "Examples:", "curl", "/v1/chat/completions", "503",
+                        "SIGTERM"}) {
+    EXPECT_THAT(h.out, HasSubstr(s));
+  }
+}
+
+TEST(ServeCli, BadModelFailsWithAMessage) {
+  exl3::test::TempDir tmp;
+  const auto r = run_cli("serve " + exl3::test::shell_quote(tmp.path()) + " --port 0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.out, HasSubstr("exl3: error:"));
+}
+
+TEST(ServeCli, ServesAndStopsOnSigterm) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  const std::string model = (conf / "models" / "tiny-qwen3moe-exl3").string();
+  const char* override_path = std::getenv("EXL3_CLI");
+  const std::string bin = override_path != nullptr && *override_path != '\0' ? override_path : EXL3_CLI_PATH;
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  std::string a0 = bin, a1 = "--threads", a2 = "2", a3 = "serve", a4 = model, a5 = "--port", a6 = "0", a7 = "--model-name",
+              a8 = "tiny", a9 = "--quiet";
+  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data(), a6.data(), a7.data(), a8.data(),
+                  a9.data(), nullptr};
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv, environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  close(out[1]);
+
+  // Read stdout until the URL line (bounded by a deadline via non-blocking polls).
+  std::string text;
+  int port = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (port < 0 && std::chrono::steady_clock::now() < deadline) {
+    fd_set set;
+    FD_ZERO(&set);
+    FD_SET(out[0], &set);
+    timeval tv{0, 100000};
+    if (select(out[0] + 1, &set, nullptr, nullptr, &tv) > 0) {
+      char buf[512];
+      const ssize_t n = read(out[0], buf, sizeof buf);
+      if (n <= 0) break;
+      text.append(buf, static_cast<size_t>(n));
+      const auto at = text.find("listening on http://127.0.0.1:");
+      if (at != std::string::npos && text.find('\n', at) != std::string::npos) {
+        port = std::atoi(text.c_str() + at + std::string("listening on http://127.0.0.1:").size());
+      }
+    }
+  }
+  auto finish = [&] {
+    kill(pid, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 200; ++i) {
+      if (waitpid(pid, &status, WNOHANG) == pid) return status;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    ADD_FAILURE() << "exl3 serve did not stop within 10 s of SIGTERM";
+    return status;
+  };
+  if (port <= 0) {
+    finish();
+    close(out[0]);
+    FAIL() << "no URL printed; output: " << text;
+  }
+  EXPECT_THAT(text, HasSubstr("try: curl"));
+  httplib::Client c("127.0.0.1", port);
+  c.set_connection_timeout(2, 0);
+  c.set_read_timeout(20, 0);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(json::parse(h->body)["model"], "tiny");
+  auto r = c.Post("/v1/completions", R"({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 4})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+
+  const int status = finish();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  close(out[0]);
+  EXPECT_THAT(text, HasSubstr("exl3 serve: stopped (1 completed"));
+}

@@ -1,0 +1,188 @@
+// `exl3 bench model`: decode and prefill speed of a whole model through the runtime, with the
+// bandwidth ceiling (weight bytes per decoded token over the device copy bandwidth measured in
+// the same run) beside each figure. --synthetic writes a model of a known geometry with random
+// valid trellis bits first (speed only: the weights are noise).
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "exl3/error.hpp"
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/format/safetensors.hpp"
+#include "exl3/format/synthetic.hpp"
+#include "exl3/quant/convert.hpp"
+#include "exl3/runtime/engine.hpp"
+#include "exl3/runtime/model_bench.hpp"
+#if defined(EXL3_HAVE_CUDA)
+#include "exl3/cuda/bench_timer.hpp"
+#include "exl3/cuda/linear.hpp"
+#endif
+
+namespace exl3::cli {
+namespace {
+
+// Known geometries for --synthetic.
+SyntheticSpec synthetic_geometry(const std::string& name) {
+  SyntheticSpec s;
+  if (name == "qwen3-30b-a3b") {  // Qwen3-30B-A3B: 48 layers, 128 experts, top-8
+    s.hidden_size = 2048;
+    s.num_layers = 48;
+    s.num_heads = 32;
+    s.num_kv_heads = 4;
+    s.head_dim = 128;
+    s.num_experts = 128;
+    s.experts_per_tok = 8;
+    s.moe_intermediate_size = 768;
+    s.vocab_size = 151936;
+  } else if (name != "tiny") {
+    fail("--synthetic '{}' is unknown; choose qwen3-30b-a3b or tiny", name);
+  }
+  return s;
+}
+
+}  // namespace
+
+Runner add_bench_model(CLI::App& app, Common&) {
+  struct Opts {
+    std::string model, synthetic, out_dir, codebook = "mcg", device = "cuda", json_path;
+    int bits = 4, head_bits = 6, layers = 0;
+    int64_t cache_tokens = 0, max_batch_tokens = 2048;
+    runtime::ModelBenchOptions bench;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("MODEL", o->model, "EXL3 checkpoint folder (or use --synthetic)");
+  app.add_option("--synthetic", o->synthetic,
+                 "Write and time a synthetic EXL3 model of this geometry: qwen3-30b-a3b or tiny (random valid trellis "
+                 "bits: a speed benchmark, never a quality one)");
+  app.add_option("--bits", o->bits, "--synthetic: K of the decoder linears and experts")->check(CLI::Range(1, 8))->capture_default_str();
+  app.add_option("--head-bits", o->head_bits, "--synthetic: K of lm_head")->check(CLI::Range(1, 8))->capture_default_str();
+  app.add_option("--codebook", o->codebook, "--synthetic: mcg, mul1 or 3inst")->capture_default_str();
+  app.add_option("--layers", o->layers, "--synthetic: override the decoder layer count (0 = the geometry's)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--out", o->out_dir, "--synthetic: folder for the model (reused when it already holds one); default "
+                                      "a folder under the system temp dir");
+  app.add_option("--device", o->device, "cuda or cpu")->capture_default_str();
+  app.add_option("--batch", o->bench.batches, "Decode batch sizes (sequences decoding together)")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--context", o->bench.context, "Prompt tokens per sequence before decode is timed")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--steps", o->bench.decode_steps, "Timed decode steps per batch size")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--prefill", o->bench.prefill_tokens, "Prompt length of the prefill measurement (0 = skip)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--cache-tokens", o->cache_tokens, "KV pool size (default: what the runs need)")->check(CLI::NonNegativeNumber);
+  app.add_option("--max-batch-tokens", o->max_batch_tokens, "Tokens per kernel pass (prefill chunk)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--seed", o->bench.seed, "Seed of the random token ids (and of --synthetic weights)")->capture_default_str();
+  app.add_option("--json", o->json_path, "Also write the results as JSON to this file");
+  app.footer(
+      "Decode: B sequences prefilled with --context random tokens, then --steps steps of one token each\n"
+      "(median step time; tokens/s = B / step). Prefill: one sequence of --prefill tokens in one call.\n"
+      "Ceiling: the device copy bandwidth measured in this run over the weight bytes one token reads at\n"
+      "batch 1 (non-expert linears, lm_head, top-k experts per MoE layer); % = decode tok/s / ceiling.\n\n"
+      "Examples:\n"
+      "  exl3 bench model --synthetic qwen3-30b-a3b --bits 4 --out /tmp/q30 --json q30.json\n"
+      "  exl3 bench model ./Qwen3-30B-A3B-exl3-4bpw --batch 1,8 --prefill 2048");
+  return [o] {
+    std::filesystem::path dir = o->model;
+    if (!o->synthetic.empty()) {
+      if (!o->model.empty()) fail("give MODEL or --synthetic, not both");
+      SyntheticSpec s = synthetic_geometry(o->synthetic);
+      if (o->layers > 0) s.num_layers = o->layers;
+      s.bits = o->bits;
+      s.head_bits = o->head_bits;
+      s.seed = o->bench.seed;
+      const auto cb = quant::parse_codebook(o->codebook);
+      if (!cb) fail("--codebook '{}' is unknown; choose mcg, mul1 or 3inst", o->codebook);
+      s.codebook = *cb;
+      dir = o->out_dir.empty() ? std::filesystem::temp_directory_path() /
+                                     fmt::format("exl3-bench-{}-k{}-{}-l{}", o->synthetic, s.bits, o->codebook, s.num_layers)
+                               : std::filesystem::path(o->out_dir);
+      if (!std::filesystem::exists(dir / "config.json")) {
+        std::fprintf(stderr, "writing synthetic %s (%lld layers, K=%d %s) to %s ...\n", o->synthetic.c_str(),
+                     static_cast<long long>(s.num_layers), s.bits, o->codebook.c_str(), dir.string().c_str());
+        write_synthetic_checkpoint(dir, s);
+      } else {
+        std::fprintf(stderr, "reusing %s\n", dir.string().c_str());
+      }
+    }
+    if (dir.empty()) fail("no model: give MODEL or --synthetic NAME (see --help)");
+    const auto ckpt = Checkpoint::open(dir);
+    runtime::EngineOptions eo;
+    eo.device = runtime::parse_device(o->device);
+    eo.max_batch_tokens = o->max_batch_tokens;
+    int64_t biggest = 0;
+    for (const auto b : o->bench.batches) {
+      if (b <= 0) fail("--batch {}: batch sizes must be positive", b);
+      biggest = std::max(biggest, b);
+    }
+    eo.cache_tokens = o->cache_tokens > 0
+                          ? o->cache_tokens
+                          : std::max(biggest * (o->bench.context + o->bench.decode_steps + 2) + 64 * biggest,
+                                     o->bench.prefill_tokens + 64);
+    std::fprintf(stderr, "loading %s on %s ...\n", dir.string().c_str(), o->device.c_str());
+    auto engine = runtime::load_engine(ckpt, eo);
+    const uint64_t active = runtime::active_weight_bytes_per_token(ckpt, engine->spec());
+    double copy_gbs = 0.0;
+    std::string device_name = "cpu";
+#if defined(EXL3_HAVE_CUDA)
+    if (eo.device == runtime::Device::kCuda) {
+      cuda::GpuTimer timer;
+      copy_gbs = timer.copy_bandwidth_gbs();
+      device_name = cuda::device_name();
+    }
+#endif
+    const auto res = runtime::bench_model(*engine, o->bench);
+    const double ceiling = copy_gbs > 0 ? copy_gbs * 1e9 / static_cast<double>(active) : 0.0;
+    std::printf("model %s (%s), device %s\n", dir.string().c_str(), std::string(runtime::architecture_name(engine->spec().architecture)).c_str(),
+                device_name.c_str());
+    std::printf("weights read per token at batch 1: %.1f MB; copy bandwidth %.0f GB/s -> ceiling %.1f tok/s\n",
+                static_cast<double>(active) / 1e6, copy_gbs, ceiling);
+    std::printf("%8s %12s %12s %10s\n", "batch", "ms/step", "tok/s", "% ceiling");
+    nlohmann::json decode = nlohmann::json::array();
+    for (const auto& d : res.decode) {
+      const double pct = ceiling > 0 ? 100.0 * d.tokens_per_second / ceiling : 0.0;
+      std::printf("%8lld %12.3f %12.1f %10.1f\n", static_cast<long long>(d.batch), 1e3 * d.seconds_per_step,
+                  d.tokens_per_second, pct);
+      decode.push_back({{"batch", d.batch},
+                        {"ms_per_step", 1e3 * d.seconds_per_step},
+                        {"tokens_per_second", d.tokens_per_second},
+                        {"percent_of_ceiling", ceiling > 0 ? nlohmann::json(pct) : nlohmann::json(nullptr)}});
+    }
+    if (res.prefill_tokens > 0) {
+      std::printf("prefill %lld tokens: %.1f ms, %.0f tok/s\n", static_cast<long long>(res.prefill_tokens),
+                  1e3 * res.prefill_seconds, res.prefill_tokens_per_second);
+    }
+    if (!o->json_path.empty()) {
+      const nlohmann::json doc = {
+          {"model", dir.string()},
+          {"synthetic", o->synthetic.empty() ? nlohmann::json(nullptr) : nlohmann::json(o->synthetic)},
+          {"synthetic_note", o->synthetic.empty() ? nlohmann::json(nullptr)
+                                                  : nlohmann::json("random valid trellis bits; speed only")},
+          {"spec", runtime::spec_summary(engine->spec())},
+          {"device", device_name},
+          {"copy_bandwidth_gbs", copy_gbs},
+          {"active_weight_bytes_per_token", active},
+          {"ceiling_tokens_per_second", ceiling},
+          {"context", o->bench.context},
+          {"decode", decode},
+          {"prefill", {{"tokens", res.prefill_tokens},
+                       {"ms", 1e3 * res.prefill_seconds},
+                       {"tokens_per_second", res.prefill_tokens_per_second}}}};
+      write_file_atomic(o->json_path, doc.dump(2) + "\n");
+    }
+    return 0;
+  };
+}
+
+}  // namespace exl3::cli
