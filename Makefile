@@ -1,7 +1,7 @@
 # exl3 — top-level entry points. `make demo` and `make test` do all set-up on a fresh Debian 12
 # machine (root, registries reachable): they install missing build dependencies first.
 #
-#   make demo           build, write a small synthetic EXL3 checkpoint, inspect it and run a layer
+#   make demo           build; synthetic MoE model -> exl3 quantize -> generate (CPU, CUDA) -> eval (KL)
 #   make test           build (CUDA too when nvcc exists) and run the whole test suite (ctest)
 #   make test-sanitize  the test suite again under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make fuzz           build the libFuzzer targets with clang and run each for FUZZ_SECONDS

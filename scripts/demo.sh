@@ -1,23 +1,65 @@
 #!/usr/bin/env bash
-# The `make demo` job: write a small synthetic EXL3 checkpoint with exl3's own writer, inspect it,
-# run one layer through the CPU reference path, and decode another to its weights.
+# The `make demo` job, end to end with nothing downloaded: exl3 writes a small deterministic
+# Qwen3-MoE model (safetensors + config + byte-level BPE tokenizer), quantizes it to EXL3 at 4 bits,
+# generates from it on the CPU (and on CUDA when a GPU is present), evaluates it against the
+# unquantized model (KL divergence, top-1 agreement, perplexities) and prints a summary.
+#
+#   scripts/demo.sh EXL3_BINARY OUT_DIR
 set -euo pipefail
 exl3="$1"
 out="$2"
 rm -rf "$out"
-echo "== 1. exl3 sample: a 2-layer Qwen3-MoE-shaped EXL3 checkpoint (random valid trellis, K=4 mul1)"
-"$exl3" sample "$out/model" --bits 4 --codebook mul1 --seed 42
+mkdir -p "$out"
+start=$(date +%s)
+seconds() { echo $(($(date +%s) - start)); }
+mib() { du -sb "$@" | awk '{s += $1} END {printf "%.2f MiB", s / 1048576}'; }
+# "X tokens/s" of the generation part of `exl3 generate`'s last line.
+gen_speed() { sed -n 's/.*generation: [0-9]* tokens, \([0-9.]*\) tokens\/s.*/\1/p' "$1" | tail -n 1; }
+
+hf="$out/qwen3-moe-hf"
+q="$out/qwen3-moe-exl3-4bpw"
+echo "== 1. exl3 sample-hf: a small Qwen3-MoE model in Hugging Face layout (seeded noise weights, BF16)"
+"$exl3" sample-hf "$hf" --arch qwen3-moe --seed 42 --hidden 128 --layers 2 --heads 4 --kv-heads 2 \
+  --head-dim 32 --experts 8 --experts-per-tok 2 --moe-intermediate 128 --vocab 512 --init-std 0.05
+ls "$hf"
 echo
-echo "== 2. exl3 inspect: every EXL3 linear, validated, with its K, codebook and size"
-"$exl3" inspect "$out/model" | sed -n '1,14p'
-echo "   ..."
-"$exl3" inspect "$out/model" | tail -n 6
+echo "== 2. exl3 quantize: HF -> EXL3, 4 bits per weight on the decoder linears, lm_head at K=6"
+"$exl3" quantize "$hf" "$q" --bits 4 --head-bits 6 2> "$out/quantize.log" \
+  || { cat "$out/quantize.log"; exit 1; }
+"$exl3" inspect "$q" | tail -n 4
 echo
-echo "== 3. exl3 linear: y = had(had(x*suh) @ W_hat) * svh on the sample input (fp32 accumulation)"
-"$exl3" linear "$out/model" --prefix model.layers.0.self_attn.q_proj \
-  --input "$out/model/sample_input.safetensors" --out "$out/y.safetensors"
+prompt="The harbour town woke slowly"
+echo "== 3. exl3 generate on the CPU (greedy; noise weights make noise text, the speed is real)"
+"$exl3" generate "$q" --prompt "$prompt" --max-tokens 48 --ignore-eos | tee "$out/generate-cpu.txt"
+cpu_tps=$(gen_speed "$out/generate-cpu.txt")
+cuda_tps=""
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo
+  echo "== 3b. exl3 generate --device cuda ($(nvidia-smi -L | head -n 1))"
+  if "$exl3" generate "$q" --prompt "$prompt" --max-tokens 48 --ignore-eos --device cuda \
+      > "$out/generate-cuda.txt" 2>&1; then
+    cat "$out/generate-cuda.txt"
+    cuda_tps=$(gen_speed "$out/generate-cuda.txt")
+  else
+    echo "CUDA generation failed (continuing with the CPU results):"
+    sed 's/^/  /' "$out/generate-cuda.txt"
+  fi
+else
+  echo "(no GPU found by nvidia-smi: CUDA generation skipped)"
+fi
 echo
-echo "== 4. exl3 dequant: the lm_head weight in the original basis (F32) and W_hat (F16)"
-"$exl3" dequant "$out/model" --prefix lm_head --out "$out/lm_head.safetensors"
+echo "== 4. exl3 eval: the quantized model against the unquantized one on exl3's bundled text"
+"$exl3" eval "$q" --reference "$hf" --text builtin --context 256 --max-tokens 1024 | tee "$out/eval.txt"
+kl=$(sed -n 's/^KL(reference || model) \([^ ]*\) .*/\1/p' "$out/eval.txt")
+top1=$(sed -n 's/^top-1 agreement \([^ ]*\) .*/\1/p' "$out/eval.txt")
+ppl=$(sed -n 's/^perplexity \([^ ]*\) .*/\1/p' "$out/eval.txt")
+ref_ppl=$(sed -n 's/^reference perplexity \([^ ]*\) .*/\1/p' "$out/eval.txt")
 echo
-echo "demo done: files in $out/ (try: $exl3 inspect $out/model --json)"
+echo "== summary"
+echo "  model         synthetic Qwen3-MoE (hidden 128, 2 layers, 8 experts, top-2, vocab 512), written by exl3 sample-hf"
+echo "  unquantized   $(mib "$hf"/*.safetensors) BF16  ($hf)"
+echo "  EXL3 4 bpw    $(mib "$q"/*.safetensors)  ($q)"
+echo "  KL(unquantized || EXL3)  $kl nats/token, top-1 agreement $top1"
+echo "  perplexity    EXL3 $ppl, unquantized $ref_ppl (noise weights predict noise: compare the two, not their size)"
+echo "  generation    CPU ${cpu_tps:-?} tokens/s${cuda_tps:+, CUDA $cuda_tps tokens/s}"
+echo "  demo time     $(seconds) s"

@@ -36,6 +36,9 @@ Runner add_sample_hf(CLI::App& app, Common&) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--vocab", s.vocab_size, "Vocabulary size")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--init-std", s.init_std, "Weight scale (std of the Gaussian noise); larger gives peakier next-token distributions")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_flag("--tie-embeddings", s.tie_word_embeddings, "Tie lm_head to the embedding (no lm_head.weight)");
   app.add_option("--dtype", o->dtype, "Weight dtype")->check(CLI::IsMember({"bf16", "f16", "f32"}))->capture_default_str();
   app.footer("The weights are seeded Gaussian noise in the architecture's exact Hugging Face layout:\n"

@@ -28,6 +28,7 @@ Runner add_bench_model(CLI::App& app, Common& common);  // `bench model`
 Runner add_tokenize(CLI::App& app, Common& common);
 Runner add_logits(CLI::App& app, Common& common);    // model runtime
 Runner add_generate(CLI::App& app, Common& common);
+Runner add_eval(CLI::App& app, Common& common);      // perplexity / KL vs a reference
 Runner add_serve(CLI::App& app, Common& common);     // OpenAI-compatible server (src/server)
 
 }  // namespace exl3::cli

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
       "  exl3 tokenize ./m --text 'Hello world'         token ids with the model's tokenizer\n"
       "  exl3 generate ./m --prompt 'Once upon a time'  stream text from the model (CPU runtime)\n"
       "  exl3 logits ./m --tokens 1,2,3 --out l.safetensors   logits of one forward pass\n"
+      "  exl3 eval ./m --text builtin --reference ./hf  perplexity, KL and top-1 vs the source model\n"
       "  exl3 serve ./m --port 8000                       OpenAI-compatible HTTP server",
       "exl3"};
   app.require_subcommand(1);
@@ -60,6 +61,8 @@ int main(int argc, char** argv) {
       exl3::cli::add_logits);
   reg("generate", "Generate text from a prompt (streamed), greedy or sampled, with tokens/s", exl3::cli::add_generate);
   reg("serve", "Serve the model over an OpenAI-compatible HTTP API with continuous batching", exl3::cli::add_serve);
+  reg("eval", "Perplexity over a text; with --reference also mean KL divergence and top-1 agreement",
+      exl3::cli::add_eval);
 
   try {
     app.parse(argc, argv);
