@@ -255,7 +255,11 @@ bool MoeLayerCuda::tier_passes(MoePlan p) const {
     case MoeOptions::Tiers::kPasses: return true;
     case MoeOptions::Tiers::kAuto: break;
   }
-  return p == MoePlan::kPrefill;
+  // Measured on the H200 (GLM-5.2 geometry, 148 K3 + 108 K4, bench/results/2026-11-29_h200_moe_tiers_*):
+  // per-K passes are 4-24% slower than the one grid at every m from 1 to 3072 (each pass pays
+  // its own launch, fill and tail), so auto keeps the grid on both plans.
+  (void)p;
+  return false;
 }
 
 MoePlan MoeLayerCuda::plan_for(int64_t m) const {

@@ -97,7 +97,9 @@ TEST(LogitsCli, BadInputsFailClearly) {
   EXPECT_THAT(r.out, HasSubstr("outside the vocabulary 0..511"));
   // Without a GPU (or without CUDA in the build) --device cuda fails naming the device.
   r = run_cli(fmt::format("logits {} --tokens 1,2 --out {} --device cuda", q(model), out));
-  if (r.code != 0) EXPECT_THAT(r.out, HasSubstr("device cuda"));
+  if (r.code != 0) {
+    EXPECT_THAT(r.out, HasSubstr("device cuda"));
+  }
   r = run_cli(fmt::format("logits {} --tokens 1,2 --out {}", q(tmp / "nothing"), out));
   EXPECT_EQ(r.code, 1);
 }
@@ -168,7 +170,9 @@ TEST(GenerateCli, ChatWithoutTemplateFailsClearly) {
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("chat"));
   const auto c = run_cli(fmt::format("generate {} --prompt hi -n 2 --device cuda", q(model)));
-  if (c.code != 0) EXPECT_THAT(c.out, HasSubstr("device cuda"));
+  if (c.code != 0) {
+    EXPECT_THAT(c.out, HasSubstr("device cuda"));
+  }
 }
 
 // --tp N runs N ranks; the logits equal --tp 1's, and a TP that cuts an EXL3 block is refused

@@ -234,7 +234,10 @@ TEST(Scheduler, RefusesBadRequests) {
 
 TEST(Scheduler, RefusesBadOptions) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  auto engine = runtime::load_engine(st::tiny_model(conf), {.device = runtime::Device::kCpu, .page_size = 32, .cache_tokens = 256});
+  runtime::EngineOptions eo;
+  eo.page_size = 32;
+  eo.cache_tokens = 256;
+  auto engine = runtime::load_engine(st::tiny_model(conf), eo);
   const auto tok = Tokenizer::load(st::tiny_model(conf));
   auto make = [&](const SchedulerOptions& o) { Scheduler s(*engine, tok, o); };
   EXPECT_THROW(make(SchedulerOptions{.max_seqs = 0}), exl3::Error);

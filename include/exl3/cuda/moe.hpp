@@ -54,8 +54,8 @@ struct MoeOptions {
   int64_t arena_budget_mib = 256;  // EXL3_MOE_ARENA_MIB: prefill_chunk = 0 sizes chunks to this
   // EXL3_MOE_TIERS: how the expert GEMVs meet mixed bit widths (K3 + K4 tiers). kGrid: one grid,
   // each block switching to its expert's K; kPasses: one homogeneous pass per K present, each a
-  // kernel built for that K alone; kAuto: the grid on the decode plan, passes on the prefill
-  // plan (measured: docs/performance.md). A layer of one K always runs that K's own kernel.
+  // kernel built for that K alone; kAuto: the grid on both plans (measured faster at every m:
+  // docs/performance.md). A layer of one K always runs that K's own kernel.
   enum class Tiers : uint8_t { kAuto, kGrid, kPasses };
   Tiers tiers = Tiers::kAuto;
 };
