@@ -22,6 +22,7 @@
 #include "exl3/runtime/decoder_layer.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/linear.hpp"
+#include "quant_test_mode.hpp"
 #include "quant/calibrate.hpp"
 #include "runtime_test_util.hpp"
 #include "test_support.hpp"
@@ -156,6 +157,10 @@ double mean_kl(const fs::path& src, const fs::path& quant, const std::vector<int
 }
 
 void expect_calibrated_better(exl3::HfArch arch, const char* name) {
+  if (exl3::test::quant_fast_mode()) {
+    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): several conversions are too slow under "
+                    "instrumentation; QuantizeCli's --calibration builtin run covers the calibrated pipeline";
+  }
   TempDir tmp;
   const auto src = tmp / "src";
   auto spec = small_model(arch, 5, 2);
@@ -195,6 +200,10 @@ std::map<std::string, std::string> folder_bytes(const fs::path& dir) {
 }
 
 TEST(Calibration, ResumeAfterInterruptionIsIdentical) {
+  if (exl3::test::quant_fast_mode()) {
+    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): several conversions are too slow under "
+                    "instrumentation; QuantizeCli's --calibration builtin run covers the calibrated pipeline";
+  }
   TempDir tmp;
   const auto src = tmp / "src";
   auto spec = small_model(exl3::HfArch::kQwen3Moe, 8, 2);
