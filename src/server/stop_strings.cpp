@@ -10,11 +10,21 @@ StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) : stops_(st
 StopStringMatcher::Result StopStringMatcher::push(std::string_view piece) {
   held_ += piece;
   Result r;
-  // Earliest occurrence of any stop string: that is where the generation ends. Held text never
-  // contains a complete stop string from earlier pushes (it would have stopped), so a match can
-  // only involve the new piece.
-  size_t first = std::string::npos;
-  for (const auto& s : stops_) first = std::min(first, held_.find(s));
+  // Generation ends at the stop string that completes first (ties: the longer one, which starts
+  // earlier). Waiting for a longer stop string that started earlier but is not complete yet would
+  // mean generating past a stop string that is already there. Held text never contains a complete
+  // stop string from earlier pushes (it would have stopped), so every match ends in the new piece
+  // and the result does not depend on how the text was cut into pieces.
+  size_t first = std::string::npos, first_end = std::string::npos;
+  for (const auto& s : stops_) {
+    const size_t at = held_.find(s);
+    if (at == std::string::npos) continue;
+    const size_t end = at + s.size();
+    if (end < first_end || (end == first_end && at < first)) {
+      first = at;
+      first_end = end;
+    }
+  }
   if (first != std::string::npos) {
     r.text = held_.substr(0, first);
     r.stopped = true;

@@ -1,6 +1,6 @@
 // StopStringMatcher against the plain definition on random texts cut into random pieces: the
-// released text is the text up to the first occurrence of any stop string (all of it when none
-// occurs), and nothing that could still become a stop string is released early.
+// released text is the text up to the stop-string occurrence that ends first (of two ending
+// together, the one starting first; all of the text when none occurs), and nothing that could still become a stop string is released early.
 #include <algorithm>
 #include <random>
 #include <string>
@@ -36,8 +36,15 @@ TEST(StopStrings, MatchesThePlainDefinitionOnRandomStreams) {
     for (size_t i = 0; i < nstops; ++i) stops.push_back(random_text(rng, 1 + rng() % 4));
     const std::string text = random_text(rng, rng() % 40);
 
-    size_t first = std::string::npos;
-    for (const auto& s : stops) first = std::min(first, text.find(s));
+    size_t first = std::string::npos, first_end = std::string::npos;
+    for (const auto& s : stops) {
+      const size_t at = text.find(s);
+      if (at == std::string::npos) continue;
+      if (at + s.size() < first_end || (at + s.size() == first_end && at < first)) {
+        first = at;
+        first_end = at + s.size();
+      }
+    }
     const std::string expected = text.substr(0, first);
 
     StopStringMatcher m(stops);
@@ -79,6 +86,26 @@ TEST(StopStrings, StopsAcrossPiecesAndReleasesFalseStarts) {
   r = m.push("d> tail");
   EXPECT_TRUE(r.stopped);
   EXPECT_EQ(r.text, "");
+}
+
+TEST(StopStrings, TheStopThatCompletesFirstWinsOverALongerEarlierStart) {
+  // "abc" starts first but "b" completes first: generation must not run on to see whether "abc"
+  // completes, and the answer must not depend on how the text is cut.
+  StopStringMatcher whole({"abc", "b"});
+  auto r = whole.push("xabc");
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.text, "xa");
+  StopStringMatcher pieces({"abc", "b"});
+  r = pieces.push("xa");
+  EXPECT_EQ(r.text, "x");
+  r = pieces.push("b");
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.text, "a");
+  // Two ending together: the longer one.
+  StopStringMatcher tie({"c", "bc"});
+  r = tie.push("abcd");
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.text, "a");
 }
 
 TEST(StopStrings, NoStopsReleasesEverything) {

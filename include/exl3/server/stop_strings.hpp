@@ -1,5 +1,6 @@
-// Stop strings over streamed text: generation must end at the first occurrence of any stop
-// string, and the stop string itself (and anything after it) must never reach the client.
+// Stop strings over streamed text: generation must end as soon as any stop string is complete
+// (the one that completes first; of two ending together, the longer), and the stop string itself
+// (and anything after it) must never reach the client.
 // Text arrives in pieces (one per token); a piece can end with the beginning of a stop string
 // that the next piece completes, so the matcher holds back the longest tail that is still a
 // prefix of some stop string and releases it once it can no longer start a match.
