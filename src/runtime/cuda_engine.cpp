@@ -13,6 +13,8 @@
 // memory; kernels read it there, so a pure decode step (one token per sequence) depends on the
 // host only through its token count and is captured as a CUDA graph per count, then replayed.
 #include "cuda_engine.hpp"
+#include "cuda_buffers.hpp"
+#include "gpu_linear.hpp"
 
 #if defined(EXL3_HAVE_CUDA)
 
@@ -42,149 +44,6 @@ namespace {
 
 using cuda::DType;
 using SeqId = PagedKvCache::SeqId;
-
-void check(cudaError_t e, const std::string& what) {
-  if (e != cudaSuccess) fail("CUDA engine: {}: {}", what, cudaGetErrorString(e));
-}
-
-// One device allocation, freed with the owner.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
-    if (bytes > 0) check(cudaMalloc(&p_, bytes), "allocating " + what);
-  }
-  DeviceBuffer(const void* host, size_t bytes, const std::string& what) : DeviceBuffer(bytes, what) {
-    if (bytes > 0) check(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice), "uploading " + what);
-  }
-  ~DeviceBuffer() { cudaFree(p_); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(p_);
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-DeviceBuffer upload_floats(const std::vector<float>& v, const std::string& what) {
-  return DeviceBuffer(v.data(), v.size() * sizeof(float), what);
-}
-
-DType cuda_dtype(exl3::DType t, const std::string& what) {
-  switch (t) {
-    case exl3::DType::kF32: return DType::kF32;
-    case exl3::DType::kF16: return DType::kF16;
-    case exl3::DType::kBF16: return DType::kBF16;
-    default: fail("CUDA engine: {} is {}; expected F32, F16 or BF16", what, dtype_name(t));
-  }
-}
-
-// A linear on the GPU: EXL3 (its stored dims may be padded past the model's: the input is
-// zero-padded and the output trimmed through the engine's pad buffers) or unquantized.
-class GpuLinear {
- public:
-  struct Pads {
-    float* in = nullptr;   // [cap, max stored in]
-    float* out = nullptr;  // [cap, max stored out]
-  };
-
-  static GpuLinear load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out, int64_t cap,
-                        bool fp32_weights = false) {
-    GpuLinear l;
-    l.in_ = in;
-    l.out_ = out;
-    l.name_ = prefix;
-    if (const Exl3LinearInfo* info = ckpt.find_linear(prefix)) {
-      if (info->in_features < in || info->out_features < out || info->in_features - in >= 128 ||
-          info->out_features - out >= 128) {
-        fail("{}: EXL3 linear '{}' is {} -> {}, expected {} -> {} from config.json", ckpt.path().string(), prefix,
-             info->in_features, info->out_features, in, out);
-      }
-      const Exl3LinearData data = Exl3LinearData::load(ckpt, prefix);
-      cuda::LinearOptions lo;
-      lo.max_m = cap;
-      l.exl3_ = std::make_unique<cuda::Exl3LinearCuda>(data, lo);
-      l.stored_in_ = info->in_features;
-      l.stored_out_ = info->out_features;
-      l.bytes_ = data.trellis().size() * 2 + (data.suh().size() + data.svh().size()) * 2;
-      return l;
-    }
-    if (!ckpt.store().contains(prefix + ".weight")) {
-      fail("{}: linear '{}' is missing (neither EXL3 '{}.trellis' nor unquantized '{}.weight')", ckpt.path().string(),
-           prefix, prefix, prefix);
-    }
-    (void)DenseMatrix::load(ckpt.store(), prefix + ".weight", out, in);  // validates dtype and shape
-    std::vector<float> bias;
-    if (ckpt.store().contains(prefix + ".bias")) bias = load_vector(ckpt.store(), prefix + ".bias", out);
-    return dense(ckpt.store(), prefix + ".weight", bias, cap, fp32_weights);
-  }
-
-  // An unquantized [out, in] matrix tensor (also the tied embedding as the head).
-  static GpuLinear dense(const TensorStore& store, const std::string& tensor, const std::vector<float>& bias,
-                         int64_t cap, bool fp32_weights) {
-    const TensorRef* ref = store.find(tensor);
-    if (ref == nullptr) fail("{}: tensor '{}' is missing", store.root().string(), tensor);
-    if (ref->info->rank() != 2) fail("{}: tensor '{}' is not a matrix", ref->path().string(), tensor);
-    GpuLinear l;
-    l.name_ = tensor;
-    l.out_ = l.stored_out_ = ref->info->shape[0];
-    l.in_ = l.stored_in_ = ref->info->shape[1];
-    const DType t = cuda_dtype(ref->info->dtype, tensor);
-    const auto bytes = ref->bytes();
-    std::vector<std::byte> aligned(bytes.begin(), bytes.end());  // the mapping may be unaligned
-    l.dense_ = std::make_unique<cuda::DenseLinearCuda>(tensor, aligned.data(), t, l.in_, l.out_,
-                                                       bias.empty() ? nullptr : bias.data(), cap, fp32_weights);
-    l.bytes_ = l.dense_->device_bytes();
-    return l;
-  }
-
-  int64_t in() const { return in_; }
-  int64_t out() const { return out_; }
-  int64_t stored_in() const { return stored_in_; }
-  int64_t stored_out() const { return stored_out_; }
-  size_t device_bytes() const { return bytes_; }
-  size_t workspace_bytes() const { return exl3_ ? exl3_->workspace_bytes() : dense_->workspace_bytes(); }
-
-  // y[m, out] = x[m, in] (both fp32, packed rows).
-  void run(const float* x, float* y, int64_t m, void* ws, size_t ws_size, const Pads& pads,
-           cudaStream_t stream) const {
-    if (dense_) {
-      check(dense_->run(x, y, m, ws, ws_size, stream), name_);
-      return;
-    }
-    const float* xin = x;
-    if (stored_in_ != in_) {  // zero-pad the input columns
-      check(cudaMemsetAsync(pads.in, 0, static_cast<size_t>(m * stored_in_) * 4, stream), name_ + " (pad)");
-      check(cudaMemcpy2DAsync(pads.in, static_cast<size_t>(stored_in_) * 4, x, static_cast<size_t>(in_) * 4,
-                              static_cast<size_t>(in_) * 4, static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
-            name_ + " (pad)");
-      xin = pads.in;
-    }
-    float* yout = stored_out_ != out_ ? pads.out : y;
-    check(exl3_->run(xin, DType::kF32, yout, DType::kF32, m, ws, ws_size, stream), name_);
-    if (yout != y) {
-      check(cudaMemcpy2DAsync(y, static_cast<size_t>(out_) * 4, yout, static_cast<size_t>(stored_out_) * 4,
-                              static_cast<size_t>(out_) * 4, static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
-            name_ + " (trim)");
-    }
-  }
-
- private:
-  std::string name_;
-  int64_t in_ = 0, out_ = 0, stored_in_ = 0, stored_out_ = 0;
-  size_t bytes_ = 0;
-  std::unique_ptr<cuda::Exl3LinearCuda> exl3_;
-  std::unique_ptr<cuda::DenseLinearCuda> dense_;
-};
 
 // Scratch of one forward chunk (cap tokens), shared by every layer.
 struct Scratch {

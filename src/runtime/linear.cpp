@@ -63,6 +63,12 @@ void DenseMatrix::row(int64_t r, float* out) const {
   float_elements_to_f32(data_ + static_cast<size_t>(r * cols_) * es, dtype_, cols_, out);
 }
 
+std::vector<float> DenseMatrix::to_f32() const {
+  std::vector<float> out(static_cast<size_t>(rows_ * cols_));
+  float_elements_to_f32(data_, dtype_, rows_ * cols_, out.data());
+  return out;
+}
+
 void DenseMatrix::matmul_t(const float* x, int64_t m, float* y, std::span<const float> bias) const {
   if (!bias.empty() && static_cast<int64_t>(bias.size()) != rows_) {
     fail("{}: bias has {} values for {} rows", name_, bias.size(), rows_);

@@ -36,6 +36,8 @@ class DenseMatrix {
   const std::string& name() const { return name_; }
   // out[cols] = row r as fp32.
   void row(int64_t r, float* out) const;
+  // Every element as fp32, row-major [rows, cols] (device uploads of slices).
+  std::vector<float> to_f32() const;
   // y[m, rows] = x[m, cols] @ W^T (+ bias[rows] when not empty); fp32 accumulation, parallel
   // over rows.
   void matmul_t(const float* x, int64_t m, float* y, std::span<const float> bias = {}) const;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "exl3/cpu/linear.hpp"
@@ -53,6 +54,12 @@ class RankLinear {
   // y[m, out_features()] = this rank's part of x[m, in_features()] @ W^T (+ its bias). A row
   // slice's output is a partial sum; an empty row slice writes its bias (rank 0) or zeros.
   void forward(const float* x, int64_t m, float* y) const;
+
+  // What a device backend uploads: the EXL3 slice (stored dims, padded past the real ones where
+  // the linear is), or the unquantized fp32 slice with its bias; both null for an empty slice.
+  const Exl3Slice* exl3() const { return exl3_.get(); }
+  const DenseMatrix* dense() const { return dense_.get(); }
+  std::span<const float> bias() const { return bias_; }
 
  private:
   int64_t in_ = 0, out_ = 0;

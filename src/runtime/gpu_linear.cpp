@@ -1,0 +1,138 @@
+// GpuLinear (see gpu_linear.hpp).
+#include "gpu_linear.hpp"
+
+#if defined(EXL3_HAVE_CUDA)
+
+#include <algorithm>
+
+#include "cuda_buffers.hpp"
+#include "exl3/error.hpp"
+#include "exl3/runtime/linear.hpp"
+
+namespace exl3::runtime {
+
+GpuLinear GpuLinear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out, int64_t cap,
+                          bool fp32_weights) {
+  GpuLinear l;
+  l.in_ = in;
+  l.out_ = out;
+  l.name_ = prefix;
+  if (const Exl3LinearInfo* info = ckpt.find_linear(prefix)) {
+    if (info->in_features < in || info->out_features < out || info->in_features - in >= 128 ||
+        info->out_features - out >= 128) {
+      fail("{}: EXL3 linear '{}' is {} -> {}, expected {} -> {} from config.json", ckpt.path().string(), prefix,
+           info->in_features, info->out_features, in, out);
+    }
+    const Exl3LinearData data = Exl3LinearData::load(ckpt, prefix);
+    cuda::LinearOptions lo;
+    lo.max_m = cap;
+    l.exl3_ = std::make_unique<cuda::Exl3LinearCuda>(data, lo);
+    l.stored_in_ = info->in_features;
+    l.stored_out_ = info->out_features;
+    l.bytes_ = data.trellis().size() * 2 + (data.suh().size() + data.svh().size()) * 2;
+    return l;
+  }
+  if (!ckpt.store().contains(prefix + ".weight")) {
+    fail("{}: linear '{}' is missing (neither EXL3 '{}.trellis' nor unquantized '{}.weight')", ckpt.path().string(),
+         prefix, prefix, prefix);
+  }
+  (void)DenseMatrix::load(ckpt.store(), prefix + ".weight", out, in);  // validates dtype and shape
+  std::vector<float> bias;
+  if (ckpt.store().contains(prefix + ".bias")) bias = load_vector(ckpt.store(), prefix + ".bias", out);
+  return dense(ckpt.store(), prefix + ".weight", bias, cap, fp32_weights);
+}
+
+GpuLinear GpuLinear::dense(const TensorStore& store, const std::string& tensor, const std::vector<float>& bias,
+                           int64_t cap, bool fp32_weights, Extent rows) {
+  const TensorRef* ref = store.find(tensor);
+  if (ref == nullptr) fail("{}: tensor '{}' is missing", store.root().string(), tensor);
+  if (ref->info->rank() != 2) fail("{}: tensor '{}' is not a matrix", ref->path().string(), tensor);
+  const int64_t all_rows = ref->info->shape[0];
+  if (rows.empty()) rows = {0, all_rows};
+  if (rows.end() > all_rows) {
+    fail("{}: tensor '{}' has {} rows; rows [{}, {}) were asked for", ref->path().string(), tensor, all_rows,
+         rows.begin, rows.end());
+  }
+  GpuLinear l;
+  l.name_ = tensor;
+  l.out_ = l.stored_out_ = rows.count;
+  l.in_ = l.stored_in_ = ref->info->shape[1];
+  const cuda::DType t = cuda_dtype(ref->info->dtype, tensor);
+  const auto bytes = ref->bytes();
+  const size_t row_bytes = static_cast<size_t>(l.in_) * cuda::dtype_size(t);
+  // A copy: the mapping may be unaligned for the element type.
+  std::vector<std::byte> aligned(bytes.begin() + static_cast<std::ptrdiff_t>(rows.begin * row_bytes),
+                                 bytes.begin() + static_cast<std::ptrdiff_t>(rows.end() * row_bytes));
+  l.dense_ = std::make_unique<cuda::DenseLinearCuda>(tensor, aligned.data(), t, l.in_, l.out_,
+                                                     bias.empty() ? nullptr : bias.data(), cap, fp32_weights);
+  l.bytes_ = l.dense_->device_bytes();
+  return l;
+}
+
+GpuLinear GpuLinear::from_rank(const RankLinear& r, const std::string& name, int64_t out_offset, int64_t out,
+                               int64_t cap) {
+  GpuLinear l;
+  l.name_ = name;
+  l.in_ = r.in_features();
+  l.out_ = out;
+  l.out_offset_ = out_offset;
+  if (l.in_ <= 0 || l.out_ <= 0 || out_offset < 0 || out_offset + out > r.out_features()) {
+    fail("{}: this rank's slice is {} -> {} (columns {}..{} kept); the CUDA tensor-parallel engine needs every rank "
+         "to hold part of every linear (hint: use a smaller --tp)",
+         name, r.in_features(), r.out_features(), out_offset, out_offset + out);
+  }
+  if (const Exl3Slice* s = r.exl3()) {
+    const cpu::LinearView& v = s->view;
+    cuda::LinearOptions lo;
+    lo.max_m = cap;
+    l.exl3_ = std::make_unique<cuda::Exl3LinearCuda>(name.c_str(), v.trellis.data(), v.in_features, v.out_features,
+                                                     v.bits, v.codebook, v.suh.data(), v.svh.data(),
+                                                     v.bias.empty() ? nullptr : v.bias.data(), lo);
+    l.stored_in_ = v.in_features;
+    l.stored_out_ = v.out_features;
+    l.bytes_ = v.trellis.size() * 2 + (v.suh.size() + v.svh.size()) * 2;
+    return l;
+  }
+  const DenseMatrix* d = r.dense();
+  if (d == nullptr || out_offset != 0 || out != r.out_features()) {
+    fail("{}: an unquantized rank slice must be kept whole ({} -> {}, columns {}..{} asked for)", name,
+         r.in_features(), r.out_features(), out_offset, out_offset + out);
+  }
+  const auto w = d->to_f32();
+  const auto bias = r.bias();
+  l.stored_in_ = l.in_;
+  l.stored_out_ = l.out_;
+  l.dense_ = std::make_unique<cuda::DenseLinearCuda>(name, w.data(), cuda::DType::kF32, l.in_, l.out_,
+                                                     bias.empty() ? nullptr : bias.data(), cap, false);
+  l.bytes_ = l.dense_->device_bytes();
+  return l;
+}
+
+size_t GpuLinear::workspace_bytes() const { return exl3_ ? exl3_->workspace_bytes() : dense_->workspace_bytes(); }
+
+void GpuLinear::run(const float* x, float* y, int64_t m, void* ws, size_t ws_size, const Pads& pads,
+                    cudaStream_t stream) const {
+  if (dense_) {
+    check(dense_->run(x, y, m, ws, ws_size, stream), name_);
+    return;
+  }
+  const float* xin = x;
+  if (stored_in_ != in_) {  // zero-pad the input columns
+    check(cudaMemsetAsync(pads.in, 0, static_cast<size_t>(m * stored_in_) * 4, stream), name_ + " (pad)");
+    check(cudaMemcpy2DAsync(pads.in, static_cast<size_t>(stored_in_) * 4, x, static_cast<size_t>(in_) * 4,
+                            static_cast<size_t>(in_) * 4, static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
+          name_ + " (pad)");
+    xin = pads.in;
+  }
+  float* yout = stored_out_ != out_ ? pads.out : y;
+  check(exl3_->run(xin, cuda::DType::kF32, yout, cuda::DType::kF32, m, ws, ws_size, stream), name_);
+  if (yout != y) {
+    check(cudaMemcpy2DAsync(y, static_cast<size_t>(out_) * 4, yout + out_offset_, static_cast<size_t>(stored_out_) * 4,
+                            static_cast<size_t>(out_) * 4, static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
+          name_ + " (trim)");
+  }
+}
+
+}  // namespace exl3::runtime
+
+#endif  // EXL3_HAVE_CUDA

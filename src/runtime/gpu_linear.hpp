@@ -1,0 +1,68 @@
+// One linear layer on the GPU behind one interface (internal to the CUDA runtime): EXL3 through
+// Exl3LinearCuda, unquantized through cuBLAS (DenseLinearCuda), from a checkpoint or from one
+// tensor-parallel rank's slice (tp_linear.hpp).
+//
+// An EXL3 linear's stored dims may be padded past the model's (and a rank's k/v slice may cover
+// whole 128-channel blocks around its heads): the input is zero-padded and the output cut
+// through the engine's pad buffers, so callers always see [m, in()] -> [m, out()].
+#pragma once
+
+#if defined(EXL3_HAVE_CUDA)
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "exl3/cuda/dense_linear.hpp"
+#include "exl3/cuda/linear.hpp"
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/runtime/tp_linear.hpp"
+#include "exl3/runtime/tp_plan.hpp"
+
+namespace exl3::runtime {
+
+class GpuLinear {
+ public:
+  struct Pads {
+    float* in = nullptr;   // [cap, max stored in]
+    float* out = nullptr;  // [cap, max stored out]
+  };
+
+  // `<prefix>` of the checkpoint (EXL3 or `.weight` [+ `.bias`]) as config.json's in -> out.
+  // fp32_weights keeps an unquantized weight in fp32 (routers). cap: the most rows run() gets.
+  static GpuLinear load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out, int64_t cap,
+                        bool fp32_weights = false);
+  // An unquantized [out, in] matrix tensor (also the tied embedding as the head); `rows`, when
+  // not empty, keeps only those output rows (a rank's vocabulary).
+  static GpuLinear dense(const TensorStore& store, const std::string& tensor, const std::vector<float>& bias,
+                         int64_t cap, bool fp32_weights, Extent rows = {});
+  // One rank's slice (not empty: the CUDA TP engine refuses plans that leave a rank without
+  // heads or channels). out_offset: the first output column this rank keeps of the slice (k/v
+  // slices that cover whole blocks around the rank's heads); out(): `out` columns from there.
+  static GpuLinear from_rank(const RankLinear& r, const std::string& name, int64_t out_offset, int64_t out,
+                             int64_t cap);
+
+  int64_t in() const { return in_; }
+  int64_t out() const { return out_; }
+  int64_t stored_in() const { return stored_in_; }
+  int64_t stored_out() const { return stored_out_; }
+  size_t device_bytes() const { return bytes_; }
+  size_t workspace_bytes() const;
+
+  // y[m, out] = x[m, in] (both fp32, packed rows).
+  void run(const float* x, float* y, int64_t m, void* ws, size_t ws_size, const Pads& pads, cudaStream_t stream) const;
+
+ private:
+  std::string name_;
+  int64_t in_ = 0, out_ = 0, stored_in_ = 0, stored_out_ = 0, out_offset_ = 0;
+  size_t bytes_ = 0;
+  std::unique_ptr<cuda::Exl3LinearCuda> exl3_;
+  std::unique_ptr<cuda::DenseLinearCuda> dense_;
+};
+
+}  // namespace exl3::runtime
+
+#endif  // EXL3_HAVE_CUDA
