@@ -37,6 +37,8 @@
 #include "exl3/moe/layout.hpp"
 #include "exl3/moe/weights.hpp"
 #include "exl3/runtime/linear.hpp"
+#include "exl3/runtime/nccl_communicator.hpp"
+#include "exl3/runtime/tp_linear.hpp"
 #include "exl3/runtime/rope.hpp"
 
 namespace exl3::runtime {
@@ -52,7 +54,8 @@ struct Scratch {
   DeviceBuffer g, u;               // [cap, widest intermediate]
   DeviceBuffer router, ids, wts;   // [cap, E], [cap, k] x2
   DeviceBuffer shared_out;         // [cap, hidden]
-  DeviceBuffer logits;             // [cap, stored vocab]
+  DeviceBuffer logits;             // [cap, stored vocab]; tensor parallel: [tp, cap, widest rank vocab]
+  DeviceBuffer logits_local;       // tensor parallel: this rank's [cap, widest rank vocab]
   DeviceBuffer pad_in, pad_out;
   DeviceBuffer ws;                 // linear workspace / MoE arena (never used at the same time)
   DeviceBuffer meta;               // int32 step geometry
@@ -112,8 +115,15 @@ struct Run {
 
 class CudaEngine final : public Engine {
  public:
-  CudaEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts)
+  CudaEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts, const CudaRank* rank)
       : ckpt_(ckpt), spec_(std::move(spec)), opts_(opts) {
+    if (rank != nullptr) {
+#if defined(EXL3_HAVE_NCCL)
+      tp_ = *rank;
+#else
+      fail("tensor parallel: this build has no NCCL");
+#endif
+    }
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
       fail("device cuda: no CUDA device is visible; hint: use --device cpu");
@@ -144,7 +154,7 @@ class CudaEngine final : public Engine {
     void* pinned = nullptr;
     check(cudaMallocHost(&pinned, static_cast<size_t>(meta_capacity_) * 4), "allocating pinned memory");
     meta_host_ = static_cast<int32_t*>(pinned);
-    check(cudaMallocHost(&pinned, static_cast<size_t>(cap_ * head_.out()) * 4), "allocating pinned memory");
+    check(cudaMallocHost(&pinned, s_.logits.bytes()), "allocating pinned memory");
     logits_host_ = static_cast<float*>(pinned);
   }
 
@@ -229,7 +239,17 @@ class CudaEngine final : public Engine {
       weight_bytes_ += bytes.size();
     }
     final_norm_ = upload_floats(load_vector(store, spec_.final_norm, hidden), spec_.final_norm);
-    if (spec_.lm_head_tied) {
+    if (tp_) {  // this rank's vocabulary rows
+      const Extent v = tp_->plan->vocab[static_cast<size_t>(tp_->rank)];
+      for (const Extent& e : tp_->plan->vocab) rank_vocab_ = std::max(rank_vocab_, e.count);
+      if (spec_.lm_head_tied) {
+        head_ = GpuLinear::dense(store, spec_.embed_tokens, {}, cap_, false, v);
+      } else {
+        const auto slices = RankLinear::slice_all(ckpt_, tp_->plan->lm_head);
+        const RankLinear& mine = slices[static_cast<size_t>(tp_->rank)];
+        head_ = GpuLinear::from_rank(mine, spec_.lm_head, 0, mine.out_features(), cap_);
+      }
+    } else if (spec_.lm_head_tied) {
       head_ = GpuLinear::dense(store, spec_.embed_tokens, {}, cap_, false);
     } else {
       head_ = GpuLinear::load(ckpt_, spec_.lm_head, hidden, spec_.vocab_size, cap_);
@@ -243,41 +263,49 @@ class CudaEngine final : public Engine {
              "quantized experts only (hint: quantize the model with `exl3 quantize`, or use --device cpu)",
              ckpt_.path().string());
       }
-      if (layout->tp != 1) {
-        fail("{}: the experts are sliced for TP {}; the CUDA engine runs one GPU per process at TP 1", ckpt_.path().string(),
-             layout->tp);
+      if (layout->tp != tp_size()) {
+        fail("{}: the experts are sliced for TP {}, but the engine runs TP {}; hint: --tp {}", ckpt_.path().string(),
+             layout->tp, tp_size(), layout->tp);
       }
     }
-    for (const auto& ls : spec_.layers) {
+    for (size_t li = 0; li < spec_.layers.size(); ++li) {
+      const LayerSpec& ls = spec_.layers[li];
+      const TpLayerPlan* lp = tp_ ? &tp_->plan->layers[li] : nullptr;
       LayerGpu l;
       l.input_norm = upload_floats(load_vector(store, ls.input_norm, hidden), ls.input_norm);
       l.post_norm = upload_floats(load_vector(store, ls.post_attention_norm, hidden), ls.post_attention_norm);
-      load_attention(l.attn, std::get<GqaAttentionSpec>(ls.attention));
+      load_attention(l.attn, std::get<GqaAttentionSpec>(ls.attention), lp ? &lp->attention : nullptr);
       if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
-        l.mlp = load_dense_mlp(d->prefix, d->intermediate);
+        l.mlp = lp ? load_dense_mlp(std::get<TpMlpPlan>(lp->mlp)) : load_dense_mlp(d->prefix, d->intermediate);
       } else {
         const auto& m = std::get<MoeSpec>(ls.mlp);
         if (!layout->has_layer(ls.index)) {
           fail("{}: config.json makes layer {} a MoE layer, but the checkpoint has no experts for it",
                ckpt_.path().string(), ls.index);
         }
-        l.mlp = load_moe(m, *layout, ls.index);
+        l.mlp = load_moe(m, *layout, ls.index, lp ? &std::get<TpMoePlan>(lp->mlp) : nullptr);
       }
       layers_.push_back(std::move(l));
     }
   }
 
-  void load_attention(AttnGpu& a, const GqaAttentionSpec& s) {
-    const int64_t hidden = spec_.hidden_size, qw = s.num_heads * s.head_dim, kvw = s.num_kv_heads * s.head_dim;
+  void load_attention(AttnGpu& a, const GqaAttentionSpec& s, const TpAttentionPlan* ap) {
+    const int64_t hidden = spec_.hidden_size;
     if (!cuda::attention_supports_head_dim(static_cast<int>(s.head_dim))) {
       fail("{}: {} has head_dim {}; the CUDA attention kernels are built for 64 and 128 (hint: --device cpu)",
            spec_.label, s.prefix, s.head_dim);
     }
     a.spec = s;
-    a.q = GpuLinear::load(ckpt_, s.prefix + ".q_proj", hidden, qw, cap_);
-    a.k = GpuLinear::load(ckpt_, s.prefix + ".k_proj", hidden, kvw, cap_);
-    a.v = GpuLinear::load(ckpt_, s.prefix + ".v_proj", hidden, kvw, cap_);
-    a.o = GpuLinear::load(ckpt_, s.prefix + ".o_proj", qw, hidden, cap_);
+    if (ap != nullptr) {
+      load_rank_attention(a, s, *ap);
+    } else {
+      const int64_t qw = s.num_heads * s.head_dim, kvw = s.num_kv_heads * s.head_dim;
+      a.q = GpuLinear::load(ckpt_, s.prefix + ".q_proj", hidden, qw, cap_);
+      a.k = GpuLinear::load(ckpt_, s.prefix + ".k_proj", hidden, kvw, cap_);
+      a.v = GpuLinear::load(ckpt_, s.prefix + ".v_proj", hidden, kvw, cap_);
+      a.o = GpuLinear::load(ckpt_, s.prefix + ".o_proj", qw, hidden, cap_);
+    }
+    const int64_t qw = a.spec.num_heads * s.head_dim, kvw = a.spec.num_kv_heads * s.head_dim;
     for (const GpuLinear* l : {&a.q, &a.k, &a.v, &a.o}) track(*l);
     if (s.qk_norm) {
       a.q_norm = upload_floats(load_vector(ckpt_.store(), s.prefix + ".q_norm.weight", s.head_dim), "q_norm");
@@ -286,6 +314,49 @@ class CudaEngine final : public Engine {
     a.rope = rope_table(s.rope);
     widest_q_ = std::max(widest_q_, qw);
     widest_kv_ = std::max(widest_kv_, kvw);
+  }
+
+  // This rank's heads: local q heads [b, b + nh) read local kv heads [kb, kb + nkv). The attention
+  // kernels map local q head i to kv head i / (nh / nkv), which must be the head GQA assigns.
+  void load_rank_attention(AttnGpu& a, const GqaAttentionSpec& s, const TpAttentionPlan& ap) {
+    const auto r = static_cast<size_t>(tp_->rank);
+    const Extent hq = ap.q_heads[r], hk = ap.kv_heads[r];
+    const int64_t hd = s.head_dim, qpk = s.num_heads / s.num_kv_heads;
+    bool maps = hq.count > 0 && hk.count > 0 && hq.count % hk.count == 0;
+    for (int64_t i = 0; maps && i < hq.count; ++i) maps = (hq.begin + i) / qpk - hk.begin == i / (hq.count / hk.count);
+    if (!maps) {
+      fail("{}: at TP {} rank {} holds q heads [{}, {}) and kv heads [{}, {}), a grouping the CUDA attention kernels "
+           "cannot run (each rank needs whole GQA groups, or a part of one); hint: a TP that divides the {} kv heads, "
+           "or a multiple of them that divides the {} q heads, or --device cpu",
+           s.prefix, tp_size(), r, hq.begin, hq.end(), hk.begin, hk.end(), s.num_kv_heads, s.num_heads);
+    }
+    a.spec.num_heads = hq.count;
+    a.spec.num_kv_heads = hk.count;
+    const auto mine = [&](const TpLinearPlan& p) {
+      auto all = RankLinear::slice_all(ckpt_, p);
+      return std::move(all[r]);
+    };
+    const RankLinear q = mine(ap.q), k = mine(ap.k), v = mine(ap.v), o = mine(ap.o);
+    a.q = GpuLinear::from_rank(q, ap.q.prefix, 0, hq.count * hd, cap_);
+    a.k = GpuLinear::from_rank(k, ap.k.prefix, hk.begin * hd - ap.k.ranks[r].begin, hk.count * hd, cap_);
+    a.v = GpuLinear::from_rank(v, ap.v.prefix, hk.begin * hd - ap.v.ranks[r].begin, hk.count * hd, cap_);
+    a.o = GpuLinear::from_rank(o, ap.o.prefix, 0, spec_.hidden_size, cap_);
+  }
+
+  DenseMlpGpu load_dense_mlp(const TpMlpPlan& p) {
+    const auto r = static_cast<size_t>(tp_->rank);
+    const auto [gate, up, down] = mlp_linear_plans(ckpt_, p, spec_.hidden_size);
+    const int64_t inter = p.ranks[r].count;
+    const auto mine = [&](const TpLinearPlan& lp) {
+      auto all = RankLinear::slice_all(ckpt_, lp);
+      return std::move(all[r]);
+    };
+    const RankLinear g = mine(gate), u = mine(up), d = mine(down);
+    DenseMlpGpu m{GpuLinear::from_rank(g, gate.prefix, 0, inter, cap_), GpuLinear::from_rank(u, up.prefix, 0, inter, cap_),
+                  GpuLinear::from_rank(d, down.prefix, 0, spec_.hidden_size, cap_), inter};
+    for (const GpuLinear* l : {&m.gate, &m.up, &m.down}) track(*l);
+    widest_inter_ = std::max(widest_inter_, inter);
+    return m;
   }
 
   DenseMlpGpu load_dense_mlp(const std::string& prefix, int64_t inter) {
@@ -298,7 +369,7 @@ class CudaEngine final : public Engine {
     return m;
   }
 
-  MoeGpu load_moe(const MoeSpec& s, const moe::MoeLayout& layout, int layer) {
+  MoeGpu load_moe(const MoeSpec& s, const moe::MoeLayout& layout, int layer, const TpMoePlan* p) {
     MoeGpu m;
     const auto& store = ckpt_.store();
     m.router = GpuLinear::load(ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts, cap_, /*fp32=*/true);
@@ -319,10 +390,28 @@ class CudaEngine final : public Engine {
                              "e_score_correction_bias");
       m.params.correction_bias = m.bias.get<float>();
     }
-    const moe::MoeLayerWeights w = moe::load_moe_layer(store, layout, layer, 0, 1, static_cast<int>(s.num_experts));
-    if (w.hidden != spec_.hidden_size || w.intermediate != s.intermediate) {
-      fail("{}: MoE layer {} experts are {} -> {}, but config.json gives hidden_size {} and moe_intermediate_size {}",
-           ckpt_.path().string(), layer, w.hidden, w.intermediate, spec_.hidden_size, s.intermediate);
+    const int experts = static_cast<int>(s.num_experts);
+    moe::MoeLayerWeights w;
+    int64_t inter = s.intermediate;
+    if (p == nullptr) {
+      w = moe::load_moe_layer(store, layout, layer, 0, 1, experts);
+    } else {
+      // Rank-sliced checkpoints: only this rank's `.rank{r}` tensors; plain ones: cut here.
+      const Extent ext = p->ranks[static_cast<size_t>(tp_->rank)];
+      if (ext.empty()) {
+        fail("{}: MoE layer {} has no intermediate channels for rank {} at TP {}; hint: use a smaller --tp",
+             ckpt_.path().string(), layer, tp_->rank, tp_size());
+      }
+      inter = ext.count;
+      w = p->rank_sliced ? moe::load_moe_layer(store, layout, layer, tp_->rank, tp_size(), experts)
+                         : slice_moe_layer(moe::load_moe_layer(store, layout, layer, 0, 1, experts), ext, tp_->rank,
+                                           tp_size());
+    }
+    if (w.hidden != spec_.hidden_size || w.intermediate != inter) {
+      fail("{}: MoE layer {} experts are {} -> {}, expected {} -> {} (config.json's hidden_size and "
+           "moe_intermediate_size{})",
+           ckpt_.path().string(), layer, w.hidden, w.intermediate, spec_.hidden_size, inter,
+           p ? fmt::format(", rank {} of TP {}", tp_->rank, tp_size()) : "");
     }
     cuda::MoeOptions mo;
     mo.capacity = cap_;
@@ -331,7 +420,7 @@ class CudaEngine final : public Engine {
     ws_bytes_ = std::max(ws_bytes_, m.layer->arena_bytes());
     widest_experts_ = std::max<int64_t>(widest_experts_, s.num_experts);
     widest_topk_ = std::max<int64_t>(widest_topk_, s.top_k);
-    if (s.shared) m.shared = load_dense_mlp(s.shared->prefix, s.shared->intermediate);
+    if (s.shared) m.shared = p ? load_dense_mlp(*p->shared) : load_dense_mlp(s.shared->prefix, s.shared->intermediate);
     return m;
   }
 
@@ -374,7 +463,12 @@ class CudaEngine final : public Engine {
     s_.ids = f(std::max<int64_t>(widest_topk_, 1), "routes");
     s_.wts = f(std::max<int64_t>(widest_topk_, 1), "routes");
     s_.shared_out = f(hidden, "activations");
-    s_.logits = f(head_.out(), "logits");
+    if (tp_) {
+      s_.logits_local = f(rank_vocab_, "logits");
+      s_.logits = DeviceBuffer(static_cast<size_t>(tp_size() * cap_ * rank_vocab_) * 4, "logits");
+    } else {
+      s_.logits = f(head_.out(), "logits");
+    }
     if (widest_pad_in_ > 0) s_.pad_in = f(widest_pad_in_, "padding");
     if (widest_pad_out_ > 0) s_.pad_out = f(widest_pad_out_, "padding");
     s_.ws = DeviceBuffer(ws_bytes_, "the workspace");
@@ -435,13 +529,22 @@ class CudaEngine final : public Engine {
     } else {
       forward_kernels(ml);
     }
-    if (ml.rows > 0) {
-      const int64_t vs = head_.out();
+    const bool returns_logits = !tp_ || tp_->rank == 0;  // every rank has them; rank 0 hands them out
+    if (ml.rows > 0 && returns_logits) {
+      const int64_t vs = tp_ ? tp_size() * rank_vocab_ : head_.out();
       check(cudaMemcpyAsync(logits_host_, s_.logits.get(), static_cast<size_t>(ml.rows * vs) * 4,
                             cudaMemcpyDeviceToHost, stream_),
             "reading the logits");
     }
+#if defined(EXL3_HAVE_NCCL)
+    if (tp_) {
+      tp_->comm->wait(stream_, "running the forward pass");
+    } else {
+      check(cudaStreamSynchronize(stream_), "running the forward pass");
+    }
+#else
     check(cudaStreamSynchronize(stream_), "running the forward pass");
+#endif
     // Hand each run's rows to its entry (vocab columns only: the head may be padded). A decode
     // step of 64 sequences returns 64 vocab-wide rows (39 MB for a 152k vocabulary), so the
     // copies out of pinned memory run in parallel.
@@ -449,15 +552,25 @@ class CudaEngine final : public Engine {
     std::vector<std::pair<float*, int64_t>> rows_out;  // destination, source row
     int64_t r_at = 0;
     for (const Run& r : runs) {
+      cache_->advance(r.seq, static_cast<int64_t>(r.len));
+      if (!returns_logits) continue;
       const int64_t rows = r.want_all ? static_cast<int64_t>(r.len) : (r.want_last ? 1 : 0);
       auto& dst = out[r.entry];
       const size_t at = dst.size();
       dst.resize(at + static_cast<size_t>(rows * vocab));
       for (int64_t i = 0; i < rows; ++i) rows_out.emplace_back(dst.data() + at + i * vocab, r_at++);
-      cache_->advance(r.seq, static_cast<int64_t>(r.len));
     }
     tbb::parallel_for(size_t{0}, rows_out.size(), [&](size_t i) {
-      std::memcpy(rows_out[i].first, logits_host_ + rows_out[i].second * vs, static_cast<size_t>(vocab) * 4);
+      if (!tp_) {
+        std::memcpy(rows_out[i].first, logits_host_ + rows_out[i].second * vs, static_cast<size_t>(vocab) * 4);
+        return;
+      }
+      // Rank q's block holds its vocabulary rows [begin, begin + count) of every row.
+      for (int q = 0; q < tp_size(); ++q) {
+        const Extent e = tp_->plan->vocab[static_cast<size_t>(q)];
+        std::memcpy(rows_out[i].first + e.begin, logits_host_ + (q * ml.rows + rows_out[i].second) * rank_vocab_,
+                    static_cast<size_t>(e.count) * 4);
+      }
     });
   }
 
@@ -500,20 +613,43 @@ class CudaEngine final : public Engine {
       const LayerGpu& l = layers_[li];
       check(cuda::add_rms_norm(x, pending, l.input_norm.get<float>(), nullptr, n, hidden, eps, hbuf, stream_), "norm");
       attention(l.attn, ml, tm, hbuf, y, ws, wsz);
+      all_reduce(y, n * hidden, "attention output");
       check(cuda::add_rms_norm(x, y, l.post_norm.get<float>(), nullptr, n, hidden, eps, hbuf, stream_), "norm");
       if (const auto* d = std::get_if<DenseMlpGpu>(&l.mlp)) {
         dense_mlp(*d, hbuf, y, n, ws, wsz);
       } else {
         moe_mlp(std::get<MoeGpu>(l.mlp), hbuf, y, n, ws, wsz);
       }
+      all_reduce(y, n * hidden, "MLP output");
       pending = y;
     }
     if (ml.rows == 0) return;
     check(cuda::add_rms_norm(x, pending, final_norm_.get<float>(), meta + ml.row_index(), ml.rows, hidden, eps, hbuf,
                              stream_),
           "final norm");
-    head_.run(hbuf, s_.logits.get<float>(), ml.rows, ws, wsz, pads_, stream_);
+    if (!tp_) {
+      head_.run(hbuf, s_.logits.get<float>(), ml.rows, ws, wsz, pads_, stream_);
+      return;
+    }
+#if defined(EXL3_HAVE_NCCL)
+    // Each rank's [rows, its vocabulary] block, gathered as [tp, rows, widest rank vocabulary].
+    head_.run(hbuf, s_.logits_local.get<float>(), ml.rows, ws, wsz, pads_, stream_);
+    const std::string err = tp_->comm->all_gather_device(s_.logits_local.get<float>(), s_.logits.get<float>(),
+                                                         static_cast<size_t>(ml.rows * rank_vocab_), stream_);
+    if (!err.empty()) fail("tensor parallel rank {}: logits: {}", tp_->rank, err);
+#endif
   }
+
+  // Sums the ranks' partial outputs (row-parallel linears) in place; nothing at TP 1.
+  void all_reduce([[maybe_unused]] float* data, [[maybe_unused]] int64_t count, [[maybe_unused]] const char* what) {
+#if defined(EXL3_HAVE_NCCL)
+    if (!tp_) return;
+    const std::string err = tp_->comm->all_reduce_sum_device(data, static_cast<size_t>(count), stream_);
+    if (!err.empty()) fail("tensor parallel rank {}: {}: {}", tp_->rank, what, err);
+#endif
+  }
+
+  int tp_size() const { return tp_ ? tp_->plan->tp : 1; }
 
   void attention(const AttnGpu& a, const MetaLayout& ml, const cuda::TokenMeta& tm, const float* h, float* out,
                  void* ws, size_t wsz) {
@@ -576,6 +712,8 @@ class CudaEngine final : public Engine {
   Checkpoint ckpt_;
   ModelSpec spec_;
   EngineOptions opts_;
+  std::optional<CudaRank> tp_;  // set: one rank of a tensor-parallel group
+  int64_t rank_vocab_ = 0;      // tensor parallel: the widest rank's vocabulary rows
   int64_t cap_ = 0, max_seq_tokens_ = 0, max_pages_ = 0, meta_capacity_ = 0;
   cudaStream_t stream_ = nullptr;
   DeviceBuffer embed_, final_norm_;
@@ -596,8 +734,9 @@ class CudaEngine final : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> make_cuda_engine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts) {
-  return std::make_unique<CudaEngine>(ckpt, std::move(spec), opts);
+std::unique_ptr<Engine> make_cuda_engine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts,
+                                         const CudaRank* rank) {
+  return std::make_unique<CudaEngine>(ckpt, std::move(spec), opts, rank);
 }
 
 }  // namespace exl3::runtime

@@ -5,6 +5,7 @@
 
 #include "cpu_engine.hpp"
 #include "cuda_engine.hpp"
+#include "cuda_tp_engine.hpp"
 #include "tp_engine.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -28,20 +29,25 @@ std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions&
     fail("--overlay (MXFP8) runs on the single-rank CPU runtime so far; the CUDA engine and tensor parallelism "
          "load unquantized linears as BF16 (hint: drop --overlay, or use --device cpu --tp 1)");
   }
+  const bool tp_engine = opts.tp > 1 || opts.force_tp_engine;
   if (opts.device == Device::kCuda) {
-    if (opts.tp > 1) {
-      fail("device cuda: --tp {} needs one GPU per rank (NCCL), which this build does not run yet; hint: --tp 1 "
-           "on one GPU, or --device cpu --tp {}",
-           opts.tp, opts.tp);
-    }
 #if defined(EXL3_HAVE_CUDA)
+    if (tp_engine) {
+#if defined(EXL3_HAVE_NCCL)
+      return make_cuda_tp_engine(ckpt, std::move(spec), opts);
+#else
+      fail("device cuda: --tp {} needs NCCL, which this build of exl3 was configured without; hint: install NCCL "
+           "(it ships with the CUDA toolkit) and rebuild, or use --device cpu --tp {}",
+           opts.tp, opts.tp);
+#endif
+    }
     return make_cuda_engine(ckpt, std::move(spec), opts);
 #else
     fail("device cuda: this build of exl3 has no CUDA support (configured with EXL3_CUDA=OFF or "
          "without nvcc); hint: rebuild with the CUDA toolkit installed, or use --device cpu");
 #endif
   }
-  if (opts.tp > 1) return make_tp_cpu_engine(ckpt, std::move(spec), opts);
+  if (tp_engine) return make_tp_cpu_engine(ckpt, std::move(spec), opts);
   return make_cpu_engine(ckpt, std::move(spec), opts);
 }
 

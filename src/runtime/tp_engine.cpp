@@ -108,16 +108,7 @@ struct RankMlp {
 
 // Every rank's RankMlp for one SwiGLU plan.
 std::vector<RankMlp> rank_mlps(const Checkpoint& ckpt, const TpMlpPlan& p, int64_t hidden) {
-  const TpLinearPlan gate{p.prefix + ".gate_proj", TpSplit::kColumn,
-                          ckpt.find_linear(p.prefix + ".gate_proj") != nullptr, hidden, p.intermediate, p.ranks};
-  TpLinearPlan up = gate, down = gate;
-  up.prefix = p.prefix + ".up_proj";
-  up.exl3 = ckpt.find_linear(up.prefix) != nullptr;
-  down.prefix = p.prefix + ".down_proj";
-  down.exl3 = ckpt.find_linear(down.prefix) != nullptr;
-  down.split = TpSplit::kRow;
-  down.in = p.intermediate;
-  down.out = hidden;
+  const auto [gate, up, down] = mlp_linear_plans(ckpt, p, hidden);
   auto g = RankLinear::slice_all(ckpt, gate), u = RankLinear::slice_all(ckpt, up), d = RankLinear::slice_all(ckpt, down);
   std::vector<RankMlp> out(p.ranks.size());
   for (size_t r = 0; r < out.size(); ++r) {

@@ -47,6 +47,81 @@ Exl3Slice slice_exl3(const cpu::LinearView& full, TpSplit split, int64_t begin, 
   return s;
 }
 
+MlpLinearPlans mlp_linear_plans(const Checkpoint& ckpt, const TpMlpPlan& p, int64_t hidden) {
+  MlpLinearPlans m;
+  m.gate = {p.prefix + ".gate_proj", TpSplit::kColumn, ckpt.find_linear(p.prefix + ".gate_proj") != nullptr, hidden,
+            p.intermediate, p.ranks};
+  m.up = m.gate;
+  m.up.prefix = p.prefix + ".up_proj";
+  m.up.exl3 = ckpt.find_linear(m.up.prefix) != nullptr;
+  m.down = m.gate;
+  m.down.prefix = p.prefix + ".down_proj";
+  m.down.exl3 = ckpt.find_linear(m.down.prefix) != nullptr;
+  m.down.split = TpSplit::kRow;
+  m.down.in = p.intermediate;
+  m.down.out = hidden;
+  return m;
+}
+
+moe::MoeLayerWeights slice_moe_layer(const moe::MoeLayerWeights& full, Extent ext, int rank, int tp) {
+  const int64_t H = full.hidden, I = full.intermediate, b = ext.begin, n = ext.count;
+  if (full.tp != 1) fail("MoE layer {}: slicing needs the whole experts, but they are sliced for TP {}", full.layer, full.tp);
+  if (n <= 0 || b < 0 || ext.end() > I || b % kTpBlock != 0 || (n % kTpBlock != 0 && ext.end() != I)) {
+    fail("MoE layer {}: intermediate channels [{}, {}) are not whole 128-channel blocks of its {}", full.layer, b,
+         ext.end(), I);
+  }
+  moe::MoeLayerWeights w;
+  w.layer = full.layer;
+  w.rank = rank;
+  w.tp = tp;
+  w.rotation = full.rotation;
+  w.codebook = full.codebook;
+  w.hidden = H;
+  w.intermediate = n;
+  w.tensors_read = full.tensors_read;
+  w.mapped_files = full.mapped_files;
+  const auto& fr = full.rotations;
+  w.rotations.h_rows = fr.h_rows;
+  w.rotations.gate_suh = fr.gate_suh;
+  w.rotations.up_suh = fr.up_suh;
+  w.rotations.down_svh = fr.down_svh;
+  const auto E = static_cast<size_t>(full.num_experts());
+  w.rotations.intermediate.resize(E * static_cast<size_t>(3 * n));
+  for (size_t e = 0; e < E; ++e) {
+    for (int part = 0; part < 3; ++part) {  // gate_svh | up_svh | down_suh
+      const auto* src = fr.intermediate.data() + e * static_cast<size_t>(3 * I) + static_cast<size_t>(part * I + b);
+      std::copy_n(src, n, w.rotations.intermediate.data() + e * static_cast<size_t>(3 * n) + static_cast<size_t>(part * n));
+    }
+  }
+  // The hidden-side row an expert's span points at (one shared row under shared-H).
+  const auto row_of = [&](std::span<const uint16_t> span, const std::vector<uint16_t>& table) {
+    return static_cast<size_t>((span.data() - table.data()) / H);
+  };
+  const auto own = [&](std::span<const uint16_t> t) -> std::span<const uint16_t> {
+    w.trellis_copies.emplace_back(t.begin(), t.end());
+    return w.trellis_copies.back();
+  };
+  w.trellis_copies.reserve(3 * E);
+  for (size_t e = 0; e < E; ++e) {
+    const moe::ExpertWeights& fe = full.experts[e];
+    moe::ExpertWeights x;
+    const auto* inter = w.rotations.intermediate.data() + e * static_cast<size_t>(3 * n);
+    const auto gate = slice_exl3(fe.gate.view(full.codebook), TpSplit::kColumn, b, b + n, false);
+    const auto up = slice_exl3(fe.up.view(full.codebook), TpSplit::kColumn, b, b + n, false);
+    const auto down = slice_exl3(fe.down.view(full.codebook), TpSplit::kRow, b, b + n, false);
+    x.gate = {own(gate.view.trellis), fe.gate.bits, H, n,
+              std::span<const uint16_t>(w.rotations.gate_suh).subspan(row_of(fe.gate.suh, fr.gate_suh) * H, H),
+              std::span<const uint16_t>(inter, n)};
+    x.up = {own(up.view.trellis), fe.up.bits, H, n,
+            std::span<const uint16_t>(w.rotations.up_suh).subspan(row_of(fe.up.suh, fr.up_suh) * H, H),
+            std::span<const uint16_t>(inter + n, n)};
+    x.down = {own(down.view.trellis), fe.down.bits, n, H, std::span<const uint16_t>(inter + 2 * n, n),
+              std::span<const uint16_t>(w.rotations.down_svh).subspan(row_of(fe.down.svh, fr.down_svh) * H, H)};
+    w.experts.push_back(x);
+  }
+  return w;
+}
+
 std::vector<RankLinear> RankLinear::slice_all(const Checkpoint& ckpt, const TpLinearPlan& plan) {
   std::vector<RankLinear> out;
   const bool column = plan.split == TpSplit::kColumn;

@@ -11,6 +11,9 @@
 #include "exl3/error.hpp"
 #include "exl3/runtime/communicator.hpp"
 #include "exl3/runtime/engine.hpp"
+#include "exl3/moe/layout.hpp"
+#include "exl3/moe/reference.hpp"
+#include "exl3/moe/weights.hpp"
 #include "exl3/runtime/tp_linear.hpp"
 #include "test_support.hpp"
 #include "tp_test_util.hpp"
@@ -175,6 +178,51 @@ TEST(TpEngine, FailsClosed) {
 
 // One EXL3 linear with a bias, stored padded (real 300 -> 200 in 384 -> 256): the column slices
 // concatenate to the unsliced Linear's output and the row slices sum to it, the bias added once.
+// slice_moe_layer (what a GPU rank uploads from a plain checkpoint): the ranks' partial layer
+// outputs sum to the whole layer's, for 2 and 4 ranks, with the rotation tables cut to match.
+TEST(TpLinear, MoeLayerSlicesSumToTheWholeLayer) {
+  exl3::test::TempDir tmp;
+  const auto dir = tmp / "moe";
+  test::write_tp_model(dir, HfArch::kQwen3Moe, exl3::test::test_seed());
+  const auto ckpt = Checkpoint::open(dir);
+  const auto layout = moe::read_moe_layout(ckpt);
+  ASSERT_TRUE(layout.has_value());
+  int layer = 0;
+  while (!layout->has_layer(layer)) ++layer;
+  const auto full = moe::load_moe_layer(ckpt, layer, 0, 1, layout->num_experts);
+  auto rng = exl3::test::make_rng();
+  const int64_t m = 5, H = full.hidden;
+  std::vector<float> x(static_cast<size_t>(m * H));
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (auto& v : x) v = g(rng);
+  moe::TopK routes{m, 2, {}, {}};
+  for (int64_t t = 0; t < m; ++t) {
+    const auto a = static_cast<int32_t>(rng() % static_cast<uint64_t>(full.num_experts()));
+    routes.ids.push_back(a);
+    routes.ids.push_back((a + 1) % full.num_experts());
+    routes.weights.push_back(0.25f + static_cast<float>(rng() % 100) / 200.0f);
+    routes.weights.push_back(0.5f);
+  }
+  std::vector<float> want(static_cast<size_t>(m * H)), got(want.size(), NAN);
+  moe::moe_forward(full, routes, x.data(), m, want.data());
+  for (const int tp : {2, 4}) {
+    const auto ext = deal_extents(full.intermediate, tp, kTpBlock);
+    std::vector<moe::MoeLayerWeights> ranks;
+    for (int r = 0; r < tp; ++r) {
+      if (ext[static_cast<size_t>(r)].empty()) continue;
+      ranks.push_back(slice_moe_layer(full, ext[static_cast<size_t>(r)], r, tp));
+      EXPECT_EQ(ranks.back().intermediate, ext[static_cast<size_t>(r)].count);
+      EXPECT_EQ(ranks.back().rotations.intermediate.size(),
+                static_cast<size_t>(full.num_experts() * 3 * ext[static_cast<size_t>(r)].count));
+    }
+    moe::moe_forward_ranks(ranks, routes, x.data(), m, got.data());
+    const double err = exl3::test::rel_l2(got, want);
+    std::printf("MoE layer %d sliced over %d ranks: rel-L2 %.3e\n", layer, tp, err);
+    EXPECT_LE(err, 1e-5) << "TP " << tp;
+  }
+  EXPECT_THAT([&] { slice_moe_layer(full, {64, 128}, 0, 2); }, ::testing::ThrowsMessage<Error>(HasSubstr("128-channel")));
+}
+
 TEST(TpLinear, SlicesRecomposeTheUnslicedLinear) {
   exl3::test::TempDir tmp;
   auto rng = exl3::test::make_rng();

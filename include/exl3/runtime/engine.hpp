@@ -39,9 +39,13 @@ struct EngineOptions {
   int64_t max_batch_tokens = 2048;
   // CUDA: capture each decode step (one token per sequence) as a graph per batch size.
   bool cuda_graphs = true;
-  // Tensor-parallel ranks. 1: the single-rank reference engine; N > 1 on the CPU: N ranks in
-  // this process, each on its own thread with its slice of every weight (runtime/tp_plan.hpp).
+  // Tensor-parallel ranks. 1: the single-rank engine; N > 1: N ranks in this process, each on
+  // its own thread with its slice of every weight (runtime/tp_plan.hpp); on the CPU they reduce
+  // in memory, on CUDA each rank drives GPU r and they reduce through NCCL.
   int tp = 1;
+  // Run the tensor-parallel engine even at tp 1 (one rank through the same slicing and
+  // collectives: checks that path on one device).
+  bool force_tp_engine = false;
   OverlayPolicy overlay;       // MXFP8 overlay of unquantized linears (exl3/runtime/overlay.hpp)
 };
 

@@ -18,6 +18,7 @@
 
 #include "exl3/cpu/linear.hpp"
 #include "exl3/format/checkpoint.hpp"
+#include "exl3/moe/weights.hpp"
 #include "exl3/runtime/linear.hpp"
 #include "exl3/runtime/tp_plan.hpp"
 
@@ -41,6 +42,19 @@ struct Exl3Slice {
 // axis of `full`. Row slices keep the bias only when `with_bias`. The parent's tensors must
 // outlive the slice.
 Exl3Slice slice_exl3(const cpu::LinearView& full, TpSplit split, int64_t begin, int64_t end, bool with_bias);
+
+// The routed experts of one MoE layer cut to the intermediate channels `ext` (whole 128-channel
+// blocks) of every expert: what rank `rank` of `tp` runs from a plain (TP 1) checkpoint. Gate/up
+// are column slices, down a row slice (its output is a partial sum); the rotation tables are cut
+// to match (hidden-side rows kept, shared-H included). Owns everything it points to except the
+// checkpoint mappings, which it keeps alive.
+moe::MoeLayerWeights slice_moe_layer(const moe::MoeLayerWeights& full, Extent ext, int rank, int tp);
+
+// The gate/up (column) and down (row) linear plans of a SwiGLU plan (dense or shared experts).
+struct MlpLinearPlans {
+  TpLinearPlan gate, up, down;
+};
+MlpLinearPlans mlp_linear_plans(const Checkpoint& ckpt, const TpMlpPlan& p, int64_t hidden);
 
 class RankLinear {
  public:

@@ -1,0 +1,188 @@
+// NcclCommunicator (see nccl_communicator.hpp).
+#include "exl3/runtime/nccl_communicator.hpp"
+
+#if defined(EXL3_HAVE_NCCL)
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+#include <nccl.h>
+
+#include "exl3/error.hpp"
+
+namespace exl3::runtime {
+
+struct NcclGroupState {
+  std::vector<ncclComm_t> comms;
+  std::vector<int> devices;
+  std::mutex mu;
+  std::atomic<bool> aborted{false};
+
+  // Aborts every rank's communicator once; NCCL makes kernels waiting on a peer return.
+  void abort_all() noexcept {
+    std::lock_guard lock(mu);
+    if (aborted.exchange(true)) return;
+    for (auto& c : comms) {
+      if (c != nullptr) ncclCommAbort(c);
+      c = nullptr;
+    }
+  }
+};
+
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("tensor parallel (NCCL): {}: {}", what, cudaGetErrorString(e));
+}
+
+std::string nccl_message(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return {};
+  return fmt::format("{}: {}", what, ncclGetErrorString(r));
+}
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclGroupState> group, int rank)
+    : group_(std::move(group)), rank_(rank) {}
+
+NcclCommunicator::~NcclCommunicator() {
+  cudaSetDevice(device());
+  if (staging_ != nullptr) cudaFree(staging_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  std::lock_guard lock(group_->mu);
+  auto& c = group_->comms[static_cast<size_t>(rank_)];
+  if (c != nullptr) ncclCommDestroy(c);
+  c = nullptr;
+}
+
+int NcclCommunicator::size() const { return static_cast<int>(group_->devices.size()); }
+int NcclCommunicator::device() const { return group_->devices[static_cast<size_t>(rank_)]; }
+bool NcclCommunicator::aborted() const { return group_->aborted.load(); }
+
+void NcclCommunicator::abort() noexcept { group_->abort_all(); }
+
+void NcclCommunicator::stage(size_t floats) {
+  check_cuda(cudaSetDevice(device()), "selecting the rank's device");
+  if (stream_ == nullptr) check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
+  if (floats <= staging_floats_) return;
+  if (staging_ != nullptr) cudaFree(staging_);
+  staging_ = nullptr;
+  staging_floats_ = 0;
+  check_cuda(cudaMalloc(&staging_, floats * sizeof(float)), "allocating the staging buffer");
+  staging_floats_ = floats;
+}
+
+std::string NcclCommunicator::all_reduce_sum_device(float* data, size_t count, cudaStream_t stream) {
+  if (aborted()) return "the rank group was aborted (another rank failed)";
+  return nccl_message(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, group_->comms[static_cast<size_t>(rank_)],
+                                    stream),
+                      "all-reduce");
+}
+
+std::string NcclCommunicator::all_gather_device(const float* send, float* recv, size_t count, cudaStream_t stream) {
+  if (aborted()) return "the rank group was aborted (another rank failed)";
+  return nccl_message(
+      ncclAllGather(send, recv, count, ncclFloat32, group_->comms[static_cast<size_t>(rank_)], stream), "all-gather");
+}
+
+void NcclCommunicator::wait(cudaStream_t stream, const std::string& what) {
+  // Spin briefly (a decode step's tail is microseconds), then back off.
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) fail("tensor parallel rank {}: {}: {}", rank_, what, cudaGetErrorString(e));
+    if (aborted()) fail("tensor parallel rank {}: {}: another rank failed and the rank group was aborted", rank_, what);
+    ncclComm_t c = group_->comms[static_cast<size_t>(rank_)];
+    ncclResult_t async = ncclSuccess;
+    if (c != nullptr && ncclCommGetAsyncError(c, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress) {
+      group_->abort_all();
+      fail("tensor parallel rank {}: {}: NCCL failed: {}", rank_, what, ncclGetErrorString(async));
+    }
+    if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+void NcclCommunicator::all_gather(std::span<const float> send, std::span<float> recv) {
+  const size_t n = send.size(), total = n * static_cast<size_t>(size());
+  // Agree on the count first: mismatched counts would make NCCL read past buffers or hang.
+  stage(std::max<size_t>(total, static_cast<size_t>(size()) * 2));
+  const auto mine = static_cast<uint64_t>(n);
+  auto* counts = reinterpret_cast<uint64_t*>(staging_);
+  check_cuda(cudaMemcpyAsync(counts + rank_, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream_), "staging");
+  const auto r = ncclAllGather(counts + rank_, counts, 1, ncclUint64, group_->comms[static_cast<size_t>(rank_)], stream_);
+  if (r != ncclSuccess) fail("tensor parallel rank {}: all-gather of the counts: {}", rank_, ncclGetErrorString(r));
+  std::vector<uint64_t> all(static_cast<size_t>(size()));
+  check_cuda(cudaMemcpyAsync(all.data(), counts, all.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_),
+             "reading the counts");
+  wait(stream_, "all-gather");
+  for (int q = 0; q < size(); ++q) {
+    if (all[static_cast<size_t>(q)] != mine) {
+      fail("tensor parallel: all_gather counts differ: rank {} sends {}, rank {} sends {}", rank_, mine, q,
+           all[static_cast<size_t>(q)]);
+    }
+  }
+  if (recv.size() != total) {
+    fail("tensor parallel rank {}: all_gather receive buffer holds {} floats, expected {}", rank_, recv.size(), total);
+  }
+  if (n == 0) return;
+  check_cuda(cudaMemcpyAsync(staging_ + rank_ * n, send.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_),
+             "staging");
+  const std::string err = all_gather_device(staging_ + rank_ * n, staging_, n, stream_);
+  if (!err.empty()) fail("tensor parallel rank {}: {}", rank_, err);
+  check_cuda(cudaMemcpyAsync(recv.data(), staging_, total * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+             "reading the gathered data");
+  wait(stream_, "all-gather");
+}
+
+void NcclCommunicator::all_reduce_sum(std::span<float> data) {
+  // Gather every rank's vector and add on the host in rank order: the interface's fixed order.
+  const size_t n = data.size();
+  std::vector<float> all(n * static_cast<size_t>(size()));
+  all_gather(data, all);
+  for (size_t i = 0; i < n; ++i) {
+    float s = all[i];
+    for (int q = 1; q < size(); ++q) s += all[static_cast<size_t>(q) * n + i];
+    data[i] = s;
+  }
+}
+
+std::vector<std::unique_ptr<NcclCommunicator>> make_nccl_group(const std::vector<int>& devices) {
+  int visible = 0;
+  if (cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
+  if (devices.empty()) fail("tensor parallel: no devices given");
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i] < 0 || devices[i] >= visible) {
+      fail("tensor parallel: rank {} needs CUDA device {}, but {} device(s) are visible; hint: --tp at most {} here "
+           "(CUDA_VISIBLE_DEVICES selects which)",
+           i, devices[i], visible, visible);
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (devices[j] == devices[i]) fail("tensor parallel: ranks {} and {} both name device {}", j, i, devices[i]);
+    }
+  }
+  auto state = std::make_shared<NcclGroupState>();
+  state->devices = devices;
+  state->comms.assign(devices.size(), nullptr);
+  const ncclResult_t r = ncclCommInitAll(state->comms.data(), static_cast<int>(devices.size()), devices.data());
+  if (r != ncclSuccess) {
+    fail("tensor parallel: creating the NCCL communicators over {} GPU(s) failed: {}; hint: NCCL_DEBUG=WARN prints "
+         "why",
+         devices.size(), ncclGetErrorString(r));
+  }
+  std::vector<std::unique_ptr<NcclCommunicator>> out;
+  for (size_t i = 0; i < devices.size(); ++i) out.push_back(std::make_unique<NcclCommunicator>(state, static_cast<int>(i)));
+  return out;
+}
+
+}  // namespace exl3::runtime
+
+#endif  // EXL3_HAVE_NCCL
