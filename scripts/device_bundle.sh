@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Collect built test/bench binaries and the non-system shared libraries they need (fmt, TBB,
-# ...; the CUDA runtime and cuBLAS come from the toolkit there) into .devbundle/ so they can be carried to the GPU machine, which has no Debian packages.
+# ...; the CUDA runtime, cuBLAS and NCCL come from the toolkit / the nvidia-nccl wheel there) into .devbundle/ so they can be carried to the GPU machine, which has no Debian packages.
 # Usage: scripts/device_bundle.sh BUILD_DIR binary...   (then carry .devbundle and run
 #   `LD_LIBRARY_PATH=.devbundle/lib .devbundle/bin/<binary>` there)
 set -euo pipefail
@@ -13,7 +13,7 @@ for b in "$@"; do
   cp "$src" .devbundle/bin/
   ldd "$src" | awk '/=>/ {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
-      libcublas*|libcudart*|libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libgcc_s.so*|libstdc++.so*|libcuda.so*|ld-linux*) ;;
+      libcublas*|libcudart*|libnccl*|libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libgcc_s.so*|libstdc++.so*|libcuda.so*|ld-linux*) ;;
       *) cp -n "$lib" .devbundle/lib/ ;;
     esac
   done

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "tp_option.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
@@ -52,9 +53,10 @@ SyntheticSpec synthetic_geometry(const std::string& name) {
 Runner add_bench_model(CLI::App& app, Common&) {
   struct Opts {
     std::string model, synthetic, out_dir, codebook = "mcg", device = "cuda", json_path;
-    int bits = 4, head_bits = 6, layers = 0;
+    int bits = 4, head_bits = 6, layers = 0, tp = 1;
     int64_t cache_tokens = 0, max_batch_tokens = 2048;
     runtime::ModelBenchOptions bench;
+    bool prepare_only = false;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("MODEL", o->model, "EXL3 checkpoint folder (or use --synthetic)");
@@ -85,6 +87,9 @@ Runner add_bench_model(CLI::App& app, Common&) {
       ->capture_default_str();
   app.add_option("--seed", o->bench.seed, "Seed of the random token ids (and of --synthetic weights)")->capture_default_str();
   app.add_option("--json", o->json_path, "Also write the results as JSON to this file");
+  add_tp_option(app, o->tp);
+  app.add_flag("--prepare-only", o->prepare_only,
+               "--synthetic: write the model to --out and stop (e.g. on the CPU while the GPU runs something else)");
   app.footer(
       "Decode: B sequences prefilled with --context random tokens, then --steps steps of one token each\n"
       "(median step time; tokens/s = B / step). Prefill: one sequence of --prefill tokens in one call.\n"
@@ -92,7 +97,8 @@ Runner add_bench_model(CLI::App& app, Common&) {
       "batch 1 (non-expert linears, lm_head, top-k experts per MoE layer); % = decode tok/s / ceiling.\n\n"
       "Examples:\n"
       "  exl3 bench model --synthetic qwen3-30b-a3b --bits 4 --out /tmp/q30 --json q30.json\n"
-      "  exl3 bench model ./Qwen3-30B-A3B-exl3-4bpw --batch 1,8 --prefill 2048");
+      "  exl3 bench model ./Qwen3-30B-A3B-exl3-4bpw --batch 1,8 --prefill 2048\n"
+      "  exl3 bench model --synthetic qwen3-30b-a3b --out /tmp/q30 --tp 2   # 2 GPUs; collectives timed alone too");
   return [o] {
     std::filesystem::path dir = o->model;
     if (!o->synthetic.empty()) {
@@ -117,10 +123,17 @@ Runner add_bench_model(CLI::App& app, Common&) {
       }
     }
     if (dir.empty()) fail("no model: give MODEL or --synthetic NAME (see --help)");
+    if (o->prepare_only) {
+      if (o->synthetic.empty()) fail("--prepare-only writes a --synthetic model; give --synthetic NAME --out DIR");
+      std::printf("synthetic %s ready in %s\n", o->synthetic.c_str(), dir.string().c_str());
+      return 0;
+    }
     const auto ckpt = Checkpoint::open(dir);
     runtime::EngineOptions eo;
     eo.device = runtime::parse_device(o->device);
     eo.max_batch_tokens = o->max_batch_tokens;
+    eo.tp = o->tp;
+    o->bench.max_batch_tokens = o->max_batch_tokens;
     int64_t biggest = 0;
     for (const auto b : o->bench.batches) {
       if (b <= 0) fail("--batch {}: batch sizes must be positive", b);
@@ -148,20 +161,30 @@ Runner add_bench_model(CLI::App& app, Common&) {
                 device_name.c_str());
     std::printf("weights read per token at batch 1: %.1f MB; copy bandwidth %.0f GB/s -> ceiling %.1f tok/s\n",
                 static_cast<double>(active) / 1e6, copy_gbs, ceiling);
-    std::printf("%8s %12s %12s %10s\n", "batch", "ms/step", "tok/s", "% ceiling");
+    const bool tp = o->tp > 1;
+    std::printf("%8s %12s %12s %10s%s\n", "batch", "ms/step", "tok/s", "% ceiling", tp ? "   collectives ms (% step)" : "");
     nlohmann::json decode = nlohmann::json::array();
     for (const auto& d : res.decode) {
       const double pct = ceiling > 0 ? 100.0 * d.tokens_per_second / ceiling : 0.0;
-      std::printf("%8lld %12.3f %12.1f %10.1f\n", static_cast<long long>(d.batch), 1e3 * d.seconds_per_step,
+      std::printf("%8lld %12.3f %12.1f %10.1f", static_cast<long long>(d.batch), 1e3 * d.seconds_per_step,
                   d.tokens_per_second, pct);
+      if (tp) std::printf("   %8.3f (%4.1f%%)", 1e3 * d.collective_seconds, 100.0 * d.collective_seconds / d.seconds_per_step);
+      std::printf("\n");
       decode.push_back({{"batch", d.batch},
                         {"ms_per_step", 1e3 * d.seconds_per_step},
                         {"tokens_per_second", d.tokens_per_second},
-                        {"percent_of_ceiling", ceiling > 0 ? nlohmann::json(pct) : nlohmann::json(nullptr)}});
+                        {"percent_of_ceiling", ceiling > 0 ? nlohmann::json(pct) : nlohmann::json(nullptr)},
+                        {"collectives_ms", 1e3 * d.collective_seconds},
+                        {"collectives_share", d.collective_seconds / d.seconds_per_step}});
     }
     if (res.prefill_tokens > 0) {
-      std::printf("prefill %lld tokens: %.1f ms, %.0f tok/s\n", static_cast<long long>(res.prefill_tokens),
+      std::printf("prefill %lld tokens: %.1f ms, %.0f tok/s", static_cast<long long>(res.prefill_tokens),
                   1e3 * res.prefill_seconds, res.prefill_tokens_per_second);
+      if (tp) {
+        std::printf("; collectives %.3f ms (%.1f%%)", 1e3 * res.prefill_collective_seconds,
+                    100.0 * res.prefill_collective_seconds / res.prefill_seconds);
+      }
+      std::printf("\n");
     }
     if (!o->json_path.empty()) {
       const nlohmann::json doc = {
@@ -175,10 +198,13 @@ Runner add_bench_model(CLI::App& app, Common&) {
           {"active_weight_bytes_per_token", active},
           {"ceiling_tokens_per_second", ceiling},
           {"context", o->bench.context},
+          {"tp", o->tp},
           {"decode", decode},
           {"prefill", {{"tokens", res.prefill_tokens},
                        {"ms", 1e3 * res.prefill_seconds},
-                       {"tokens_per_second", res.prefill_tokens_per_second}}}};
+                       {"tokens_per_second", res.prefill_tokens_per_second},
+                       {"collectives_ms", 1e3 * res.prefill_collective_seconds},
+                       {"collectives_share", res.prefill_collective_seconds / std::max(res.prefill_seconds, 1e-12)}}}};
       write_file_atomic(o->json_path, doc.dump(2) + "\n");
     }
     return 0;

@@ -13,6 +13,7 @@
 
 #include "commands.hpp"
 #include "overlay_options.hpp"
+#include "tp_option.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/model/chat_template.hpp"
@@ -66,11 +67,7 @@ Runner add_generate(CLI::App& app, Common&) {
   app.add_option("--page-size", o->page_size, "KV cache page size in tokens")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--tp", o->tp, "Tensor-parallel ranks: N > 1 runs N ranks on threads of this\n"
-                 "process, each with its slice of the weights and KV heads; a TP that would cut an EXL3\n"
-                 "128-channel block is refused, naming the TP sizes that work")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
+  add_tp_option(app, o->tp);
   add_overlay_options(app, o->overlay);
   app.add_flag("--json", o->json,
                "Print one JSON document instead of streaming (text, ids, stop_reason, tokens/s)");
@@ -84,7 +81,8 @@ Runner add_generate(CLI::App& app, Common&) {
       "  exl3 generate ./Qwen3-8B-exl3 --prompt 'The capital of France is' --max-tokens 16\n"
       "  exl3 generate ./Qwen3-8B-exl3 --chat --prompt 'Write a haiku' --temperature 0.7 --top-p 0.9 --seed 1\n"
       "  exl3 generate ./m --prompt 'def main' --json | jq .text\n"
-      "  exl3 generate ./m --prompt 'Hello' --tp 2     # two tensor-parallel ranks (threads), same text\n\n"
+      "  exl3 generate ./m --prompt 'Hello' --tp 2     # two tensor-parallel ranks (threads), same text\n"
+      "  exl3 generate ./m --prompt 'Hello' --device cuda --tp 2   # GPUs 0 and 1, NCCL between them\n\n"
       "  exl3 generate ./GLM-4.5-Air-exl3 --prompt 'Hi' --overlay linear=mxfp8,shared_experts=mxfp8\n\n"
       "--overlay stores the unquantized attention / dense-MLP / shared-expert linears as MXFP8 (about\n"
       "half their BF16 bytes); see docs/mxfp8.md.\n"

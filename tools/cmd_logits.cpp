@@ -11,6 +11,7 @@
 
 #include "commands.hpp"
 #include "overlay_options.hpp"
+#include "tp_option.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
@@ -62,11 +63,7 @@ Runner add_logits(CLI::App& app, Common&) {
   app.add_option("--page-size", o->page_size, "KV cache page size in tokens (results do not depend on it)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--tp", o->tp, "Tensor-parallel ranks: N > 1 runs N ranks on threads of this\n"
-                 "process, each with its slice of the weights and KV heads; a TP that would cut an EXL3\n"
-                 "128-channel block is refused, naming the TP sizes that work")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
+  add_tp_option(app, o->tp);
   add_overlay_options(app, o->overlay);
   app.add_flag("--json", o->json, "Print one JSON document (shape, argmax per position, seconds, out)");
   app.footer(

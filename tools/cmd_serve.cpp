@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "tp_option.hpp"
 #include "exl3/error.hpp"
 #include "exl3/model/chat_template.hpp"
 #include "exl3/model/stop_tokens.hpp"
@@ -25,7 +26,7 @@ namespace exl3::cli {
 Runner add_serve(CLI::App& app, Common&) {
   struct Opts {
     std::string model, host = "127.0.0.1", device = "cpu", model_name, chat_format;
-    int port = 8000, max_seqs = 8, max_queue = 32;
+    int port = 8000, max_seqs = 8, max_queue = 32, tp = 1;
     int64_t cache_tokens = 16384, max_context = 0, step_tokens = 256, page_size = 32;
     bool quiet = false;
   };
@@ -38,9 +39,10 @@ Runner add_serve(CLI::App& app, Common&) {
   app.add_option("--port", o->port, "TCP port (0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime); cuda is not available yet")
+  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime) or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  add_tp_option(app, o->tp);
   app.add_option("--max-seqs", o->max_seqs, "Requests generating at once (continuous batching)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -99,6 +101,7 @@ Runner add_serve(CLI::App& app, Common&) {
     eo.device = runtime::parse_device(o->device);
     eo.page_size = o->page_size;
     eo.cache_tokens = o->cache_tokens;
+    eo.tp = o->tp;
     auto engine = runtime::load_engine(dir, eo);
 
     server::ServerOptions so;

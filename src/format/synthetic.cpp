@@ -2,6 +2,7 @@
 // the circular bitstream is a state), so uniformly random words are a valid EXL3 tensor.
 #include "exl3/format/synthetic.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -26,7 +27,12 @@ class Builder {
   void exl3_linear(const std::string& prefix, int64_t in, int64_t out, int bits) {
     if (in % 128 != 0 || out % 128 != 0) fail("synthetic checkpoint: {} is {}x{}, dims must be multiples of 128", prefix, in, out);
     std::vector<uint16_t> trellis(static_cast<size_t>(in / 16 * (out / 16) * 16 * bits));
-    for (auto& w : trellis) w = static_cast<uint16_t>(rng_());
+    // Four words per draw: the largest models hold billions of words, and their bits are only
+    // required to be uniform.
+    for (size_t i = 0; i < trellis.size(); i += 4) {
+      uint64_t r = rng_();
+      for (size_t j = i; j < std::min(i + 4, trellis.size()); ++j, r >>= 16) trellis[j] = static_cast<uint16_t>(r);
+    }
     writer_.add<uint16_t>(prefix + ".trellis", DType::kI16, {in / 16, out / 16, 16 * bits}, trellis);
     writer_.add<uint16_t>(prefix + ".suh", DType::kF16, {in}, scales(in, 1.0 / (1.24 * std::sqrt(static_cast<double>(in)))));
     writer_.add<uint16_t>(prefix + ".svh", DType::kF16, {out}, scales(out, 1.0));

@@ -15,6 +15,7 @@
 
 #if defined(EXL3_HAVE_NCCL)
 
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -102,6 +103,69 @@ class RankThreads {
   std::exception_ptr first_error_;
 };
 
+// Times `reduces` all-reduces of n floats plus one all-gather of `gather` floats per rank, as one
+// captured graph replayed several times (what a decode step's collectives cost inside its graph).
+class CollectiveTimer {
+ public:
+  CollectiveTimer(NcclCommunicator& c, size_t n, size_t gather, size_t ranks) : c_(c), n_(n), gather_(gather) {
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
+    check(cudaMalloc(reinterpret_cast<void**>(&data_), std::max<size_t>({n, gather, 1}) * sizeof(float)), "allocating");
+    check(cudaMalloc(reinterpret_cast<void**>(&gathered_), std::max<size_t>(gather * ranks, 1) * sizeof(float)), "allocating");
+    check(cudaMemsetAsync(data_, 0, std::max(n, gather) * sizeof(float), stream_), "clearing");
+    check(cudaEventCreate(&start_), "creating an event");
+    check(cudaEventCreate(&stop_), "creating an event");
+  }
+  ~CollectiveTimer() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaFree(data_);
+    cudaFree(gathered_);
+    cudaStreamDestroy(stream_);
+  }
+  CollectiveTimer(const CollectiveTimer&) = delete;
+  CollectiveTimer& operator=(const CollectiveTimer&) = delete;
+
+  double seconds(size_t reduces) {
+    cudaGraph_t graph = nullptr;
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capturing");
+    std::string err;
+    for (size_t i = 0; i < reduces && err.empty(); ++i) err = c_.all_reduce_sum_device(data_, n_, stream_);
+    if (err.empty() && gather_ > 0) err = c_.all_gather_device(data_, gathered_, gather_, stream_);
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    if (!err.empty()) {
+      if (graph) cudaGraphDestroy(graph);
+      fail("timing the collectives: {}", err);
+    }
+    check(end, "capturing");
+    const cudaError_t inst = cudaGraphInstantiate(&exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    check(inst, "instantiating");
+    constexpr int kReps = 20;
+    check(cudaGraphLaunch(exec_, stream_), "warming up");  // NCCL sets up its connections here
+    c_.wait(stream_, "timing the collectives");
+    check(cudaEventRecord(start_, stream_), "timing");
+    for (int i = 0; i < kReps; ++i) check(cudaGraphLaunch(exec_, stream_), "timing");
+    check(cudaEventRecord(stop_, stream_), "timing");
+    c_.wait(stream_, "timing the collectives");
+    float ms = 0.0f;
+    check(cudaEventElapsedTime(&ms, start_, stop_), "timing");
+    return ms * 1e-3 / kReps;
+  }
+
+ private:
+  static void check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) fail("timing the collectives: {}: {}", what, cudaGetErrorString(e));
+  }
+  NcclCommunicator& c_;
+  size_t n_, gather_;
+  cudaStream_t stream_ = nullptr;
+  float* data_ = nullptr;
+  float* gathered_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 class CudaTpEngine final : public Engine {
  public:
   CudaTpEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts) : spec_(std::move(spec)) {
@@ -178,6 +242,30 @@ class CudaTpEngine final : public Engine {
       throw;
     }
     return out;
+  }
+
+  double collective_seconds(int64_t tokens, int64_t logit_rows) override {
+    usable();
+    if (tokens <= 0 || logit_rows < 0 || logit_rows > tokens) {
+      fail("collective_seconds: {} tokens with {} logits rows", tokens, logit_rows);
+    }
+    const auto hidden = static_cast<size_t>(spec_.hidden_size);
+    int64_t rank_vocab = 0;
+    for (const Extent& e : plan_.vocab) rank_vocab = std::max(rank_vocab, e.count);
+    const size_t n = static_cast<size_t>(tokens) * hidden, layers = spec_.layers.size();
+    const size_t gather = static_cast<size_t>(logit_rows * rank_vocab);
+    std::vector<double> seconds(ranks_.size());
+    threads_->run(
+        [&](int r) {
+          NcclCommunicator& c = *comms_[static_cast<size_t>(r)];
+          CollectiveTimer t(c, n, gather, static_cast<size_t>(plan_.tp));
+          seconds[static_cast<size_t>(r)] = t.seconds(2 * layers);
+        },
+        [&] {
+          broken_ = true;
+          comms_[0]->abort();
+        });
+    return *std::max_element(seconds.begin(), seconds.end());
   }
 
  private:

@@ -98,6 +98,7 @@ ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts) {
     d.batch = batch;
     d.seconds_per_step = median(times);
     d.tokens_per_second = static_cast<double>(batch) / d.seconds_per_step;
+    d.collective_seconds = engine.collective_seconds(batch, batch);
     res.decode.push_back(d);
   }
   if (opts.prefill_tokens > 0) {
@@ -118,6 +119,11 @@ ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts) {
     res.prefill_tokens = opts.prefill_tokens;
     res.prefill_seconds = median(times);
     res.prefill_tokens_per_second = static_cast<double>(opts.prefill_tokens) / res.prefill_seconds;
+    for (int64_t done = 0; done < opts.prefill_tokens; done += opts.max_batch_tokens) {
+      const int64_t chunk = std::min(opts.max_batch_tokens, opts.prefill_tokens - done);
+      res.prefill_collective_seconds +=
+          engine.collective_seconds(chunk, done + chunk == opts.prefill_tokens ? 1 : 0);
+    }
   }
   return res;
 }

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <mutex>
 #include <thread>
@@ -169,6 +170,9 @@ std::vector<std::unique_ptr<NcclCommunicator>> make_nccl_group(const std::vector
       if (devices[j] == devices[i]) fail("tensor parallel: ranks {} and {} both name device {}", j, i, devices[i]);
     }
   }
+  // Connect every channel at creation rather than on first use: the engine's first use of a
+  // message size may be inside a decode-graph capture. A value the user set wins.
+  setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   auto state = std::make_shared<NcclGroupState>();
   state->devices = devices;
   state->comms.assign(devices.size(), nullptr);

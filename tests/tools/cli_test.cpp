@@ -185,3 +185,27 @@ TEST(Cli, LinearOnCudaDevice) {
   EXPECT_THAT(r.out, HasSubstr("without CUDA"));
 #endif
 }
+
+// `bench model`: --prepare-only writes the synthetic model and stops; a run on it at --tp 2 on the
+// CPU reports every batch, the prefill and the tensor-parallel fields in --json (collectives are
+// timed on GPUs only, so 0 here).
+TEST(Cli, BenchModelPrepareOnlyThenTensorParallelJson) {
+  exl3::test::TempDir tmp;
+  const auto dir = tmp / "tiny";
+  auto r = run_cli(fmt::format("bench model --synthetic tiny --layers 2 --out {} --prepare-only", q(dir)));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("ready in"));
+  ASSERT_TRUE(std::filesystem::exists(dir / "config.json"));
+  r = run_cli(fmt::format("bench model {} --device cpu --tp 2 --batch 1,2 --steps 2 --context 4 --prefill 8 --json {}",
+                          q(dir), q(tmp / "b.json")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto doc = nlohmann::json::parse(exl3::test::read_file(tmp / "b.json"));
+  EXPECT_EQ(doc["tp"], 2);
+  ASSERT_EQ(doc["decode"].size(), 2u);
+  EXPECT_GT(doc["decode"][1]["tokens_per_second"].get<double>(), 0.0);
+  EXPECT_EQ(doc["decode"][0]["collectives_ms"].get<double>(), 0.0);
+  EXPECT_EQ(doc["prefill"]["tokens"], 8);
+  r = run_cli(fmt::format("bench model {} --prepare-only", q(dir)));
+  EXPECT_NE(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("--prepare-only writes a --synthetic model"));
+}

@@ -64,6 +64,15 @@ class Engine {
   // What the MXFP8 overlay converted (per layer: bytes before/after, error vs the source) and
   // which unquantized linears it kept, with why. Empty without an overlay.
   virtual OverlayReport overlay_report() const { return {}; }
+  // Tensor-parallel engines on GPUs: the seconds one forward step's collectives take on their
+  // own for `tokens` tokens and `logit_rows` logits rows (the all-reduce after every
+  // row-parallel layer and the logits all-gather, on the same buffers, replayed as a captured
+  // graph); benchmarks report their share of a step. 0 where a step has no collectives.
+  virtual double collective_seconds(int64_t tokens, int64_t logit_rows) {
+    (void)tokens;
+    (void)logit_rows;
+    return 0.0;
+  }
 
   virtual SeqId new_sequence() = 0;
   virtual void drop_sequence(SeqId seq) = 0;

@@ -21,6 +21,7 @@ namespace exl3::runtime {
 uint64_t active_weight_bytes_per_token(const Checkpoint& ckpt, const ModelSpec& spec);
 
 struct ModelBenchOptions {
+  int64_t max_batch_tokens = 2048;  // the engine's chunk size (prefill collectives run per chunk)
   std::vector<int64_t> batches = {1, 8, 64};
   int64_t context = 128;       // prompt tokens per sequence before decode is timed
   int64_t decode_steps = 32;   // timed steps per batch size (after 2 warm-up steps)
@@ -32,6 +33,7 @@ struct DecodeResult {
   int64_t batch = 0;
   double seconds_per_step = 0.0;  // median over the timed steps
   double tokens_per_second = 0.0;
+  double collective_seconds = 0.0;  // the step's collectives alone (tensor parallel; else 0)
 };
 
 struct ModelBenchResult {
@@ -39,6 +41,7 @@ struct ModelBenchResult {
   int64_t prefill_tokens = 0;
   double prefill_seconds = 0.0;
   double prefill_tokens_per_second = 0.0;
+  double prefill_collective_seconds = 0.0;  // summed over the prefill's chunks
 };
 
 // Runs the benchmark (token ids are seeded random, sampling excluded). Throws exl3::Error when
