@@ -269,11 +269,18 @@ class CudaTpEngine final : public Engine {
   }
 
  private:
-  // Each rank's engine frees its device memory on its own thread (its device current there).
+  // Each rank's engine frees its device memory, and its communicator is destroyed, on the rank's
+  // own thread (its device current there; NCCL's threaded mode tears communicators down
+  // concurrently rather than one after another from one thread).
   void release_ranks() noexcept {
     if (!threads_) return;
     try {
-      threads_->run([&](int r) { ranks_[static_cast<size_t>(r)].reset(); }, [] {});
+      threads_->run(
+          [&](int r) {
+            ranks_[static_cast<size_t>(r)].reset();
+            comms_[static_cast<size_t>(r)].reset();
+          },
+          [] {});
     } catch (...) {
     }
     threads_.reset();

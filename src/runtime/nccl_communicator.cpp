@@ -22,13 +22,27 @@ struct NcclGroupState {
   std::mutex mu;
   std::atomic<bool> aborted{false};
 
-  // Aborts every rank's communicator once; NCCL makes kernels waiting on a peer return.
+  // Aborts every rank's communicator once. NCCL's abort sets the flag its kernels poll, so a
+  // kernel waiting on a rank that will never arrive returns. Each abort runs on its own detached
+  // thread, all at once: within a node the ranks' aborts synchronise with each other, and an
+  // abort also waits for CUDA graphs that captured the communicator to be destroyed, which their
+  // owners only do later; the caller must not block on either.
   void abort_all() noexcept {
-    std::lock_guard lock(mu);
-    if (aborted.exchange(true)) return;
-    for (auto& c : comms) {
-      if (c != nullptr) ncclCommAbort(c);
-      c = nullptr;
+    std::vector<ncclComm_t> live;
+    {
+      std::lock_guard lock(mu);
+      if (aborted.exchange(true)) return;
+      for (auto& c : comms) {
+        if (c != nullptr) live.push_back(c);
+        c = nullptr;
+      }
+    }
+    for (ncclComm_t c : live) {
+      try {
+        std::thread([c] { ncclCommAbort(c); }).detach();
+      } catch (...) {
+        // No thread to spare: the communicator is left to process exit.
+      }
     }
   }
 };
@@ -53,10 +67,13 @@ NcclCommunicator::~NcclCommunicator() {
   cudaSetDevice(device());
   if (staging_ != nullptr) cudaFree(staging_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  std::lock_guard lock(group_->mu);
-  auto& c = group_->comms[static_cast<size_t>(rank_)];
+  ncclComm_t c = nullptr;
+  {
+    std::lock_guard lock(group_->mu);
+    std::swap(c, group_->comms[static_cast<size_t>(rank_)]);
+  }
+  // Outside the lock: the ranks' threads destroy their communicators at the same time.
   if (c != nullptr) ncclCommDestroy(c);
-  c = nullptr;
 }
 
 int NcclCommunicator::size() const { return static_cast<int>(group_->devices.size()); }

@@ -210,6 +210,10 @@ TEST(NcclCommunicator, HostCollectivesSumInRankOrderAndGather) {
     });
   }
   for (auto& t : threads) t.join();
+  // Destroying is collective: every rank's thread at once.
+  threads.clear();
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { comms[static_cast<size_t>(r)].reset(); });
+  for (auto& t : threads) t.join();
   for (int r = 0; r < n; ++r) {
     const auto ur = static_cast<size_t>(r);
     EXPECT_EQ(errors[ur], "") << "rank " << r;

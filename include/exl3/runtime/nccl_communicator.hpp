@@ -11,6 +11,8 @@
 // abort() aborts every communicator of the group (NCCL stops kernels waiting on a peer), and
 // wait() polls a stream while watching for that, so a rank that fails between collectives turns
 // the others' waits into exl3::Error instead of a hang. After an abort the group is unusable.
+// Destroying communicators is collective: the ranks' owners destroy theirs concurrently (one
+// thread per rank), after destroying any CUDA graph that captured them.
 #pragma once
 
 #if defined(EXL3_HAVE_NCCL)
