@@ -154,8 +154,10 @@ class CudaEngine final : public Engine {
     void* pinned = nullptr;
     check(cudaMallocHost(&pinned, static_cast<size_t>(meta_capacity_) * 4), "allocating pinned memory");
     meta_host_ = static_cast<int32_t*>(pinned);
-    check(cudaMallocHost(&pinned, s_.logits.bytes()), "allocating pinned memory");
-    logits_host_ = static_cast<float*>(pinned);
+    if (!tp_ || tp_->rank == 0) {  // only rank 0 hands logits out
+      check(cudaMallocHost(&pinned, s_.logits.bytes()), "allocating pinned memory");
+      logits_host_ = static_cast<float*>(pinned);
+    }
   }
 
   ~CudaEngine() override {
