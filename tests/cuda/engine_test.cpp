@@ -31,9 +31,6 @@ EngineOptions cuda_options(int64_t max_batch_tokens = 2048, bool graphs = true) 
   return eo;
 }
 
-int argmax_row(const std::vector<float>& v, size_t row, size_t vocab) {
-  return argmax(std::span<const float>(v).subspan(row * vocab, vocab));
-}
 
 // Relative L2 of CUDA vs CPU logits, and the positions whose argmax differ although the CPU's
 // top-2 margin is clear (ties within noise may flip).
@@ -47,18 +44,7 @@ void expect_matches_cpu(const std::filesystem::path& model, const std::vector<in
   const double err = exl3::test::rel_l2(got, want);
   std::printf("%s: CUDA vs CPU logits rel-L2 %.3e\n", label, err);
   EXPECT_LE(err, tol) << label;
-  const auto vocab = static_cast<size_t>(cpu->spec().vocab_size);
-  for (size_t t = 0; t < ids.size(); ++t) {
-    auto row = std::vector<float>(want.begin() + static_cast<std::ptrdiff_t>(t * vocab),
-                                  want.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
-    const int best = argmax(row);
-    const float top = row[static_cast<size_t>(best)];
-    row[static_cast<size_t>(best)] = -INFINITY;
-    const float second = row[static_cast<size_t>(argmax(row))];
-    if (top - second > 1e-2f * std::max(1.0f, std::abs(top))) {
-      EXPECT_EQ(argmax_row(got, t, vocab), best) << label << " position " << t;
-    }
-  }
+  test::expect_same_argmax(got, want, static_cast<size_t>(cpu->spec().vocab_size), label);
 }
 
 TEST(CudaEngine, ConformanceModelMatchesCpu) {

@@ -25,11 +25,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::vector<int32_t> random_ids(std::mt19937_64& rng, int n, int64_t vocab) {
-  std::vector<int32_t> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
-  return ids;
-}
 
 std::unique_ptr<Engine> cuda_engine(const std::filesystem::path& dir, int tp, bool tp_engine) {
   EngineOptions o;
@@ -53,20 +48,6 @@ std::vector<int> tp_sizes(std::initializer_list<int> wanted) {
   return out;
 }
 
-// Argmax agreement wherever the reference's top-2 margin is clear.
-void expect_same_argmax(const std::vector<float>& got, const std::vector<float>& want, size_t vocab, const char* what) {
-  for (size_t t = 0; t * vocab < want.size(); ++t) {
-    std::vector<float> row(want.begin() + static_cast<std::ptrdiff_t>(t * vocab),
-                           want.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
-    const int best = argmax(row);
-    const float top = row[static_cast<size_t>(best)];
-    row[static_cast<size_t>(best)] = -INFINITY;
-    const float second = row[static_cast<size_t>(argmax(row))];
-    if (top - second > 1e-2f * std::max(1.0f, std::abs(top))) {
-      EXPECT_EQ(argmax(std::span<const float>(got).subspan(t * vocab, vocab)), best) << what << " position " << t;
-    }
-  }
-}
 
 // TP logits vs the single-GPU engine: one pass, then prefill + decode steps (graphs) of the
 // same tokens. TP 1 must agree bit for bit in spirit (same kernels on the same slices): 1e-6.
@@ -81,7 +62,7 @@ void expect_tp_matches(const std::filesystem::path& dir, int tp, const std::vect
   std::printf("%s CUDA TP %d: sliced vs unsliced logits rel-L2 %.3e\n", what, tp, err);
   EXPECT_LE(err, tol) << what << " TP " << tp;
   const auto vocab = static_cast<size_t>(eng->spec().vocab_size);
-  expect_same_argmax(got, want, vocab, what);
+  test::expect_same_argmax(got, want, vocab, what);
   // Prefill 3 tokens, then one token per step (pure decode steps replay captured graphs).
   const auto seq = eng->new_sequence();
   auto inc = eng->forward(seq, std::span(ids).first(3));
@@ -96,14 +77,7 @@ void expect_tp_matches(const std::filesystem::path& dir, int tp, const std::vect
   eng->drop_sequence(seq);
 }
 
-struct Arch {
-  const char* name;
-  HfArch arch;
-};
-const Arch kArchs[] = {{"llama", HfArch::kLlama},     {"qwen2", HfArch::kQwen2},         {"qwen3", HfArch::kQwen3},
-                       {"qwen3moe", HfArch::kQwen3Moe}, {"glm4moe", HfArch::kGlm4Moe}};
-
-class CudaTpSlicedEqualsUnsliced : public ::testing::TestWithParam<Arch> {};
+class CudaTpSlicedEqualsUnsliced : public ::testing::TestWithParam<test::TpArch> {};
 
 TEST_P(CudaTpSlicedEqualsUnsliced, Exl3Linears) {
   EXL3_REQUIRE_GPU();
@@ -112,11 +86,11 @@ TEST_P(CudaTpSlicedEqualsUnsliced, Exl3Linears) {
   const auto dir = tmp / c.name;
   test::write_tp_model(dir, c.arch, exl3::test::test_seed());
   auto rng = exl3::test::make_rng();
-  const auto ids = random_ids(rng, 11, 512);
+  const auto ids = test::random_ids(rng, 11, 512);
   for (const int tp : tp_sizes({1, 2, 4})) expect_tp_matches(dir, tp, ids, c.name);
 }
 
-INSTANTIATE_TEST_SUITE_P(Runtime, CudaTpSlicedEqualsUnsliced, ::testing::ValuesIn(kArchs),
+INSTANTIATE_TEST_SUITE_P(Runtime, CudaTpSlicedEqualsUnsliced, ::testing::ValuesIn(test::kTpArchs),
                          [](const auto& p) { return std::string(p.param.name); });
 
 // Unquantized attention and MLP (cuBLAS slices) with a tied head split over the vocabulary.
@@ -129,7 +103,7 @@ TEST(CudaTpEngine, UnquantizedTiedHead) {
   o.vocab = 500;
   test::write_tp_model(dir, HfArch::kLlama, exl3::test::test_seed(), o, {{"tie_word_embeddings", true}});
   auto rng = exl3::test::make_rng();
-  const auto ids = random_ids(rng, 9, 500);
+  const auto ids = test::random_ids(rng, 9, 500);
   for (const int tp : tp_sizes({1, 2})) expect_tp_matches(dir, tp, ids, "llama unquantized tied");
 }
 
@@ -140,7 +114,7 @@ TEST(CudaTpEngine, MixedBatchEqualsSeparateCalls) {
   const auto dir = tmp / "moe";
   test::write_tp_model(dir, HfArch::kQwen3Moe, exl3::test::test_seed());
   auto rng = exl3::test::make_rng();
-  const auto a = random_ids(rng, 6, 512), b = random_ids(rng, 5, 512);
+  const auto a = test::random_ids(rng, 6, 512), b = test::random_ids(rng, 5, 512);
   const int tp = std::min(gpus(), 2);
   auto eng = cuda_engine(dir, tp, true);
   const auto sa = eng->new_sequence(), sb = eng->new_sequence();
@@ -165,7 +139,7 @@ TEST(CudaTpEngine, RankSlicedExpertsEqualPlainCheckpoint) {
   test::write_tp_model(plain, HfArch::kQwen3Moe, exl3::test::test_seed());
   test::write_rank_sliced_copy(plain, sliced, 2, {0, 1}, 4);
   auto rng = exl3::test::make_rng();
-  const auto ids = random_ids(rng, 8, 512);
+  const auto ids = test::random_ids(rng, 8, 512);
   auto ref = cuda_engine(plain, 1, false);
   auto eng = cuda_engine(sliced, 2, true);
   const double err = exl3::test::rel_l2(forward_logits(*eng, ids), forward_logits(*ref, ids));

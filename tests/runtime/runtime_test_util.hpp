@@ -21,12 +21,38 @@
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/format/synthetic_hf.hpp"
+#include "exl3/runtime/generate.hpp"
 #include "exl3/runtime/model_spec.hpp"
 #include "exl3/runtime/rope.hpp"
 #include "exl3/trellis/codebook.hpp"
 #include "exl3/trellis/half.hpp"
 
 namespace exl3::runtime::test {
+
+// n random token ids below `vocab`.
+inline std::vector<int32_t> random_ids(std::mt19937_64& rng, int n, int64_t vocab) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+  return ids;
+}
+
+// Each row's argmax of `got` equals `want`'s wherever want's top-2 margin is clear (ties within
+// noise may flip).
+inline void expect_same_argmax(const std::vector<float>& got, const std::vector<float>& want, size_t vocab,
+                               const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t t = 0; t * vocab < want.size(); ++t) {
+    std::vector<float> row(want.begin() + static_cast<std::ptrdiff_t>(t * vocab),
+                           want.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
+    const int best = argmax(row);
+    const float top = row[static_cast<size_t>(best)];
+    row[static_cast<size_t>(best)] = -INFINITY;
+    const float second = row[static_cast<size_t>(argmax(row))];
+    if (top - second > 1e-2f * std::max(1.0f, std::abs(top))) {
+      EXPECT_EQ(argmax(std::span<const float>(got).subspan(t * vocab, vocab)), best) << what << " position " << t;
+    }
+  }
+}
 
 inline std::filesystem::path tiny_model(const std::filesystem::path& conformance) {
   return conformance / "models" / "tiny-qwen3moe-exl3";

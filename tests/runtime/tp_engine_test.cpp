@@ -9,12 +9,13 @@
 #include <gtest/gtest.h>
 
 #include "exl3/error.hpp"
-#include "exl3/runtime/communicator.hpp"
-#include "exl3/runtime/engine.hpp"
 #include "exl3/moe/layout.hpp"
 #include "exl3/moe/reference.hpp"
 #include "exl3/moe/weights.hpp"
+#include "exl3/runtime/communicator.hpp"
+#include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/tp_linear.hpp"
+#include "runtime_test_util.hpp"
 #include "test_support.hpp"
 #include "tp_test_util.hpp"
 
@@ -23,11 +24,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::vector<int32_t> random_ids(std::mt19937_64& rng, int n, int64_t vocab) {
-  std::vector<int32_t> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
-  return ids;
-}
 
 std::unique_ptr<Engine> engine_at(const std::filesystem::path& dir, int tp, int64_t page_size = 32) {
   EngineOptions o;
@@ -61,14 +57,7 @@ double expect_tp_matches(const std::filesystem::path& dir, int tp, const std::ve
   return err;
 }
 
-struct Arch {
-  const char* name;
-  HfArch arch;
-};
-const Arch kArchs[] = {{"llama", HfArch::kLlama},     {"qwen2", HfArch::kQwen2},         {"qwen3", HfArch::kQwen3},
-                       {"qwen3moe", HfArch::kQwen3Moe}, {"glm4moe", HfArch::kGlm4Moe}};
-
-class TpSlicedEqualsUnsliced : public ::testing::TestWithParam<Arch> {};
+class TpSlicedEqualsUnsliced : public ::testing::TestWithParam<test::TpArch> {};
 
 // Every projection EXL3 (head_dim 128, widths multiples of 128), TP 2, 3 and 4.
 TEST_P(TpSlicedEqualsUnsliced, Exl3Linears) {
@@ -80,11 +69,11 @@ TEST_P(TpSlicedEqualsUnsliced, Exl3Linears) {
   ASSERT_NE(Checkpoint::open(dir).find_linear("model.layers.0.self_attn.k_proj"), nullptr);
   ASSERT_NE(Checkpoint::open(dir).find_linear("lm_head"), nullptr);
   auto rng = exl3::test::make_rng();
-  const auto ids = random_ids(rng, 9, 512);
+  const auto ids = test::random_ids(rng, 9, 512);
   for (const int tp : {2, 3, 4}) expect_tp_matches(dir, tp, ids, c.name);
 }
 
-INSTANTIATE_TEST_SUITE_P(Runtime, TpSlicedEqualsUnsliced, ::testing::ValuesIn(kArchs),
+INSTANTIATE_TEST_SUITE_P(Runtime, TpSlicedEqualsUnsliced, ::testing::ValuesIn(test::kTpArchs),
                          [](const auto& p) { return std::string(p.param.name); });
 
 // Unquantized: 6 heads over 2 kv heads at TP 4 pads to 8 heads (the last rank holds none) and
@@ -100,7 +89,7 @@ TEST(TpEngine, UnquantizedPaddedHeadsAndStraddlingKv) {
   o.vocab = 500;
   test::write_tp_model(dir, HfArch::kLlama, exl3::test::test_seed(), o, {{"tie_word_embeddings", true}});
   auto rng = exl3::test::make_rng();
-  const auto ids = random_ids(rng, 7, 500);
+  const auto ids = test::random_ids(rng, 7, 500);
   for (const int tp : {2, 3, 4, 5}) expect_tp_matches(dir, tp, ids, "llama unquantized");
 }
 
@@ -113,7 +102,7 @@ TEST(TpEngine, RankSlicedExpertsEqualPlainCheckpoint) {
   test::write_rank_sliced_copy(plain, sliced, 2, {0, 1}, 4);
   ASSERT_EQ(Checkpoint::open(sliced).find_linear("model.layers.0.mlp.experts.0.gate_proj"), nullptr);
   auto rng = exl3::test::make_rng();
-  const auto ids = random_ids(rng, 6, 512);
+  const auto ids = test::random_ids(rng, 6, 512);
   auto ref = engine_at(plain, 1);
   const auto want = forward_logits(*ref, ids);
   auto eng = engine_at(sliced, 2);
@@ -134,7 +123,7 @@ TEST(TpEngine, Exl3KvBlocksCoverNeighbouringHeads) {
   o.head_dim = 64;
   test::write_tp_model(dir, HfArch::kQwen3, exl3::test::test_seed(), o);
   auto rng = exl3::test::make_rng();
-  const auto ids = random_ids(rng, 7, 512);
+  const auto ids = test::random_ids(rng, 7, 512);
   for (const int tp : {2, 3}) expect_tp_matches(dir, tp, ids, "qwen3 head_dim 64");
 }
 

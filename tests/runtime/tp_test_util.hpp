@@ -25,6 +25,17 @@ inline bool is_projection(const std::string& name) {
   return name.ends_with("_proj.weight") || name == "lm_head.weight";
 }
 
+// The architectures every sliced-vs-unsliced test runs.
+struct TpArch {
+  const char* name;
+  HfArch arch;
+};
+inline constexpr TpArch kTpArchs[] = {{"llama", HfArch::kLlama},
+                                      {"qwen2", HfArch::kQwen2},
+                                      {"qwen3", HfArch::kQwen3},
+                                      {"qwen3moe", HfArch::kQwen3Moe},
+                                      {"glm4moe", HfArch::kGlm4Moe}};
+
 struct TpModelOptions {
   bool quantize = true;       // projections as EXL3 (else left unquantized as written)
   int64_t num_heads = 4;
