@@ -316,13 +316,9 @@ class TpCpuEngine final : public Engine {
   }
 
   std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
+    const BatchEntry entry{seq, tokens, mode};
+    validate_batch(*this, std::span<const BatchEntry>(&entry, 1));  // before any rank starts
     const auto n = static_cast<int64_t>(tokens.size());
-    if (n == 0) fail("forward: no tokens");
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size) {
-        fail("forward: token id {} at index {} is outside the vocabulary 0..{}", tokens[i], i, spec_.vocab_size - 1);
-      }
-    }
     const int64_t start = cache0().length(seq);
     cache0().reserve(seq, n);  // throws (nothing taken) when full; the other caches are in step
     for (size_t r = 1; r < ranks_.size(); ++r) ranks_[r].cache->reserve(seq, n);
