@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "cpu_engine.hpp"
+#include "paged_engine.hpp"
 #include "exl3/error.hpp"
 #include "exl3/moe/layout.hpp"
 #include "exl3/runtime/decoder_layer.hpp"
@@ -24,7 +25,7 @@ namespace {
 
 // ---- the engine ------------------------------------------------------------------------------
 
-class CpuEngine final : public Engine {
+class CpuEngine final : public PagedEngine {
  public:
   CpuEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts)
       : ckpt_(ckpt),
@@ -67,13 +68,6 @@ class CpuEngine final : public Engine {
   const ModelSpec& spec() const override { return spec_; }
   OverlayReport overlay_report() const override { return overlay_report_; }
   Device device() const override { return Device::kCpu; }
-  SeqId new_sequence() override { return cache_->add_sequence(); }
-  void drop_sequence(SeqId seq) override { cache_->remove_sequence(seq); }
-  int64_t sequence_length(SeqId seq) const override { return cache_->length(seq); }
-  int64_t free_cache_tokens() const override { return cache_->free_pages() * cache_->page_size(); }
-  int64_t cache_tokens_needed(SeqId seq, int64_t new_tokens) const override {
-    return cache_->pages_needed(seq, new_tokens) * cache_->page_size();
-  }
 
   std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
     const BatchEntry entry{seq, tokens, mode};
@@ -110,7 +104,6 @@ class CpuEngine final : public Engine {
   std::vector<float> final_norm_;
   Linear head_;
   std::vector<DecoderLayer> layers_;
-  std::unique_ptr<PagedKvCache> cache_;
   OverlayReport overlay_report_;
 };
 

@@ -15,6 +15,7 @@
 #include "cuda_engine.hpp"
 #include "cuda_buffers.hpp"
 #include "gpu_linear.hpp"
+#include "paged_engine.hpp"
 
 #if defined(EXL3_HAVE_CUDA)
 
@@ -113,7 +114,7 @@ struct Run {
   bool want_all = false, want_last = false;
 };
 
-class CudaEngine final : public Engine {
+class CudaEngine final : public PagedEngine {
  public:
   CudaEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts, const CudaRank* rank)
       : ckpt_(ckpt), spec_(std::move(spec)), opts_(opts) {
@@ -169,13 +170,6 @@ class CudaEngine final : public Engine {
 
   const ModelSpec& spec() const override { return spec_; }
   Device device() const override { return Device::kCuda; }
-  SeqId new_sequence() override { return cache_->add_sequence(); }
-  void drop_sequence(SeqId seq) override { cache_->remove_sequence(seq); }
-  int64_t sequence_length(SeqId seq) const override { return cache_->length(seq); }
-  int64_t free_cache_tokens() const override { return cache_->free_pages() * cache_->page_size(); }
-  int64_t cache_tokens_needed(SeqId seq, int64_t new_tokens) const override {
-    return cache_->pages_needed(seq, new_tokens) * cache_->page_size();
-  }
 
   std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
     const BatchEntry e{seq, tokens, mode};
@@ -723,7 +717,6 @@ class CudaEngine final : public Engine {
   GpuLinear head_;
   std::vector<LayerGpu> layers_;
   std::vector<Rope> ropes_;
-  std::unique_ptr<PagedKvCache> cache_;
   Scratch s_;
   GpuLinear::Pads pads_;
   int64_t widest_q_ = 0, widest_kv_ = 0, widest_inter_ = 0, widest_experts_ = 0, widest_topk_ = 0;
