@@ -12,6 +12,7 @@
 #include "exl3/model/builtin_text.hpp"
 #include "exl3/model/eval.hpp"
 #include "exl3/runtime/engine.hpp"
+#include "overlay_options.hpp"
 
 namespace exl3::cli {
 
@@ -19,6 +20,7 @@ Runner add_eval(CLI::App& app, Common&) {
   struct Opts {
     std::string model, text, reference, device = "cpu";
     EvalOptions eval;
+    OverlayArgs overlay;
     bool json = false, quiet = false;
   };
   auto o = std::make_shared<Opts>();
@@ -44,6 +46,7 @@ Runner add_eval(CLI::App& app, Common&) {
   app.add_option("--device", o->device, "Compute device for both models: cpu (the fp32 reference runtime) or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  add_overlay_options(app, o->overlay);  // the model only, never the reference
   app.add_flag("--json", o->json, "Print one JSON document (perplexity, nll, reference: kl, top1_agreement, ...)");
   app.add_flag("--quiet,-q", o->quiet, "No progress on stderr");
   app.footer(
@@ -59,6 +62,10 @@ Runner add_eval(CLI::App& app, Common&) {
       "  exl3 eval ./Qwen3-8B-exl3-4bpw --text wiki.txt\n"
       "  exl3 eval ./Qwen3-8B-exl3-4bpw --text builtin --reference ./Qwen3-8B\n"
       "  exl3 eval ./m --text notes.txt --context 512 --stride 256 --max-tokens 4096 --json | jq .reference.kl\n\n"
+      "  exl3 eval ./Qwen3-8B --text builtin --reference ./Qwen3-8B --overlay linear=mxfp8   # KL(BF16 || MXFP8)\n\n"
+      "--overlay (and --overlay-config / --overlay-ignore) converts MODEL's unquantized attention, dense-MLP\n"
+      "and shared-expert linears to MXFP8 at load, never the reference's: with the same folder as both, the\n"
+      "KL is what the overlay costs; the memory it saves is printed (--json: overlay).\n\n"
       "`--text builtin` is a few KB of English prose, code, JSON and tables written for exl3 (use ./builtin\n"
       "for a file of that name). Both models run on --device; the reference can be an unquantized\n"
       "Hugging Face folder (BF16/FP16/FP32 safetensors) of a supported architecture.");
@@ -68,6 +75,7 @@ Runner add_eval(CLI::App& app, Common&) {
     models.model = o->model;
     if (!o->reference.empty()) models.reference = o->reference;
     models.device = runtime::parse_device(o->device);
+    models.overlay = overlay_policy(o->overlay);
     EvalProgressFn progress;
     if (!o->quiet) progress = make_eval_progress_printer(stderr, ::isatty(2) != 0);
     const std::string label = o->text == kBuiltinTextName ? std::string("builtin text") : o->text;
@@ -88,6 +96,16 @@ Runner add_eval(CLI::App& app, Common&) {
     fmt::print("text       {} ({} bytes, {} tokens, {} evaluated)\n", label, text.size(), r.text_tokens, r.tokens);
     fmt::print("windows    {} x up to {} tokens, stride {}; {} predictions scored\n", r.windows, r.context, r.stride,
                r.scored);
+    if (!r.overlay.layers.empty()) {
+      constexpr double kMiB = 1024.0 * 1024.0;
+      size_t src = 0, mx = 0;
+      for (const auto& l : r.overlay.layers) {
+        src += l.source_bytes;
+        mx += l.mxfp8_bytes;
+      }
+      fmt::print("overlay    {} linears as MXFP8: {:.3f} -> {:.3f} MiB (saved {:.3f} MiB)\n", r.overlay.layers.size(),
+                 src / kMiB, mx / kMiB, r.overlay.saved_bytes() / kMiB);
+    }
     fmt::print("perplexity {:.4f}  (mean NLL {:.5f} nats/token)\n", r.perplexity, r.nll);
     if (r.reference) {
       const auto& s = *r.reference;

@@ -15,11 +15,30 @@
 
 namespace exl3::cli {
 
+namespace {
+
+// The dense linears of a --dense-format run: each MXFP8 linear's error and bytes, then totals.
+void print_dense_summary(const quant::ConvertResult& r) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  size_t mx = 0;
+  for (const auto& t : r.reports) {
+    if (!t.mxfp8) continue;
+    if (mx++ == 0) fmt::print("{:<48} {:>10} {:>10} {:>12}\n", "MXFP8 linear", "rel-L2", "max-abs", "bytes");
+    fmt::print("{:<48} {:>10.3e} {:>10.3e} {:>5.2f}->{:.2f} MiB\n", t.name, t.rel_l2, t.max_abs, t.source_bytes / kMiB,
+               t.stored_bytes / kMiB);
+  }
+  fmt::print("dense linears ({}): {} as MXFP8, {} unquantized; MXFP8 {:.2f} -> {:.2f} MiB (saved {:.2f} MiB)\n",
+             quant::dense_format_name(r.dense_format), mx, r.dense_linears - static_cast<int64_t>(mx),
+             r.mxfp8_source_bytes() / kMiB, r.mxfp8_bytes() / kMiB, (r.mxfp8_source_bytes() - r.mxfp8_bytes()) / kMiB);
+}
+
+}  // namespace
+
 Runner add_quantize(CLI::App& app, Common& common) {
   struct Opts {
     std::string in, out;
     quant::ConvertOptions conv;
-    std::string codebook = "mul1", out_scales = "always", device = "cpu", calibration = "none";
+    std::string codebook = "mul1", out_scales = "always", device = "cpu", calibration = "none", dense_format = "exl3";
     uint64_t shard_mb = 8192;
     bool json = false;
   };
@@ -59,6 +78,14 @@ Runner add_quantize(CLI::App& app, Common& common) {
   app.add_option("--g-scale", o->conv.g_scale, "Fixed global scale instead of the per-tensor search (0 = search; faster, slightly worse)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--dense-format", o->dense_format,
+                 "Attention, dense-MLP and shared-expert linears: exl3 (trellis, in the --bits budget), bf16 "
+                 "(kept unquantized) or mxfp8 (stored MXFP8: loads with no --overlay; docs/mxfp8.md)")
+      ->check(CLI::IsMember({"exl3", "bf16", "mxfp8"}))
+      ->capture_default_str();
+  app.add_option("--dense-ignore", o->conv.dense_ignore,
+                 "With --dense-format mxfp8: keep this linear BF16 -- a prefix, a last name component (k_proj) "
+                 "or re:REGEX, as --overlay-ignore (repeatable)");
   app.add_flag("--overwrite", o->conv.overwrite, "Replace a different model in OUT_DIR / discard an unfinished run with other settings");
   app.add_flag("--json", o->json, "Print a JSON summary (tensors, bits, seconds, peak_rss_bytes, per-tensor proxy errors)");
   app.footer(
@@ -74,7 +101,13 @@ Runner add_quantize(CLI::App& app, Common& common) {
       "Examples:\n"
       "  exl3 quantize ./Qwen3-30B-A3B ./Qwen3-30B-A3B-exl3-4bpw --bits 4 --head-bits 6\n"
       "  exl3 quantize ./Qwen3-0.6B ./q3-3bpw --bits 3 --calibration builtin --calibration-rows 8\n"
-      "  exl3 quantize ./Llama-3.2-1B ./l-4bpw --bits 4 --calibration corpus.txt --calibration-rows 16 --calibration-length 256");
+      "  exl3 quantize ./Llama-3.2-1B ./l-4bpw --bits 4 --calibration corpus.txt --calibration-rows 16 --calibration-length 256\n"
+      "  exl3 quantize ./GLM-4.5-Air ./glm-3bpw-mx --bits 3 --dense-format mxfp8 --dense-ignore 're:.*\\.q_a_proj$'\n\n"
+      "--dense-format mxfp8 writes the linears that `--overlay linear=mxfp8,shared_experts=mxfp8` would\n"
+      "convert as MXFP8 (E4M3 + one power-of-two scale per 32 inputs, 8.25 bits per weight) with the\n"
+      "runtime's codec, so the result runs exactly like the --dense-format bf16 checkpoint loaded with\n"
+      "that --overlay; --bits then covers the routed experts (and nothing on a dense model). Each MXFP8\n"
+      "linear's error against the source (rel-L2, max-abs) and the bytes saved are printed (--json: mxfp8).");
   return [o] {
     o->conv.codebook = *quant::parse_codebook(o->codebook);
     o->conv.device = quant::parse_device(o->device);
@@ -82,6 +115,7 @@ Runner add_quantize(CLI::App& app, Common& common) {
       fail("--device {}: no usable CUDA device in this build/machine; use --device cpu", o->device);
     }
     o->conv.out_scales = *quant::parse_out_scales(o->out_scales);
+    o->conv.dense_format = *quant::parse_dense_format(o->dense_format);
     if (o->calibration == "none") {
       o->conv.calibration = quant::Calibration::kNone;
     } else {
@@ -109,6 +143,7 @@ Runner add_quantize(CLI::App& app, Common& common) {
         r.bits_target, r.head_bits == quant::kHeadBitsUnquantized ? std::string("unquantized") : fmt::format("K={}", r.head_bits),
         r.num_shards, static_cast<double>(r.total_bytes) / (1 << 20), r.seconds,
         static_cast<double>(r.peak_rss_bytes) / (1 << 20));
+    if (r.dense_linears > 0) print_dense_summary(r);
     return 0;
   };
 }

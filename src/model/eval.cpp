@@ -293,6 +293,7 @@ nlohmann::json EvalResult::to_json() const {
   } else {
     j["reference"] = nullptr;
   }
+  if (!overlay.layers.empty() || !overlay.kept_unquantized.empty()) j["overlay"] = overlay.to_json();
   return j;
 }
 
@@ -345,10 +346,14 @@ EvalResult evaluate_text(const EvalModels& models, std::string_view text, const 
   runtime::EngineOptions eo;
   eo.device = models.device;
   eo.cache_tokens = std::min(opts.context, used);  // one window at a time
-  auto model = runtime::load_engine(models.model, eo);
+  runtime::EngineOptions model_eo = eo;
+  model_eo.overlay = models.overlay;
+  auto model = runtime::load_engine(models.model, model_eo);
   std::unique_ptr<Engine> reference;
   if (models.reference) reference = runtime::load_engine(*models.reference, eo);
-  return evaluate(*model, reference.get(), ids, opts, progress);
+  EvalResult r = evaluate(*model, reference.get(), ids, opts, progress);
+  r.overlay = model->overlay_report();
+  return r;
 }
 
 EvalProgressFn make_eval_progress_printer(std::FILE* out, bool terminal) {

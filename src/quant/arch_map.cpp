@@ -122,8 +122,9 @@ const std::set<std::string_view> kMlpProj = {"gate_proj", "up_proj", "down_proj"
 
 class Planner {
  public:
-  Planner(const ModelConfig& cfg, const TensorStore& store, const ArchInfo& arch)
-      : cfg_(cfg), store_(store), arch_(arch), label_(store.root().string()) {}
+  Planner(const ModelConfig& cfg, const TensorStore& store, const ArchInfo& arch,
+          const std::map<std::string, DenseFormat>& formats)
+      : cfg_(cfg), store_(store), arch_(arch), formats_(formats), label_(store.root().string()) {}
 
   ConversionPlan run(double bits, int head_bits);
 
@@ -139,6 +140,7 @@ class Planner {
   const ModelConfig& cfg_;
   const TensorStore& store_;
   const ArchInfo& arch_;
+  const std::map<std::string, DenseFormat>& formats_;  // dense linears kept out of EXL3
   std::string label_;
   std::vector<PlanItem> items_;
   std::set<std::string> consumed_;  // source tensors already mapped (biases of linears)
@@ -240,6 +242,10 @@ void Planner::add_linear(const LinearKey& key, const TensorRef& w) {
     } else {
       dense_[key.layer].insert(key.proj);
       it.group = lp + (gate_up ? "mlp.gate_up" : "mlp.down");
+    }
+    if (const auto f = formats_.find(it.name); f != formats_.end()) {
+      it.kind = PlanItem::Kind::kDenseLinear;  // --dense-format: outside the bit budget
+      it.dense_format = f->second;
     }
   }
   items_.push_back(std::move(it));
@@ -389,8 +395,12 @@ void Planner::allocate(double bits, int head_bits, ConversionPlan& plan) {
     }
     groups[pos->second].weights += pad128(it.in_features) * pad128(it.out_features);
   }
-  if (groups.empty()) fail("{}: no decoder linears found for {}", label_, arch_.name);
-  const auto k = allocate_bits(groups, static_cast<int>(cfg_.num_hidden_layers), bits);
+  const bool any_dense = std::any_of(items_.begin(), items_.end(),
+                                     [](const PlanItem& it) { return it.kind == PlanItem::Kind::kDenseLinear; });
+  if (groups.empty() && !any_dense) fail("{}: no decoder linears found for {}", label_, arch_.name);
+  // Every decoder linear may be dense (--dense-format on a dense model): no EXL3 budget then.
+  const auto k = groups.empty() ? std::vector<int>{}
+                                : allocate_bits(groups, static_cast<int>(cfg_.num_hidden_layers), bits);
   long double num = 0, den = 0;
   for (auto& it : items_) {
     if (it.kind != PlanItem::Kind::kExl3Linear) continue;
@@ -403,7 +413,7 @@ void Planner::allocate(double bits, int head_bits, ConversionPlan& plan) {
       den += w;
     }
   }
-  plan.bits_achieved = static_cast<double>(num / den);
+  plan.bits_achieved = den > 0 ? static_cast<double>(num / den) : 0.0;
 }
 
 ConversionPlan Planner::run(double bits, int head_bits) {
@@ -452,7 +462,7 @@ const std::vector<std::string>& supported_architectures() {
 }
 
 ConversionPlan plan_conversion(const ModelConfig& config, const TensorStore& store, double bits,
-                               int head_bits) {
+                               int head_bits, const std::map<std::string, DenseFormat>& dense) {
   if (!std::isfinite(bits) || bits < trellis::kMinBits || bits > trellis::kMaxBits) {
     fail("quantize: --bits {} outside {}..{}", bits, trellis::kMinBits, trellis::kMaxBits);
   }
@@ -474,7 +484,7 @@ ConversionPlan plan_conversion(const ModelConfig& config, const TensorStore& sto
     fail("{}: config.json: {} needs num_experts (or num_local_experts / n_routed_experts)",
          store.root().string(), arch->name);
   }
-  return Planner(config, store, *arch).run(bits, head_bits);
+  return Planner(config, store, *arch, dense).run(bits, head_bits);
 }
 
 }  // namespace exl3::quant

@@ -92,6 +92,17 @@ nlohmann::json settings_json(const ConvertOptions& o) {
           {"shard_size_bytes", o.shard_size_bytes}};
 }
 
+// settings_json plus the dense format when it is not the default, so folders written before
+// --dense-format existed are still recognised as finished.
+nlohmann::json all_settings(const ConvertOptions& o) {
+  nlohmann::json s = settings_json(o);
+  if (o.dense_format != DenseFormat::kExl3) {
+    s["dense_format"] = std::string(dense_format_name(o.dense_format));
+    s["dense_ignore"] = o.dense_ignore;
+  }
+  return s;
+}
+
 int64_t stop_after(const ConvertOptions& o) {
   if (o.stop_after >= 0) return o.stop_after;
   const char* env = std::getenv("EXL3_QUANTIZE_STOP_AFTER");
@@ -129,7 +140,10 @@ ConvertResult finished_result(const fs::path& out, const ConversionPlan& plan) {
   r.num_shards = static_cast<int>(store.files().size());
   r.total_bytes = store.total_bytes();
   r.tensors = static_cast<int64_t>(plan.items.size());
-  for (const auto& it : plan.items) r.quantized += it.kind == PlanItem::Kind::kExl3Linear ? 1 : 0;
+  for (const auto& it : plan.items) {
+    r.quantized += it.kind == PlanItem::Kind::kExl3Linear ? 1 : 0;
+    r.dense_linears += it.kind == PlanItem::Kind::kDenseLinear ? 1 : 0;
+  }
   r.bits_target = plan.bits_target;
   r.bits_achieved = plan.bits_achieved;
   r.head_bits = plan.head_bits;
@@ -182,12 +196,14 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
          cfg_path.string());
   }
   const TensorStore store = TensorStore::open(in_dir);
-  const ConversionPlan plan = plan_conversion(cfg, store, o.bits, o.head_bits);
+  const ConversionPlan plan =
+      plan_conversion(cfg, store, o.bits, o.head_bits, plan_dense_formats(in_dir, o.dense_format, o.dense_ignore));
 
   const std::string fp = fingerprint(cfg_text, store);
-  const nlohmann::json settings = settings_json(o);
+  const nlohmann::json settings = all_settings(o);
   if (prepare_out_dir(in_dir, out_dir, o, fp, settings)) {
     ConvertResult r = finished_result(out_dir, plan);
+    r.dense_format = o.dense_format;
     r.seconds = now_seconds() - t0;
     return r;
   }
@@ -206,6 +222,7 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
   res.bits_target = plan.bits_target;
   res.bits_achieved = plan.bits_achieved;
   res.head_bits = plan.head_bits;
+  res.dense_format = o.dense_format;
   res.reports.resize(static_cast<size_t>(n));
 
   // ETA from quantization work (padded weights) still to do; copies are cheap by comparison.
@@ -218,6 +235,7 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
   for (int64_t i = 0; i < n; ++i) {
     const auto& it = plan.items[static_cast<size_t>(i)];
     res.quantized += it.kind == PlanItem::Kind::kExl3Linear ? 1 : 0;
+    res.dense_linears += it.kind == PlanItem::Kind::kDenseLinear ? 1 : 0;
     const auto d = journal.done().find(i);
     const bool done = d != journal.done().end() && d->second.name == it.name &&
                       fs::exists(journal.unit_file(i));
@@ -257,6 +275,8 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
       ev.total = n;
       ev.name = it.name;
       ev.quantized = rep.quantized;
+      ev.mxfp8 = rep.mxfp8;
+      ev.rel_l2 = rep.rel_l2;
       ev.resumed = rep.resumed;
       ev.bits = rep.bits;
       ev.proxy_err = rep.proxy_err;
@@ -337,7 +357,26 @@ std::optional<trellis::Codebook> parse_codebook(std::string_view s) {
   return std::nullopt;
 }
 
+uint64_t ConvertResult::mxfp8_source_bytes() const {
+  uint64_t b = 0;
+  for (const auto& r : reports) b += r.mxfp8 ? r.source_bytes : 0;
+  return b;
+}
+
+uint64_t ConvertResult::mxfp8_bytes() const {
+  uint64_t b = 0;
+  for (const auto& r : reports) b += r.mxfp8 ? r.stored_bytes : 0;
+  return b;
+}
+
 nlohmann::json ConvertResult::to_json() const {
+  nlohmann::json mx_layers = nlohmann::json::array();
+  for (const auto& r : reports) {
+    if (r.mxfp8) {
+      mx_layers.push_back({{"name", r.name}, {"rel_l2", r.rel_l2}, {"max_abs", r.max_abs},
+                           {"source_bytes", r.source_bytes}, {"mxfp8_bytes", r.stored_bytes}});
+    }
+  }
   nlohmann::json proxy = nlohmann::json::array();
   for (const auto& r : reports) {
     if (r.quantized) {
@@ -360,7 +399,14 @@ nlohmann::json ConvertResult::to_json() const {
           {"total_bytes", total_bytes},
           {"seconds", seconds},
           {"peak_rss_bytes", peak_rss_bytes},
-          {"proxy_err", proxy}};
+          {"proxy_err", proxy},
+          {"dense_format", std::string(dense_format_name(dense_format))},
+          {"dense_linears", dense_linears},
+          {"mxfp8", {{"linears", mx_layers.size()},
+                     {"source_bytes", mxfp8_source_bytes()},
+                     {"mxfp8_bytes", mxfp8_bytes()},
+                     {"saved_bytes", mxfp8_source_bytes() - mxfp8_bytes()},
+                     {"layers", mx_layers}}}};
 }
 
 }  // namespace exl3::quant

@@ -31,6 +31,11 @@ uint64_t tensor_seed(uint64_t seed, std::string_view name);
 TensorReport stage_item(const TensorStore& store, const PlanItem& item, const ConvertOptions& o,
                         const fs::path& file, const std::vector<double>* hessian = nullptr);
 
+// A dense linear (--dense-format): MXFP8 planes with the runtime's codec (the report carries the
+// error against the source), or the weight unquantized (BF16 / F16 as stored, wider types rounded
+// to BF16); the bias as stored (F64 as F32). Called by stage_item (dense_format.cpp).
+TensorReport stage_dense_linear(const TensorStore& store, const PlanItem& item, const fs::path& file);
+
 // ---- journal --------------------------------------------------------------------------------
 
 // OUT/.exl3-partial/journal.jsonl: the first line identifies the run (source fingerprint +

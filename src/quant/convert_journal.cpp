@@ -70,6 +70,11 @@ Journal Journal::open(const fs::path& partial_dir, const nlohmann::json& header,
       r.bits = rec.value("bits", 0);
       r.proxy_err = rec.value("proxy_err", 0.0);
       r.seconds = rec.value("seconds", 0.0);
+      r.mxfp8 = rec.value("mxfp8", false);
+      r.rel_l2 = rec.value("rel_l2", 0.0);
+      r.max_abs = rec.value("max_abs", 0.0);
+      r.source_bytes = rec.value("source_bytes", uint64_t{0});
+      r.stored_bytes = rec.value("stored_bytes", uint64_t{0});
       r.resumed = true;
       j.done_[rec["unit"].get<int64_t>()] = r;
     }
@@ -91,6 +96,13 @@ void Journal::append(int64_t index, const TensorReport& r) {
   nlohmann::json rec = {{"unit", index},          {"name", r.name},
                         {"quantized", r.quantized}, {"bits", r.bits},
                         {"proxy_err", r.proxy_err}, {"seconds", r.seconds}};
+  if (r.mxfp8 || r.stored_bytes > 0) {  // dense linears: what the summary reports after a resume
+    rec["mxfp8"] = r.mxfp8;
+    rec["rel_l2"] = r.rel_l2;
+    rec["max_abs"] = r.max_abs;
+    rec["source_bytes"] = r.source_bytes;
+    rec["stored_bytes"] = r.stored_bytes;
+  }
   const std::string line = rec.dump() + "\n";
   const fs::path file = dir_ / kJournalFile;
   const int fd = ::open(file.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);

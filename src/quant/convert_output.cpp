@@ -48,7 +48,7 @@ const char* torch_dtype(DType t) {
 
 // Module of a plain tensor: its name without the last component (model.norm.weight -> model.norm).
 std::string module_of(const PlanItem& it) {
-  if (it.kind == PlanItem::Kind::kExl3Linear) return it.name;
+  if (it.kind != PlanItem::Kind::kPlain) return it.name;  // a linear's prefix
   const auto dot = it.name.rfind('.');
   return dot == std::string::npos ? it.name : it.name.substr(0, dot);
 }
@@ -87,6 +87,8 @@ nlohmann::ordered_json quantization_config(const ConversionPlan& plan, const Con
   q["calibration"] = {{"rows", cal ? o.calibration_rows : 0}, {"cols", cal ? o.calibration_length : 0}};
   q["out_scales"] = std::string(out_scales_name(o.out_scales));
   q["codebook"] = trellis::codebook_name(o.codebook);
+  // The serialized-MXFP8 variant records its dense format (moe-integration.md section 5).
+  if (o.dense_format != DenseFormat::kExl3) q["dense_format"] = std::string(dense_format_name(o.dense_format));
   return q;
 }
 
@@ -183,6 +185,8 @@ AssembleResult assemble_output(const AssembleInput& in) {
       mod["bits_per_weight"] = it.bits;
       if (o.codebook == trellis::Codebook::kMcg) mod["mcg_multiplier"] = trellis::kMcgMult;
       if (o.codebook == trellis::Codebook::kMul1) mod["mul1_multiplier"] = trellis::kMul1Mult;
+    } else if (it.kind == PlanItem::Kind::kDenseLinear && it.dense_format == DenseFormat::kMxfp8) {
+      mod["quant_format"] = "mxfp8";  // E4M3 values, UE8M0 scale per 32 inputs (docs/mxfp8.md)
     }
   }
   nlohmann::ordered_json qfile = qcfg;

@@ -213,8 +213,9 @@ uint64_t tensor_seed(uint64_t seed, std::string_view name) {
 TensorReport stage_item(const TensorStore& store, const PlanItem& item, const ConvertOptions& o,
                         const fs::path& file, const std::vector<double>* hessian) {
   const double t0 = now_seconds();
-  TensorReport r = item.kind == PlanItem::Kind::kExl3Linear ? stage_linear(store, item, o, file, hessian)
-                                                            : stage_plain(store, item, file);
+  TensorReport r = item.kind == PlanItem::Kind::kExl3Linear    ? stage_linear(store, item, o, file, hessian)
+                   : item.kind == PlanItem::Kind::kDenseLinear ? stage_dense_linear(store, item, file)
+                                                               : stage_plain(store, item, file);
   r.seconds = now_seconds() - t0;
   return r;
 }

@@ -24,6 +24,7 @@ std::string duration(double s) {
 std::string detail_of(const ProgressEvent& e) {
   if (e.resumed) return e.quantized ? fmt::format("K={} resumed", e.bits) : "resumed";
   if (e.quantized) return fmt::format("K={} proxy={:.4g} ({:.2f} s)", e.bits, e.proxy_err, e.seconds);
+  if (e.mxfp8) return fmt::format("MXFP8 rel-L2 {:.3e} ({:.2f} s)", e.rel_l2, e.seconds);
   return "copied";
 }
 

@@ -5,7 +5,8 @@
 //               h = rms_norm(x);  x += mlp(h)           dense SwiGLU or fused MoE (+ shared)
 //   logits = lm_head(rms_norm(x[rows]))                 only the rows the caller wants
 //
-// Linears are Exl3LinearCuda (EXL3) or DenseLinearCuda (cuBLAS); the MoE layer is MoeLayerCuda
+// Linears are Exl3LinearCuda (EXL3), DenseLinearCuda (cuBLAS) or Mxfp8LinearCuda (stored MXFP8 or
+// the --overlay, planned as the CPU engine plans it); the MoE layer is MoeLayerCuda
 // with its routes from the GPU router; attention reads an fp16 paged KV cache whose page tables
 // live in a PagedKvCache without host storage. A forward step runs in chunks of at most
 // max_batch_tokens tokens, so every buffer is sized once at load. Each step's geometry (ids,
@@ -40,6 +41,7 @@
 #include "exl3/runtime/linear.hpp"
 #include "exl3/runtime/nccl_communicator.hpp"
 #include "exl3/runtime/tp_linear.hpp"
+#include "exl3/runtime/overlay.hpp"
 #include "exl3/runtime/rope.hpp"
 
 namespace exl3::runtime {
@@ -170,6 +172,8 @@ class CudaEngine final : public PagedEngine {
 
   const ModelSpec& spec() const override { return spec_; }
   Device device() const override { return Device::kCuda; }
+  OverlayReport overlay_report() const override { return overlay_report_; }
+  std::optional<size_t> device_weight_bytes() const override { return weight_bytes_; }
 
   std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
     const BatchEntry e{seq, tokens, mode};
@@ -220,6 +224,7 @@ class CudaEngine final : public PagedEngine {
   // ---- loading ----------------------------------------------------------------------------
 
   void load_weights() {
+    overlay_plan_ = OverlayPlan::build(opts_.overlay, ckpt_, spec_);  // the CPU engine's plan
     const auto& store = ckpt_.store();
     const int64_t hidden = spec_.hidden_size;
     const TensorRef* emb = store.find(spec_.embed_tokens);
@@ -248,9 +253,9 @@ class CudaEngine final : public PagedEngine {
     } else if (spec_.lm_head_tied) {
       head_ = GpuLinear::dense(store, spec_.embed_tokens, {}, cap_, false);
     } else {
-      head_ = GpuLinear::load(ckpt_, spec_.lm_head, hidden, spec_.vocab_size, cap_);
+      head_ = load_linear(spec_.lm_head, hidden, spec_.vocab_size);  // never overlaid; reported as kept
     }
-    weight_bytes_ += head_.device_bytes();
+    track(head_);  // weights, and its workspace / pads (an MXFP8 engine's linears need less than a BF16 head)
     std::optional<moe::MoeLayout> layout;
     if (spec_.is_moe()) {
       layout = moe::read_moe_layout(ckpt_);
@@ -296,10 +301,10 @@ class CudaEngine final : public PagedEngine {
       load_rank_attention(a, s, *ap);
     } else {
       const int64_t qw = s.num_heads * s.head_dim, kvw = s.num_kv_heads * s.head_dim;
-      a.q = GpuLinear::load(ckpt_, s.prefix + ".q_proj", hidden, qw, cap_);
-      a.k = GpuLinear::load(ckpt_, s.prefix + ".k_proj", hidden, kvw, cap_);
-      a.v = GpuLinear::load(ckpt_, s.prefix + ".v_proj", hidden, kvw, cap_);
-      a.o = GpuLinear::load(ckpt_, s.prefix + ".o_proj", qw, hidden, cap_);
+      a.q = load_linear(s.prefix + ".q_proj", hidden, qw);
+      a.k = load_linear(s.prefix + ".k_proj", hidden, kvw);
+      a.v = load_linear(s.prefix + ".v_proj", hidden, kvw);
+      a.o = load_linear(s.prefix + ".o_proj", qw, hidden);
     }
     const int64_t qw = a.spec.num_heads * s.head_dim, kvw = a.spec.num_kv_heads * s.head_dim;
     for (const GpuLinear* l : {&a.q, &a.k, &a.v, &a.o}) track(*l);
@@ -357,9 +362,8 @@ class CudaEngine final : public PagedEngine {
 
   DenseMlpGpu load_dense_mlp(const std::string& prefix, int64_t inter) {
     const int64_t hidden = spec_.hidden_size;
-    DenseMlpGpu m{GpuLinear::load(ckpt_, prefix + ".gate_proj", hidden, inter, cap_),
-                  GpuLinear::load(ckpt_, prefix + ".up_proj", hidden, inter, cap_),
-                  GpuLinear::load(ckpt_, prefix + ".down_proj", inter, hidden, cap_), inter};
+    DenseMlpGpu m{load_linear(prefix + ".gate_proj", hidden, inter), load_linear(prefix + ".up_proj", hidden, inter),
+                  load_linear(prefix + ".down_proj", inter, hidden), inter};
     for (const GpuLinear* l : {&m.gate, &m.up, &m.down}) track(*l);
     widest_inter_ = std::max(widest_inter_, inter);
     return m;
@@ -418,6 +422,14 @@ class CudaEngine final : public PagedEngine {
     widest_topk_ = std::max<int64_t>(widest_topk_, s.top_k);
     if (s.shared) m.shared = p ? load_dense_mlp(*p->shared) : load_dense_mlp(s.shared->prefix, s.shared->intermediate);
     return m;
+  }
+
+  // A linear with its MXFP8 overlay decision from the plan the CPU engine builds, so both engines
+  // overlay the same linears (dense and shared-expert MLPs, attention; lm_head is always kept).
+  GpuLinear load_linear(const std::string& prefix, int64_t in, int64_t out) {
+    OverlayDecision d = overlay_plan_.decision(prefix);
+    if (!opts_.overlay.any()) d.reason.clear();  // nothing to report as "kept" without a policy
+    return GpuLinear::load(ckpt_, prefix, in, out, cap_, false, d, &overlay_report_);
   }
 
   void track(const GpuLinear& l) {
@@ -725,6 +737,8 @@ class CudaEngine final : public PagedEngine {
   int32_t* meta_host_ = nullptr;
   float* logits_host_ = nullptr;
   std::map<int64_t, cudaGraphExec_t> graphs_;
+  OverlayPlan overlay_plan_;
+  OverlayReport overlay_report_;
 };
 
 }  // namespace

@@ -25,11 +25,11 @@ Device parse_device(std::string_view name) {
 std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions& opts) {
   ModelSpec spec = describe_model(ckpt);
   if (opts.tp < 1) fail("tensor parallel: --tp {} must be at least 1", opts.tp);
-  if (opts.overlay.any() && (opts.device == Device::kCuda || opts.tp > 1)) {
-    fail("--overlay (MXFP8) runs on the single-rank CPU runtime so far; the CUDA engine and tensor parallelism "
-         "load unquantized linears as BF16 (hint: drop --overlay, or use --device cpu --tp 1)");
-  }
   const bool tp_engine = opts.tp > 1 || opts.force_tp_engine;
+  if (opts.overlay.any() && tp_engine) {
+    fail("--overlay (MXFP8) runs on single-rank engines so far; tensor parallelism loads unquantized linears as "
+         "BF16 (hint: drop --overlay, or use --tp 1)");
+  }
   if (opts.device == Device::kCuda) {
 #if defined(EXL3_HAVE_CUDA)
     if (tp_engine) {

@@ -6,13 +6,22 @@
 #include <algorithm>
 
 #include "cuda_buffers.hpp"
+#include "exl3/cuda/model_ops.hpp"
 #include "exl3/error.hpp"
+#include "exl3/mxfp8/weight.hpp"
 #include "exl3/runtime/linear.hpp"
 
 namespace exl3::runtime {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
 
 GpuLinear GpuLinear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out, int64_t cap,
-                          bool fp32_weights) {
+                          bool fp32_weights, const OverlayDecision& overlay, OverlayReport* report) {
   GpuLinear l;
   l.in_ = in;
   l.out_ = out;
@@ -22,6 +31,10 @@ GpuLinear GpuLinear::load(const Checkpoint& ckpt, const std::string& prefix, int
         info->out_features - out >= 128) {
       fail("{}: EXL3 linear '{}' is {} -> {}, expected {} -> {} from config.json", ckpt.path().string(), prefix,
            info->in_features, info->out_features, in, out);
+    }
+    if (overlay.action == OverlayAction::kMxfp8) {
+      fail("{}: linear '{}' is EXL3; the MXFP8 overlay applies to unquantized linears only", ckpt.path().string(),
+           prefix);
     }
     const Exl3LinearData data = Exl3LinearData::load(ckpt, prefix);
     cuda::LinearOptions lo;
@@ -36,9 +49,21 @@ GpuLinear GpuLinear::load(const Checkpoint& ckpt, const std::string& prefix, int
     fail("{}: linear '{}' is missing (neither EXL3 '{}.trellis' nor unquantized '{}.weight')", ckpt.path().string(),
          prefix, prefix, prefix);
   }
-  (void)DenseMatrix::load(ckpt.store(), prefix + ".weight", out, in);  // validates dtype and shape
+  // The CPU engine's loader validates dtype and shape, reads stored MXFP8, applies the overlay
+  // decision with the one MXFP8 codec and fills the report; only the upload differs here.
+  const Linear host = Linear::load(ckpt, prefix, in, out, overlay, report);
   std::vector<float> bias;
   if (ckpt.store().contains(prefix + ".bias")) bias = load_vector(ckpt.store(), prefix + ".bias", out);
+  if (const mxfp8::Weight* w = host.mxfp8_weight()) {
+    cuda::Mxfp8Options mo;
+    mo.max_m = cap;
+    l.mx_ = std::make_unique<cuda::Mxfp8LinearCuda>(*w, bias, mo);
+    l.mx_x_bytes_ = align_up(static_cast<size_t>(cap * in) * 2);
+    l.stored_in_ = in;
+    l.stored_out_ = out;
+    l.bytes_ = l.mx_->weight_bytes() + bias.size() * 4;
+    return l;
+  }
   return dense(ckpt.store(), prefix + ".weight", bias, cap, fp32_weights);
 }
 
@@ -108,10 +133,22 @@ GpuLinear GpuLinear::from_rank(const RankLinear& r, const std::string& name, int
   return l;
 }
 
-size_t GpuLinear::workspace_bytes() const { return exl3_ ? exl3_->workspace_bytes() : dense_->workspace_bytes(); }
+size_t GpuLinear::workspace_bytes() const {
+  if (mx_) return mx_x_bytes_ + mx_->workspace_bytes();
+  return exl3_ ? exl3_->workspace_bytes() : dense_->workspace_bytes();
+}
 
 void GpuLinear::run(const float* x, float* y, int64_t m, void* ws, size_t ws_size, const Pads& pads,
                     cudaStream_t stream) const {
+  if (mx_) {
+    if (m < 1 || m > mx_->options().max_m || ws == nullptr || ws_size < mx_x_bytes_) {
+      check(cudaErrorInvalidValue, fmt::format("{} ({} rows, {} workspace bytes)", name_, m, ws_size));
+    }
+    auto* xb = static_cast<char*>(ws);
+    check(cuda::convert_rows(x, in_, xb, cuda::DType::kBF16, in_, m, in_, stream), name_ + " (BF16 input)");
+    check(mx_->run(xb, y, cuda::DType::kF32, m, xb + mx_x_bytes_, ws_size - mx_x_bytes_, stream), name_);
+    return;
+  }
   if (dense_) {
     check(dense_->run(x, y, m, ws, ws_size, stream), name_);
     return;

@@ -1,5 +1,6 @@
 // One linear layer on the GPU behind one interface (internal to the CUDA runtime): EXL3 through
-// Exl3LinearCuda, unquantized through cuBLAS (DenseLinearCuda), from a checkpoint or from one
+// Exl3LinearCuda, unquantized through cuBLAS (DenseLinearCuda), MXFP8 (stored in the checkpoint
+// or converted at load by the overlay) through Mxfp8LinearCuda, from a checkpoint or from one
 // tensor-parallel rank's slice (tp_linear.hpp).
 //
 // An EXL3 linear's stored dims may be padded past the model's (and a rank's k/v slice may cover
@@ -18,7 +19,9 @@
 
 #include "exl3/cuda/dense_linear.hpp"
 #include "exl3/cuda/linear.hpp"
+#include "exl3/cuda/mxfp8.hpp"
 #include "exl3/format/checkpoint.hpp"
+#include "exl3/runtime/overlay.hpp"
 #include "exl3/runtime/tp_linear.hpp"
 #include "exl3/runtime/tp_plan.hpp"
 
@@ -31,10 +34,14 @@ class GpuLinear {
     float* out = nullptr;  // [cap, max stored out]
   };
 
-  // `<prefix>` of the checkpoint (EXL3 or `.weight` [+ `.bias`]) as config.json's in -> out.
-  // fp32_weights keeps an unquantized weight in fp32 (routers). cap: the most rows run() gets.
+  // `<prefix>` of the checkpoint (EXL3, stored MXFP8 `.weight` + `.weight_scale`, or `.weight`)
+  // [+ `.bias`] as config.json's in -> out. fp32_weights keeps an unquantized weight in fp32
+  // (routers). cap: the most rows run() gets. Non-EXL3 linears go through the CPU engine's
+  // Linear::load with `overlay` and `report`, so both engines check, convert (same MXFP8 codec)
+  // and report exactly alike; an MXFP8 result is uploaded as Mxfp8LinearCuda.
   static GpuLinear load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out, int64_t cap,
-                        bool fp32_weights = false);
+                        bool fp32_weights = false, const OverlayDecision& overlay = {},
+                        OverlayReport* report = nullptr);
   // An unquantized [out, in] matrix tensor (also the tied embedding as the head); `rows`, when
   // not empty, keeps only those output rows (a rank's vocabulary).
   static GpuLinear dense(const TensorStore& store, const std::string& tensor, const std::vector<float>& bias,
@@ -49,6 +56,8 @@ class GpuLinear {
   int64_t out() const { return out_; }
   int64_t stored_in() const { return stored_in_; }
   int64_t stored_out() const { return stored_out_; }
+  bool is_mxfp8() const { return mx_ != nullptr; }
+  // Weight (+ bias) bytes on the device.
   size_t device_bytes() const { return bytes_; }
   size_t workspace_bytes() const;
 
@@ -61,6 +70,10 @@ class GpuLinear {
   size_t bytes_ = 0;
   std::unique_ptr<cuda::Exl3LinearCuda> exl3_;
   std::unique_ptr<cuda::DenseLinearCuda> dense_;
+  // MXFP8: the kernels take BF16 activations, so run() first rounds x into the front of the
+  // workspace (mx_x_bytes_, sized for cap rows), as DenseLinearCuda does for BF16 weights.
+  std::unique_ptr<cuda::Mxfp8LinearCuda> mx_;
+  size_t mx_x_bytes_ = 0;
 };
 
 }  // namespace exl3::runtime

@@ -26,6 +26,7 @@
 #include "exl3/format/synthetic_hf.hpp"
 #include "exl3/quant/convert.hpp"
 #include "exl3/trellis/half.hpp"
+#include "convert_test_util.hpp"
 #include "quant_test_mode.hpp"
 #include "test_support.hpp"
 
@@ -36,15 +37,8 @@ namespace q = exl3::quant;
 namespace tr = exl3::trellis;
 using exl3::test::TempDir;
 
-// Expects fn() to throw exl3::Error whose message contains every one of `parts`.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no exl3::Error thrown; expected one mentioning '" << parts.front() << "'";
-  } catch (const exl3::Error& e) {
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-  }
-}
+using exl3::test::expect_error;
+using exl3::test::rewrite_model;
 
 // The smallest Qwen3-MoE that has every kind of tensor: one layer, two experts, k/v narrower
 // than 128 (padding), vocab 256.
@@ -73,23 +67,6 @@ q::ConvertOptions fast_options(double bits, uint64_t seed) {
 }
 
 std::string read_bytes(const fs::path& p) { return exl3::test::read_file(p); }
-
-// Rewrites dir/model.safetensors through `edit` (return false to drop a tensor).
-using Edit = std::function<bool(const std::string&, exl3::DType&, std::vector<int64_t>&, std::vector<std::byte>&)>;
-void rewrite_model(const fs::path& dir, const Edit& edit) {
-  exl3::SafetensorsWriter w;
-  {
-    const auto store = exl3::TensorStore::open(dir);
-    for (const auto& name : store.names()) {
-      const auto& ref = store.at(name);
-      exl3::DType dt = ref.info->dtype;
-      std::vector<int64_t> shape = ref.info->shape;
-      std::vector<std::byte> data(ref.bytes().begin(), ref.bytes().end());
-      if (edit(name, dt, shape, data)) w.add(name, dt, shape, std::span<const std::byte>(data));
-    }
-  }
-  w.write(dir / "model.safetensors");
-}
 
 void edit_config(const fs::path& dir, const std::function<void(nlohmann::json&)>& f) {
   auto j = nlohmann::json::parse(read_bytes(dir / "config.json"));

@@ -117,6 +117,48 @@ TEST(EvalCli, BadInputsFailClearly) {
   EXPECT_NE(r.code, 0);  // CLI11 range check
 }
 
+// --overlay converts the model, never the reference: the same folder on both sides gives the
+// overlay's KL, which equals (bit-identical logits) the KL of the stored-MXFP8 checkpoint that
+// `quantize --dense-format mxfp8` writes; without the overlay the KL is 0.
+TEST(EvalCli, OverlayKlAgainstTheSameModel) {
+  exl3::test::TempDir tmp;
+  const auto a = dense_model(tmp, "a", exl3::test::test_seed());
+  const std::string common = "--text builtin --context 64 --max-tokens 300 --json -q";
+  auto eval = [&](const std::string& args) {
+    const auto r = run_cli(fmt::format("eval {} {}", args, common), "", false);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r.code == 0 ? json::parse(r.out) : json();
+  };
+  const auto ov = eval(fmt::format("{} --reference {} --overlay linear=mxfp8", q(a), q(a)));
+  ASSERT_TRUE(ov.contains("overlay")) << ov.dump();
+  EXPECT_EQ(ov["overlay"]["layers"].size(), 14u);  // 2 layers x (4 attention + 3 MLP)
+  EXPECT_GT(ov["overlay"]["saved_bytes"].get<uint64_t>(), 0u);
+  const double kl = ov["reference"]["kl"].get<double>();
+  EXPECT_GT(kl, 0.0);
+  EXPECT_LT(kl, 0.1);
+  EXPECT_NE(ov["perplexity"].get<double>(), ov["reference"]["perplexity"].get<double>());
+
+  const auto same = eval(fmt::format("{} --reference {}", q(a), q(a)));
+  EXPECT_EQ(same["reference"]["kl"].get<double>(), 0.0);
+  EXPECT_FALSE(same.contains("overlay"));
+  const auto ignored = eval(fmt::format("{} --reference {} --overlay linear=mxfp8 --overlay-ignore 're:.*'", q(a), q(a)));
+  EXPECT_EQ(ignored["reference"]["kl"].get<double>(), 0.0);
+  EXPECT_EQ(ignored["overlay"]["layers"].size(), 0u);
+
+  ASSERT_EQ(run_cli(fmt::format("quantize {} {} --bits 4 --head-bits 16 --dense-format mxfp8", q(a), q(tmp / "mx"))).code,
+            0);
+  const auto stored = eval(fmt::format("{} --reference {}", q(tmp / "mx"), q(a)));
+  EXPECT_EQ(stored["reference"]["kl"].get<double>(), kl);
+  EXPECT_EQ(stored["perplexity"].get<double>(), ov["perplexity"].get<double>());
+
+  const auto t = run_cli(fmt::format("eval {} --text builtin -r {} -c 64 -n 200 -q --overlay linear=mxfp8", q(a), q(a)));
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_THAT(t.out, HasSubstr("overlay    14 linears as MXFP8"));
+  const auto bad = run_cli(fmt::format("eval {} --text builtin --overlay linear=fp8", q(a)));
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_THAT(bad.out, HasSubstr("'linear' = 'fp8' is not a weight format"));
+}
+
 // The demo's model: `sample-hf --init-std` writes what the library writes with that init_std.
 TEST(EvalCli, SampleHfInitStdIsTheLibrarys) {
   exl3::test::TempDir tmp;

@@ -109,6 +109,54 @@ TEST(QuantizeCli, RejectsBadOptions) {
   EXPECT_NE(run_cli(fmt::format("sample-hf {} --arch gpt2", q(tmp / "x"))).code, 0);
 }
 
+// --dense-format mxfp8 with the head kept: no EXL3 at all (fast). The per-layer table, the JSON
+// a script reads, and the checkpoint loading with no --overlay; bad values fail before any work.
+TEST(QuantizeCli, DenseFormatMxfp8) {
+  exl3::test::TempDir tmp;
+  ASSERT_EQ(run_cli(tiny_qwen2_args(tmp / "hf")).code, 0);
+  const std::string io = q(tmp / "hf") + " " + q(tmp / "out");
+  const auto r = run_cli(fmt::format("quantize {} --bits 4 --head-bits 16 --dense-format mxfp8 --dense-ignore k_proj "
+                                     "--dense-ignore v_proj --dense-ignore q_proj",
+                                     io),
+                         "", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("model.layers.0.mlp.down_proj"));
+  EXPECT_THAT(r.out, HasSubstr("dense linears (mxfp8): 4 as MXFP8, 3 unquantized"));
+  const auto j = nlohmann::json::parse(
+      run_cli(fmt::format("quantize {} --bits 4 --head-bits 16 --dense-format mxfp8 --dense-ignore k_proj "
+                          "--dense-ignore v_proj --dense-ignore q_proj --json",
+                          io),
+              "", false)
+          .out);
+  EXPECT_TRUE(j["already_complete"].get<bool>());
+  const auto fresh = run_cli(fmt::format("quantize {} {} --bits 4 --head-bits 16 --dense-format mxfp8 --json",
+                                         q(tmp / "hf"), q(tmp / "out2")),
+                             "", false);
+  ASSERT_EQ(fresh.code, 0) << fresh.out;
+  const auto k = nlohmann::json::parse(fresh.out);
+  EXPECT_EQ(k["dense_format"], "mxfp8");
+  EXPECT_EQ(k["dense_linears"], 7);
+  EXPECT_EQ(k["quantized"], 0);
+  ASSERT_EQ(k["mxfp8"]["layers"].size(), 7u);
+  for (const auto& l : k["mxfp8"]["layers"]) {
+    EXPECT_GT(l["rel_l2"].get<double>(), 0.005) << l.dump();
+    EXPECT_LT(l["rel_l2"].get<double>(), 0.05) << l.dump();
+  }
+  EXPECT_GT(k["mxfp8"]["saved_bytes"].get<uint64_t>(), 0u);
+  const auto logits = run_cli(fmt::format("logits {} --tokens 1,2,3 --out {} --json", q(tmp / "out2"), q(tmp / "l.st")),
+                              "", false);
+  ASSERT_EQ(logits.code, 0) << logits.out;
+  EXPECT_EQ(nlohmann::json::parse(logits.out)["overlay"]["layers"].size(), 7u);  // loaded as stored MXFP8
+
+  for (const char* bad : {"--dense-format fp8", "--dense-format bf16 --dense-ignore o_proj",
+                          "--dense-format mxfp8 --dense-ignore 're:['"}) {
+    const auto b = run_cli(fmt::format("quantize {} {} --bits 4 {}", q(tmp / "hf"), q(tmp / "bad"), bad));
+    EXPECT_NE(b.code, 0) << bad;
+    EXPECT_THAT(b.out, HasSubstr("dense")) << bad;
+    EXPECT_FALSE(std::filesystem::exists(tmp / "bad" / "config.json")) << bad;
+  }
+}
+
 // --calibration builtin through the binary: per-layer progress, the calibration set recorded in
 // quantization_config; a missing calibration file is named.
 TEST(QuantizeCli, CalibratedBuiltinAndMissingFile) {

@@ -85,6 +85,8 @@ struct EvalResult {
   double nll = 0.0;         // mean negative log-likelihood, nats per token
   double perplexity = 0.0;  // exp(nll)
   std::optional<EvalReferenceStats> reference;
+  // What the MXFP8 overlay converted in the model (EvalModels::overlay; empty without one).
+  runtime::OverlayReport overlay;
   double seconds = 0.0;     // the whole evaluation (both models)
   double model_seconds = 0.0;      // forward passes of the model
   double reference_seconds = 0.0;  // forward passes of the reference
@@ -118,6 +120,8 @@ struct EvalModels {
   std::filesystem::path model;                    // folder with config.json, weights, tokenizer.json
   std::optional<std::filesystem::path> reference;  // its tokenizer.json, when present, must match
   runtime::Device device = runtime::Device::kCpu;
+  // Applied to the model only, so `--reference` the same folder measures KL(BF16 || MXFP8).
+  runtime::OverlayPolicy overlay;
 };
 
 // Tokenizes `text` with the model's tokenizer, loads both models on `device` with KV room for

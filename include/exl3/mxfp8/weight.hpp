@@ -1,6 +1,7 @@
 // MXFP8 weights on the host: conversion from F32/F16/BF16 [out, in] matrices, the CPU reference
 // dequant and matmul (what the CUDA kernels are tested against), the error of a conversion, and
-// the checkpoint form written by `exl3 quantize --dense-format mxfp8`.
+// the checkpoint form written by `exl3 quantize --dense-format mxfp8` (src/quant/dense_format.cpp,
+// with this codec: a stored linear equals the runtime overlay of its BF16 source bit for bit).
 //
 // Checkpoint tensors of one overlaid linear `<prefix>` (docs/mxfp8.md):
 //   <prefix>.weight        F8_E4M3 [out, in]       E4M3 codes (U8 is accepted on read)

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -42,15 +43,31 @@ inline constexpr int kHeadBitsUnquantized = 16;
 // The architectures (config.json architectures[0]) the converter knows how to map.
 const std::vector<std::string>& supported_architectures();
 
+// How the dense linears -- attention, dense MLPs and shared experts, the ones the MXFP8 overlay
+// governs (exl3/runtime/overlay.hpp) -- are written (`exl3 quantize --dense-format`):
+//   kExl3  : trellis-quantized within the bit budget, like every decoder linear (the default,
+//            exllamav3's layout);
+//   kBf16  : kept unquantized, as in the source (F32/F64 sources rounded to BF16);
+//   kMxfp8 : those the overlay policy linear=mxfp8,shared_experts=mxfp8 (minus
+//            ConvertOptions::dense_ignore) would convert are stored as MXFP8 (`.weight` E4M3 +
+//            `.weight_scale`, exl3/mxfp8/weight.hpp) with the runtime's codec, so the checkpoint
+//            loads with no --overlay to what `--overlay` computes on the kBf16 checkpoint; the
+//            others (ignored, input width not a multiple of 32) stay unquantized as with kBf16.
+// Non-EXL3 dense linears leave the bit budget (--bits covers the routed experts, or nothing).
+enum class DenseFormat : uint8_t { kExl3, kBf16, kMxfp8 };
+std::string_view dense_format_name(DenseFormat f);  // "exl3" | "bf16" | "mxfp8"
+std::optional<DenseFormat> parse_dense_format(std::string_view s);
+
 enum class LinearRole : uint8_t {
   kDecoder,  // a linear of model.layers.N (N < num_hidden_layers): in the bit budget
   kHead,     // lm_head: head_bits, outside the budget
   kMtp,      // a linear of a layer >= num_hidden_layers (GLM-4.5 next-token layers): kMtpBits
 };
 
-// One output module: an EXL3 linear, or one tensor copied through unquantized.
+// One output module: an EXL3 linear, a dense linear in its DenseFormat (bf16 / mxfp8), or one
+// tensor copied through unquantized.
 struct PlanItem {
-  enum class Kind : uint8_t { kExl3Linear, kPlain };
+  enum class Kind : uint8_t { kExl3Linear, kPlain, kDenseLinear };
   Kind kind = Kind::kPlain;
   std::string name;    // linear: output prefix ("model.layers.3.self_attn.q_proj"); plain: tensor name
   std::string source;  // source tensor: HF weight [out, in] for a linear
@@ -63,6 +80,9 @@ struct PlanItem {
   int64_t in_features = 0;       // unpadded
   int64_t out_features = 0;
   int bits = 0;                  // K, set by the allocation
+
+  // dense linears (weight + optional bias as `source` / `bias`): kBf16 or kMxfp8
+  DenseFormat dense_format = DenseFormat::kBf16;
 
   // plain tensors
   DType out_dtype = DType::kF16;  // stored dtype (bf16/fp16 kept, fp32/fp64 -> fp16, routers fp16)
@@ -80,10 +100,19 @@ struct ConversionPlan {
 };
 
 // Maps every source tensor, validates the model's structure (every layer complete, no fused or
-// oddly shaped linears, supported architecture) and allocates bits. Throws exl3::Error naming the
-// folder / tensor at fault.
+// oddly shaped linears, supported architecture) and allocates bits. Linears whose prefix `dense`
+// lists become kDenseLinear items in that format (outside the bit budget). Throws exl3::Error
+// naming the folder / tensor at fault.
 ConversionPlan plan_conversion(const ModelConfig& config, const TensorStore& store, double bits,
-                               int head_bits);
+                               int head_bits, const std::map<std::string, DenseFormat>& dense = {});
+
+// The format of every dense linear of the Hugging Face model in `in_dir` under `format` (empty
+// for kExl3): the MXFP8 overlay's plan (runtime::OverlayPlan, the decision function the engines
+// use) with policy linear=mxfp8,shared_experts=mxfp8 and `ignore`, its converted linears kMxfp8,
+// the rest kBf16. Throws exl3::Error for invalid ignore entries, fused groups that would disagree
+// (an ignore entry hitting k_proj alone), or ignore entries without kMxfp8.
+std::map<std::string, DenseFormat> plan_dense_formats(const std::filesystem::path& in_dir, DenseFormat format,
+                                                      const std::vector<std::string>& ignore);
 
 // ---- bit allocation (spec 5.6) ---------------------------------------------------------------
 
@@ -123,6 +152,8 @@ struct ProgressEvent {
   int64_t total = 0;
   std::string name;
   bool quantized = false;  // kTensor: an EXL3 linear (else copied through)
+  bool mxfp8 = false;      // kTensor: a dense linear written as MXFP8 (rel_l2: its error)
+  double rel_l2 = 0.0;
   bool resumed = false;    // kTensor: done by an earlier run
   int bits = 0;
   double proxy_err = 0.0;
@@ -149,6 +180,8 @@ struct ConvertOptions {
   uint64_t seed = 0;            // per-tensor seeds derive from this and the tensor name
   int threads = 0;              // 0 = the caller's TBB arena
   Device device = Device::kCpu;  // tile encoder: CPU (reference) or CUDA (same states, ~300x faster)
+  DenseFormat dense_format = DenseFormat::kExl3;  // attention / dense-MLP / shared-expert linears
+  std::vector<std::string> dense_ignore;  // kMxfp8: overlay ignore entries (prefix, last name, re:REGEX)
   uint64_t shard_size_bytes = 8192ull << 20;
   bool overwrite = false;       // replace a different finished model / discard a foreign partial run
   double g_scale = 0.0;         // > 0: fixed global scale instead of the per-tensor search (faster)
@@ -165,6 +198,12 @@ struct TensorReport {
   int bits = 0;             // K (quantized) or 0
   double proxy_err = 0.0;
   double seconds = 0.0;
+  // MXFP8 dense linears: the conversion's error against the source weight and the bytes.
+  bool mxfp8 = false;
+  double rel_l2 = 0.0;
+  double max_abs = 0.0;
+  uint64_t source_bytes = 0;
+  uint64_t stored_bytes = 0;
 };
 
 struct ConvertResult {
@@ -173,6 +212,8 @@ struct ConvertResult {
   bool already_complete = false;  // OUT_DIR held this very conversion; nothing was done
   int64_t tensors = 0;            // output modules (linears + copied tensors)
   int64_t quantized = 0;          // EXL3 linears
+  int64_t dense_linears = 0;      // linears written as bf16 / mxfp8 (--dense-format)
+  DenseFormat dense_format = DenseFormat::kExl3;
   int64_t resumed = 0;            // modules finished by an earlier, interrupted run
   int64_t converted = 0;          // modules converted by this run
   double bits_target = 0.0;
@@ -184,6 +225,9 @@ struct ConvertResult {
   uint64_t peak_rss_bytes = 0;
   std::vector<TensorReport> reports;  // output order
 
+  // Over the MXFP8 linears: source and stored bytes, and what was saved.
+  uint64_t mxfp8_source_bytes() const;
+  uint64_t mxfp8_bytes() const;
   nlohmann::json to_json() const;
 };
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -73,6 +74,9 @@ class Engine {
     (void)logit_rows;
     return 0.0;
   }
+  // Bytes of model weights resident on the accelerator (CUDA: every uploaded weight and bias,
+  // experts included); nullopt for engines that compute from host memory.
+  virtual std::optional<size_t> device_weight_bytes() const { return std::nullopt; }
 
   virtual SeqId new_sequence() = 0;
   virtual void drop_sequence(SeqId seq) = 0;
