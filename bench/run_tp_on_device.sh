@@ -3,7 +3,8 @@
 # CUDA engine, then Qwen3-30B-A3B-geometry synthetic K4 decode/prefill at TP 1 and TP 2 with the
 # collectives' share. The synthetic model is written on the CPU while the GPU tests run.
 # Needs .devbundle/ (scripts/device_bundle.sh BUILD exl3 <tests>) and .conf/ (conformance folder).
-# Usage: bash bench/run_tp_on_device.sh OUT_DIR [TESTS...]   (at most 8 files come back: logs are merged)
+# Usage: bash bench/run_tp_on_device.sh OUT_DIR [TESTS...]   (at most 8 files come back: logs are merged;
+#   LATE_TESTS="a b" run after the benchmarks)
 set -uo pipefail
 out="$1"; shift
 mkdir -p "$out"
@@ -15,19 +16,25 @@ bin=$PWD/.devbundle/bin
 log="$out/tests.log"
 { nvidia-smi --query-gpu=index,name,clocks.sm,clocks.mem --format=csv; nvidia-smi topo -m; echo "nccl lib: $nccl"; } > "$log" 2>&1
 model=/tmp/q30-k4
-( timeout 300 "$bin/exl3" bench model --synthetic qwen3-30b-a3b --bits 4 --out "$model" --prepare-only > "$out/bench.log" 2>&1 ) &
+( timeout 200 "$bin/exl3" bench model --synthetic qwen3-30b-a3b --bits 4 --out "$model" --prepare-only > "$out/bench.log" 2>&1 ) &
 writer=$!
 for t in "$@"; do
   echo "=== $t" >> "$log"
   start=$(date +%s)
-  timeout 240 "$bin/$t" --gtest_brief=1 >> "$log" 2>&1
+  timeout 100 "$bin/$t" --gtest_brief=1 >> "$log" 2>&1
   echo "$t rc=$? $(( $(date +%s) - start ))s" | tee -a "$log"
 done
 wait $writer
 echo "writer rc=$?" | tee -a "$out/bench.log"
 for tp in 1 2; do
   start=$(date +%s)
-  timeout 200 "$bin/exl3" bench model "$model" --tp $tp --batch 1,8,64 --steps 16 --prefill 2048 \
+  timeout 110 "$bin/exl3" bench model "$model" --tp $tp --batch 1,8,64 --steps 16 --prefill 2048 \
     --json "$out/bench_model_qwen3_30b_a3b_k4_tp$tp.json" >> "$out/bench.log" 2>&1
   echo "bench tp $tp rc=$? $(( $(date +%s) - start ))s" | tee -a "$out/bench.log"
+done
+for t in ${LATE_TESTS:-}; do
+  echo "=== $t" >> "$log"
+  start=$(date +%s)
+  timeout 80 "$bin/$t" --gtest_brief=1 >> "$log" 2>&1
+  echo "$t rc=$? $(( $(date +%s) - start ))s" | tee -a "$log"
 done
