@@ -248,7 +248,7 @@ class CudaEngine final : public PagedEngine {
       } else {
         const auto slices = RankLinear::slice_all(ckpt_, tp_->plan->lm_head);
         const RankLinear& mine = slices[static_cast<size_t>(tp_->rank)];
-        head_ = GpuLinear::from_rank(mine, spec_.lm_head, 0, mine.out_features(), cap_);
+        head_ = GpuLinear::from_rank(mine, spec_.lm_head, 0, mine.out_features(), cap_, stored_dtype(spec_.lm_head));
       }
     } else if (spec_.lm_head_tied) {
       head_ = GpuLinear::dense(store, spec_.embed_tokens, {}, cap_, false);
@@ -264,7 +264,8 @@ class CudaEngine final : public PagedEngine {
              "quantized experts only (hint: quantize the model with `exl3 quantize`, or use --device cpu)",
              ckpt_.path().string());
       }
-      if (layout->tp != tp_size()) {
+      // Plain experts run at any TP (each rank cuts its channels); rank-sliced ones only at theirs.
+      if (layout->tp != 1 && layout->tp != tp_size()) {
         fail("{}: the experts are sliced for TP {}, but the engine runs TP {}; hint: --tp {}", ckpt_.path().string(),
              layout->tp, tp_size(), layout->tp);
       }
@@ -338,10 +339,18 @@ class CudaEngine final : public PagedEngine {
       return std::move(all[r]);
     };
     const RankLinear q = mine(ap.q), k = mine(ap.k), v = mine(ap.v), o = mine(ap.o);
-    a.q = GpuLinear::from_rank(q, ap.q.prefix, 0, hq.count * hd, cap_);
-    a.k = GpuLinear::from_rank(k, ap.k.prefix, hk.begin * hd - ap.k.ranks[r].begin, hk.count * hd, cap_);
-    a.v = GpuLinear::from_rank(v, ap.v.prefix, hk.begin * hd - ap.v.ranks[r].begin, hk.count * hd, cap_);
-    a.o = GpuLinear::from_rank(o, ap.o.prefix, 0, spec_.hidden_size, cap_);
+    a.q = GpuLinear::from_rank(q, ap.q.prefix, 0, hq.count * hd, cap_, stored_dtype(ap.q.prefix));
+    a.k = GpuLinear::from_rank(k, ap.k.prefix, hk.begin * hd - ap.k.ranks[r].begin, hk.count * hd, cap_,
+                               stored_dtype(ap.k.prefix));
+    a.v = GpuLinear::from_rank(v, ap.v.prefix, hk.begin * hd - ap.v.ranks[r].begin, hk.count * hd, cap_,
+                               stored_dtype(ap.v.prefix));
+    a.o = GpuLinear::from_rank(o, ap.o.prefix, 0, spec_.hidden_size, cap_, stored_dtype(ap.o.prefix));
+  }
+
+  // The dtype of an unquantized linear's `.weight` (F32 when absent: EXL3 slices ignore it).
+  exl3::DType stored_dtype(const std::string& prefix) const {
+    const TensorRef* ref = ckpt_.store().find(prefix + ".weight");
+    return ref != nullptr ? ref->info->dtype : exl3::DType::kF32;
   }
 
   DenseMlpGpu load_dense_mlp(const TpMlpPlan& p) {
@@ -353,8 +362,9 @@ class CudaEngine final : public PagedEngine {
       return std::move(all[r]);
     };
     const RankLinear g = mine(gate), u = mine(up), d = mine(down);
-    DenseMlpGpu m{GpuLinear::from_rank(g, gate.prefix, 0, inter, cap_), GpuLinear::from_rank(u, up.prefix, 0, inter, cap_),
-                  GpuLinear::from_rank(d, down.prefix, 0, spec_.hidden_size, cap_), inter};
+    DenseMlpGpu m{GpuLinear::from_rank(g, gate.prefix, 0, inter, cap_, stored_dtype(gate.prefix)),
+                  GpuLinear::from_rank(u, up.prefix, 0, inter, cap_, stored_dtype(up.prefix)),
+                  GpuLinear::from_rank(d, down.prefix, 0, spec_.hidden_size, cap_, stored_dtype(down.prefix)), inter};
     for (const GpuLinear* l : {&m.gate, &m.up, &m.down}) track(*l);
     widest_inter_ = std::max(widest_inter_, inter);
     return m;

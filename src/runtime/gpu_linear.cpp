@@ -10,6 +10,7 @@
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
 #include "exl3/runtime/linear.hpp"
+#include "exl3/trellis/half.hpp"
 
 namespace exl3::runtime {
 namespace {
@@ -95,7 +96,7 @@ GpuLinear GpuLinear::dense(const TensorStore& store, const std::string& tensor, 
 }
 
 GpuLinear GpuLinear::from_rank(const RankLinear& r, const std::string& name, int64_t out_offset, int64_t out,
-                               int64_t cap) {
+                               int64_t cap, exl3::DType stored) {
   GpuLinear l;
   l.name_ = name;
   l.in_ = r.in_features();
@@ -127,8 +128,21 @@ GpuLinear GpuLinear::from_rank(const RankLinear& r, const std::string& name, int
   const auto bias = r.bias();
   l.stored_in_ = l.in_;
   l.stored_out_ = l.out_;
-  l.dense_ = std::make_unique<cuda::DenseLinearCuda>(name, w.data(), cuda::DType::kF32, l.in_, l.out_,
-                                                     bias.empty() ? nullptr : bias.data(), cap, false);
+  // The fp32 slice holds the checkpoint's values exactly; back to their dtype, so cuBLAS runs the
+  // same GEMM as for the unsliced tensor.
+  std::vector<uint16_t> half;
+  const void* host = w.data();
+  cuda::DType t = cuda::DType::kF32;
+  if (stored == exl3::DType::kBF16 || stored == exl3::DType::kF16) {
+    half.resize(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      half[i] = stored == exl3::DType::kBF16 ? trellis::float_to_bf16(w[i]) : trellis::float_to_half(w[i]);
+    }
+    host = half.data();
+    t = stored == exl3::DType::kBF16 ? cuda::DType::kBF16 : cuda::DType::kF16;
+  }
+  l.dense_ = std::make_unique<cuda::DenseLinearCuda>(name, host, t, l.in_, l.out_, bias.empty() ? nullptr : bias.data(),
+                                                     cap, false);
   l.bytes_ = l.dense_->device_bytes();
   return l;
 }

@@ -21,6 +21,7 @@
 #include "exl3/cuda/linear.hpp"
 #include "exl3/cuda/mxfp8.hpp"
 #include "exl3/format/checkpoint.hpp"
+#include "exl3/format/dtype.hpp"
 #include "exl3/runtime/overlay.hpp"
 #include "exl3/runtime/tp_linear.hpp"
 #include "exl3/runtime/tp_plan.hpp"
@@ -49,8 +50,10 @@ class GpuLinear {
   // One rank's slice (not empty: the CUDA TP engine refuses plans that leave a rank without
   // heads or channels). out_offset: the first output column this rank keeps of the slice (k/v
   // slices that cover whole blocks around the rank's heads); out(): `out` columns from there.
+  // An unquantized slice (fp32 on the host) goes up in `stored`, the checkpoint tensor's dtype,
+  // so a rank computes with the same weights as the unsliced engine.
   static GpuLinear from_rank(const RankLinear& r, const std::string& name, int64_t out_offset, int64_t out,
-                             int64_t cap);
+                             int64_t cap, exl3::DType stored = exl3::DType::kF32);
 
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
