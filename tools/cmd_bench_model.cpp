@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -130,6 +132,7 @@ Runner add_bench_model(CLI::App& app, Common&) {
     }
     const auto ckpt = Checkpoint::open(dir);
     runtime::EngineOptions eo;
+    eo.load_progress = runtime::make_load_progress_printer(stderr, ::isatty(2) != 0);
     eo.device = runtime::parse_device(o->device);
     eo.max_batch_tokens = o->max_batch_tokens;
     eo.tp = o->tp;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -111,6 +113,8 @@ Runner add_generate(CLI::App& app, Common&) {
     if (prompt.empty()) fail("--prompt: the prompt encodes to no tokens");
 
     runtime::EngineOptions eo;
+
+    eo.load_progress = runtime::make_load_progress_printer(stderr, ::isatty(2) != 0);
     eo.device = runtime::parse_device(o->device);
     eo.page_size = o->page_size;
     eo.tp = o->tp;

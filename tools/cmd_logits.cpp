@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -85,6 +87,7 @@ Runner add_logits(CLI::App& app, Common&) {
   return [o] {
     const auto ids = parse_token_list(o->tokens);
     runtime::EngineOptions eo;
+    eo.load_progress = runtime::make_load_progress_printer(stderr, ::isatty(2) != 0);
     eo.device = runtime::parse_device(o->device);
     eo.page_size = o->page_size;
     eo.tp = o->tp;

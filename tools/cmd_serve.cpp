@@ -10,6 +10,8 @@
 #include <string>
 #include <thread>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "commands.hpp"
@@ -98,6 +100,7 @@ Runner add_serve(CLI::App& app, Common&) {
     const std::filesystem::path dir(o->model);
     const auto tok = Tokenizer::load(dir);
     runtime::EngineOptions eo;
+    eo.load_progress = runtime::make_load_progress_printer(stderr, ::isatty(2) != 0);
     eo.device = runtime::parse_device(o->device);
     eo.page_size = o->page_size;
     eo.cache_tokens = o->cache_tokens;

@@ -54,10 +54,12 @@ class CpuEngine final : public PagedEngine {
     std::optional<moe::MoeLayout> layout;
     if (spec_.is_moe()) layout = moe::read_moe_layout(ckpt_);
     std::vector<KvLayerShape> kv;
+    LoadProgressReporter progress(opts.load_progress, static_cast<int64_t>(spec_.layers.size()));
     for (const auto& ls : spec_.layers) {
       const bool exl3_experts = layout && layout->has_layer(ls.index);
       layers_.emplace_back(ckpt_, spec_, ls, exl3_experts ? &*layout : nullptr, load);
       kv.push_back(layers_.back().kv_shape());
+      progress.layer_done();
     }
     if (opts.page_size <= 0) fail("engine: page size {} must be positive", opts.page_size);
     if (opts.cache_tokens <= 0) fail("engine: cache size {} tokens must be positive", opts.cache_tokens);

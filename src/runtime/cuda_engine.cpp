@@ -270,6 +270,9 @@ class CudaEngine final : public PagedEngine {
              layout->tp, tp_size(), layout->tp);
       }
     }
+    static const LoadProgressFn kSilent;
+    LoadProgressReporter progress(!tp_ || tp_->rank == 0 ? opts_.load_progress : kSilent,
+                                  static_cast<int64_t>(spec_.layers.size()));
     for (size_t li = 0; li < spec_.layers.size(); ++li) {
       const LayerSpec& ls = spec_.layers[li];
       const TpLayerPlan* lp = tp_ ? &tp_->plan->layers[li] : nullptr;
@@ -288,6 +291,7 @@ class CudaEngine final : public PagedEngine {
         l.mlp = load_moe(m, *layout, ls.index, lp ? &std::get<TpMoePlan>(lp->mlp) : nullptr);
       }
       layers_.push_back(std::move(l));
+      progress.layer_done();
     }
   }
 

@@ -234,6 +234,7 @@ class TpCpuEngine final : public Engine {
     ranks_.resize(static_cast<size_t>(tp));
     for (int r = 0; r < tp; ++r) ranks_[static_cast<size_t>(r)].head.emplace(std::move(heads[static_cast<size_t>(r)]));
     std::vector<std::vector<KvLayerShape>> kv(static_cast<size_t>(tp));
+    LoadProgressReporter progress(opts.load_progress, static_cast<int64_t>(spec_.layers.size()));
     for (size_t l = 0; l < spec_.layers.size(); ++l) {
       const LayerSpec& ls = spec_.layers[l];
       const TpLayerPlan& lp = plan_.layers[l];
@@ -286,6 +287,7 @@ class TpCpuEngine final : public Engine {
         kv[ur].push_back(at.kv_shape());
         ranks_[ur].layers.push_back(std::move(layer));
       }
+      progress.layer_done();
     }
     if (opts.page_size <= 0) fail("engine: page size {} must be positive", opts.page_size);
     if (opts.cache_tokens <= 0) fail("engine: cache size {} tokens must be positive", opts.cache_tokens);

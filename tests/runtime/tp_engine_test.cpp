@@ -339,3 +339,43 @@ TEST(Communicator, MismatchAndAbortNeverHang) {
 
 }  // namespace
 }  // namespace exl3::runtime
+
+namespace exl3::runtime {
+namespace {
+
+// Loading reports one step per decoder layer, on the single-rank and the TP engine; the printer
+// draws a bar on a terminal and stays silent for scripts.
+TEST(LoadProgress, OneReportPerLayerAndABarOnTerminals) {
+  exl3::test::TempDir tmp;
+  const auto dir = tmp / "m";
+  test::write_tp_model(dir, HfArch::kQwen3Moe, exl3::test::test_seed());
+  const auto layers = static_cast<int64_t>(describe_model(Checkpoint::open(dir)).layers.size());
+  for (const int tp : {1, 2}) {
+    std::vector<LoadProgress> seen;
+    EngineOptions o;
+    o.tp = tp;
+    o.cache_tokens = 64;
+    o.load_progress = [&](const LoadProgress& p) { seen.push_back(p); };
+    (void)load_engine(dir, o);
+    ASSERT_EQ(static_cast<int64_t>(seen.size()), layers) << "TP " << tp;
+    for (size_t i = 0; i < seen.size(); ++i) {
+      EXPECT_EQ(seen[i].layers_done, static_cast<int64_t>(i + 1));
+      EXPECT_EQ(seen[i].layers_total, layers);
+      if (i > 0) {
+        EXPECT_GE(seen[i].elapsed, seen[i - 1].elapsed);
+      }
+    }
+  }
+  EXPECT_FALSE(static_cast<bool>(make_load_progress_printer(stderr, false)));
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  make_load_progress_printer(f, true)({2, 2, 1.5});
+  std::rewind(f);
+  char buf[256] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  EXPECT_THAT(std::string(buf, n), HasSubstr("loading layer 2/2"));
+}
+
+}  // namespace
+}  // namespace exl3::runtime

@@ -18,6 +18,7 @@
 
 #include "exl3/runtime/kv_cache.hpp"
 #include "exl3/runtime/model_spec.hpp"
+#include "exl3/runtime/load_progress.hpp"
 #include "exl3/runtime/overlay.hpp"
 
 namespace exl3 {
@@ -48,6 +49,7 @@ struct EngineOptions {
   // collectives: checks that path on one device).
   bool force_tp_engine = false;
   OverlayPolicy overlay;       // MXFP8 overlay of unquantized linears (exl3/runtime/overlay.hpp)
+  LoadProgressFn load_progress;  // called after each decoder layer is loaded (rank 0 of a TP group)
 };
 
 enum class LogitsMode : uint8_t {
