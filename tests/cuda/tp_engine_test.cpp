@@ -64,17 +64,10 @@ void expect_tp_matches(const std::filesystem::path& dir, int tp, const std::vect
   const auto vocab = static_cast<size_t>(eng->spec().vocab_size);
   test::expect_same_argmax(got, want, vocab, what);
   // Prefill 3 tokens, then one token per step (pure decode steps replay captured graphs).
-  const auto seq = eng->new_sequence();
-  auto inc = eng->forward(seq, std::span(ids).first(3));
-  for (size_t t = 3; t < ids.size(); ++t) {
-    const auto row = eng->forward(seq, std::span(ids).subspan(t, 1), LogitsMode::kLast);
-    inc.insert(inc.end(), row.begin(), row.end());
-  }
-  EXPECT_EQ(eng->sequence_length(seq), static_cast<int64_t>(ids.size()));
+  const auto inc = test::prefill_then_decode(*eng, ids, 3);
   const double inc_err = exl3::test::rel_l2(inc, want);
   std::printf("%s CUDA TP %d: incremental decode vs unsliced one pass rel-L2 %.3e\n", what, tp, inc_err);
   EXPECT_LE(inc_err, 1e-3) << what << " TP " << tp << " incremental";
-  eng->drop_sequence(seq);
 }
 
 class CudaTpSlicedEqualsUnsliced : public ::testing::TestWithParam<test::TpArch> {};

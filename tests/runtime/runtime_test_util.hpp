@@ -54,6 +54,22 @@ inline void expect_same_argmax(const std::vector<float>& got, const std::vector<
   }
 }
 
+// A new sequence prefilled with the first `prefill` ids, then one id per step (pure decode steps:
+// the CUDA engine replays graphs): the logits of every position, concatenated. The sequence ends
+// holding all ids and is dropped.
+template <typename EngineT>
+std::vector<float> prefill_then_decode(EngineT& engine, std::span<const int32_t> ids, size_t prefill) {
+  const auto seq = engine.new_sequence();
+  auto out = engine.forward(seq, ids.first(prefill));
+  for (size_t t = prefill; t < ids.size(); ++t) {
+    const auto row = engine.forward(seq, ids.subspan(t, 1), LogitsMode::kLast);
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  EXPECT_EQ(engine.sequence_length(seq), static_cast<int64_t>(ids.size()));
+  engine.drop_sequence(seq);
+  return out;
+}
+
 inline std::filesystem::path tiny_model(const std::filesystem::path& conformance) {
   return conformance / "models" / "tiny-qwen3moe-exl3";
 }

@@ -45,15 +45,8 @@ double expect_tp_matches(const std::filesystem::path& dir, int tp, const std::ve
   std::printf("%s TP %d: sliced vs unsliced logits rel-L2 %.3e\n", what, tp, err);
   EXPECT_LE(err, 1e-5) << what << " TP " << tp;
   // Prefill 3 tokens, then decode one at a time across pages of 4.
-  const auto seq = eng->new_sequence();
-  auto inc = eng->forward(seq, std::span(ids).first(3));
-  for (size_t t = 3; t < ids.size(); ++t) {
-    const auto row = eng->forward(seq, std::span(ids).subspan(t, 1), LogitsMode::kLast);
-    inc.insert(inc.end(), row.begin(), row.end());
-  }
-  EXPECT_EQ(eng->sequence_length(seq), static_cast<int64_t>(ids.size()));
+  const auto inc = test::prefill_then_decode(*eng, ids, 3);
   EXPECT_LE(exl3::test::rel_l2(inc, want), 1e-5) << what << " TP " << tp << " incremental";
-  eng->drop_sequence(seq);
   return err;
 }
 
