@@ -77,7 +77,10 @@ Runner add_eval(CLI::App& app, Common&) {
     models.device = runtime::parse_device(o->device);
     models.overlay = overlay_policy(o->overlay);
     EvalProgressFn progress;
-    if (!o->quiet) progress = make_eval_progress_printer(stderr, ::isatty(2) != 0);
+    if (!o->quiet) {
+      progress = make_eval_progress_printer(stderr, ::isatty(2) != 0);
+      models.load_progress = runtime::make_load_progress_printer(stderr, ::isatty(2) != 0);
+    }
     const std::string label = o->text == kBuiltinTextName ? std::string("builtin text") : o->text;
     const EvalResult r = evaluate_text(models, text, o->eval, progress, label);
 

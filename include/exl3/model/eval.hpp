@@ -122,6 +122,7 @@ struct EvalModels {
   runtime::Device device = runtime::Device::kCpu;
   // Applied to the model only, so `--reference` the same folder measures KL(BF16 || MXFP8).
   runtime::OverlayPolicy overlay;
+  runtime::LoadProgressFn load_progress;  // loading each model (runtime/load_progress.hpp)
 };
 
 // Tokenizes `text` with the model's tokenizer, loads both models on `device` with KV room for
