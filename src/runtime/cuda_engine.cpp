@@ -246,9 +246,7 @@ class CudaEngine final : public PagedEngine {
       if (spec_.lm_head_tied) {
         head_ = GpuLinear::dense(store, spec_.embed_tokens, {}, cap_, false, v);
       } else {
-        const auto slices = RankLinear::slice_all(ckpt_, tp_->plan->lm_head);
-        const RankLinear& mine = slices[static_cast<size_t>(tp_->rank)];
-        head_ = GpuLinear::from_rank(mine, spec_.lm_head, 0, mine.out_features(), cap_, stored_dtype(spec_.lm_head));
+        head_ = rank_linear(tp_->plan->lm_head, 0, tp_->plan->lm_head.ranks[static_cast<size_t>(tp_->rank)].count);
       }
     } else if (spec_.lm_head_tied) {
       head_ = GpuLinear::dense(store, spec_.embed_tokens, {}, cap_, false);
@@ -338,37 +336,26 @@ class CudaEngine final : public PagedEngine {
     }
     a.spec.num_heads = hq.count;
     a.spec.num_kv_heads = hk.count;
-    const auto mine = [&](const TpLinearPlan& p) {
-      auto all = RankLinear::slice_all(ckpt_, p);
-      return std::move(all[r]);
-    };
-    const RankLinear q = mine(ap.q), k = mine(ap.k), v = mine(ap.v), o = mine(ap.o);
-    a.q = GpuLinear::from_rank(q, ap.q.prefix, 0, hq.count * hd, cap_, stored_dtype(ap.q.prefix));
-    a.k = GpuLinear::from_rank(k, ap.k.prefix, hk.begin * hd - ap.k.ranks[r].begin, hk.count * hd, cap_,
-                               stored_dtype(ap.k.prefix));
-    a.v = GpuLinear::from_rank(v, ap.v.prefix, hk.begin * hd - ap.v.ranks[r].begin, hk.count * hd, cap_,
-                               stored_dtype(ap.v.prefix));
-    a.o = GpuLinear::from_rank(o, ap.o.prefix, 0, spec_.hidden_size, cap_, stored_dtype(ap.o.prefix));
+    a.q = rank_linear(ap.q, 0, hq.count * hd);
+    a.k = rank_linear(ap.k, hk.begin * hd - ap.k.ranks[r].begin, hk.count * hd);
+    a.v = rank_linear(ap.v, hk.begin * hd - ap.v.ranks[r].begin, hk.count * hd);
+    a.o = rank_linear(ap.o, 0, spec_.hidden_size);
   }
 
-  // The dtype of an unquantized linear's `.weight` (F32 when absent: EXL3 slices ignore it).
-  exl3::DType stored_dtype(const std::string& prefix) const {
-    const TensorRef* ref = ckpt_.store().find(prefix + ".weight");
-    return ref != nullptr ? ref->info->dtype : exl3::DType::kF32;
+  // This rank's slice of `p` on the GPU (`out` columns from `out_offset`); an unquantized slice
+  // goes up in its checkpoint tensor's dtype.
+  GpuLinear rank_linear(const TpLinearPlan& p, int64_t out_offset, int64_t out) const {
+    const TensorRef* ref = ckpt_.store().find(p.prefix + ".weight");
+    return GpuLinear::from_rank(RankLinear::slice(ckpt_, p, tp_->rank), p.prefix, out_offset, out, cap_,
+                                ref != nullptr ? ref->info->dtype : exl3::DType::kF32);
   }
 
   DenseMlpGpu load_dense_mlp(const TpMlpPlan& p) {
     const auto r = static_cast<size_t>(tp_->rank);
     const auto [gate, up, down] = mlp_linear_plans(ckpt_, p, spec_.hidden_size);
     const int64_t inter = p.ranks[r].count;
-    const auto mine = [&](const TpLinearPlan& lp) {
-      auto all = RankLinear::slice_all(ckpt_, lp);
-      return std::move(all[r]);
-    };
-    const RankLinear g = mine(gate), u = mine(up), d = mine(down);
-    DenseMlpGpu m{GpuLinear::from_rank(g, gate.prefix, 0, inter, cap_, stored_dtype(gate.prefix)),
-                  GpuLinear::from_rank(u, up.prefix, 0, inter, cap_, stored_dtype(up.prefix)),
-                  GpuLinear::from_rank(d, down.prefix, 0, spec_.hidden_size, cap_, stored_dtype(down.prefix)), inter};
+    DenseMlpGpu m{rank_linear(gate, 0, inter), rank_linear(up, 0, inter), rank_linear(down, 0, spec_.hidden_size),
+                  inter};
     for (const GpuLinear* l : {&m.gate, &m.up, &m.down}) track(*l);
     widest_inter_ = std::max(widest_inter_, inter);
     return m;

@@ -38,12 +38,7 @@ GpuLinear GpuLinear::load(const Checkpoint& ckpt, const std::string& prefix, int
            prefix);
     }
     const Exl3LinearData data = Exl3LinearData::load(ckpt, prefix);
-    cuda::LinearOptions lo;
-    lo.max_m = cap;
-    l.exl3_ = std::make_unique<cuda::Exl3LinearCuda>(data, lo);
-    l.stored_in_ = info->in_features;
-    l.stored_out_ = info->out_features;
-    l.bytes_ = data.trellis().size() * 2 + (data.suh().size() + data.svh().size()) * 2;
+    l.upload_exl3(cpu::LinearView::of(data), cap);
     return l;
   }
   if (!ckpt.store().contains(prefix + ".weight")) {
@@ -108,15 +103,7 @@ GpuLinear GpuLinear::from_rank(const RankLinear& r, const std::string& name, int
          name, r.in_features(), r.out_features(), out_offset, out_offset + out);
   }
   if (const Exl3Slice* s = r.exl3()) {
-    const cpu::LinearView& v = s->view;
-    cuda::LinearOptions lo;
-    lo.max_m = cap;
-    l.exl3_ = std::make_unique<cuda::Exl3LinearCuda>(name.c_str(), v.trellis.data(), v.in_features, v.out_features,
-                                                     v.bits, v.codebook, v.suh.data(), v.svh.data(),
-                                                     v.bias.empty() ? nullptr : v.bias.data(), lo);
-    l.stored_in_ = v.in_features;
-    l.stored_out_ = v.out_features;
-    l.bytes_ = v.trellis.size() * 2 + (v.suh.size() + v.svh.size()) * 2;
+    l.upload_exl3(s->view, cap);
     return l;
   }
   const DenseMatrix* d = r.dense();
@@ -145,6 +132,17 @@ GpuLinear GpuLinear::from_rank(const RankLinear& r, const std::string& name, int
                                                      cap, false);
   l.bytes_ = l.dense_->device_bytes();
   return l;
+}
+
+void GpuLinear::upload_exl3(const cpu::LinearView& v, int64_t cap) {
+  cuda::LinearOptions lo;
+  lo.max_m = cap;
+  exl3_ = std::make_unique<cuda::Exl3LinearCuda>(name_.c_str(), v.trellis.data(), v.in_features, v.out_features, v.bits,
+                                                 v.codebook, v.suh.data(), v.svh.data(),
+                                                 v.bias.empty() ? nullptr : v.bias.data(), lo);
+  stored_in_ = v.in_features;
+  stored_out_ = v.out_features;
+  bytes_ = v.trellis.size() * 2 + (v.suh.size() + v.svh.size()) * 2;
 }
 
 size_t GpuLinear::workspace_bytes() const {

@@ -68,6 +68,9 @@ class GpuLinear {
   void run(const float* x, float* y, int64_t m, void* ws, size_t ws_size, const Pads& pads, cudaStream_t stream) const;
 
  private:
+  // The EXL3 linear `v` (stored dims) on the device, as name_.
+  void upload_exl3(const cpu::LinearView& v, int64_t cap);
+
   std::string name_;
   int64_t in_ = 0, out_ = 0, stored_in_ = 0, stored_out_ = 0, out_offset_ = 0;
   size_t bytes_ = 0;

@@ -2,6 +2,7 @@
 #include "exl3/runtime/tp_linear.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "exl3/error.hpp"
 
@@ -122,61 +123,75 @@ moe::MoeLayerWeights slice_moe_layer(const moe::MoeLayerWeights& full, Extent ex
   return w;
 }
 
-std::vector<RankLinear> RankLinear::slice_all(const Checkpoint& ckpt, const TpLinearPlan& plan) {
-  std::vector<RankLinear> out;
-  const bool column = plan.split == TpSplit::kColumn;
+struct RankLinear::Source {
+  std::shared_ptr<const Exl3LinearData> data;  // EXL3
+  std::optional<DenseMatrix> w;                // unquantized [out, in]
+  std::vector<float> bias;                     // unquantized
+};
+
+RankLinear::Source RankLinear::load_source(const Checkpoint& ckpt, const TpLinearPlan& plan) {
+  Source src;
   if (plan.exl3) {
-    auto data = std::make_shared<const Exl3LinearData>(Exl3LinearData::load(ckpt, plan.prefix));
-    const auto full = cpu::LinearView::of(*data);
+    src.data = std::make_shared<const Exl3LinearData>(Exl3LinearData::load(ckpt, plan.prefix));
+    return src;
+  }
+  src.w.emplace(DenseMatrix::load(ckpt.store(), plan.prefix + ".weight", plan.out, plan.in));
+  if (ckpt.store().contains(plan.prefix + ".bias")) src.bias = load_vector(ckpt.store(), plan.prefix + ".bias", plan.out);
+  return src;
+}
+
+RankLinear RankLinear::cut(const Source& src, const TpLinearPlan& plan, size_t r) {
+  const bool column = plan.split == TpSplit::kColumn;
+  const Extent& e = plan.ranks[r];
+  if (src.data) {
+    const auto full = cpu::LinearView::of(*src.data);
     const int64_t stored = column ? full.out_features : full.in_features;
-    for (size_t r = 0; r < plan.ranks.size(); ++r) {
-      const Extent& e = plan.ranks[r];
-      RankLinear l;
-      l.in_ = column ? plan.in : e.count;
-      l.out_ = column ? e.count : plan.out;
-      l.parent_ = data;
-      if (!e.empty()) {
-        const int64_t end = std::min(round_up(e.end(), kTpBlock), stored);
-        l.exl3_ = std::make_shared<const Exl3Slice>(slice_exl3(full, plan.split, e.begin, end, r == 0));
-      } else if (!column && r == 0) {
-        l.bias_ = data->bias();
-      }
-      out.push_back(std::move(l));
-    }
-    return out;
-  }
-  const auto w = DenseMatrix::load(ckpt.store(), plan.prefix + ".weight", plan.out, plan.in);
-  std::vector<float> bias;
-  if (ckpt.store().contains(plan.prefix + ".bias")) bias = load_vector(ckpt.store(), plan.prefix + ".bias", plan.out);
-  if (column) {
-    out = slice_dense(w, plan.ranks);
-    if (!bias.empty()) {
-      for (size_t r = 0; r < out.size(); ++r) {
-        const Extent& e = plan.ranks[r];
-        out[r].bias_.assign(bias.begin() + e.begin, bias.begin() + e.end());
-      }
-    }
-    return out;
-  }
-  std::vector<float> row(static_cast<size_t>(plan.in));
-  for (size_t r = 0; r < plan.ranks.size(); ++r) {
-    const Extent& e = plan.ranks[r];
     RankLinear l;
-    l.in_ = e.count;
-    l.out_ = plan.out;
-    if (r == 0) l.bias_ = bias;
+    l.in_ = column ? plan.in : e.count;
+    l.out_ = column ? e.count : plan.out;
+    l.parent_ = src.data;
     if (!e.empty()) {
-      std::vector<float> v(static_cast<size_t>(plan.out * e.count));
-      for (int64_t o = 0; o < plan.out; ++o) {
-        w.row(o, row.data());
-        std::copy_n(row.begin() + e.begin, e.count, v.begin() + o * e.count);
-      }
-      l.dense_ = std::make_shared<const DenseMatrix>(
-          DenseMatrix::from_f32(std::move(v), plan.out, e.count, fmt::format("{}[:, {}:{}]", w.name(), e.begin, e.end())));
+      const int64_t end = std::min(round_up(e.end(), kTpBlock), stored);
+      l.exl3_ = std::make_shared<const Exl3Slice>(slice_exl3(full, plan.split, e.begin, end, r == 0));
+    } else if (!column && r == 0) {
+      l.bias_ = src.data->bias();
     }
-    out.push_back(std::move(l));
+    return l;
   }
+  const DenseMatrix& w = *src.w;
+  if (column) {
+    RankLinear l = std::move(slice_dense(w, {e}).front());
+    if (!src.bias.empty()) l.bias_.assign(src.bias.begin() + e.begin, src.bias.begin() + e.end());
+    return l;
+  }
+  RankLinear l;
+  l.in_ = e.count;
+  l.out_ = plan.out;
+  if (r == 0) l.bias_ = src.bias;
+  if (!e.empty()) {
+    std::vector<float> row(static_cast<size_t>(plan.in)), v(static_cast<size_t>(plan.out * e.count));
+    for (int64_t o = 0; o < plan.out; ++o) {
+      w.row(o, row.data());
+      std::copy_n(row.begin() + e.begin, e.count, v.begin() + o * e.count);
+    }
+    l.dense_ = std::make_shared<const DenseMatrix>(
+        DenseMatrix::from_f32(std::move(v), plan.out, e.count, fmt::format("{}[:, {}:{}]", w.name(), e.begin, e.end())));
+  }
+  return l;
+}
+
+std::vector<RankLinear> RankLinear::slice_all(const Checkpoint& ckpt, const TpLinearPlan& plan) {
+  const Source src = load_source(ckpt, plan);
+  std::vector<RankLinear> out;
+  for (size_t r = 0; r < plan.ranks.size(); ++r) out.push_back(cut(src, plan, r));
   return out;
+}
+
+RankLinear RankLinear::slice(const Checkpoint& ckpt, const TpLinearPlan& plan, int rank) {
+  if (rank < 0 || static_cast<size_t>(rank) >= plan.ranks.size()) {
+    fail("{}: rank {} is outside the plan's {} ranks", plan.prefix, rank, plan.ranks.size());
+  }
+  return cut(load_source(ckpt, plan), plan, static_cast<size_t>(rank));
 }
 
 std::vector<RankLinear> RankLinear::slice_dense(const DenseMatrix& w, const std::vector<Extent>& ranks) {

@@ -60,6 +60,8 @@ class RankLinear {
  public:
   // Every rank's slice of the linear `plan` names (loaded once, sliced per rank).
   static std::vector<RankLinear> slice_all(const Checkpoint& ckpt, const TpLinearPlan& plan);
+  // Rank `rank`'s slice alone (a device rank that loads only its own part).
+  static RankLinear slice(const Checkpoint& ckpt, const TpLinearPlan& plan, int rank);
   // The column slices of an unquantized matrix [out, in] (the tied embedding as lm_head).
   static std::vector<RankLinear> slice_dense(const DenseMatrix& w, const std::vector<Extent>& ranks);
 
@@ -76,6 +78,10 @@ class RankLinear {
   std::span<const float> bias() const { return bias_; }
 
  private:
+  struct Source;  // the linear's tensors, loaded once for any number of cuts
+  static Source load_source(const Checkpoint& ckpt, const TpLinearPlan& plan);
+  static RankLinear cut(const Source& src, const TpLinearPlan& plan, size_t rank);
+
   int64_t in_ = 0, out_ = 0;
   std::shared_ptr<const Exl3LinearData> parent_;  // keeps the viewed tensors alive
   std::shared_ptr<const Exl3Slice> exl3_;
