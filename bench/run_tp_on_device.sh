@@ -4,7 +4,9 @@
 # collectives' share. The synthetic model is written on the CPU while the GPU tests run.
 # Needs .devbundle/ (scripts/device_bundle.sh BUILD exl3 <tests>) and .conf/ (conformance folder).
 # Usage: bash bench/run_tp_on_device.sh OUT_DIR [TESTS...]   (at most 8 files come back: logs are merged;
-#   LATE_TESTS="a b" run after the benchmarks)
+#   LATE_TESTS="a b" run after the benchmarks; MXFP8_BENCH=1 also runs exl3_bench_mxfp8 after the
+#   tests, while the model is still being written; MXFP8_VARIANTS="ARGS;ARGS" then runs it once per
+#   argument list, text output only, e.g. "--unroll 8 --m 1,8;--split-k 1 --m 1")
 set -uo pipefail
 out="$1"; shift
 mkdir -p "$out"
@@ -24,18 +26,45 @@ for t in "$@"; do
   timeout 100 "$bin/$t" --gtest_brief=1 >> "$log" 2>&1
   echo "$t rc=$? $(( $(date +%s) - start ))s" | tee -a "$log"
 done
+if [ "${MXFP8_BENCH:-0}" = 1 ]; then
+  start=$(date +%s)
+  timeout 150 "$bin/exl3_bench_mxfp8" --json "$out/mxfp8.json" > "$out/mxfp8.log" 2>&1
+  echo "exl3_bench_mxfp8 rc=$? $(( $(date +%s) - start ))s" | tee -a "$log"
+  IFS=';' read -r -a variants <<< "${MXFP8_VARIANTS:-}"
+  for i in "${!variants[@]}"; do
+    start=$(date +%s)
+    # shellcheck disable=SC2086  # the variant is a list of arguments
+    timeout 120 "$bin/exl3_bench_mxfp8" ${variants[$i]} > "$out/mxfp8_variant$i.txt" 2>&1
+    echo "exl3_bench_mxfp8 ${variants[$i]} rc=$? $(( $(date +%s) - start ))s" | tee -a "$log"
+  done
+fi
 wait $writer
 echo "writer rc=$?" | tee -a "$out/bench.log"
 # The first run (2026-11-29) spent its 110 s benchmark steps loading: read the file once, timed,
 # so the page cache holds it and the load time is known.
-start=$(date +%s.%N)
+start=$(date +%s%N)
 cat "$model"/*.safetensors > /dev/null
-echo "read $(du -sh "$model" | cut -f1) in $(echo "$(date +%s.%N) - $start" | bc) s" | tee -a "$out/bench.log"
+echo "read $(du -sh "$model" | cut -f1) in $(( ($(date +%s%N) - start) / 1000000 )) ms" | tee -a "$out/bench.log"
+# A watchdog samples the benchmark every 15 s (state, CPU, wait channel, GPU use), so a slow or
+# stuck step shows where its time goes.
+watch_pid() {
+  while kill -0 "$1" 2>/dev/null; do
+    sleep 15
+    { echo "[watch $(date +%T)] $(ps -o stat=,pcpu=,rss=,etime=,wchan:24= -p "$1" 2>/dev/null)";
+      nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader 2>/dev/null; } >> "$out/bench.log"
+  done
+}
+# TP_REPEATS=N alternates TP 1 and TP 2 N times (run-to-run spread; the JSON keeps the last).
+for rep in $(seq 1 "${TP_REPEATS:-1}"); do
 for tp in 1 2; do
   start=$(date +%s)
   timeout ${BENCH_SECONDS:-240} "$bin/exl3" bench model "$model" --tp $tp --batch 1,8,64 --steps 16 --prefill 2048 \
-    --json "$out/bench_model_qwen3_30b_a3b_k4_tp$tp.json" >> "$out/bench.log" 2>&1
-  echo "bench tp $tp rc=$? $(( $(date +%s) - start ))s" | tee -a "$out/bench.log"
+    --json "$out/bench_model_qwen3_30b_a3b_k4_tp$tp.json" >> "$out/bench.log" 2>&1 &
+  pid=$!
+  watch_pid $pid &
+  wait $pid
+  echo "bench tp $tp (repeat $rep) rc=$? $(( $(date +%s) - start ))s" | tee -a "$out/bench.log"
+done
 done
 for t in ${LATE_TESTS:-}; do
   echo "=== $t" >> "$log"

@@ -3,6 +3,7 @@
 // the same run) beside each figure. --synthetic writes a model of a known geometry with random
 // valid trellis bits first (speed only: the weights are noise).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -147,7 +148,10 @@ Runner add_bench_model(CLI::App& app, Common&) {
                           : std::max(biggest * (o->bench.context + o->bench.decode_steps + 2) + 64 * biggest,
                                      o->bench.prefill_tokens + 64);
     std::fprintf(stderr, "loading %s on %s ...\n", dir.string().c_str(), o->device.c_str());
+    const auto load_start = std::chrono::steady_clock::now();
     auto engine = runtime::load_engine(ckpt, eo);
+    const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+    std::fprintf(stderr, "loaded in %.1f s\n", load_seconds);
     const uint64_t active = runtime::active_weight_bytes_per_token(ckpt, engine->spec());
     double copy_gbs = 0.0;
     std::string device_name = "cpu";
@@ -202,6 +206,7 @@ Runner add_bench_model(CLI::App& app, Common&) {
           {"ceiling_tokens_per_second", ceiling},
           {"context", o->bench.context},
           {"tp", o->tp},
+          {"load_seconds", load_seconds},
           {"decode", decode},
           {"prefill", {{"tokens", res.prefill_tokens},
                        {"ms", 1e3 * res.prefill_seconds},

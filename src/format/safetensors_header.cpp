@@ -64,31 +64,55 @@ std::string printable(std::string_view s) {
   return out;
 }
 
-// Parses the JSON text, rejecting duplicate keys in any object (the JSON library would silently
-// keep the last one, and two entries for one tensor name are ambiguous).
-json parse_json_strict(std::string_view text, const std::string& label) {
-  std::vector<std::set<std::string>> open_objects;
+// A SAX pass that only records the first key repeated inside one object. (The JSON library's
+// DOM parser silently keeps the last of two equal keys, and two entries for one tensor name are
+// ambiguous. Its parser *callback* could see the keys too, but its end-of-object bookkeeping
+// rescans the parent object, which made a 100k-tensor header take minutes to parse.)
+class DuplicateKeyScan : public nlohmann::json_sax<json> {
+ public:
   std::string duplicate;
-  const json::parser_callback_t cb = [&](int /*depth*/, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) {
-      open_objects.emplace_back();
-    } else if (ev == json::parse_event_t::object_end) {
-      if (!open_objects.empty()) open_objects.pop_back();
-    } else if (ev == json::parse_event_t::key && !open_objects.empty() && parsed.is_string()) {
-      const auto& key = parsed.get_ref<const std::string&>();
-      if (!open_objects.back().insert(key).second && duplicate.empty()) duplicate = key;
-    }
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    open_.emplace_back();
     return true;
-  };
+  }
+  bool key(string_t& k) override {
+    if (!open_.empty() && !open_.back().insert(k).second && duplicate.empty()) duplicate = k;
+    return true;
+  }
+  bool end_object() override {
+    if (!open_.empty()) open_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  // Syntax errors are reported by the DOM parse that follows, with the library's message.
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  std::vector<std::set<std::string>> open_;
+};
+
+// Parses the JSON text, rejecting duplicate keys in any object.
+json parse_json_strict(std::string_view text, const std::string& label) {
   json j;
   try {
-    j = json::parse(text.begin(), text.end(), cb);
+    j = json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {
     fail("{}: header: invalid JSON ({}); hint: the header must be UTF-8 JSON", label,
          printable(e.what()));
   }
-  if (!duplicate.empty())
-    fail("{}: header: key '{}' appears twice in one object", label, duplicate);
+  DuplicateKeyScan scan;
+  json::sax_parse(text.begin(), text.end(), &scan);
+  if (!scan.duplicate.empty())
+    fail("{}: header: key '{}' appears twice in one object", label, scan.duplicate);
   return j;
 }
 

@@ -16,7 +16,16 @@ double now_seconds() {
 }  // namespace
 
 LoadProgressFn make_load_progress_printer(std::FILE* out, bool terminal) {
-  if (!terminal) return {};
+  if (!terminal) {
+    // Logs get one line per quarter: enough to see a slow load advance, never a line per layer.
+    return [out](const LoadProgress& p) {
+      const int64_t t = std::max<int64_t>(p.layers_total, 1);
+      if ((p.layers_done * 4) / t == ((p.layers_done - 1) * 4) / t && p.layers_done != p.layers_total) return;
+      fmt::print(out, "loaded layer {}/{} ({}%) in {:.1f} s\n", p.layers_done, p.layers_total,
+                 p.layers_done * 100 / t, p.elapsed);
+      std::fflush(out);
+    };
+  }
   return [out](const LoadProgress& p) {
     constexpr int kWidth = 30;
     const double frac = p.layers_total > 0 ? static_cast<double>(p.layers_done) / static_cast<double>(p.layers_total) : 1.0;

@@ -3,6 +3,7 @@
 // checkpoint. Sliced == unsliced to rel-L2 <= 1e-5 for dense and MoE models with EXL3 linears at
 // TP 2/3/4, unquantized models with padded heads and straddling kv heads, rank-sliced experts,
 // incremental decode; and the communicator and the fail-closed checks.
+#include <algorithm>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -359,15 +360,25 @@ TEST(LoadProgress, OneReportPerLayerAndABarOnTerminals) {
       }
     }
   }
-  EXPECT_FALSE(static_cast<bool>(make_load_progress_printer(stderr, false)));
-  std::FILE* f = std::tmpfile();
-  ASSERT_NE(f, nullptr);
-  make_load_progress_printer(f, true)({2, 2, 1.5});
-  std::rewind(f);
-  char buf[256] = {};
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  EXPECT_THAT(std::string(buf, n), HasSubstr("loading layer 2/2"));
+  const auto printed = [](bool terminal, int64_t total) {
+    std::FILE* f = std::tmpfile();
+    EXPECT_NE(f, nullptr);
+    const auto print = make_load_progress_printer(f, terminal);
+    for (int64_t i = 1; i <= total; ++i) print({i, total, 0.5 * static_cast<double>(i)});
+    std::rewind(f);
+    char buf[4096] = {};
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+    std::fclose(f);
+    return std::string(buf, n);
+  };
+  EXPECT_THAT(printed(true, 2), HasSubstr("loading layer 2/2"));
+  // Logs: a line per quarter only (48 layers -> 12, 24, 36, 48), and the last layer always.
+  const std::string log = printed(false, 48);
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 4) << log;
+  EXPECT_THAT(log, HasSubstr("loaded layer 12/48 (25%) in 6.0 s"));
+  EXPECT_THAT(log, HasSubstr("loaded layer 48/48 (100%) in 24.0 s"));
+  const std::string short_log = printed(false, 3);
+  EXPECT_EQ(std::count(short_log.begin(), short_log.end(), '\n'), 3) << short_log;
 }
 
 }  // namespace
