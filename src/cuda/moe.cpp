@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cuda/env_option.hpp"
 #include "cuda/moe_kernels.hpp"
 #include "exl3/error.hpp"
 #include "exl3/moe/weights.hpp"
@@ -25,22 +26,6 @@ void check(cudaError_t e, const std::string& what) {
   if (e != cudaSuccess) fail("CUDA MoE: {}: {}", what, cudaGetErrorString(e));
 }
 
-// Positive integer from the environment, blank = unset.
-void env_override(const char* name, int64_t& field) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return;
-  const std::string s(v);
-  if (s.find_first_not_of(" \t") == std::string::npos) return;
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(s.c_str(), &end, 10);
-  while (end != nullptr && (*end == ' ' || *end == '\t')) ++end;
-  if (errno != 0 || end == s.c_str() || *end != '\0' || x <= 0) {
-    fail("environment variable {}='{}' is not a positive integer (unset it or give e.g. {}=8)", name, s, name);
-  }
-  field = x;
-}
-
 // Split-K so that about 8 blocks (32 warps) per SM are launched: each warp's k-chain is a serial
 // sequence of decode -> mma steps, so short chains on many warps beat long ones on few (more
 // splits cost the activation and combine kernels more partials to sum).
@@ -54,9 +39,9 @@ int plan_splits(int64_t base_blocks, int64_t k_tiles, int sms, int64_t max_split
 }  // namespace
 
 MoeOptions moe_options_from_env(MoeOptions base) {
-  env_override("EXL3_MOE_DECODE_MAX_M", base.decode_max_m);
-  env_override("EXL3_MOE_PREFILL_CHUNK", base.prefill_chunk);
-  env_override("EXL3_MOE_ARENA_MIB", base.arena_budget_mib);
+  detail::env_override("EXL3_MOE_DECODE_MAX_M", base.decode_max_m);
+  detail::env_override("EXL3_MOE_PREFILL_CHUNK", base.prefill_chunk);
+  detail::env_override("EXL3_MOE_ARENA_MIB", base.arena_budget_mib);
   if (const char* v = std::getenv("EXL3_MOE_TIERS"); v != nullptr) {
     std::string s(v);
     s.erase(0, s.find_first_not_of(" \t"));

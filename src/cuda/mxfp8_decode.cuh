@@ -30,6 +30,15 @@ __device__ __forceinline__ void decode4(uint32_t word, float* out) {
   out[3] = b.y;
 }
 
+// Four codes stored in the order {c0, c2, c1, c3} (mxfp8_tiles.hpp) -> two bf16x2 words of
+// e4m3 * 2^-120: lo = (c0, c1), hi = (c2, c3). The sign moves to bit 15 and the 7 exponent and
+// mantissa bits to bits 10..4, so bf16's exponent field holds E4M3's (bias 127 vs 7) and the
+// value is exact for every non-NaN code, E4M3 subnormals becoming bf16 subnormals.
+__device__ __forceinline__ void e4m3x4_to_bf16x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  lo = ((word << 8) & 0x80008000u) | ((word << 4) & 0x07F007F0u);
+  hi = (word & 0x80008000u) | ((word >> 4) & 0x07F007F0u);
+}
+
 // Eight BF16 values (a uint4) -> fp32.
 __device__ __forceinline__ void bf16x8_to_float(uint4 v, float* out) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};

@@ -1,23 +1,38 @@
-// MXFP8 GEMV for decode batches (m <= 16), the split-K reduction and the BF16 dequant pass.
+// MXFP8 tensor-core GEMV for decode and small batches (m <= 64), the split-K reduction and the
+// BF16 dequant pass, all on the tiled layout of mxfp8_tiles.hpp.
 //
-// Shape assumptions: k % 32 == 0 (so every 16-byte weight load is aligned and lies inside one
-// 32-wide scale block), x rows 16-byte aligned (k % 8 == 0 follows), m <= 16.
-// Work split: a warp owns 4 consecutive output rows; a lane takes 16 consecutive inputs (half a
-// scale block) per step and walks its split's K range with stride 32 lanes * 16. Per step it
-// loads 4 x 16 codes + 4 scales once and reuses them for every activation row. Sums per lane in
-// a fixed order, a fixed butterfly across the warp, and a fixed split order in the reduction:
-// a row's result depends on (k, n, splits) only, never on m or the other rows.
+// Why tensor cores at m = 1: the fp32 route (decode to fp16, convert to fp32, FMA) costs ~5
+// instructions per weight, and Hopper converts fp16 -> fp32 at a quarter of the FMA rate, so the
+// first GEMV ran at 1.7 TB/s, compute bound. Here a lane's 16-byte load is already its A fragment
+// (mxfp8_tiles.hpp): codes become bf16 (e4m3 * 2^-120, exact) with two shifts and masks per
+// pair, mma.sync m16n8k16 multiplies 16 rows x 16 inputs by up to 8 activation rows, and the
+// UE8M0 scale is applied per 32-input block to the fp32 fragment.
+//
+// Range: the activations enter the mma multiplied by 2^48 (exact in bf16 for |x| < 2^79), so the
+// fp32 products inside the tensor core (e4m3 * 2^-120 * x * 2^48) stay normal for every code and
+// |x| >= 2^-40 (tested at both ends); the block result is multiplied back by 2^72 and by the
+// block scale in fp32: exact scalings, so the result equals the reference's arithmetic on
+// w = e4m3 * 2^(s - 127) up to summation order. (Activations below 2^-40 lose their smallest
+// products to underflow; no real activation is that small next to its neighbours.)
+//
+// Work split: a block of 8 warps owns one 16-row tile; warp w takes the tile's 32-input blocks
+// w, w + 8, ... of its K split (kUnroll blocks' loads in flight per lane), then the warps'
+// fragments are summed in warp order through shared memory. A row's arithmetic depends on
+// (k, n, splits) only: every m on this path gives the same bits for a given row.
 #include <cuda_bf16.h>
 
 #include "cuda/mxfp8_decode.cuh"
 #include "cuda/mxfp8_kernels.hpp"
+#include "cuda/mxfp8_tiles.hpp"
 
 namespace exl3::cuda::detail {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kRowsPerWarp = 4;
-static_assert(kWarps * kRowsPerWarp == kMxfp8GemvRowsPerBlock);
+constexpr int kUnroll = 4;
+constexpr uint32_t kBf16x2TwoPow48 = 0x57805780u;  // bf16 2^48 in both halves
+constexpr float kTwoPow72 = 4722366482869645213696.0f;
+constexpr float kTwoPow120 = 1.329227995784915872903807060280344576e36f;
 
 __device__ __forceinline__ void store_out(void* y, DType t, int64_t idx, float v) {
   if (t == DType::kF32) {
@@ -27,87 +42,161 @@ __device__ __forceinline__ void store_out(void* y, DType t, int64_t idx, float v
   }
 }
 
-template <int M>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const uint8_t* __restrict__ values,
-                                                           const uint8_t* __restrict__ scales,
-                                                           const __nv_bfloat16* __restrict__ x, int m, int64_t k,
-                                                           int64_t n, int splits, float* __restrict__ partial,
-                                                           const float* __restrict__ bias, void* y, DType out_type) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRowsPerWarp;
-  if (row0 >= n) return;  // warp-uniform
-  const int64_t halves = k / 16;
+// Streamed weights: read once, so keep them out of L1 (the activations live there).
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t bf16x2_times_2p48(uint32_t v) {
+  const uint32_t f = kBf16x2TwoPow48;
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&f));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// UE8M0 exponent -> 2^(e - 127) (e = 0 is the fp32 subnormal 2^-127; 255 never reaches a kernel).
+__device__ __forceinline__ float ue8m0_exp2(uint32_t e) {
+  return __uint_as_float(e == 0 ? 0x00400000u : e << 23);
+}
+
+// NT n8 tiles of activation rows: m <= 8 * NT. kUnroll blocks' loads are in flight per lane
+// (8 measured slower than 4 on the H200: fewer warps fit).
+template <int NT>
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(const uint4* __restrict__ values, const uint16_t* __restrict__ scales,
+                const __nv_bfloat16* __restrict__ x, int m, int64_t k, int64_t n, int kb,
+                int splits, float* __restrict__ partial, const float* __restrict__ bias, void* y,
+                DType out_type) {
+  __shared__ float red[kWarps][NT * 4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int64_t tile = blockIdx.x;
   const int split = blockIdx.y;
-  const int64_t h_begin = halves * split / splits, h_end = halves * (split + 1) / splits;
-  const int64_t kb = k / 32;
+  const int b_begin = static_cast<int>(static_cast<int64_t>(kb) * split / splits);
+  const int b_end = static_cast<int>(static_cast<int64_t>(kb) * (split + 1) / splits);
+  const uint4* vt = values + tile * kb * 32 + lane;
+  const uint16_t* st = scales + tile * kb * 8 + g;
 
-  float acc[kRowsPerWarp][M];
+  float acc[NT][4];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
+  for (int t = 0; t < NT; ++t)
 #pragma unroll
-    for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
+    for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
 
-  for (int64_t h = h_begin + lane; h < h_end; h += 32) {
-    float w[kRowsPerWarp][16];
-    float s[kRowsPerWarp];
+  // Small m: the activations' loads go out with the weights' (one memory round trip per step
+  // instead of two); larger NT load them per use (registers).
+  constexpr bool kPrefetchX = NT <= 2;
+  const auto load_x = [&](int t, int b) {
+    const int row = t * 8 + g;
+    uint4 xv = make_uint4(0, 0, 0, 0);
+    if (row < m) {
+      xv = __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(row) * k +
+                                                static_cast<int64_t>(b) * 32 + q * 8));
+    }
+    return xv;
+  };
+
+  for (int b0 = b_begin + warp; b0 < b_end; b0 += kWarps * kUnroll) {
+    uint4 v[kUnroll];
+    uint32_t sc[kUnroll];
+    uint4 xs[kPrefetchX ? kUnroll : 1][kPrefetchX ? NT : 1];
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const int64_t row = row0 + r;
-      if (row < n) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(values + row * k + h * 16));
-        decode4(v.x, w[r]);
-        decode4(v.y, w[r] + 4);
-        decode4(v.z, w[r] + 8);
-        decode4(v.w, w[r] + 12);
-        s[r] = mxfp8::ue8m0_to_float_x256(__ldg(scales + row * kb + h / 2));
+    for (int u = 0; u < kUnroll; ++u) {
+      const int b = b0 + u * kWarps;
+      if (b < b_end) {
+        v[u] = load_stream(vt + static_cast<int64_t>(b) * 32);
+        sc[u] = __ldg(st + static_cast<int64_t>(b) * 8);
+        if constexpr (kPrefetchX) {
+#pragma unroll
+          for (int t = 0; t < NT; ++t) xs[u][t] = load_x(t, b);
+        }
       } else {
+        v[u] = make_uint4(0, 0, 0, 0);
+        sc[u] = 0;
+        if constexpr (kPrefetchX) {
 #pragma unroll
-        for (int j = 0; j < 16; ++j) w[r][j] = 0.0f;
-        s[r] = 0.0f;
+          for (int t = 0; t < NT; ++t) xs[u][t] = make_uint4(0, 0, 0, 0);
+        }
       }
     }
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-      if (i < m) {
-        const uint4* xp = reinterpret_cast<const uint4*>(x + i * k + h * 16);
-        float xv[16];
-        bf16x8_to_float(__ldg(xp), xv);
-        bf16x8_to_float(__ldg(xp + 1), xv + 8);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int b = b0 + u * kWarps;
+      if (b >= b_end) break;  // warp-uniform
+      uint32_t a0[4], a1[4];  // k16 steps 0 and 1: {row g lo, row g+8 lo, row g hi, row g+8 hi}
+      e4m3x4_to_bf16x2(v[u].x, a0[0], a0[2]);
+      e4m3x4_to_bf16x2(v[u].z, a0[1], a0[3]);
+      e4m3x4_to_bf16x2(v[u].y, a1[0], a1[2]);
+      e4m3x4_to_bf16x2(v[u].w, a1[1], a1[3]);
+      const float s_lo = ue8m0_exp2(sc[u] & 0xFFu), s_hi = ue8m0_exp2(sc[u] >> 8);
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          float p = 0.0f;
-#pragma unroll
-          for (int j = 0; j < 16; ++j) p = fmaf(xv[j], w[r][j], p);
-          acc[r][i] = fmaf(p, s[r], acc[r][i]);
+      for (int t = 0; t < NT; ++t) {
+        uint4 xv;
+        if constexpr (kPrefetchX) {
+          xv = xs[u][t];
+        } else {
+          xv = load_x(t, b);
         }
+        {
+          xv.x = bf16x2_times_2p48(xv.x);
+          xv.y = bf16x2_times_2p48(xv.y);
+          xv.z = bf16x2_times_2p48(xv.z);
+          xv.w = bf16x2_times_2p48(xv.w);
+        }
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_bf16(d, a0, xv.x, xv.y);
+        mma_bf16(d, a1, xv.z, xv.w);
+        acc[t][0] = fmaf(d[0] * kTwoPow72, s_lo, acc[t][0]);
+        acc[t][1] = fmaf(d[1] * kTwoPow72, s_lo, acc[t][1]);
+        acc[t][2] = fmaf(d[2] * kTwoPow72, s_hi, acc[t][2]);
+        acc[t][3] = fmaf(d[3] * kTwoPow72, s_hi, acc[t][3]);
       }
     }
   }
 
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+  for (int t = 0; t < NT; ++t)
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-      if (i < m) {
-        float v = acc[r][i];
+    for (int i = 0; i < 4; ++i) red[warp][t * 4 + i][lane] = acc[t][i];
+  __syncthreads();
+  // Fragment element (t, i) of lane (g, q): weight row g (+8 for i >= 2), activation row
+  // 8t + 2q + (i & 1). Summed over the warps in order.
+  for (int e = threadIdx.x; e < NT * 4 * 32; e += kWarps * 32) {
+    const int ti = e >> 5, ln = e & 31;
+    float v = red[0][ti][ln];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-        const int64_t row = row0 + r;
-        if (lane == 0 && row < n) {
-          if (splits == 1) {
-            store_out(y, out_type, i * n + row, v + (bias != nullptr ? bias[row] : 0.0f));
-          } else {
-            partial[(static_cast<int64_t>(split) * m + i) * n + row] = v;
-          }
-        }
+    for (int w = 1; w < kWarps; ++w) v += red[w][ti][ln];
+    const int i = ti & 3;
+    const int64_t row = tile * kMxfp8TileRows + (ln >> 2) + (i >= 2 ? 8 : 0);
+    const int col = (ti >> 2) * 8 + 2 * (ln & 3) + (i & 1);
+    if (row < n && col < m) {
+      if (splits == 1) {
+        store_out(y, out_type, static_cast<int64_t>(col) * n + row,
+                  v + (bias != nullptr ? bias[row] : 0.0f));
+      } else {
+        partial[(static_cast<int64_t>(split) * m + col) * n + row] = v;
       }
     }
   }
 }
 
-__global__ void reduce_kernel(const float* __restrict__ partial, int splits, const float* __restrict__ bias,
-                              int64_t m, int64_t n, void* y, DType out_type) {
+__global__ void reduce_kernel(const float* __restrict__ partial, int splits,
+                              const float* __restrict__ bias, int64_t m, int64_t n, void* y,
+                              DType out_type) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= m * n) return;
   float v = 0.0f;
@@ -116,66 +205,123 @@ __global__ void reduce_kernel(const float* __restrict__ partial, int splits, con
   store_out(y, out_type, idx, v);
 }
 
-// One thread per 16 codes (half a scale block).
-__global__ void dequant_kernel(const uint8_t* __restrict__ values, const uint8_t* __restrict__ scales, int64_t k,
-                               int64_t n, __nv_bfloat16* __restrict__ out) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= n * k / 16) return;
-  const int64_t row = idx / (k / 16), h = idx % (k / 16);
-  const uint4 v = __ldg(reinterpret_cast<const uint4*>(values + row * k + h * 16));
-  const float s = mxfp8::ue8m0_to_float_x256(scales[row * (k / 32) + h / 2]);
-  float w[16];
-  decode4(v.x, w);
-  decode4(v.y, w + 4);
-  decode4(v.z, w + 8);
-  decode4(v.w, w + 12);
-  __align__(16) __nv_bfloat162 o[8];
+// A thread block turns one row tile x kDqBlocks 32-input blocks into BF16 rows: the lane-loads
+// are decoded into shared memory (rows g and g + 8, inputs 8q .. 8q+7 of each block), then whole
+// row segments are written out, so the global stores are contiguous (storing straight from the
+// tile layout wrote 64-byte pieces of 16 rows and ran at a third of the copy bandwidth). In fp32
+// (denormals kept): (e4m3 * 2^-120) * 2^120 is exact, times the block scale 2^(s - 127) is the
+// CPU's product, rounded to bf16 once.
+constexpr int kDqBlocks = 16;
+constexpr int kDqThreads = 256;
+constexpr int kDqLoadsPerThread = kDqBlocks * 32 / kDqThreads;
+constexpr int kDqPitch =
+    kDqBlocks * 32 + 8;  // bf16 per staged row (+16 bytes against bank conflicts)
+
+__global__ void __launch_bounds__(kDqThreads)
+    dequant_kernel(const uint4* __restrict__ values, const uint16_t* __restrict__ scales, int64_t k,
+                   int64_t n, int64_t kb, __nv_bfloat16* __restrict__ out) {
+  __shared__ __align__(16) uint16_t staged[kMxfp8TileRows * kDqPitch];
+  const int64_t tile = blockIdx.x, b0 = static_cast<int64_t>(blockIdx.y) * kDqBlocks;
+  const int nb = static_cast<int>(kb - b0 < kDqBlocks ? kb - b0 : kDqBlocks);
+  uint4 v[kDqLoadsPerThread];
+  uint32_t sc[kDqLoadsPerThread];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) o[j] = __floats2bfloat162_rn(w[2 * j] * s, w[2 * j + 1] * s);
-  uint4* dst = reinterpret_cast<uint4*>(out + row * k + h * 16);
-  dst[0] = *reinterpret_cast<const uint4*>(&o[0]);
-  dst[1] = *reinterpret_cast<const uint4*>(&o[4]);
+  for (int j = 0; j < kDqLoadsPerThread; ++j) {
+    const int i =
+        threadIdx.x + j * kDqThreads;  // lane-load i: block i / 32 of this chunk, lane i % 32
+    if (i < nb * 32) {
+      const int64_t tb = tile * kb + b0 + (i >> 5);
+      v[j] = load_stream(values + tb * 32 + (i & 31));
+      sc[j] = __ldg(scales + tb * 8 + ((i & 31) >> 2));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kDqLoadsPerThread; ++j) {
+    const int i = threadIdx.x + j * kDqThreads;
+    if (i >= nb * 32) break;
+    const int bl = i >> 5, g = (i & 31) >> 2, q = i & 3;
+    const uint32_t words[2][2] = {{v[j].x, v[j].y}, {v[j].z, v[j].w}};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float scale = ue8m0_exp2(half == 0 ? sc[j] & 0xFFu : sc[j] >> 8);
+      uint32_t o[4];
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        uint32_t p[2];  // inputs 4w + {0, 1} and 4w + {2, 3}
+        e4m3x4_to_bf16x2(words[half][w], p[0], p[1]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float lo = __uint_as_float(p[h] << 16) * kTwoPow120 * scale;
+          const float hi = __uint_as_float(p[h] & 0xFFFF0000u) * kTwoPow120 * scale;
+          const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+          o[2 * w + h] = *reinterpret_cast<const uint32_t*>(&r);
+        }
+      }
+      *reinterpret_cast<uint4*>(staged + (g + 8 * half) * kDqPitch + bl * 32 + q * 8) =
+          make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  }
+  __syncthreads();
+  const int chunks = nb * 4;  // 16-byte pieces per staged row
+  for (int i = threadIdx.x; i < kMxfp8TileRows * chunks; i += kDqThreads) {
+    const int r = i / chunks, c = i % chunks;
+    const int64_t row = tile * kMxfp8TileRows + r;
+    if (row < n) {
+      *reinterpret_cast<uint4*>(out + row * k + b0 * 32 + c * 8) =
+          *reinterpret_cast<const uint4*>(staged + r * kDqPitch + c * 8);
+    }
+  }
 }
 
-template <int M>
-cudaError_t launch_gemv(const uint8_t* values, const uint8_t* scales, const void* x, int64_t m, int64_t k, int64_t n,
-                        int splits, float* partial, const float* bias, void* y, DType out_type, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((n + kMxfp8GemvRowsPerBlock - 1) / kMxfp8GemvRowsPerBlock),
+template <int NT>
+cudaError_t launch_gemv(const uint8_t* values, const uint8_t* scales, const void* x, int64_t m,
+                        int64_t k, int64_t n, int splits, float* partial, const float* bias,
+                        void* y, DType out_type, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((n + kMxfp8TileRows - 1) / kMxfp8TileRows),
                   static_cast<unsigned>(splits));
-  gemv_kernel<M><<<grid, kWarps * 32, 0, stream>>>(values, scales, static_cast<const __nv_bfloat16*>(x),
-                                                   static_cast<int>(m), k, n, splits, partial, bias, y, out_type);
+  gemv_kernel<NT><<<grid, kWarps * 32, 0, stream>>>(
+      reinterpret_cast<const uint4*>(values), reinterpret_cast<const uint16_t*>(scales),
+      static_cast<const __nv_bfloat16*>(x), static_cast<int>(m), k, n, static_cast<int>(k / 32),
+      splits, partial, bias, y, out_type);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t mxfp8_gemv(const uint8_t* values, const uint8_t* scales, const void* x, int64_t m, int64_t k, int64_t n,
-                       int splits, float* partial, const float* bias, void* y, DType out_type, cudaStream_t stream) {
-  if (m <= 0 || m > 16 || k % 32 != 0 || splits < 1 || (out_type != DType::kF32 && out_type != DType::kBF16)) {
+cudaError_t mxfp8_gemv(const uint8_t* values, const uint8_t* scales, const void* x, int64_t m,
+                       int64_t k, int64_t n, int splits, float* partial, const float* bias, void* y,
+                       DType out_type, cudaStream_t stream) {
+  if (m <= 0 || m > kMxfp8GemvMaxM || k % 32 != 0 || splits < 1 || splits > k / 32 ||
+      (out_type != DType::kF32 && out_type != DType::kBF16) || (splits > 1 && partial == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  if (m == 1) return launch_gemv<1>(values, scales, x, m, k, n, splits, partial, bias, y, out_type, stream);
-  if (m == 2) return launch_gemv<2>(values, scales, x, m, k, n, splits, partial, bias, y, out_type, stream);
-  if (m <= 4) return launch_gemv<4>(values, scales, x, m, k, n, splits, partial, bias, y, out_type, stream);
-  if (m <= 8) return launch_gemv<8>(values, scales, x, m, k, n, splits, partial, bias, y, out_type, stream);
-  return launch_gemv<16>(values, scales, x, m, k, n, splits, partial, bias, y, out_type, stream);
+  if (m <= 8)
+    return launch_gemv<1>(values, scales, x, m, k, n, splits, partial, bias, y, out_type, stream);
+  if (m <= 16)
+    return launch_gemv<2>(values, scales, x, m, k, n, splits, partial, bias, y, out_type, stream);
+  if (m <= 32)
+    return launch_gemv<4>(values, scales, x, m, k, n, splits, partial, bias, y, out_type, stream);
+  return launch_gemv<8>(values, scales, x, m, k, n, splits, partial, bias, y, out_type, stream);
 }
 
-cudaError_t mxfp8_reduce(const float* partial, int splits, const float* bias, int64_t m, int64_t n, void* y,
-                         DType out_type, cudaStream_t stream) {
+cudaError_t mxfp8_reduce(const float* partial, int splits, const float* bias, int64_t m, int64_t n,
+                         void* y, DType out_type, cudaStream_t stream) {
   if (out_type != DType::kF32 && out_type != DType::kBF16) return cudaErrorInvalidValue;
   const int64_t total = m * n;
-  reduce_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(partial, splits, bias, m, n, y,
-                                                                                out_type);
+  reduce_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(
+      partial, splits, bias, m, n, y, out_type);
   return cudaGetLastError();
 }
 
-cudaError_t mxfp8_dequant_bf16(const uint8_t* values, const uint8_t* scales, int64_t k, int64_t n, uint16_t* out,
-                               cudaStream_t stream) {
+cudaError_t mxfp8_dequant_bf16(const uint8_t* values, const uint8_t* scales, int64_t k, int64_t n,
+                               uint16_t* out, cudaStream_t stream) {
   if (k % 32 != 0) return cudaErrorInvalidValue;
-  const int64_t total = n * k / 16;
-  dequant_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(
-      values, scales, k, n, reinterpret_cast<__nv_bfloat16*>(out));
+  const int64_t kb = k / 32;
+  const dim3 grid(static_cast<unsigned>((n + kMxfp8TileRows - 1) / kMxfp8TileRows),
+                  static_cast<unsigned>((kb + kDqBlocks - 1) / kDqBlocks));
+  dequant_kernel<<<grid, kDqThreads, 0, stream>>>(reinterpret_cast<const uint4*>(values),
+                                                  reinterpret_cast<const uint16_t*>(scales), k, n,
+                                                  kb, reinterpret_cast<__nv_bfloat16*>(out));
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
-// Mxfp8LinearCuda: upload once, plan split-K from (in, out) and the device, then run one of three
-// paths with only kernel launches (graph-capturable). See exl3/cuda/mxfp8.hpp.
+// Mxfp8LinearCuda: permute the planes into the GEMV's tiled layout and upload once, plan split-K
+// from (in, out) and the device, then run one of two paths with only kernel launches
+// (graph-capturable). See exl3/cuda/mxfp8.hpp.
 #include "exl3/cuda/mxfp8.hpp"
 
 #include <algorithm>
@@ -7,7 +8,9 @@
 
 #include <cublas_v2.h>
 
+#include "cuda/env_option.hpp"
 #include "cuda/mxfp8_kernels.hpp"
+#include "cuda/mxfp8_tiles.hpp"
 #include "exl3/cuda/reconstruct.hpp"
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
@@ -31,21 +34,38 @@ int sm_count() {
   return sms;
 }
 
-// Split-K from the shape and the device only (never from m, so rows stay batch-invariant):
-// enough blocks for ~4 per SM, each split keeping >= `min_steps` steps of `step` inputs.
-int plan_splits(int64_t k, int64_t n, int rows_per_block, int64_t step, int64_t min_steps) {
-  const int64_t blocks_x = (n + rows_per_block - 1) / rows_per_block;
-  const int64_t want = (4LL * sm_count() + blocks_x - 1) / blocks_x;
-  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(16, k / step / min_steps));
+// Split-K from the shape and the device only (never from m, so rows stay batch-invariant). One
+// 8-warp block per 16-row tile already streams at copy bandwidth once there is a tile per SM;
+// below that (e.g. 2048 outputs: 128 tiles on 132 SMs), split K for ~4 blocks per SM, each warp
+// of a split keeping >= 2 of its 32-input blocks. Measured on the H200 (docs/mxfp8.md): 256 to
+// 1792 tiles run fastest unsplit (split-K 2-3 cost 2-6 us of partials and reduction), 128 tiles
+// fastest at 5.
+int plan_splits(int64_t k, int64_t n) {
+  const int64_t tiles = (n + detail::kMxfp8TileRows - 1) / detail::kMxfp8TileRows;
+  if (tiles >= sm_count()) return 1;
+  const int64_t want = (4LL * sm_count() + tiles - 1) / tiles;
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(16, k / 32 / 16));
   return static_cast<int>(std::clamp<int64_t>(want, 1, cap));
 }
 
-// The GEMM's split-K: one wave of 64 x 64 tiles at small m fills the GPU.
-int plan_mma_splits(int64_t k, int64_t n) {
-  const int64_t blocks_x = (n + detail::kMxfp8MmaTileN - 1) / detail::kMxfp8MmaTileN;
-  const int64_t want = (static_cast<int64_t>(sm_count()) + blocks_x - 1) / blocks_x;
-  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(8, k / 32 / 16));
-  return static_cast<int>(std::clamp<int64_t>(want, 1, cap));
+// The checkpoint planes in the tiled layout. offset(row, col) = tile base + a row part + a column
+// part (mxfp8_tiles.hpp), so both parts are tabulated once from the layout function itself.
+void tile_planes(const uint8_t* values, const uint8_t* scales, int64_t k, int64_t n, std::vector<uint8_t>& tv,
+                 std::vector<uint8_t>& ts) {
+  const int64_t kb = k / 32, rows = (n + 15) / 16 * 16;
+  tv.assign(static_cast<size_t>(rows * k), 0);
+  ts.assign(static_cast<size_t>(rows * kb), 0);
+  int64_t col_part[32], row_part[16];
+  for (int c = 0; c < 32; ++c) col_part[c] = detail::mxfp8_tile_value_offset(0, c, kb);
+  for (int r = 0; r < 16; ++r) row_part[r] = detail::mxfp8_tile_value_offset(r, 0, kb);
+  for (int64_t row = 0; row < n; ++row) {
+    const uint8_t* src = values + row * k;
+    for (int64_t b = 0; b < kb; ++b) {
+      uint8_t* dst = tv.data() + ((row / 16) * kb + b) * detail::kMxfp8TileBytes + row_part[row % 16];
+      for (int c = 0; c < 32; ++c) dst[col_part[c]] = src[b * 32 + c];
+      ts[static_cast<size_t>(detail::mxfp8_tile_scale_offset(row, b, kb))] = scales[row * kb + b];
+    }
+  }
 }
 
 struct Carve {
@@ -80,7 +100,6 @@ Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas
 const char* mxfp8_path_name(Mxfp8Path p) {
   switch (p) {
     case Mxfp8Path::kGemv: return "gemv";
-    case Mxfp8Path::kMma: return "mma";
     default: return "cublas";
   }
 }
@@ -106,24 +125,24 @@ void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_
          name, in_, out_);
   }
   if (in_ > (1 << 30) || out_ > (1 << 30)) fail("CUDA MXFP8 linear '{}': {}x{} is too large", name, in_, out_);
-  if (opts_.max_m < 1 || opts_.gemv_max_m < 0 || opts_.gemv_max_m > 16 || opts_.mma_max_m < 0) {
-    fail("CUDA MXFP8 linear '{}': max_m {} must be positive, gemv_max_m {} in 0..16 and mma_max_m {} "
-         "non-negative",
-         name, opts_.max_m, opts_.gemv_max_m, opts_.mma_max_m);
+  if (opts_.max_m < 1 || opts_.gemv_max_m < 0 || opts_.gemv_max_m > detail::kMxfp8GemvMaxM) {
+    fail("CUDA MXFP8 linear '{}': max_m {} must be positive and gemv_max_m {} in 0..{}", name, opts_.max_m,
+         opts_.gemv_max_m, detail::kMxfp8GemvMaxM);
   }
-  split_k_ = opts_.split_k > 0 ? opts_.split_k : plan_splits(in_, out_, detail::kMxfp8GemvRowsPerBlock, 512, 2);
-  if (split_k_ > in_ / 16) fail("CUDA MXFP8 linear '{}': split_k {} exceeds the {} 16-wide steps", name, split_k_, in_ / 16);
-  mma_split_k_ = plan_mma_splits(in_, out_);
-  const size_t vbytes = static_cast<size_t>(in_ * out_), sbytes = static_cast<size_t>(in_ / 32 * out_);
-  check(cudaMalloc(reinterpret_cast<void**>(&d_values_), vbytes), "allocating values", name);
-  check(cudaMalloc(reinterpret_cast<void**>(&d_scales_), sbytes), "allocating scales", name);
-  check(cudaMemcpy(d_values_, values, vbytes, cudaMemcpyHostToDevice), "uploading values", name);
-  check(cudaMemcpy(d_scales_, scales, sbytes, cudaMemcpyHostToDevice), "uploading scales", name);
+  split_k_ = opts_.split_k > 0 ? opts_.split_k : plan_splits(in_, out_);
+  if (split_k_ > in_ / 32) fail("CUDA MXFP8 linear '{}': split_k {} exceeds the {} 32-wide blocks", name, split_k_, in_ / 32);
+  mxfp8::check_planes(fmt::format("CUDA MXFP8 linear '{}'", name), values, scales, out_, in_);
+  std::vector<uint8_t> tv, ts;
+  tile_planes(values, scales, in_, out_, tv, ts);
+  check(cudaMalloc(reinterpret_cast<void**>(&d_values_), tv.size()), "allocating values", name);
+  check(cudaMalloc(reinterpret_cast<void**>(&d_scales_), ts.size()), "allocating scales", name);
+  check(cudaMemcpy(d_values_, tv.data(), tv.size(), cudaMemcpyHostToDevice), "uploading values", name);
+  check(cudaMemcpy(d_scales_, ts.data(), ts.size(), cudaMemcpyHostToDevice), "uploading scales", name);
   if (bias != nullptr) {
     check(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4), "allocating bias", name);
     check(cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice), "uploading bias", name);
   }
-  if (opts_.max_m > opts_.mma_max_m) {
+  if (opts_.max_m > opts_.gemv_max_m) {
     cublasHandle_t h = nullptr;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) fail("CUDA MXFP8 linear '{}': cublasCreate failed", name);
     cublas_ = h;
@@ -138,17 +157,10 @@ Mxfp8LinearCuda::~Mxfp8LinearCuda() {
 }
 
 Mxfp8Path Mxfp8LinearCuda::path_for(int64_t m) const {
-  if (m <= opts_.gemv_max_m) return Mxfp8Path::kGemv;
-  return m <= opts_.mma_max_m ? Mxfp8Path::kMma : Mxfp8Path::kCublas;
+  return m <= opts_.gemv_max_m ? Mxfp8Path::kGemv : Mxfp8Path::kCublas;
 }
 
-int Mxfp8LinearCuda::splits_for(int64_t m) const {
-  switch (path_for(m)) {
-    case Mxfp8Path::kGemv: return split_k_;
-    case Mxfp8Path::kMma: return mma_split_k_;
-    default: return 1;
-  }
-}
+int Mxfp8LinearCuda::splits_for(int64_t m) const { return path_for(m) == Mxfp8Path::kGemv ? split_k_ : 1; }
 
 size_t Mxfp8LinearCuda::workspace_bytes(int64_t m) const {
   return carve(nullptr, m, in_, out_, splits_for(m), path_for(m) == Mxfp8Path::kCublas, d_bias_ != nullptr).bytes;
@@ -156,7 +168,7 @@ size_t Mxfp8LinearCuda::workspace_bytes(int64_t m) const {
 
 size_t Mxfp8LinearCuda::workspace_bytes() const {
   size_t bytes = 0;  // every term grows with m inside a path
-  for (int64_t m : {opts_.gemv_max_m, opts_.mma_max_m, opts_.max_m}) {
+  for (int64_t m : {opts_.gemv_max_m, opts_.max_m}) {
     if (m >= 1) bytes = std::max(bytes, workspace_bytes(std::min(m, opts_.max_m)));
   }
   return bytes;
@@ -175,10 +187,8 @@ cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t
   const Carve ws = carve(workspace, m, in_, out_, splits, path == Mxfp8Path::kCublas, d_bias_ != nullptr);
   if (ws.bytes > 0 && (workspace == nullptr || workspace_size < ws.bytes)) return cudaErrorInvalidValue;
   cudaError_t e = cudaSuccess;
-  if (path == Mxfp8Path::kGemv || path == Mxfp8Path::kMma) {
-    e = path == Mxfp8Path::kGemv
-            ? detail::mxfp8_gemv(d_values_, d_scales_, x, m, in_, out_, splits, ws.partial, d_bias_, y, out_type, stream)
-            : detail::mxfp8_mma(d_values_, d_scales_, x, m, in_, out_, splits, ws.partial, d_bias_, y, out_type, stream);
+  if (path == Mxfp8Path::kGemv) {
+    e = detail::mxfp8_gemv(d_values_, d_scales_, x, m, in_, out_, splits, ws.partial, d_bias_, y, out_type, stream);
     if (e != cudaSuccess || splits == 1) return e;
     return detail::mxfp8_reduce(ws.partial, splits, d_bias_, m, out_, y, out_type, stream);
   }
@@ -201,6 +211,11 @@ cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t
   }
   if (!via_partial) return cudaGetLastError();
   return detail::mxfp8_reduce(ws.partial, 1, d_bias_, m, out_, y, out_type, stream);
+}
+
+Mxfp8Options mxfp8_options_from_env(Mxfp8Options base) {
+  detail::env_override("EXL3_MXFP8_GEMV_MAX_M", base.gemv_max_m);
+  return base;
 }
 
 std::vector<float> mxfp8_forward_host(const Mxfp8LinearCuda& layer, const float* x, int64_t m) {

@@ -73,6 +73,42 @@ Weight Weight::quantize_f32(std::string name, std::span<const float> w, int64_t 
   return quantize(std::move(name), reinterpret_cast<const std::byte*>(w.data()), DType::kF32, rows, cols);
 }
 
+void check_planes(const std::string& where, const uint8_t* values, const uint8_t* scales, int64_t rows,
+                  int64_t cols) {
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    if ((values[i] & 0x7Fu) == kE4m3NaN) {
+      fail("{}: the E4M3 NaN code 0x{:02X} at [{}, {}]; the weight is damaged", where, values[i], i / cols, i % cols);
+    }
+  }
+  const int64_t kb = cols / kBlock;
+  for (int64_t i = 0; i < rows * kb; ++i) {
+    if (scales[i] > kMaxScaleCode) {
+      fail("{}: scale code {} at [{}, {}]; codes above {} (2^119) are not produced by any fp32 block and 255 is NaN",
+           where, scales[i], i / kb, i % kb, kMaxScaleCode);
+    }
+  }
+}
+
+Weight Weight::from_planes(std::string name, std::vector<uint8_t> values, std::vector<uint8_t> scales, int64_t rows,
+                           int64_t cols) {
+  check_cols(name, cols);
+  if (rows <= 0 || static_cast<int64_t>(values.size()) != rows * cols ||
+      static_cast<int64_t>(scales.size()) != rows * (cols / kBlock)) {
+    fail("{}: {} codes and {} scales for a [{}, {}] MXFP8 matrix (expected {} and {})", name, values.size(),
+         scales.size(), rows, cols, rows * cols, rows * (cols / kBlock));
+  }
+  check_planes(name, values.data(), scales.data(), rows, cols);
+  Weight w;
+  w.name_ = std::move(name);
+  w.rows_ = rows;
+  w.cols_ = cols;
+  w.owned_values_ = std::make_shared<std::vector<uint8_t>>(std::move(values));
+  w.owned_scales_ = std::make_shared<std::vector<uint8_t>>(std::move(scales));
+  w.values_ = w.owned_values_->data();
+  w.scales_ = w.owned_scales_->data();
+  return w;
+}
+
 bool Weight::stored_in(const TensorStore& store, const std::string& prefix) {
   return store.contains(prefix + kScaleSuffix);
 }
@@ -109,19 +145,7 @@ Weight Weight::load(const TensorStore& store, const std::string& prefix, int64_t
   w.cols_ = c;
   w.values_ = reinterpret_cast<const uint8_t*>(v->bytes().data());
   w.scales_ = reinterpret_cast<const uint8_t*>(s->bytes().data());
-  for (int64_t i = 0; i < r * c; ++i) {
-    if ((w.values_[i] & 0x7Fu) == kE4m3NaN) {
-      fail("{}: tensor '{}' holds the E4M3 NaN code 0x{:02X} at [{}, {}]; the checkpoint is damaged",
-           v->path().string(), vname, w.values_[i], i / c, i % c);
-    }
-  }
-  for (int64_t i = 0; i < r * (c / kBlock); ++i) {
-    if (w.scales_[i] > kMaxScaleCode) {
-      fail("{}: tensor '{}' holds scale code {} at [{}, {}]; codes above {} (2^119) are not "
-           "produced by any fp32 block and 255 is NaN",
-           s->path().string(), sname, w.scales_[i], i / (c / kBlock), i % (c / kBlock), kMaxScaleCode);
-    }
-  }
+  check_planes(v->path().string() + ": tensors '" + vname + "' / '" + sname + "'", w.values_, w.scales_, r, c);
   return w;
 }
 

@@ -53,7 +53,7 @@ GpuLinear GpuLinear::load(const Checkpoint& ckpt, const std::string& prefix, int
   if (const mxfp8::Weight* w = host.mxfp8_weight()) {
     cuda::Mxfp8Options mo;
     mo.max_m = cap;
-    l.mx_ = std::make_unique<cuda::Mxfp8LinearCuda>(*w, bias, mo);
+    l.mx_ = std::make_unique<cuda::Mxfp8LinearCuda>(*w, bias, cuda::mxfp8_options_from_env(mo));
     l.mx_x_bytes_ = align_up(static_cast<size_t>(cap * in) * 2);
     l.stored_in_ = in;
     l.stored_out_ = out;

@@ -1,15 +1,20 @@
-// CUDA MXFP8 linear against the CPU reference (mxfp8::Weight::matmul_t) on random data at
-// m in {1,2,3,8,16,17,64,256,1024} (all three paths: GEMV, tensor-core GEMM, dequant + cuBLAS),
-// with and without bias, fp32 and bf16 outputs poisoned with NaN first; batch invariance within
-// the GEMV and GEMM paths; CUDA graph replay equal to eager; the BF16 dequant pass exact; error
-// paths. Every CUDA return code is checked.
+// CUDA MXFP8 linear against the CPU reference (mxfp8::Weight::matmul_t) on random data at m from
+// 1 to 1024 (both paths: the tensor-core GEMV with every n8-tile count, and dequant + cuBLAS),
+// with and without bias, fp32 and bf16 outputs poisoned with NaN first; E4M3 subnormal codes and
+// extreme scales and activations; batch invariance on the GEMV; CUDA graph replay equal to eager;
+// the BF16 dequant pass exact on ragged rows; the tiled layout a permutation; error paths. Every
+// CUDA return code is checked.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "cuda_check.hpp"
+#include "cuda/mxfp8_tiles.hpp"
 #include "exl3/cuda/mxfp8.hpp"
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
@@ -104,49 +109,100 @@ std::vector<float> run_gpu(const Mxfp8LinearCuda& L, const std::vector<uint16_t>
 TEST(Mxfp8Cuda, MatchesTheCpuReferenceOnEveryPath) {
   EXL3_REQUIRE_GPU();
   auto rng = exl3::test::make_rng();
-  for (bool bias : {false, true}) {
-    const auto P = make_problem(rng, 1024, 200, bias);  // 200 outputs: ragged GEMV and GEMM edges
-    Mxfp8Options o;
-    o.max_m = 1024;
-    const Mxfp8LinearCuda L(P.w, P.bias, o);
-    for (int64_t m : {1, 2, 3, 8, 16, 17, 64, 256, 1024}) {
-      std::vector<uint16_t> xb;
-      std::vector<float> xf;
-      make_x(rng, m, P.in, xb, xf);
-      std::vector<float> ref(static_cast<size_t>(m * P.out));
-      P.w.matmul_t(xf.data(), m, ref.data(), P.bias);
-      for (DType t : {DType::kF32, DType::kBF16}) {
-        const auto y = run_gpu(L, xb, m, t);
-        for (float v : y) ASSERT_TRUE(std::isfinite(v)) << "m=" << m;
-        const double err = exl3::test::rel_l2(y, ref);
-        // fp32: summation order only; bf16 output: one rounding (2^-9 relative).
-        EXPECT_LT(err, t == DType::kF32 ? 2e-6 : 4e-3)
-            << "m=" << m << " path=" << exl3::cuda::mxfp8_path_name(L.path_for(m)) << " bias=" << bias;
+  // 200 outputs: a ragged last row tile; 256 -> 128 and 128 -> 256: fewer 32-input blocks per
+  // row than the GEMV has warps (the engine test models' shared-expert MLP).
+  for (const auto& [in, out, bias] : {std::tuple{int64_t{1024}, int64_t{200}, false}, std::tuple{int64_t{1024}, int64_t{200}, true},
+                                      std::tuple{int64_t{256}, int64_t{128}, false}, std::tuple{int64_t{128}, int64_t{256}, true}}) {
+    const auto P = make_problem(rng, in, out, bias);
+    for (int64_t gemv_max_m : {int64_t{64}, int64_t{16}}) {
+      Mxfp8Options o;
+      o.max_m = 1024;
+      o.gemv_max_m = gemv_max_m;
+      const Mxfp8LinearCuda L(P.w, P.bias, o);
+      for (int64_t m : {1, 2, 3, 8, 9, 16, 17, 31, 33, 64, 65, 256, 1024}) {
+        std::vector<uint16_t> xb;
+        std::vector<float> xf;
+        make_x(rng, m, P.in, xb, xf);
+        std::vector<float> ref(static_cast<size_t>(m * P.out));
+        P.w.matmul_t(xf.data(), m, ref.data(), P.bias);
+        for (DType t : {DType::kF32, DType::kBF16}) {
+          const auto y = run_gpu(L, xb, m, t);
+          for (float v : y) ASSERT_TRUE(std::isfinite(v)) << "m=" << m;
+          const double err = exl3::test::rel_l2(y, ref);
+          // fp32: summation order only; bf16 output: one rounding (2^-9 relative).
+          EXPECT_LT(err, t == DType::kF32 ? 2e-6 : 4e-3)
+              << in << "x" << out << " m=" << m << " path=" << exl3::cuda::mxfp8_path_name(L.path_for(m))
+              << " bias=" << bias;
+        }
       }
     }
   }
 }
 
-TEST(Mxfp8Cuda, RowsAreBatchInvariantWithinGemvAndGemm) {
+// E4M3 subnormal codes only (the bf16 operands are subnormal too), then every code with scales
+// from 2^-27 to 2^60 and activations from 2^-40 to 2^60: the GEMV's 2^48 / 2^72
+// range scaling must keep the result equal to the reference's fp32 arithmetic.
+TEST(Mxfp8Cuda, SubnormalCodesAndExtremeRangesStayExact) {
+  EXL3_REQUIRE_GPU();
+  auto rng = exl3::test::make_rng();
+  const int64_t in = 512, out = 48, m = 5;
+  struct Case {
+    const char* what;
+    int code_lo, code_hi, scale_lo, scale_hi;
+    float x_scale;
+  };
+  for (const Case& c : {Case{"subnormal codes", 1, 7, 127, 127, 1.0f}, Case{"tiny scales", 0, 126, 100, 110, 1.0f},
+                        Case{"huge scales", 0, 126, 170, 187, 1.0f}, Case{"tiny activations", 0, 126, 120, 130, 0x1p-40f},
+                        Case{"huge activations", 0, 126, 100, 110, 0x1p60f}}) {
+    std::uniform_int_distribution<int> code(c.code_lo, c.code_hi), sign(0, 1), sc(c.scale_lo, c.scale_hi);
+    std::vector<uint8_t> v(static_cast<size_t>(in * out)), s(static_cast<size_t>(in / 32 * out));
+    for (auto& b : v) b = static_cast<uint8_t>(code(rng) | (sign(rng) << 7));
+    for (auto& b : s) b = static_cast<uint8_t>(sc(rng));
+    const auto w = exl3::mxfp8::Weight::from_planes("extreme", v, s, out, in);
+    Mxfp8Options o;
+    o.gemv_max_m = 64;
+    const Mxfp8LinearCuda L(w, {}, o);
+    std::vector<uint16_t> xb;
+    std::vector<float> xf;
+    make_x(rng, m, in, xb, xf);
+    for (size_t i = 0; i < xb.size(); ++i) {
+      xb[i] = exl3::trellis::float_to_bf16(xf[i] * c.x_scale);
+      xf[i] = exl3::trellis::bf16_to_float(xb[i]);
+    }
+    std::vector<float> ref(static_cast<size_t>(m * out));
+    w.matmul_t(xf.data(), m, ref.data());
+    const auto y = run_gpu(L, xb, m, DType::kF32);
+    for (float f : y) ASSERT_TRUE(std::isfinite(f)) << c.what;
+    EXPECT_LT(exl3::test::rel_l2(y, ref), 2e-6) << c.what;
+    // The BF16 dequant (the cuBLAS path's weight) rounds the exact value once, like the host.
+    DevBuf<uint16_t> d(static_cast<size_t>(in * out));
+    EXL3_CUDA_OK(L.dequantize_bf16(d.p, nullptr));
+    EXL3_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<uint16_t> h(d.n);
+    EXL3_CUDA_OK(cudaMemcpy(h.data(), d.p, d.n * 2, cudaMemcpyDeviceToHost));
+    const auto dq = w.dequantize();
+    for (size_t i = 0; i < h.size(); ++i) {
+      ASSERT_EQ(h[i], exl3::trellis::float_to_bf16(dq[i])) << c.what << " element " << i;
+    }
+  }
+}
+
+TEST(Mxfp8Cuda, RowsAreBatchInvariantOnTheGemv) {
   EXL3_REQUIRE_GPU();
   auto rng = exl3::test::make_rng();
   const auto P = make_problem(rng, 2048, 384, true);
-  const Mxfp8LinearCuda L(P.w, P.bias);
+  Mxfp8Options o;
+  o.gemv_max_m = 64;
+  const Mxfp8LinearCuda L(P.w, P.bias, o);
   std::vector<uint16_t> xb;
   std::vector<float> xf;
-  make_x(rng, 512, P.in, xb, xf);
-  // GEMV: m = 16 against every smaller m (different template instances); GEMM: 512 vs 17 and 100.
-  const auto y16 = run_gpu(L, xb, 16, DType::kF32);
-  for (int64_t m : {1, 2, 3, 5, 8, 13}) {
+  make_x(rng, 64, P.in, xb, xf);
+  // m = 64 (8 n8 tiles) against every other tile count and ragged m.
+  const auto y64 = run_gpu(L, xb, 64, DType::kF32);
+  for (int64_t m : {1, 2, 3, 5, 8, 9, 13, 16, 17, 32, 40, 63}) {
     ASSERT_EQ(L.path_for(m), Mxfp8Path::kGemv);
     const auto y = run_gpu(L, std::vector<uint16_t>(xb.begin(), xb.begin() + m * P.in), m, DType::kF32);
-    ASSERT_EQ(std::memcmp(y.data(), y16.data(), y.size() * 4), 0) << "gemv m=" << m;
-  }
-  const auto y512 = run_gpu(L, xb, 512, DType::kF32);
-  for (int64_t m : {17, 100}) {
-    ASSERT_EQ(L.path_for(m), Mxfp8Path::kMma);
-    const auto y = run_gpu(L, std::vector<uint16_t>(xb.begin(), xb.begin() + m * P.in), m, DType::kF32);
-    ASSERT_EQ(std::memcmp(y.data(), y512.data(), y.size() * 4), 0) << "mma m=" << m;
+    ASSERT_EQ(std::memcmp(y.data(), y64.data(), y.size() * 4), 0) << "gemv m=" << m;
   }
 }
 
@@ -191,7 +247,7 @@ TEST(Mxfp8Cuda, GraphReplayEqualsEager) {
 TEST(Mxfp8Cuda, DequantIsExactAndHostWrapperMatches) {
   EXL3_REQUIRE_GPU();
   auto rng = exl3::test::make_rng();
-  const auto P = make_problem(rng, 256, 96, false);
+  const auto P = make_problem(rng, 256, 100, false);  // 100 rows: the padded last tile is cut off
   const Mxfp8LinearCuda L(P.w);
   DevBuf<uint16_t> d(static_cast<size_t>(P.in * P.out));
   EXL3_CUDA_OK(cudaMemset(d.p, 0xFF, d.n * 2));
@@ -212,9 +268,17 @@ TEST(Mxfp8Cuda, ErrorPaths) {
   std::vector<uint8_t> v(48 * 8, 0x38), s(8, 120);
   EXPECT_THROW(Mxfp8LinearCuda("bad", v.data(), s.data(), 48, 8, nullptr), exl3::Error);
   Mxfp8Options o;
-  o.gemv_max_m = 32;
+  o.gemv_max_m = 65;
   std::vector<uint8_t> v2(64 * 8, 0x38), s2(16, 120);
   EXPECT_THROW(Mxfp8LinearCuda("bad", v2.data(), s2.data(), 64, 8, nullptr, o), exl3::Error);
+  {
+    auto nan_code = v2;
+    nan_code[100] = 0xFF;
+    auto nan_scale = s2;
+    nan_scale[3] = 0xFF;
+    EXPECT_THROW(Mxfp8LinearCuda("bad", nan_code.data(), s2.data(), 64, 8, nullptr), exl3::Error);
+    EXPECT_THROW(Mxfp8LinearCuda("bad", v2.data(), nan_scale.data(), 64, 8, nullptr), exl3::Error);
+  }
   o = {};
   o.max_m = 64;
   const Mxfp8LinearCuda L("ok", v2.data(), s2.data(), 64, 8, nullptr, o);
@@ -230,6 +294,43 @@ TEST(Mxfp8Cuda, ErrorPaths) {
   }
   EXPECT_THROW(exl3::cuda::mxfp8_forward_host(L, std::vector<float>(64).data(), 100), exl3::Error);
   EXL3_CUDA_OK(cudaGetLastError());
+}
+
+// The tiled layout is a permutation of the code and scale planes (every source byte lands on its
+// own destination, inside the padded planes); checked on the host, no GPU needed.
+TEST(Mxfp8Tiles, LayoutIsAPermutation) {
+  for (int64_t k : {32, 96, 4096}) {
+    const int64_t n = 40, kb = k / 32, rows = 48;
+    std::vector<int> hits(static_cast<size_t>(rows * k), 0), shits(static_cast<size_t>(rows * kb), 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t off = exl3::cuda::detail::mxfp8_tile_value_offset(r, c, kb);
+        ASSERT_GE(off, 0);
+        ASSERT_LT(off, rows * k);
+        ++hits[static_cast<size_t>(off)];
+      }
+      for (int64_t b = 0; b < kb; ++b) ++shits[static_cast<size_t>(exl3::cuda::detail::mxfp8_tile_scale_offset(r, b, kb))];
+    }
+    for (int h : hits) ASSERT_EQ(h, 1) << "k=" << k;
+    for (int h : shits) ASSERT_EQ(h, 1) << "k=" << k;
+    (void)n;
+  }
+}
+
+// The engines' tuning override: EXL3_MXFP8_GEMV_MAX_M moves the crossover; garbage fails naming it.
+TEST(Mxfp8Tiles, GemvCrossoverFromTheEnvironment) {
+  ::setenv("EXL3_MXFP8_GEMV_MAX_M", "8", 1);
+  EXPECT_EQ(exl3::cuda::mxfp8_options_from_env({}).gemv_max_m, 8);
+  ::setenv("EXL3_MXFP8_GEMV_MAX_M", " ", 1);
+  EXPECT_EQ(exl3::cuda::mxfp8_options_from_env({}).gemv_max_m, Mxfp8Options{}.gemv_max_m);
+  ::setenv("EXL3_MXFP8_GEMV_MAX_M", "lots", 1);
+  try {
+    (void)exl3::cuda::mxfp8_options_from_env({});
+    ADD_FAILURE() << "no error for EXL3_MXFP8_GEMV_MAX_M=lots";
+  } catch (const exl3::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("EXL3_MXFP8_GEMV_MAX_M"), std::string::npos) << e.what();
+  }
+  ::unsetenv("EXL3_MXFP8_GEMV_MAX_M");
 }
 
 }  // namespace

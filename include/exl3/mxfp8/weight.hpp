@@ -49,6 +49,9 @@ class Weight {
   // or shapes, cols not a multiple of 32, NaN E4M3 codes or scale codes above 246 (2^119).
   static Weight load(const TensorStore& store, const std::string& prefix, int64_t rows = 0,
                      int64_t cols = 0);
+  // Owns the given planes (values [rows, cols], scales [rows, cols / 32]); the same checks as load.
+  static Weight from_planes(std::string name, std::vector<uint8_t> values, std::vector<uint8_t> scales,
+                            int64_t rows, int64_t cols);
   // Whether `store` holds the checkpoint form for `prefix` (a `<prefix>.weight_scale` exists).
   static bool stored_in(const TensorStore& store, const std::string& prefix);
 
@@ -76,6 +79,11 @@ class Weight {
   const uint8_t* scales_ = nullptr;
   std::shared_ptr<std::vector<uint8_t>> owned_values_, owned_scales_;
 };
+
+// Fails (prefixed by `where`) on an E4M3 NaN code or a scale code above 246 (2^119; 255 is NaN):
+// planes no conversion writes. Shared by every way a weight enters (checkpoint, raw planes, GPU).
+void check_planes(const std::string& where, const uint8_t* values, const uint8_t* scales, int64_t rows,
+                  int64_t cols);
 
 // The error of `w` against its source matrix (same dtype rules as Weight::quantize).
 ConversionError conversion_error(const Weight& w, const std::byte* source, DType dtype);
