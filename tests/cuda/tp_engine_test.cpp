@@ -119,8 +119,11 @@ TEST(CudaTpEngine, MixedBatchEqualsSeparateCalls) {
   const auto rb = ref->new_sequence();
   ref->forward(rb, std::span(b).first(4), LogitsMode::kLast);
   const auto want_b = ref->forward(rb, std::span(b).subspan(4, 1), LogitsMode::kLast);
-  EXPECT_LE(exl3::test::rel_l2(got[0], want_a), 1e-5);
-  EXPECT_LE(exl3::test::rel_l2(got[1], want_b), 1e-5);
+  // The batch runs the MoE's prefill plan and other linear paths than the separate calls, so the
+  // bound is the single-GPU engine's mixed-batch bound (engine_test.cpp); measured on the H200 at
+  // TP 2: 1.0e-4 for the decode entry.
+  EXPECT_LE(exl3::test::rel_l2(got[0], want_a), 1e-3);
+  EXPECT_LE(exl3::test::rel_l2(got[1], want_b), 1e-3);
 }
 
 // Rank-sliced experts (`.rank{r}` tensors for TP 2) read only each rank's tensors.
