@@ -17,9 +17,11 @@ double now_seconds() {
 
 LoadProgressFn make_load_progress_printer(std::FILE* out, bool terminal) {
   if (!terminal) {
-    // Logs get one line per quarter: enough to see a slow load advance, never a line per layer.
+    // Logs get one line per quarter once a load has taken a second: enough to see a slow load
+    // advance, never a line per layer, and nothing for the loads that finish at once.
     return [out](const LoadProgress& p) {
       const int64_t t = std::max<int64_t>(p.layers_total, 1);
+      if (p.elapsed < 1.0) return;
       if ((p.layers_done * 4) / t == ((p.layers_done - 1) * 4) / t && p.layers_done != p.layers_total) return;
       fmt::print(out, "loaded layer {}/{} ({}%) in {:.1f} s\n", p.layers_done, p.layers_total,
                  p.layers_done * 100 / t, p.elapsed);

@@ -16,7 +16,7 @@ struct LoadProgress {
 using LoadProgressFn = std::function<void(const LoadProgress&)>;
 
 // A bar redrawn in place with the ETA when `terminal`; otherwise (logs) one plain line per
-// quarter of the layers, "loaded layer 12/48 (25%) in 9.8 s".
+// quarter of the layers once the load has taken a second, "loaded layer 12/48 (25%) in 9.8 s".
 LoadProgressFn make_load_progress_printer(std::FILE* out, bool terminal);
 
 // Calls `fn` (when set) after each of `total` layers; the clock starts at construction.
