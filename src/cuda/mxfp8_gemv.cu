@@ -15,10 +15,10 @@
 // w = e4m3 * 2^(s - 127) up to summation order. (Activations below 2^-40 lose their smallest
 // products to underflow; no real activation is that small next to its neighbours.)
 //
-// Work split: a block of 8 warps owns one 16-row tile; warp w takes the tile's 32-input blocks
-// w, w + 8, ... of its K split (kUnroll blocks' loads in flight per lane), then the warps'
-// fragments are summed in warp order through shared memory. A row's arithmetic depends on
-// (k, n, splits) only: every m on this path gives the same bits for a given row.
+// Work split: a block of 8 warps owns RB 16-row tiles (1 at m <= 8, more at larger m); warp w
+// takes each tile's 32-input blocks w, w + 8, ... of its K split, then the warps' fragments are
+// summed in warp order through shared memory. A row's arithmetic depends on (k, n, splits) only:
+// every m on this path gives the same bits for a given row.
 #include <cuda_bf16.h>
 
 #include "cuda/mxfp8_decode.cuh"
@@ -29,7 +29,6 @@ namespace exl3::cuda::detail {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kUnroll = 4;
 constexpr uint32_t kBf16x2TwoPow48 = 0x57805780u;  // bf16 2^48 in both halves
 constexpr float kTwoPow72 = 4722366482869645213696.0f;
 constexpr float kTwoPow120 = 1.329227995784915872903807060280344576e36f;
@@ -73,9 +72,12 @@ __device__ __forceinline__ float ue8m0_exp2(uint32_t e) {
   return __uint_as_float(e == 0 ? 0x00400000u : e << 23);
 }
 
-// NT n8 tiles of activation rows: m <= 8 * NT. kUnroll blocks' loads are in flight per lane
-// (8 measured slower than 4 on the H200: fewer warps fit).
-template <int NT>
+// NT n8 tiles of activation rows (m <= 8 * NT); RB 16-row tiles per block share each activation
+// fragment (the activations are re-read from L2 once per block, so at larger m more tiles per
+// block cut that traffic); U blocks' loads in flight per lane and tile (at m <= 8, U = 8 measured
+// slower than 4: fewer warps fit). RB and U change which block holds a tile and when loads
+// issue, never a row's arithmetic or its order.
+template <int NT, int RB, int U>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const uint4* __restrict__ values, const uint16_t* __restrict__ scales,
                 const __nv_bfloat16* __restrict__ x, int m, int64_t k, int64_t n, int kb,
@@ -84,18 +86,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   __shared__ float red[kWarps][NT * 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
-  const int64_t tile = blockIdx.x;
+  const int64_t tiles = (n + kMxfp8TileRows - 1) / kMxfp8TileRows;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * RB;
   const int split = blockIdx.y;
   const int b_begin = static_cast<int>(static_cast<int64_t>(kb) * split / splits);
   const int b_end = static_cast<int>(static_cast<int64_t>(kb) * (split + 1) / splits);
-  const uint4* vt = values + tile * kb * 32 + lane;
-  const uint16_t* st = scales + tile * kb * 8 + g;
 
-  float acc[NT][4];
+  float acc[RB][NT][4];
 #pragma unroll
-  for (int t = 0; t < NT; ++t)
+  for (int r = 0; r < RB; ++r)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][t][i] = 0.0f;
 
   // Small m: the activations' loads go out with the weights' (one memory round trip per step
   // instead of two); larger NT load them per use (registers).
@@ -110,23 +113,45 @@ __global__ void __launch_bounds__(kWarps * 32)
     return xv;
   };
 
-  for (int b0 = b_begin + warp; b0 < b_end; b0 += kWarps * kUnroll) {
-    uint4 v[kUnroll];
-    uint32_t sc[kUnroll];
-    uint4 xs[kPrefetchX ? kUnroll : 1][kPrefetchX ? NT : 1];
+  // Per-tile bases (the last block's tiles past the end read nothing; RB = 1 never has one).
+  const uint4* vt[RB];
+  const uint16_t* st[RB];
+  bool live[RB];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+  for (int r = 0; r < RB; ++r) {
+    live[r] = RB == 1 || tile0 + r < tiles;
+    vt[r] = values + (tile0 + r) * kb * 32 + lane;
+    st[r] = scales + (tile0 + r) * kb * 8 + g;
+  }
+
+  for (int b0 = b_begin + warp; b0 < b_end; b0 += kWarps * U) {
+    uint4 v[U][RB];
+    uint32_t sc[U][RB];
+    uint4 xs[kPrefetchX ? U : 1][kPrefetchX ? NT : 1];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
       const int b = b0 + u * kWarps;
-      if (b < b_end) {
-        v[u] = load_stream(vt + static_cast<int64_t>(b) * 32);
-        sc[u] = __ldg(st + static_cast<int64_t>(b) * 8);
+      if (b < b_end) {  // warp-uniform
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+          if (live[r]) {
+            v[u][r] = load_stream(vt[r] + static_cast<int64_t>(b) * 32);
+            sc[u][r] = __ldg(st[r] + static_cast<int64_t>(b) * 8);
+          } else {
+            v[u][r] = make_uint4(0, 0, 0, 0);
+            sc[u][r] = 0;
+          }
+        }
         if constexpr (kPrefetchX) {
 #pragma unroll
           for (int t = 0; t < NT; ++t) xs[u][t] = load_x(t, b);
         }
       } else {
-        v[u] = make_uint4(0, 0, 0, 0);
-        sc[u] = 0;
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+          v[u][r] = make_uint4(0, 0, 0, 0);
+          sc[u][r] = 0;
+        }
         if constexpr (kPrefetchX) {
 #pragma unroll
           for (int t = 0; t < NT; ++t) xs[u][t] = make_uint4(0, 0, 0, 0);
@@ -134,15 +159,21 @@ __global__ void __launch_bounds__(kWarps * 32)
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int b = b0 + u * kWarps;
       if (b >= b_end) break;  // warp-uniform
-      uint32_t a0[4], a1[4];  // k16 steps 0 and 1: {row g lo, row g+8 lo, row g hi, row g+8 hi}
-      e4m3x4_to_bf16x2(v[u].x, a0[0], a0[2]);
-      e4m3x4_to_bf16x2(v[u].z, a0[1], a0[3]);
-      e4m3x4_to_bf16x2(v[u].y, a1[0], a1[2]);
-      e4m3x4_to_bf16x2(v[u].w, a1[1], a1[3]);
-      const float s_lo = ue8m0_exp2(sc[u] & 0xFFu), s_hi = ue8m0_exp2(sc[u] >> 8);
+      // k16 steps 0 and 1 of each tile: {row g lo, row g+8 lo, row g hi, row g+8 hi}
+      uint32_t a0[RB][4], a1[RB][4];
+      float s_lo[RB], s_hi[RB];
+#pragma unroll
+      for (int r = 0; r < RB; ++r) {
+        e4m3x4_to_bf16x2(v[u][r].x, a0[r][0], a0[r][2]);
+        e4m3x4_to_bf16x2(v[u][r].z, a0[r][1], a0[r][3]);
+        e4m3x4_to_bf16x2(v[u][r].y, a1[r][0], a1[r][2]);
+        e4m3x4_to_bf16x2(v[u][r].w, a1[r][1], a1[r][3]);
+        s_lo[r] = ue8m0_exp2(sc[u][r] & 0xFFu);
+        s_hi[r] = ue8m0_exp2(sc[u][r] >> 8);
+      }
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         uint4 xv;
@@ -151,44 +182,50 @@ __global__ void __launch_bounds__(kWarps * 32)
         } else {
           xv = load_x(t, b);
         }
-        {
-          xv.x = bf16x2_times_2p48(xv.x);
-          xv.y = bf16x2_times_2p48(xv.y);
-          xv.z = bf16x2_times_2p48(xv.z);
-          xv.w = bf16x2_times_2p48(xv.w);
+        xv.x = bf16x2_times_2p48(xv.x);
+        xv.y = bf16x2_times_2p48(xv.y);
+        xv.z = bf16x2_times_2p48(xv.z);
+        xv.w = bf16x2_times_2p48(xv.w);
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          mma_bf16(d, a0[r], xv.x, xv.y);
+          mma_bf16(d, a1[r], xv.z, xv.w);
+          acc[r][t][0] = fmaf(d[0] * kTwoPow72, s_lo[r], acc[r][t][0]);
+          acc[r][t][1] = fmaf(d[1] * kTwoPow72, s_lo[r], acc[r][t][1]);
+          acc[r][t][2] = fmaf(d[2] * kTwoPow72, s_hi[r], acc[r][t][2]);
+          acc[r][t][3] = fmaf(d[3] * kTwoPow72, s_hi[r], acc[r][t][3]);
         }
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_bf16(d, a0, xv.x, xv.y);
-        mma_bf16(d, a1, xv.z, xv.w);
-        acc[t][0] = fmaf(d[0] * kTwoPow72, s_lo, acc[t][0]);
-        acc[t][1] = fmaf(d[1] * kTwoPow72, s_lo, acc[t][1]);
-        acc[t][2] = fmaf(d[2] * kTwoPow72, s_hi, acc[t][2]);
-        acc[t][3] = fmaf(d[3] * kTwoPow72, s_hi, acc[t][3]);
       }
     }
   }
 
+  // One tile at a time through shared memory. Fragment element (t, i) of lane (g, q): weight row
+  // g (+8 for i >= 2), activation row 8t + 2q + (i & 1). Summed over the warps in order.
 #pragma unroll
-  for (int t = 0; t < NT; ++t)
+  for (int r = 0; r < RB; ++r) {
+    if (r > 0) __syncthreads();  // the previous tile's sums are read
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][t * 4 + i][lane] = acc[t][i];
-  __syncthreads();
-  // Fragment element (t, i) of lane (g, q): weight row g (+8 for i >= 2), activation row
-  // 8t + 2q + (i & 1). Summed over the warps in order.
-  for (int e = threadIdx.x; e < NT * 4 * 32; e += kWarps * 32) {
-    const int ti = e >> 5, ln = e & 31;
-    float v = red[0][ti][ln];
+    for (int t = 0; t < NT; ++t)
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) v += red[w][ti][ln];
-    const int i = ti & 3;
-    const int64_t row = tile * kMxfp8TileRows + (ln >> 2) + (i >= 2 ? 8 : 0);
-    const int col = (ti >> 2) * 8 + 2 * (ln & 3) + (i & 1);
-    if (row < n && col < m) {
-      if (splits == 1) {
-        store_out(y, out_type, static_cast<int64_t>(col) * n + row,
-                  v + (bias != nullptr ? bias[row] : 0.0f));
-      } else {
-        partial[(static_cast<int64_t>(split) * m + col) * n + row] = v;
+      for (int i = 0; i < 4; ++i) red[warp][t * 4 + i][lane] = acc[r][t][i];
+    __syncthreads();
+    const int64_t tile = tile0 + r;
+    for (int e = threadIdx.x; e < NT * 4 * 32; e += kWarps * 32) {
+      const int ti = e >> 5, ln = e & 31;
+      float v = red[0][ti][ln];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) v += red[w][ti][ln];
+      const int i = ti & 3;
+      const int64_t row = tile * kMxfp8TileRows + (ln >> 2) + (i >= 2 ? 8 : 0);
+      const int col = (ti >> 2) * 8 + 2 * (ln & 3) + (i & 1);
+      if (row < n && col < m) {
+        if (splits == 1) {
+          store_out(y, out_type, static_cast<int64_t>(col) * n + row,
+                    v + (bias != nullptr ? bias[row] : 0.0f));
+        } else {
+          partial[(static_cast<int64_t>(split) * m + col) * n + row] = v;
+        }
       }
     }
   }
@@ -273,13 +310,20 @@ __global__ void __launch_bounds__(kDqThreads)
   }
 }
 
+// Tiles per block and loads in flight by n8-tile count (m): one tile while the activations are
+// a small share of the traffic, more as they grow.
 template <int NT>
 cudaError_t launch_gemv(const uint8_t* values, const uint8_t* scales, const void* x, int64_t m,
                         int64_t k, int64_t n, int splits, float* partial, const float* bias,
                         void* y, DType out_type, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((n + kMxfp8TileRows - 1) / kMxfp8TileRows),
-                  static_cast<unsigned>(splits));
-  gemv_kernel<NT><<<grid, kWarps * 32, 0, stream>>>(
+  // Measured on the H200 (docs/performance.md): 2 tiles per block cut m = 16 from 95 to 84 us on
+  // 8192x28672 and m = 64 from 302 to 267 us; at m = 32 (2 tiles, 2 loads) it lost on 6 of 7
+  // shapes.
+  constexpr int RB = NT == 1 || NT == 4 ? 1 : 2;
+  constexpr int U = NT == 8 ? 1 : 4;
+  const int64_t tiles = (n + kMxfp8TileRows - 1) / kMxfp8TileRows;
+  const dim3 grid(static_cast<unsigned>((tiles + RB - 1) / RB), static_cast<unsigned>(splits));
+  gemv_kernel<NT, RB, U><<<grid, kWarps * 32, 0, stream>>>(
       reinterpret_cast<const uint4*>(values), reinterpret_cast<const uint16_t*>(scales),
       static_cast<const __nv_bfloat16*>(x), static_cast<int>(m), k, n, static_cast<int>(k / 32),
       splits, partial, bias, y, out_type);

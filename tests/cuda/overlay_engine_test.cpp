@@ -194,13 +194,19 @@ TEST_P(CudaOverlayEngine, MatchesTheCpuEngine) {
   EXPECT_LT(err, overlay_effect) << c.name;
   test::expect_same_argmax(got, want, vocab, c.name);
 
-  // Decode steps (GEMV path, replayed as CUDA graphs) against the one-pass prefill (GEMM path).
+  // A 30-token prefill then decode steps (GEMV path, replayed as CUDA graphs) against the one
+  // 40-token pass (dequant + cuBLAS path), beside the same comparison on the unoverlaid engine.
   const size_t prefill = 30;
   const auto inc = test::prefill_then_decode(*gpu, ids, prefill);
   const std::vector<float> one_pass(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(ids.size() * vocab));
-  // The MXFP8 GEMV (decode) and tensor-core (prefill) paths add the same BF16-rounded products in
-  // different orders; on the H200 these noise models measured 1.1e-3 to 1.5e-3 (2026-11-29).
-  EXPECT_LE(exl3::test::rel_l2(inc, one_pass), 3e-3) << c.name;
+  const auto inc_bf16 = test::prefill_then_decode(*gpu_bf16, ids, prefill);
+  const double inc_err = exl3::test::rel_l2(inc, one_pass), inc_bf16_err = exl3::test::rel_l2(inc_bf16, plain);
+  std::printf("%s: decode steps vs one pass rel-L2 %.3e overlaid, %.3e unoverlaid\n", c.name, inc_err, inc_bf16_err);
+  // Both paths add the same BF16-rounded products in different orders, and decode attends over
+  // the fp16 KV cache where one pass uses its fresh keys; these noise models measured 1.1e-3 to
+  // 3.0e-3 on the H200 (2026-11-29 and -30), so the bound is 5e-3, or 3x the unoverlaid engine's
+  // own gap should a routing flip make that larger.
+  EXPECT_LE(inc_err, std::max(5e-3, 3.0 * inc_bf16_err)) << c.name;
 }
 
 const Case kCases[] = {
