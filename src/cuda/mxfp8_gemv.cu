@@ -15,7 +15,7 @@
 // w = e4m3 * 2^(s - 127) up to summation order. (Activations below 2^-40 lose their smallest
 // products to underflow; no real activation is that small next to its neighbours.)
 //
-// Work split: a block of 8 warps owns RB 16-row tiles (1 at m <= 8, more at larger m); warp w
+// Work split: a block of 8 warps owns RB 16-row tiles (1 or 2 by m, see launch_gemv); warp w
 // takes each tile's 32-input blocks w, w + 8, ... of its K split, then the warps' fragments are
 // summed in warp order through shared memory. A row's arithmetic depends on (k, n, splits) only:
 // every m on this path gives the same bits for a given row.
@@ -316,9 +316,9 @@ template <int NT>
 cudaError_t launch_gemv(const uint8_t* values, const uint8_t* scales, const void* x, int64_t m,
                         int64_t k, int64_t n, int splits, float* partial, const float* bias,
                         void* y, DType out_type, cudaStream_t stream) {
-  // Measured on the H200 (docs/performance.md): 2 tiles per block cut m = 16 from 95 to 84 us on
-  // 8192x28672 and m = 64 from 302 to 267 us; at m = 32 (2 tiles, 2 loads) it lost on 6 of 7
-  // shapes.
+  // Measured on the H200 (docs/performance.md, runs 5-8): 2 tiles per block took m = 16 from
+  // 91-95 to 84-92 us on 8192x28672 and m = 64 from 302 to 266-288 us; at m = 17..32 (2 tiles,
+  // 2 loads) it lost on 6 of 7 shapes.
   constexpr int RB = NT == 1 || NT == 4 ? 1 : 2;
   constexpr int U = NT == 8 ? 1 : 4;
   const int64_t tiles = (n + kMxfp8TileRows - 1) / kMxfp8TileRows;
