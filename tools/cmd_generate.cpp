@@ -113,7 +113,6 @@ Runner add_generate(CLI::App& app, Common&) {
     if (prompt.empty()) fail("--prompt: the prompt encodes to no tokens");
 
     runtime::EngineOptions eo;
-
     eo.load_progress = runtime::make_load_progress_printer(stderr, ::isatty(2) != 0);
     eo.device = runtime::parse_device(o->device);
     eo.page_size = o->page_size;

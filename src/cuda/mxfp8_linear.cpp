@@ -109,16 +109,18 @@ Mxfp8LinearCuda::Mxfp8LinearCuda(const mxfp8::Weight& w, const std::vector<float
   if (!bias.empty() && static_cast<int64_t>(bias.size()) != out_) {
     fail("CUDA MXFP8 linear '{}': bias has {} values for {} outputs", name_, bias.size(), out_);
   }
-  init(w.name().c_str(), w.values(), w.scales(), bias.empty() ? nullptr : bias.data());
+  // An mxfp8::Weight's codes were checked when it was loaded, converted or built from planes.
+  init(w.name().c_str(), w.values(), w.scales(), bias.empty() ? nullptr : bias.data(), /*check_codes=*/false);
 }
 
 Mxfp8LinearCuda::Mxfp8LinearCuda(const char* name, const uint8_t* values, const uint8_t* scales, int64_t in_features,
                                  int64_t out_features, const float* bias, const Mxfp8Options& opts)
     : name_(name), in_(in_features), out_(out_features), opts_(opts) {
-  init(name, values, scales, bias);
+  init(name, values, scales, bias, /*check_codes=*/true);
 }
 
-void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_t* scales, const float* bias) {
+void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_t* scales, const float* bias,
+                           bool check_codes) {
   if (in_ <= 0 || out_ <= 0 || in_ % 32 != 0) {
     fail("CUDA MXFP8 linear '{}': {} -> {}: the input width must be a positive multiple of 32 and the output "
          "positive",
@@ -131,7 +133,7 @@ void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_
   }
   split_k_ = opts_.split_k > 0 ? opts_.split_k : plan_splits(in_, out_);
   if (split_k_ > in_ / 32) fail("CUDA MXFP8 linear '{}': split_k {} exceeds the {} 32-wide blocks", name, split_k_, in_ / 32);
-  mxfp8::check_planes(fmt::format("CUDA MXFP8 linear '{}'", name), values, scales, out_, in_);
+  if (check_codes) mxfp8::check_planes(fmt::format("CUDA MXFP8 linear '{}'", name), values, scales, out_, in_);
   std::vector<uint8_t> tv, ts;
   tile_planes(values, scales, in_, out_, tv, ts);
   check(cudaMalloc(reinterpret_cast<void**>(&d_values_), tv.size()), "allocating values", name);

@@ -106,6 +106,17 @@ std::vector<float> run_gpu(const Mxfp8LinearCuda& L, const std::vector<uint16_t>
   return y;
 }
 
+// The layer's BF16 dequant pass, poisoned first, back on the host.
+std::vector<uint16_t> dequant_on_gpu(const Mxfp8LinearCuda& L) {
+  DevBuf<uint16_t> d(static_cast<size_t>(L.in_features() * L.out_features()));
+  EXPECT_EQ(cudaMemset(d.p, 0xFF, d.n * 2), cudaSuccess);
+  EXPECT_EQ(L.dequantize_bf16(d.p, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> h(d.n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d.p, d.n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
 TEST(Mxfp8Cuda, MatchesTheCpuReferenceOnEveryPath) {
   EXL3_REQUIRE_GPU();
   auto rng = exl3::test::make_rng();
@@ -175,11 +186,7 @@ TEST(Mxfp8Cuda, SubnormalCodesAndExtremeRangesStayExact) {
     for (float f : y) ASSERT_TRUE(std::isfinite(f)) << c.what;
     EXPECT_LT(exl3::test::rel_l2(y, ref), 2e-6) << c.what;
     // The BF16 dequant (the cuBLAS path's weight) rounds the exact value once, like the host.
-    DevBuf<uint16_t> d(static_cast<size_t>(in * out));
-    EXL3_CUDA_OK(L.dequantize_bf16(d.p, nullptr));
-    EXL3_CUDA_OK(cudaDeviceSynchronize());
-    std::vector<uint16_t> h(d.n);
-    EXL3_CUDA_OK(cudaMemcpy(h.data(), d.p, d.n * 2, cudaMemcpyDeviceToHost));
+    const auto h = dequant_on_gpu(L);
     const auto dq = w.dequantize();
     for (size_t i = 0; i < h.size(); ++i) {
       ASSERT_EQ(h[i], exl3::trellis::float_to_bf16(dq[i])) << c.what << " element " << i;
@@ -249,12 +256,7 @@ TEST(Mxfp8Cuda, DequantIsExactAndHostWrapperMatches) {
   auto rng = exl3::test::make_rng();
   const auto P = make_problem(rng, 256, 100, false);  // 100 rows: the padded last tile is cut off
   const Mxfp8LinearCuda L(P.w);
-  DevBuf<uint16_t> d(static_cast<size_t>(P.in * P.out));
-  EXL3_CUDA_OK(cudaMemset(d.p, 0xFF, d.n * 2));
-  EXL3_CUDA_OK(L.dequantize_bf16(d.p, nullptr));
-  EXL3_CUDA_OK(cudaDeviceSynchronize());
-  std::vector<uint16_t> h(d.n);
-  EXL3_CUDA_OK(cudaMemcpy(h.data(), d.p, d.n * 2, cudaMemcpyDeviceToHost));
+  const auto h = dequant_on_gpu(L);
   const auto ref = P.w.dequantize();
   for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(exl3::trellis::bf16_to_float(h[i]), ref[i]) << i;
   std::vector<float> x(static_cast<size_t>(3 * P.in), 0.25f);

@@ -84,7 +84,8 @@ class Mxfp8LinearCuda {
   cudaError_t dequantize_bf16(uint16_t* out, cudaStream_t stream) const;
 
  private:
-  void init(const char* name, const uint8_t* values, const uint8_t* scales, const float* bias);
+  // check_codes: refuse NaN codes and out-of-range scales (raw planes; an mxfp8::Weight is checked).
+  void init(const char* name, const uint8_t* values, const uint8_t* scales, const float* bias, bool check_codes);
   int64_t padded_rows() const { return (out_ + 15) / 16 * 16; }
 
   std::string name_;
