@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """exllamav3's block-sparse MoE layer (BlockSparseMLP.forward and the kernels it calls), timed on one
-layer of random EXL3 experts with the method of peer-h200.md section 3: GLM-5.2 per-rank geometry
+layer of random EXL3 experts with the method described below: GLM-5.2 per-rank geometry
 (H=6144, I=512, E=256, top-8) or Qwen3-30B-A3B (H=2048, I=768, E=128, top-8), random trellis, each
 token a uniformly random top-8 with random positive weights normalised per token, each timed rep on
 one of 16 pre-drawn routings (and one of 4 activation buffers). The router GEMM and top-k are not
@@ -23,7 +23,7 @@ What runs (exllamav3 1.4.1, read from its source):
     The path actually taken is read by counting the calls of one untimed forward.
   * 'kernel' = the kernel alone: `ext.exl3_moe` with the routing prepared beforehand (fused path),
     or, for the bszN path, the same exl3_mgemm / silu_mul / exl3_mgemm sequence issued eagerly
-    (as the spec's run did).
+    (as the earlier peer measurement did; bench/results/README.md, History).
   * Mixed --bits (e.g. 3:148,4:108): exllamav3 cannot run per-expert K in one call (exl3_mgemm
     takes one `int K`; exl3_moe takes one K per projection; MultiLinear asserts a uniform K over
     the experts). Each tier is then an expert-range shard (routing_first/routing_last, exllamav3's

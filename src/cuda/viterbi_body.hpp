@@ -7,7 +7,7 @@
 // machines without a GPU (tests/cuda/viterbi_test.cpp). Only the barriers, the block argmin's
 // warp shuffles and the vector loads/stores differ between the two executors.
 //
-// Trellis at position p, per the format spec section 5.5: a 16-bit state s = k | j | r with
+// Trellis at position p (docs/format.md, Viterbi tile encoder): a 16-bit state s = k | j | r with
 // k = top K bits, j = middle 16-2K bits, r = low K bits. Its in-edge is s >> K = (k, j) and its
 // out-edge is s & (E-1) = (j, r). So every j is an independent R x R block per step:
 //   cur[(j, r)] = min over k (ascending, strict <) of prev[(k, j)] + (lut[(k, j, r)] - w)^2.

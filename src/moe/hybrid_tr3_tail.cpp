@@ -1,6 +1,7 @@
-// parse_hybrid_tr3_tail: the rank-sliced MoE metadata block of config.json (moe-integration spec
-// 1.1, 1.2, 1.5). Every value is checked for type and meaning before anything is loaded: a
-// misread TP, layer range or per-expert K would load the wrong bytes into the right places.
+// parse_hybrid_tr3_tail: the rank-sliced MoE metadata block of config.json (docs/moe-layouts.md,
+// sections hybrid_tr3_tail and What fails closed). Every value is checked for type and meaning
+// before anything is loaded: a misread TP, layer range or per-expert K would load the wrong bytes
+// into the right places.
 #include <algorithm>
 #include <set>
 

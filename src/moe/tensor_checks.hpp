@@ -1,4 +1,4 @@
-// Per-tensor checks of the MoE loader (moe-integration spec 1.5, loading part). The loader
+// Per-tensor checks of the MoE loader (docs/moe-layouts.md, What fails closed: Loading). The loader
 // re-validates every tensor it reads instead of trusting discovery: it also runs over bare
 // stores (one rank's shard) that discovery never saw. Every message starts with
 // "<file>: tensor '<name>'".

@@ -1,6 +1,7 @@
 // Architecture map: which source tensors of a Hugging Face model become EXL3 linears, how they are
 // grouped for the bit allocation, and what is copied through. The key templates are the ones
-// exllamav3's architecture definitions use for the supported models (format spec 4.2-4.4).
+// exllamav3's architecture definitions use for the supported models (docs/format.md, Checkpoint
+// files).
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -368,7 +369,7 @@ void Planner::add_head(int head_bits) {
   }
   if (head_bits == kHeadBitsUnquantized) {
     // An unquantized head is a plain `lm_head.weight`; a tied one is simply the embedding, which
-    // the runtime falls back to when no lm_head tensors exist (spec 4.4).
+    // the runtime falls back to when no lm_head tensors exist (docs/format.md, Checkpoint files).
     if (!tied) add_plain(*head);
     return;
   }

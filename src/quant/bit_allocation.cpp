@@ -1,5 +1,6 @@
-// Bit allocation (format spec 5.6, after exllamav3's conversion/allocation.py): K is an integer
-// per tensor, so a fractional target is met by raising whole groups from floor(target) by one bit.
+// Bit allocation (docs/format.md, Bit allocation; after exllamav3's conversion/allocation.py): K
+// is an integer per tensor, so a fractional target is met by raising whole groups from
+// floor(target) by one bit.
 // The layers nearest either end of the stack are the most sensitive, so they are raised first.
 #include <algorithm>
 #include <cmath>

@@ -87,7 +87,7 @@ nlohmann::ordered_json quantization_config(const ConversionPlan& plan, const Con
   q["calibration"] = {{"rows", cal ? o.calibration_rows : 0}, {"cols", cal ? o.calibration_length : 0}};
   q["out_scales"] = std::string(out_scales_name(o.out_scales));
   q["codebook"] = trellis::codebook_name(o.codebook);
-  // The serialized-MXFP8 variant records its dense format (moe-integration.md section 5).
+  // The serialized-MXFP8 variant records its dense format (docs/mxfp8.md, Checkpoint form).
   if (o.dense_format != DenseFormat::kExl3) q["dense_format"] = std::string(dense_format_name(o.dense_format));
   return q;
 }

@@ -1,4 +1,4 @@
-// Hessian finalisation for LDLQ (format spec section 5.2).
+// Hessian finalisation for LDLQ (docs/format.md, Hessian).
 #pragma once
 
 #include <cstdint>

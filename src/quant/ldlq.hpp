@@ -1,4 +1,4 @@
-// Tile quantization of a regularised weight, with or without LDLQ feedback (spec section 5.4).
+// Tile quantization of a regularised weight, with or without LDLQ feedback (docs/format.md, LDLQ).
 #pragma once
 
 #include <cstdint>

@@ -13,7 +13,7 @@ bool cholesky_lower(double* a, int64_t n);
 
 // From the Cholesky factor C (n x n, n % 16 == 0), the unit block-lower-triangular L with
 // H = L D L^T for 16x16 diagonal blocks D, i.e. L = C . blockdiag(C)^-1, returned with its
-// diagonal blocks zeroed (strictly block-lower, format spec section 5.2), as fp32.
+// diagonal blocks zeroed (strictly block-lower, docs/format.md, Hessian), as fp32.
 std::vector<float> block_ldl_from_cholesky(const double* c, int64_t n);
 
 }  // namespace exl3::quant::detail

@@ -1,5 +1,6 @@
-// quantize_tensor: validation, padding, sign draws, then the pipeline of spec section 5:
-// Hessian finalisation -> regularisation -> global scale -> tile encoding (LDLQ) -> packing.
+// quantize_tensor: validation, padding, sign draws, then the encoder pipeline of docs/format.md
+// (Encoder): Hessian finalisation -> regularisation -> global scale -> tile encoding (LDLQ) ->
+// packing.
 #include <algorithm>
 #include <cmath>
 #include <optional>

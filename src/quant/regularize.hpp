@@ -1,4 +1,4 @@
-// Weight regularisation (format spec section 5.3), up to but excluding the global scale.
+// Weight regularisation (docs/format.md, Regularisation), up to but excluding the global scale.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Block-diagonal Hadamard-128 rotations of row-major matrices (format spec section 3.1), built on
+// Block-diagonal Hadamard-128 rotations of row-major matrices (docs/format.md, Rotations), built on
 // trellis::had128_inplace so the quantizer rotates with exactly the transform the decoder inverts.
 #pragma once
 

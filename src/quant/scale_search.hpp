@@ -1,4 +1,4 @@
-// Global scale search (format spec section 5.3 step 6).
+// Global scale search (docs/format.md, Regularisation, step 4).
 #pragma once
 
 #include <cstdint>

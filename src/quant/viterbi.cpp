@@ -1,4 +1,5 @@
-// Tail-biting Viterbi driver: two passes per tile (format spec section 5.5), parallel over tiles.
+// Tail-biting Viterbi driver: two passes per tile (docs/format.md, Viterbi tile encoder), parallel
+// over tiles.
 //
 // Pass 1 runs unconstrained from position 128, wrapping around to 127, and traces the best path
 // back to position 0: its in-edge E is where a good circular path wants to start. Pass 2 runs from

@@ -112,7 +112,7 @@ Linear Linear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t i
   l.in_ = in;
   l.out_ = out;
   if (const Exl3LinearInfo* info = ckpt.find_linear(prefix)) {
-    // Stored dims are padded up to multiples of 128 (format spec 3.6); never smaller.
+    // Stored dims are padded up to multiples of 128 (docs/format.md, Padding); never smaller.
     if (info->in_features < in || info->out_features < out || info->in_features - in >= 128 ||
         info->out_features - out >= 128) {
       fail("{}: EXL3 linear '{}' is {} -> {}, expected {} -> {} from config.json", ckpt.path().string(),

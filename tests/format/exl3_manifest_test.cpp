@@ -1,5 +1,5 @@
-// The exl3-v1 manifest and extent planner: the Kimi geometry's tables from the moe-integration
-// spec (section 4: local widths at layer 1 for TP 2..24, per-rank totals over 92 layers at TP 10),
+// The exl3-v1 manifest and extent planner: the Kimi geometry's tables (docs/moe-layouts.md, exl3-v1
+// slot containers: local widths at layer 1 for TP 2..24, per-rank totals over 92 layers at TP 10),
 // the planner's invariants for every TP in 2..24, strict schema rejection (unknown keys, types,
 // ranges), and the layer files' sha256 and metadata checks.
 #include <set>
@@ -19,7 +19,8 @@ namespace {
 using ::testing::HasSubstr;
 using nlohmann::json;
 
-// The Kimi container of the spec: 96 slots x 32 = 3072, barrier 48, alignment 4, layers 1..92.
+// The Kimi container (docs/moe-layouts.md): 96 slots x 32 = 3072, barrier 48, alignment 4,
+// layers 1..92.
 json kimi_manifest() {
   json layers = json::object();
   std::vector<int> idx;

@@ -133,7 +133,7 @@ TEST(MoeLoader, SharedHOwnsOneRowPerProjection) {
   const uint64_t e = 8, h = 256, i = 128;
   EXPECT_EQ(per.owned_bytes(), e * (3 * h + 3 * i) * 2);
   EXPECT_EQ(shared.owned_bytes(), (3 * h + e * 3 * i) * 2);
-  EXPECT_EQ(per.owned_bytes() - shared.owned_bytes(), (e - 1) * 3 * h * 2);  // spec 1.2's saving
+  EXPECT_EQ(per.owned_bytes() - shared.owned_bytes(), (e - 1) * 3 * h * 2);  // shared-H saving
   EXPECT_EQ(shared.trellis_bytes(), per.trellis_bytes());
 
   // Same numbers, so the two layouts decode bit-identically.

@@ -1,7 +1,7 @@
-// One test per fail-closed loading check (moe-integration spec 1.5, loading part): each breaks
-// one tensor (or the runtime's expectations) of a valid TP-2 checkpoint and checks the error
-// names the file, the tensor and the problem. Checks that whole-checkpoint discovery also makes
-// are exercised through a bare store, which only the MoE loader validates.
+// One test per fail-closed loading check (docs/moe-layouts.md, What fails closed: Loading): each
+// breaks one tensor (or the runtime's expectations) of a valid TP-2 checkpoint and checks the
+// error names the file, the tensor and the problem. Checks that whole-checkpoint discovery also
+// makes are exercised through a bare store, which only the MoE loader validates.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

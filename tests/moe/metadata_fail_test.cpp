@@ -1,5 +1,5 @@
-// One test per fail-closed check of the hybrid_tr3_tail metadata (moe-integration spec 1.5,
-// metadata part) and of the tier bitmap it points to: each error names the file, the key and
+// One test per fail-closed check of the hybrid_tr3_tail metadata (docs/moe-layouts.md, What fails
+// closed: Metadata) and of the tier bitmap it points to: each error names the file, the key and
 // what is wrong.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

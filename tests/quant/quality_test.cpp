@@ -1,4 +1,4 @@
-// Encoder quality against exllamav3's measured NMSE (format spec section 5.5).
+// Encoder quality against exllamav3's measured NMSE (docs/format.md, Viterbi tile encoder).
 #include <gtest/gtest.h>
 
 #include <cstdio>

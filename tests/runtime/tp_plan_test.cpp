@@ -113,7 +113,7 @@ TEST(TpPlan, KvHeadsReplicateWhenTpExceedsThem) {
 }
 
 TEST(TpPlan, AttentionHeadsArePadded) {
-  // Kimi-style 96 heads: TP9 -> 99, TP10 -> 100, TP8 / TP16 -> 96 (moe-integration spec 4).
+  // Kimi-style 96 heads: TP9 -> 99, TP10 -> 100, TP8 / TP16 -> 96 (docs/tensor-parallel.md, Heads).
   const auto s = spec_of({{"num_attention_heads", 96}, {"num_key_value_heads", 8}, {"hidden_size", 1024}, {"head_dim", 64}});
   const std::pair<int, int64_t> cases[] = {{9, 99}, {10, 100}, {8, 96}, {16, 96}, {3, 96}, {7, 98}};
   for (const auto& [tp, padded] : cases) {

@@ -1,4 +1,4 @@
-// Tile bitstream: worked examples of the spec (section 2.3), pack/unpack round trips, the
+// Tile bitstream: worked examples of docs/format.md (Bitstream), pack/unpack round trips, the
 // tail-biting invariant and the tensor-core permutation.
 #include <algorithm>
 #include <array>

@@ -1,4 +1,4 @@
-// Codebook decode: the worked examples and statistics of the format spec (section 1.4).
+// Codebook decode: the worked examples and statistics of docs/format.md (Codebooks).
 #include <cmath>
 #include <set>
 
@@ -25,7 +25,7 @@ TEST(Codebook, WorkedExamples) {
     EXPECT_EQ(tr::decode_bits(c.state, Codebook::kMul1), c.mul1) << std::hex << c.state;
     EXPECT_EQ(tr::decode_bits_t<Codebook::kMcg>(c.state), c.mcg);
   }
-  // Intermediate values the spec lists for 3INST at 0x1234 and MUL1 at 0x0001.
+  // Intermediate values docs/format.md lists for 3INST at 0x1234 and MUL1 at 0x0001.
   EXPECT_EQ(0x1234u * tr::k3InstMult + tr::k3InstAdd, 0xD321A5CCu);
   EXPECT_EQ(tr::half_pair_word(0xD321A5CCu), 0xB841BEACu);
   EXPECT_EQ(tr::byte_sum(0x0001u * tr::kMul1Mult), 605u);

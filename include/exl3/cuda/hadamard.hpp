@@ -1,4 +1,4 @@
-// Row-wise Hadamard-128 on the GPU (format spec section 3.1): every contiguous 128-element chunk
+// Row-wise Hadamard-128 on the GPU (docs/format.md, Rotations): every contiguous 128-element chunk
 // of each row is multiplied by H128 / sqrt(128) (Sylvester order), with optional per-column
 // scales before (`pre`, e.g. suh) and after (`post`, e.g. svh):
 //

@@ -1,8 +1,9 @@
-// CUDA tile encoder: the tail-biting bitshift-trellis Viterbi search (format spec section 5.5) on
-// the GPU, the same algorithm and tie order as the CPU encoder (exl3/quant/viterbi.hpp): fp32
-// costs with one fused multiply-add per candidate, strict '<' with k ascending (the smallest k wins
-// a tie), the final argmin takes the smallest edge index. Its output matches the CPU encoder's AVX2
-// path bit for bit (same arithmetic) and the scalar path up to fp32 rounding of mul+add vs FMA.
+// CUDA tile encoder: the tail-biting bitshift-trellis Viterbi search (docs/format.md, Viterbi tile
+// encoder) on the GPU, the same algorithm and tie order as the CPU encoder
+// (exl3/quant/viterbi.hpp): fp32 costs with one fused multiply-add per candidate, strict '<' with
+// k ascending (the smallest k wins a tie), the final argmin takes the smallest edge index. Its
+// output matches the CPU encoder's AVX2 path bit for bit (same arithmetic) and the scalar path up
+// to fp32 rounding of mul+add vs FMA.
 //
 // The device entry point never throws and never synchronises: it returns the launch's
 // cudaError_t. The *_host helpers allocate, copy and throw exl3::Error on failure.

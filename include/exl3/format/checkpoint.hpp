@@ -1,5 +1,6 @@
 // EXL3 checkpoint model: config.json, quantization_config.json, and discovery of every EXL3
-// linear, unquantized tensor and MoE expert from the stored tensors (format spec section 4).
+// linear, unquantized tensor and MoE expert from the stored tensors (docs/format.md, Tensors per
+// linear, What discovery validates and Checkpoint files).
 //
 // A linear is EXL3 when its prefix has `trellis` + (`suh` | `su`) + (`svh` | `sv`); K comes from
 // the trellis width, in/out features from its shape, the codebook from the `mcg` / `mul1` marker.
@@ -120,8 +121,8 @@ class Checkpoint {
   std::vector<MoeLayerInfo> moe_layers_;
 };
 
-// Rank-sliced MoE checkpoints with the shared_h_v1 rotation layout (docs: moe-integration spec
-// 1.2) store the hidden-side vector of every expert projection once per layer and rank:
+// Rank-sliced MoE checkpoints with the shared_h_v1 rotation layout (docs/moe-layouts.md, Rotation
+// vectors) store the hidden-side vector of every expert projection once per layer and rank:
 // `<...>.experts.{E}.{gate_proj|up_proj}.rank{r}` takes `suh` from
 // `<...>.experts.shared_h.{proj}.rank{r}.suh`, and `down_proj` takes `svh` from `....svh`.
 // Discovery and Exl3LinearData borrow that row when the expert has none of its own; whether the

@@ -1,7 +1,7 @@
-// The `exl3-v1` slot container (moe-integration spec section 4): a TP-independent store of MoE
-// expert weights, one `exl3-manifest.json` plus one `exl3-layer-<NNNNN>.safetensors` per MoE
-// layer, the intermediate axis cut into 32-channel slots; and the extent planner that deals
-// those slots to tensor-parallel ranks.
+// The `exl3-v1` slot container (docs/moe-layouts.md, exl3-v1 slot containers): a TP-independent
+// store of MoE expert weights, one `exl3-manifest.json` plus one `exl3-layer-<NNNNN>.safetensors`
+// per MoE layer, the intermediate axis cut into 32-channel slots; and the extent planner that
+// deals those slots to tensor-parallel ranks.
 //
 // The manifest is validated strictly: every object rejects keys it does not know, every value is
 // type- and range-checked, and read_exl3_manifest checks each layer file's sha256 and that its

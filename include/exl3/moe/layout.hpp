@@ -1,4 +1,4 @@
-// How a checkpoint stores its routed experts (docs: moe-integration spec sections 1.1-1.5).
+// How a checkpoint stores its routed experts (docs/moe-layouts.md).
 //
 // Two families are understood:
 //   plain        exllamav3's per-expert linears, `model.layers.{L}.mlp.experts.{E}.{proj}.{field}`,
@@ -94,7 +94,7 @@ std::string format_tier_signature(const std::vector<std::pair<int, int>>& signat
 // Validates the `hybrid_tr3_tail` block of a parsed config.json. nullopt when the block is
 // absent. `config_dir` is where a `bits_per_expert: "file.json:field"` file is read from;
 // `label` names config.json in errors. Throws exl3::Error on every fail-closed condition of
-// spec 1.5 (metadata part).
+// docs/moe-layouts.md (What fails closed: Metadata).
 std::optional<MoeLayout> parse_hybrid_tr3_tail(const nlohmann::json& config,
                                                const std::filesystem::path& config_dir,
                                                const std::string& label);

@@ -3,21 +3,22 @@
 //
 // Trellises stay zero-copy views into the checkpoint's mappings (the struct keeps the mapped
 // files alive); the fp16 rotation vectors are copied into the prepared tables a fused kernel
-// reads (moe-integration spec 3.2):
+// reads (docs/moe-layouts.md, Prepared rotation tables):
 //   gate_suh, up_suh, down_svh   [h_rows, H]   hidden side; h_rows = 1 under shared_h_v1 (one
 //                                              physical row every expert points to), else E
 //   intermediate                 [E, 3*I_loc]  gate_svh | up_svh | down_suh of each expert
 // Every expert's ProjWeights spans point into those tables, so shared_h_v1 costs one row per
 // projection, not E (owned_bytes() proves it).
 //
-// load_moe_layer reads only the local rank's tensors and checks, failing closed (spec 1.5,
-// loading part): checkpoint TP / expert count against the runtime's, every tensor name of the
-// layer against the layout's schema (undeclared shared-H rows, a wrong field on a shared row,
-// hidden-side vectors under an expert id under shared_h_v1, stray ranks or experts, expert
-// biases), trellis I16 rank 3 of width 16*K with K in 1..8 and equal to the declared K, K/N
-// multiples of 128, suh/svh F16 rank 1 of the matching length and finite, and the codebook
-// marker (mcg required for rank-sliced checkpoints; never both mcg and mul1; exact sentinels);
-// from a Checkpoint also config.json's hidden_size, moe_intermediate_size and hidden_act (SiLU).
+// load_moe_layer reads only the local rank's tensors and checks, failing closed
+// (docs/moe-layouts.md, What fails closed: Loading): checkpoint TP / expert count against the
+// runtime's, every tensor name of the layer against the layout's schema (undeclared shared-H
+// rows, a wrong field on a shared row, hidden-side vectors under an expert id under shared_h_v1,
+// stray ranks or experts, expert biases), trellis I16 rank 3 of width 16*K with K in 1..8 and
+// equal to the declared K, K/N multiples of 128, suh/svh F16 rank 1 of the matching length and
+// finite, and the codebook marker (mcg required for rank-sliced checkpoints; never both mcg and
+// mul1; exact sentinels); from a Checkpoint also config.json's hidden_size, moe_intermediate_size
+// and hidden_act (SiLU).
 #pragma once
 
 #include <cstdint>

@@ -11,7 +11,7 @@
 // Encoding (OCP MX v1.0, section 6.3): shared exponent = floor(log2(amax)) - 8, where 8 is E4M3's
 // emax, clamped to UE8M0's range [-127, 127]; each element is x / 2^shared rounded to nearest
 // even in E4M3 and *saturated* to +-448 (amax / 2^shared lies in [256, 512), so the block's
-// largest values can exceed 448: the spec clamps them, as we do). An all-zero block gets e = 0.
+// largest values can exceed 448: OCP MX clamps them, as we do). An all-zero block gets e = 0.
 // Non-finite inputs (NaN, +-Inf) have no MXFP8 encoding worth keeping: encode_block reports them
 // and the converters fail naming the tensor (a NaN weight is a broken checkpoint, never silently
 // rewritten). Negative zero encodes as 0x80 and decodes as -0.0.

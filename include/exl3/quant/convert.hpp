@@ -1,10 +1,11 @@
 // Model conversion: a Hugging Face safetensors model -> an EXL3 checkpoint laid out exactly as
-// exllamav3's `convert.py` + `compile.py` write it (format spec sections 4 and 5.6).
+// exllamav3's `convert.py` + `compile.py` write it (docs/format.md, Checkpoint files and Bit
+// allocation).
 //
 // The pipeline, one tensor at a time (the source is mmapped; at most one source tensor is held):
 //   plan      config.json architecture -> which tensors are EXL3 linears (and their allocation
 //             group), which are copied through (embeddings, norms, routers, ...)
-//   allocate  integer K per linear so the decoder linears average at most --bits (spec 5.6)
+//   allocate  integer K per linear so the decoder linears average at most --bits (docs/format.md)
 //   convert   quantize / copy each tensor into OUT_DIR/.exl3-partial/units/, journaled, so an
 //             interrupted run resumes where it stopped
 //   assemble  stream the staged tensors into shards (+ index), write quantization_config.json,
@@ -114,7 +115,7 @@ ConversionPlan plan_conversion(const ModelConfig& config, const TensorStore& sto
 std::map<std::string, DenseFormat> plan_dense_formats(const std::filesystem::path& in_dir, DenseFormat format,
                                                       const std::vector<std::string>& ignore);
 
-// ---- bit allocation (spec 5.6) ---------------------------------------------------------------
+// ---- bit allocation (docs/format.md, Bit allocation) -------------------------------------------
 
 // A set of linears raised together. Groups used by plan_conversion:
 //   attention: q/k/v of a layer = one group, o_proj = one group

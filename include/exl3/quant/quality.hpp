@@ -8,8 +8,8 @@
 
 namespace exl3::quant {
 
-// Viterbi-only NMSE exllamav3's encoder reaches on i.i.d. Gaussian tiles (H200, 64 tiles; format
-// spec section 5.5), for K = 1..8.
+// Viterbi-only NMSE exllamav3's encoder reaches on i.i.d. Gaussian tiles (H200, 64 tiles;
+// docs/format.md, Viterbi tile encoder), for K = 1..8.
 double exllamav3_nmse(int bits);
 
 struct QualityRow {

@@ -1,4 +1,4 @@
-// EXL3 tensor quantizer (format spec sections 5.2-5.5): regularisation, Hadamard rotations, global
+// EXL3 tensor quantizer (docs/format.md, Encoder): regularisation, Hadamard rotations, global
 // scale search, Viterbi tile encoding and, given a Hessian, LDLQ error feedback.
 //
 // Input is one linear layer's weight in EXL3's input-major orientation W[in, out] (the transpose

@@ -1,4 +1,5 @@
-// Tile encoder: the tail-biting bitshift-trellis Viterbi search (format spec section 5.5).
+// Tile encoder: the tail-biting bitshift-trellis Viterbi search (docs/format.md, Viterbi tile
+// encoder).
 //
 // One tile = 256 weights in tensor-core sequence order (trellis::perm_index). The encoder picks the
 // 256 16-bit states, each the previous state shifted left by K bits plus a new K-bit symbol,

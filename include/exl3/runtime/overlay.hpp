@@ -1,5 +1,5 @@
 // The MXFP8 overlay policy: which unquantized (BF16/F16/F32) linears the runtime converts to
-// MXFP8 when it loads a model (spec: moe-integration.md section 5; user guide: docs/mxfp8.md).
+// MXFP8 when it loads a model (rules, format and user guide: docs/mxfp8.md).
 //
 //   CLI:    --overlay linear=mxfp8,shared_experts=mxfp8 [--overlay-ignore NAME]...
 //   config: {"linear": {"weight": "mxfp8"}, "shared_experts": {"weight": "mxfp8"},

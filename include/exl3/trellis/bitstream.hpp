@@ -1,5 +1,5 @@
-// The EXL3 tile bitstream (format spec section 2): tail-biting state windows, packing, and the
-// tensor-core element permutation.
+// The EXL3 tile bitstream (docs/format.md, Bitstream and Tile permutation): tail-biting state
+// windows, packing, and the tensor-core element permutation.
 //
 // One tile = 16x16 weights = 256 symbols of K bits = 16*K stored int16 words. Read as 8*K
 // little-endian uint32 words U[m], the stream is MSB-first: stream bit b is bit (31 - b%32) of

@@ -1,4 +1,4 @@
-// EXL3 codebooks: 16-bit trellis state -> fp16 weight value (format spec section 1).
+// EXL3 codebooks: 16-bit trellis state -> fp16 weight value (docs/format.md, Codebooks).
 //
 // Three codebooks exist, selected per tensor by marker tensors next to `<prefix>.trellis`:
 //   3INST (no marker), MCG (`.mcg`), MUL1 (`.mul1`).

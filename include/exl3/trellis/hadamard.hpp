@@ -1,4 +1,4 @@
-// Hadamard-128 (format spec section 3.1): Sylvester order, H[a][b] = (-1)^popcount(a & b),
+// Hadamard-128 (docs/format.md, Rotations): Sylvester order, H[a][b] = (-1)^popcount(a & b),
 // normalised by 1/sqrt(128). EXL3 applies it block-diagonally to contiguous 128-channel groups on
 // both sides of the decoded weight.
 //
