@@ -37,7 +37,7 @@ Runner add_bench_quant(CLI::App& app, Common& common) {
       ->capture_default_str();
   app.add_flag("--json", o->json, "Print one JSON document (keys: encoder, tiles, rows, ldlq)");
   app.footer("NMSE = mean squared error / variance of i.i.d. Gaussian tiles (sigma = the codebook's RMS);\n"
-             "bound = 2^-2K (Gaussian rate-distortion); goal = exllamav3's encoder on an H200 (spec 5.5).");
+             "bound = 2^-2K (Gaussian rate-distortion); goal = exllamav3's encoder on an H200 (docs/format.md, Viterbi tile encoder).");
   return [o] {
     const auto rows = quant::quality_table(o->tiles, o->seed, 0);
     const auto g = quant::ldlq_gain(o->ldlq_in, o->ldlq_out, 4, trellis::Codebook::k3Inst, o->seed, 0, o->ldlq_g);

@@ -2,6 +2,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
@@ -28,7 +29,9 @@ namespace exl3::cli {
 Runner add_serve(CLI::App& app, Common&) {
   struct Opts {
     std::string model, host = "127.0.0.1", device = "cpu", model_name, chat_format;
-    int port = 8000, max_seqs = 8, max_queue = 32, tp = 1;
+    int port = 8000, max_seqs = 8, max_queue = 32, tp = 1, max_connections = 512;
+    double read_timeout = 30, write_timeout = 30;
+    size_t max_body_mib = 8;
     int64_t cache_tokens = 16384, max_context = 0, step_tokens = 256, page_size = 32;
     bool quiet = false;
   };
@@ -73,6 +76,23 @@ Runner add_serve(CLI::App& app, Common&) {
   app.add_option("--chat-format", o->chat_format,
                  "Chat format for /v1/chat/completions instead of detecting it from the model's chat_template")
       ->check(CLI::IsMember({"chatml", "llama3", "plain"}));
+  app.add_option("--max-connections", o->max_connections,
+                 "Open HTTP connections at most; one more is answered 503 at once and closed")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--read-timeout", o->read_timeout,
+                 "Seconds a client has to send a whole request (headers and body), counted from when the server "
+                 "starts waiting for it; idle keep-alive connections close after it too")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str();
+  app.add_option("--write-timeout", o->write_timeout,
+                 "Seconds each write to a client may take; a client that stops reading is disconnected (a stream "
+                 "it was reading is cancelled)")
+      ->check(CLI::Range(0.001, 86400.0))
+      ->capture_default_str();
+  app.add_option("--max-body-mib", o->max_body_mib, "Largest request body in MiB, chunked uploads included (413 past it)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   app.add_flag("--quiet,-q", o->quiet, "Do not log each request to stderr");
   app.footer(
       "Serves the OpenAI API over HTTP: POST /v1/completions, POST /v1/chat/completions (\"stream\": true\n"
@@ -117,6 +137,10 @@ Runner add_serve(CLI::App& app, Common&) {
     so.scheduler.max_queue = o->max_queue;
     so.scheduler.max_context = o->max_context;
     so.scheduler.step_tokens = o->step_tokens;
+    so.max_connections = o->max_connections;
+    so.max_body_bytes = o->max_body_mib << 20;
+    so.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(o->read_timeout * 1000.0));
+    so.write_timeout = std::chrono::milliseconds(static_cast<int64_t>(o->write_timeout * 1000.0));
     if (!o->quiet) {
       so.log = [](const std::string& line) {
         char ts[32];
@@ -134,6 +158,8 @@ Runner add_serve(CLI::App& app, Common&) {
                so.model_name);
     fmt::print("  max-seqs {}, max-queue {}, context {} tokens per request, KV cache {} tokens, chat format: {}\n",
                o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, server.chat_status());
+    fmt::print("  limits: {} connections, {} MiB per body, {} s to send a request, {} s per write\n", o->max_connections,
+               o->max_body_mib, o->read_timeout, o->write_timeout);
     fmt::print("listening on {}  (Ctrl-C stops)\n", url);
     fmt::print("try: curl {}/v1/completions -H 'Content-Type: application/json' -d '{{\"model\": \"{}\", "
                "\"prompt\": \"Hello\", \"max_tokens\": 16}}'\n",

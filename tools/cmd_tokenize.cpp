@@ -126,10 +126,9 @@ Runner add_tokenize(CLI::App& app, Common&) {
       "ids as the `tokenizers` library. Tokens are shown as the text they decode to, with \\n, \\t "
       "and \\xNN\n"
       "escapes (\\xNN: part of a multi-byte character that continues in the next token).\n"
-      "--chat recognises ChatML (<|im_start|>) and Llama-3 (<|start_header_id|>) templates by "
-      "their marker\n"
-      "tokens; it is not a Jinja engine, so other templates need --chat-format "
-      "chatml|llama3|plain.");
+      "--chat renders a model's chat_template natively only when exl3 knows the template's exact\n"
+      "text (plain ChatML, Meta-Llama-3-Instruct); it is not a Jinja engine, so any other template\n"
+      "(also one that merely uses the same marker tokens) needs --chat-format chatml|llama3|plain.");
   return [o] {
     const auto tok = Tokenizer::load(o->model);
     if (!o->decode.empty()) {

@@ -22,6 +22,32 @@ bool contains_all(std::string_view s, const std::array<std::string_view, N>& mar
   return true;
 }
 
+// Templates whose whole behaviour a native renderer reproduces, character for character, for any
+// conversation of text turns. Recognition is by the exact text: a template that merely uses the
+// same marker tokens may add a default system prompt (SmolLM2, Qwen2.5), tools or reasoning
+// blocks (Qwen3), or a date preamble (Llama-3.1), and rendering it as plain ChatML or Llama-3
+// would silently change the prompt.
+struct KnownTemplate {
+  std::string_view text;
+  ChatFormat format;
+};
+constexpr std::array<KnownTemplate, 3> kKnownTemplates = {{
+    // Plain ChatML as many fine-tunes ship it (the form TRL's setup_chat_format writes).
+    {"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
+     "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+     ChatFormat::kChatML},
+    // The same with whitespace control and attribute access.
+    {"{%- for message in messages %}{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + "
+     "'\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}",
+     ChatFormat::kChatML},
+    // Meta-Llama-3-Instruct (3.0; 3.1 and later add a system preamble and tools).
+    {"{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+     "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 "
+     "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+     "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}",
+     ChatFormat::kLlama3},
+}};
+
 // Jinja's `trim` (Python str.strip): leading and trailing white space.
 std::string_view trim(std::string_view s) {
   s.remove_prefix(tok::leading_space_len(s));
@@ -50,6 +76,16 @@ ChatFormat parse_chat_format(std::string_view name) {
 }
 
 std::optional<ChatFormat> detect_chat_format(std::string_view jinja_template) {
+  // Jinja drops one trailing newline of a template (keep_trailing_newline is off), so a
+  // chat_template.jinja file that ends in one renders the same.
+  if (jinja_template.ends_with('\n')) jinja_template.remove_suffix(1);
+  for (const auto& k : kKnownTemplates) {
+    if (jinja_template == k.text) return k.format;
+  }
+  return std::nullopt;
+}
+
+std::optional<ChatFormat> chat_format_by_markers(std::string_view jinja_template) {
   const bool chatml = contains_all(jinja_template, kChatMLMarkers);
   const bool llama3 = contains_all(jinja_template, kLlama3Markers);
   if (chatml == llama3) return std::nullopt;  // neither, or ambiguous
@@ -71,6 +107,14 @@ ChatTemplate ChatTemplate::for_tokenizer(const Tokenizer& tok, std::optional<Cha
         tok.source());
   } else if (const auto d = detect_chat_format(tok.chat_template())) {
     f = *d;
+  } else if (const auto like = chat_format_by_markers(tok.chat_template())) {
+    fail(
+        "{}: the chat_template uses {} marker tokens but is not a template exl3 renders exactly (it may add a "
+        "default system prompt, tools or reasoning blocks, which plain {} would silently drop); exl3 does not run "
+        "Jinja. hint: pass --chat-format {} to render plain {} turns anyway, or use the model's own template "
+        "elsewhere",
+        tok.chat_template_source(), chat_format_name(*like), chat_format_name(*like), chat_format_name(*like),
+        chat_format_name(*like));
   } else {
     fail(
         "{}: unrecognised chat_template: it has neither the ChatML markers (<|im_start|>, "

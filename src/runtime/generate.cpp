@@ -31,26 +31,51 @@ Sampler::Sampler(const SamplingOptions& opts) : opts_(opts), rng_(opts.seed) {
   if (!(opts.top_p > 0.0f && opts.top_p <= 1.0f)) {
     fail("sampling: top_p {} must be in (0, 1]", opts.top_p);
   }
+  if (opts.top_k < 0) fail("sampling: top_k {} must be >= 0 (0 = off)", opts.top_k);
+  if (!(opts.min_p >= 0.0f && opts.min_p <= 1.0f)) fail("sampling: min_p {} must be in [0, 1]", opts.min_p);
+  if (!std::isfinite(opts.repetition_penalty) || opts.repetition_penalty <= 0.0f) {
+    fail("sampling: repetition_penalty {} must be a finite number > 0 (1 = off)", opts.repetition_penalty);
+  }
 }
 
-int32_t Sampler::sample(std::span<const float> logits) {
-  if (opts_.temperature == 0.0f) return argmax(logits);
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   if (logits.empty()) fail("sample: no logits");
+  if (opts_.repetition_penalty != 1.0f && !history.empty()) {
+    penalized_.assign(logits.begin(), logits.end());
+    seen_.assign(history.begin(), history.end());
+    std::sort(seen_.begin(), seen_.end());
+    seen_.erase(std::unique(seen_.begin(), seen_.end()), seen_.end());
+    for (const int32_t t : seen_) {
+      if (t < 0 || static_cast<size_t>(t) >= penalized_.size()) continue;
+      float& l = penalized_[static_cast<size_t>(t)];
+      l = l > 0.0f ? l / opts_.repetition_penalty : l * opts_.repetition_penalty;
+    }
+    logits = penalized_;
+  }
+  if (opts_.temperature == 0.0f) return argmax(logits);
   const float mx = logits[static_cast<size_t>(argmax(logits))];
   if (!std::isfinite(mx)) fail("sample: the logits are not finite");
-  scratch_.resize(logits.size());
-  double total = 0.0;
+  // Unnormalised probabilities: the most likely token has 1, so min_p is a plain threshold.
+  scratch_.clear();
+  scratch_.reserve(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
     const auto p = static_cast<float>(std::exp(static_cast<double>(logits[i] - mx) / opts_.temperature));
-    scratch_[i] = {p, static_cast<int32_t>(i)};
-    total += p;
+    if (opts_.min_p > 0.0f && p < opts_.min_p) continue;
+    scratch_.push_back({p, static_cast<int32_t>(i)});
   }
-  size_t keep = scratch_.size();
-  if (opts_.top_p < 1.0f) {
-    // Most likely first, ties by id: the nucleus is the shortest prefix reaching top_p.
+  const bool top_k = opts_.top_k > 0 && static_cast<size_t>(opts_.top_k) < scratch_.size();
+  if (top_k || opts_.top_p < 1.0f) {
+    // Most likely first, ties by id: top_k is a prefix, and the nucleus the shortest prefix
+    // reaching top_p of the mass left.
     std::sort(scratch_.begin(), scratch_.end(), [](const auto& a, const auto& b) {
       return a.first != b.first ? a.first > b.first : a.second < b.second;
     });
+    if (top_k) scratch_.resize(static_cast<size_t>(opts_.top_k));
+  }
+  double total = 0.0;
+  for (const auto& e : scratch_) total += e.first;
+  size_t keep = scratch_.size();
+  if (opts_.top_p < 1.0f) {
     const double target = static_cast<double>(opts_.top_p) * total;
     double cum = 0.0;
     keep = 0;
@@ -93,12 +118,16 @@ GenerateResult generate(Engine& engine, std::span<const int32_t> prompt, const G
     ~Drop() { e.drop_sequence(s); }
   } drop{engine, seq};
 
+  // The repetition penalty reads every token of the sequence so far.
+  std::vector<int32_t> history;
+  if (opts.sampling.repetition_penalty != 1.0f) history.assign(prompt.begin(), prompt.end());
   auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits = engine.forward(seq, prompt, LogitsMode::kLast);
   r.prompt_seconds = seconds_since(t0);
   r.stop_reason = "max_tokens";
   while (static_cast<int64_t>(r.tokens.size()) < opts.max_new_tokens) {
-    const int32_t tok = sampler.sample(logits);
+    const int32_t tok = sampler.sample(logits, history);
+    if (opts.sampling.repetition_penalty != 1.0f) history.push_back(tok);
     if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), tok) != opts.stop_tokens.end()) {
       r.stop_reason = "stop_token";
       r.stop_token = tok;

@@ -1,18 +1,17 @@
-// The HTTP front of `exl3 serve` (see http_server.hpp).
+// The HTTP front of `exl3 serve` (see http_server.hpp): routes, OpenAI request handling, and the
+// replies that follow a request's generation (whole, or as server-sent events).
 #include "exl3/server/http_server.hpp"
-
-#include <httplib.h>
 
 #include <chrono>
 #include <csignal>
 #include <ctime>
 #include <random>
-#include <thread>
 
 #include <fmt/format.h>
 
 #include "exl3/error.hpp"
 #include "exl3/server/openai.hpp"
+#include "http_transport.hpp"
 
 namespace exl3::server {
 
@@ -21,34 +20,140 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr auto kPoll = std::chrono::milliseconds(50);  // how often waiting handlers look up
-constexpr auto kHeartbeat = std::chrono::seconds(2);   // SSE comment while nothing else is sent
+constexpr auto kHeartbeat = std::chrono::seconds(2);  // SSE comment while nothing else is sent
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(dump(e.to_json()), "application/json");
+std::string status_type(int status) {
+  return status >= 500 ? "server_error" : status == 404 ? "not_found_error" : "invalid_request_error";
 }
 
 ApiError api_error(int status, std::string message, std::string type, std::string code = {}, std::string param = {}) {
   return {status, std::move(message), std::move(type), std::move(param), std::move(code)};
 }
 
-std::string status_type(int status) {
-  return status >= 500 ? "server_error" : status == 404 ? "not_found_error" : "invalid_request_error";
+http::Response error_response(const ApiError& e) {
+  http::Response r;
+  r.status = e.status;
+  r.body = dump(e.to_json());
+  return r;
 }
+
+http::Response json_response(const json& j) {
+  http::Response r;
+  r.body = dump(j);
+  return r;
+}
+
+// A completion answered in one piece once its generation ends.
+class WholeReply final : public http::LateReply {
+ public:
+  WholeReply(ResponseMeta meta, std::shared_ptr<RequestStream> s) : meta_(std::move(meta)), stream_(std::move(s)) {}
+  void subscribe(std::function<void()> notify) override { stream_->set_listener(std::move(notify)); }
+  std::optional<http::Response> stream_head() override { return std::nullopt; }
+  Update poll() override {
+    Update out;
+    auto u = stream_->wait(std::chrono::milliseconds(0));
+    text_ += u.text;
+    if (!u.finished) return out;
+    out.done = true;
+    if (u.reason == FinishReason::kError) {
+      out.whole = error_response(api_error(500, fmt::format("generation failed: {}", u.error), "server_error"));
+    } else if (u.reason == FinishReason::kCancelled) {
+      out.whole = error_response(api_error(503, u.error, "server_error", "server_shutting_down"));
+    } else {
+      out.whole = json_response(
+          completion_response(meta_, text_, finish_reason_name(u.reason), u.prompt_tokens, u.completion_tokens));
+    }
+    return out;
+  }
+  void abandon() override { stream_->cancel(); }
+
+ private:
+  ResponseMeta meta_;
+  std::shared_ptr<RequestStream> stream_;
+  std::string text_;
+};
+
+// A completion streamed as server-sent events; a client that goes away cancels it.
+class EventStreamReply final : public http::LateReply {
+ public:
+  EventStreamReply(ResponseMeta meta, std::shared_ptr<RequestStream> s, bool include_usage)
+      : meta_(std::move(meta)), stream_(std::move(s)), include_usage_(include_usage) {}
+  void subscribe(std::function<void()> notify) override { stream_->set_listener(std::move(notify)); }
+  std::optional<http::Response> stream_head() override {
+    http::Response head;
+    head.content_type = "text/event-stream";
+    head.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+    return head;
+  }
+  Update poll() override {
+    Update out;
+    const auto u = stream_->wait(std::chrono::milliseconds(0));
+    std::string& s = out.chunk;
+    if (meta_.endpoint == Endpoint::kChat && !role_sent_) {
+      s += sse_event(stream_chunk(meta_, "", std::nullopt, /*role_delta=*/true));
+      role_sent_ = true;
+    }
+    if (!u.text.empty()) s += sse_event(stream_chunk(meta_, u.text, std::nullopt));
+    if (u.finished) {
+      if (u.reason == FinishReason::kError || u.reason == FinishReason::kCancelled) {
+        const int status = u.reason == FinishReason::kError ? 500 : 503;
+        s += sse_event(api_error(status, u.error, "server_error").to_json());
+      } else {
+        s += sse_event(stream_chunk(meta_, "", finish_reason_name(u.reason)));
+        if (include_usage_) s += sse_event(usage_chunk(meta_, u.prompt_tokens, u.completion_tokens));
+      }
+      s += "data: [DONE]\n\n";
+      out.done = true;
+    } else if (s.empty() && Clock::now() - last_write_ > kHeartbeat) {
+      // An SSE comment: clients ignore it, and a write is how a vanished client shows itself
+      // while its request is still queued.
+      s = ": keep-alive\n\n";
+    }
+    if (!s.empty()) last_write_ = Clock::now();
+    return out;
+  }
+  void abandon() override { stream_->cancel(); }
+
+ private:
+  ResponseMeta meta_;
+  std::shared_ptr<RequestStream> stream_;
+  bool include_usage_ = false;
+  bool role_sent_ = false;
+  Clock::time_point last_write_ = Clock::now();
+};
 
 }  // namespace
 
 struct HttpServer::Impl {
   Impl(runtime::Engine& e, Tokenizer t, ServerOptions o)
       : engine(e), tok(std::move(t)), opts(std::move(o)), sched(engine, tok, opts.scheduler),
-        created(static_cast<int64_t>(std::time(nullptr))) {
+        created(static_cast<int64_t>(std::time(nullptr))),
+        transport(limits(opts), [this](const http::Request& q) { return handle(q); },
+                  [](int status, std::string msg) { return error_response(api_error(status, std::move(msg), status_type(status))); },
+                  access_log(opts)) {
     try {
       chat = ChatTemplate::for_tokenizer(tok, opts.chat_format);
       if (!chat->end_of_turn().empty()) chat_end = tok.token_to_id(chat->end_of_turn());
     } catch (const Error& err) {
       chat_error = err.what();
     }
+  }
+
+  static http::Limits limits(const ServerOptions& o) {
+    http::Limits l;
+    l.max_body_bytes = o.max_body_bytes;
+    l.max_header_bytes = o.max_header_bytes;
+    l.max_connections = o.max_connections;
+    l.read_timeout = o.read_timeout;
+    l.write_timeout = o.write_timeout;
+    l.threads = o.http_threads;
+    return l;
+  }
+  static http::AccessLog access_log(const ServerOptions& o) {
+    if (!o.log) return {};
+    return [log = o.log](const http::Request& q, int status, double ms) {
+      log(fmt::format("{} {} {} {:.0f} ms", q.method, q.path, status, ms));
+    };
   }
 
   runtime::Engine& engine;
@@ -58,23 +163,39 @@ struct HttpServer::Impl {
   std::optional<ChatTemplate> chat;
   std::optional<int32_t> chat_end;
   std::string chat_error;
-  httplib::Server http;
   int64_t created;
   std::atomic<uint64_t> next_id{1};
-  std::atomic<bool> stopping{false}, in_run{false};
+  std::atomic<bool> stopping{false};
+  http::Transport transport;  // last: its handler threads use everything above
 
-  void routes();
-  void generate(const httplib::Request& req, httplib::Response& res, Endpoint ep);
+  http::Reply handle(const http::Request& q);
+  http::Reply generate(const http::Request& q, Endpoint ep);
   std::optional<ApiError> build(const CompletionRequest& r, GenerationRequest& g);
-  void answer_whole(httplib::Response& res, const ResponseMeta& meta, const std::shared_ptr<RequestStream>& s);
-  void answer_stream(httplib::Response& res, const ResponseMeta& meta, const std::shared_ptr<RequestStream>& s,
-                     bool include_usage);
   json model_object() const {
     return {{"id", opts.model_name},
             {"object", "model"},
             {"created", created},
             {"owned_by", "exl3"},
             {"max_model_len", sched.max_context()}};
+  }
+  json health() const {
+    const auto s = sched.stats();
+    return {{"status", stopping ? "stopping" : "ok"},
+            {"model", opts.model_name},
+            {"device", std::string(runtime::device_name(engine.device()))},
+            {"running", s.running},
+            {"queued", s.queued},
+            {"max_seqs", opts.scheduler.max_seqs},
+            {"max_queue", opts.scheduler.max_queue},
+            {"max_context", s.max_context},
+            {"cache_tokens", s.cache_tokens},
+            {"free_cache_tokens", s.free_cache_tokens},
+            {"completed", s.completed},
+            {"cancelled", s.cancelled},
+            {"failed", s.failed},
+            {"steps", s.steps},
+            {"connections", transport.open_connections()},
+            {"max_connections", opts.max_connections}};
   }
 };
 
@@ -83,36 +204,20 @@ HttpServer::HttpServer(runtime::Engine& engine, Tokenizer tokenizer, ServerOptio
   // Writes to a disconnected client must fail with EPIPE (which cancels its request), not raise
   // SIGPIPE, whose default action ends the process.
   std::signal(SIGPIPE, SIG_IGN);
-  impl_->routes();
 }
 
 HttpServer::~HttpServer() { stop(); }
 
-int HttpServer::bind(const std::string& host, int port) {
-  if (port < 0 || port > 65535) fail("--port {} is not a TCP port (0..65535; 0 = any free port)", port);
-  const int bound = port == 0 ? impl_->http.bind_to_any_port(host) : (impl_->http.bind_to_port(host, port) ? port : -1);
-  if (bound < 0) {
-    fail("cannot listen on {}:{} (the port is in use, or {} is not an address of this machine); hint: pick another "
-         "--port, or --port 0 for any free one",
-         host, port, host);
-  }
-  return bound;
-}
+int HttpServer::bind(const std::string& host, int port) { return impl_->transport.bind(host, port); }
 
-void HttpServer::run() {
-  impl_->in_run = true;
-  if (!impl_->stopping) impl_->http.listen_after_bind();
-  impl_->in_run = false;
-}
+void HttpServer::run() { impl_->transport.run(); }
 
 void HttpServer::stop() {
   impl_->stopping = true;
-  impl_->sched.shutdown();  // waiting handlers see their requests finish (cancelled) and return
-  // run() may be between its check and httplib's accept loop; stop() would be lost then.
-  for (int i = 0; i < 2000 && impl_->in_run && !impl_->http.is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  impl_->http.stop();
+  // The scheduler first: every waiting reply learns its request ended (cancelled) and is answered
+  // while the transport still runs; no notification can reach the transport after this.
+  impl_->sched.shutdown();
+  impl_->transport.stop();
 }
 
 SchedulerStats HttpServer::stats() const { return impl_->sched.stats(); }
@@ -121,99 +226,36 @@ std::string HttpServer::chat_status() const {
   return impl_->chat ? std::string(chat_format_name(impl_->chat->format())) : "none (" + impl_->chat_error + ")";
 }
 
-void HttpServer::Impl::routes() {
-  const auto& so = opts.scheduler;
-  // Every streaming request holds a thread for its whole life: enough threads that all running
-  // and queued requests plus a few quick ones (health, refusals) are served at once.
-  const size_t threads = static_cast<size_t>(so.max_seqs + so.max_queue + 8);
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  http.set_payload_max_length(opts.max_body_bytes);
-
-  http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) {
-    generate(q, r, Endpoint::kCompletions);
-  });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) {
-    generate(q, r, Endpoint::kChat);
-  });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& r) {
-    r.set_content(dump({{"object", "list"}, {"data", json::array({model_object()})}}), "application/json");
-  });
-  http.Get("/v1/models/(.+)", [this](const httplib::Request& q, httplib::Response& r) {
-    if (q.matches[1] != opts.model_name) {
-      return send_error(r, api_error(404, fmt::format("the model '{}' does not exist; this server serves '{}'",
-                                                      q.matches[1].str(), opts.model_name),
-                                     "not_found_error", "model_not_found"));
-    }
-    r.set_content(dump(model_object()), "application/json");
-  });
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& r) {
-    const auto s = sched.stats();
-    r.set_content(dump({{"status", stopping ? "stopping" : "ok"},
-                        {"model", opts.model_name},
-                        {"device", std::string(runtime::device_name(engine.device()))},
-                        {"running", s.running},
-                        {"queued", s.queued},
-                        {"max_seqs", opts.scheduler.max_seqs},
-                        {"max_queue", opts.scheduler.max_queue},
-                        {"max_context", s.max_context},
-                        {"cache_tokens", s.cache_tokens},
-                        {"free_cache_tokens", s.free_cache_tokens},
-                        {"completed", s.completed},
-                        {"cancelled", s.cancelled},
-                        {"failed", s.failed},
-                        {"steps", s.steps}}),
-                  "application/json");
-  });
-  // The right path with the wrong method is 405 (httplib would say 404).
-  auto wrong_method = [](const char* allow) {
-    return [allow](const httplib::Request& q, httplib::Response& r) {
-      r.set_header("Allow", allow);
-      send_error(r, api_error(405, fmt::format("{} {} is not allowed; use {}", q.method, q.path, allow),
-                              "invalid_request_error", "method_not_allowed"));
-    };
+http::Reply HttpServer::Impl::handle(const http::Request& q) {
+  auto wrong_method = [&](const char* allow) {
+    auto r = error_response(api_error(405, fmt::format("{} {} is not allowed; use {}", q.method, q.path, allow),
+                                      "invalid_request_error", "method_not_allowed"));
+    r.headers.emplace_back("Allow", allow);
+    return r;
   };
-  for (const char* p : {"/v1/completions", "/v1/chat/completions"}) {
-    http.Get(p, wrong_method("POST"));
-    http.Put(p, wrong_method("POST"));
-    http.Delete(p, wrong_method("POST"));
+  const std::string& p = q.path;
+  if (p == "/v1/completions" || p == "/v1/chat/completions") {
+    if (q.method != "POST") return wrong_method("POST");
+    return generate(q, p == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat);
   }
-  for (const char* p : {"/v1/models", "/health"}) {
-    http.Post(p, wrong_method("GET"));
-    http.Put(p, wrong_method("GET"));
-    http.Delete(p, wrong_method("GET"));
-  }
-  // Statuses httplib sets itself (404 unknown path, 413 body too large, 400 unparsable HTTP)
-  // get an OpenAI error object too.
-  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& q, httplib::Response& r) {
-    if (!r.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    std::string msg;
-    if (r.status == 404) {
-      msg = fmt::format("no route for {} {}; this server offers POST /v1/completions, POST /v1/chat/completions, "
-                        "GET /v1/models and GET /health",
-                        q.method, q.path);
-    } else if (r.status == 413) {
-      msg = fmt::format("the request body is larger than this server's limit of {} bytes", opts.max_body_bytes);
-    } else {
-      msg = fmt::format("the request could not be handled (HTTP {})", r.status);
+  const bool one_model = p.rfind("/v1/models/", 0) == 0 && p.size() > 11;
+  if (p == "/v1/models" || p == "/health" || one_model) {
+    if (q.method != "GET") return wrong_method("GET");
+    if (p == "/health") return json_response(health());
+    if (!one_model) return json_response({{"object", "list"}, {"data", json::array({model_object()})}});
+    const std::string id = p.substr(11);
+    if (id != opts.model_name) {
+      return error_response(api_error(
+          404, fmt::format("the model '{}' does not exist; this server serves '{}'", id, opts.model_name),
+          "not_found_error", "model_not_found"));
     }
-    send_error(r, api_error(r.status, msg, status_type(r.status)));
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& r, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    send_error(r, api_error(500, fmt::format("internal error: {}", what), "server_error"));
-  });
-  if (opts.log) {
-    http.set_logger([this](const httplib::Request& q, const httplib::Response& r) {
-      opts.log(fmt::format("{} {} {}", q.method, q.path, r.status));
-    });
+    return json_response(model_object());
   }
+  return error_response(api_error(404,
+                                  fmt::format("no route for {} {}; this server offers POST /v1/completions, POST "
+                                              "/v1/chat/completions, GET /v1/models and GET /health",
+                                              q.method, q.path),
+                                  "not_found_error"));
 }
 
 std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, GenerationRequest& g) {
@@ -255,31 +297,36 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
   }
   g.sampling.temperature = r.temperature;
   g.sampling.top_p = r.top_p;
+  g.sampling.top_k = r.top_k;
+  g.sampling.min_p = r.min_p;
+  g.sampling.repetition_penalty = r.repetition_penalty;
   g.sampling.seed = r.seed ? *r.seed : std::random_device{}();
   g.stop_strings = r.stop;
   return std::nullopt;
 }
 
-void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& res, Endpoint ep) {
+http::Reply HttpServer::Impl::generate(const http::Request& req, Endpoint ep) {
   auto parsed = parse_completion_request(req.body, ep);
-  if (const auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
+  if (const auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
   const auto& r = std::get<CompletionRequest>(parsed);
   GenerationRequest g;
-  if (auto e = build(r, g)) return send_error(res, *e);
+  if (auto e = build(r, g)) return error_response(*e);
 
   auto sub = sched.submit(std::move(g));
   if (sub.refusal) {
     switch (*sub.refusal) {
       case Scheduler::Refusal::kInvalid:
-        return send_error(res, api_error(400, sub.message, "invalid_request_error", "", "prompt"));
+        return error_response(api_error(400, sub.message, "invalid_request_error", "", "prompt"));
       case Scheduler::Refusal::kTooLong:
-        return send_error(res, api_error(400, sub.message, "invalid_request_error", "context_length_exceeded",
-                                         r.max_tokens ? "max_tokens" : "prompt"));
-      case Scheduler::Refusal::kQueueFull:
-        res.set_header("Retry-After", "1");
-        return send_error(res, api_error(503, sub.message, "server_error", "server_overloaded"));
+        return error_response(api_error(400, sub.message, "invalid_request_error", "context_length_exceeded",
+                                        r.max_tokens ? "max_tokens" : "prompt"));
+      case Scheduler::Refusal::kQueueFull: {
+        auto res = error_response(api_error(503, sub.message, "server_error", "server_overloaded"));
+        res.headers.emplace_back("Retry-After", "1");
+        return res;
+      }
       case Scheduler::Refusal::kShuttingDown:
-        return send_error(res, api_error(503, sub.message, "server_error", "server_shutting_down"));
+        return error_response(api_error(503, sub.message, "server_error", "server_shutting_down"));
     }
   }
   ResponseMeta meta;
@@ -288,80 +335,8 @@ void HttpServer::Impl::generate(const httplib::Request& req, httplib::Response& 
                         next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(created));
   meta.created = static_cast<int64_t>(std::time(nullptr));
   meta.model = opts.model_name;
-  if (r.stream) {
-    answer_stream(res, meta, sub.stream, r.include_usage);
-  } else {
-    answer_whole(res, meta, sub.stream);
-  }
-}
-
-void HttpServer::Impl::answer_whole(httplib::Response& res, const ResponseMeta& meta,
-                                    const std::shared_ptr<RequestStream>& s) {
-  std::string text;
-  for (;;) {
-    auto u = s->wait(kPoll);
-    text += u.text;
-    if (!u.finished) continue;
-    if (u.reason == FinishReason::kError) {
-      return send_error(res, api_error(500, fmt::format("generation failed: {}", u.error), "server_error"));
-    }
-    if (u.reason == FinishReason::kCancelled) {
-      return send_error(res, api_error(503, u.error, "server_error", "server_shutting_down"));
-    }
-    res.set_content(dump(completion_response(meta, text, finish_reason_name(u.reason), u.prompt_tokens,
-                                             u.completion_tokens)),
-                    "application/json");
-    return;
-  }
-}
-
-void HttpServer::Impl::answer_stream(httplib::Response& res, const ResponseMeta& meta,
-                                     const std::shared_ptr<RequestStream>& s, bool include_usage) {
-  struct State {
-    ResponseMeta meta;
-    std::shared_ptr<RequestStream> stream;
-    bool include_usage = false;
-    bool role_sent = false;
-    Clock::time_point last_write = Clock::now();
-  };
-  auto st = std::make_shared<State>(State{meta, s, include_usage});
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [st](size_t, httplib::DataSink& sink) {
-        if (!sink.is_writable()) return false;
-        const auto u = st->stream->wait(kPoll);
-        std::string out;
-        if (st->meta.endpoint == Endpoint::kChat && !st->role_sent) {
-          out += sse_event(stream_chunk(st->meta, "", std::nullopt, /*role_delta=*/true));
-          st->role_sent = true;
-        }
-        if (!u.text.empty()) out += sse_event(stream_chunk(st->meta, u.text, std::nullopt));
-        if (u.finished) {
-          if (u.reason == FinishReason::kError || u.reason == FinishReason::kCancelled) {
-            const int status = u.reason == FinishReason::kError ? 500 : 503;
-            out += sse_event(api_error(status, u.error, "server_error").to_json());
-          } else {
-            out += sse_event(stream_chunk(st->meta, "", finish_reason_name(u.reason)));
-            if (st->include_usage) out += sse_event(usage_chunk(st->meta, u.prompt_tokens, u.completion_tokens));
-          }
-          out += "data: [DONE]\n\n";
-        } else if (out.empty() && Clock::now() - st->last_write > kHeartbeat) {
-          // An SSE comment: clients ignore it, and a write is how a vanished client shows itself
-          // while its request is still queued.
-          out = ": keep-alive\n\n";
-        }
-        if (!out.empty()) {
-          if (!sink.write(out.data(), out.size())) return false;
-          st->last_write = Clock::now();
-        }
-        if (u.finished) sink.done();
-        return true;
-      },
-      // Runs when the response ends for any reason: after a disconnect this cancels the request
-      // (after a normal end it is a no-op).
-      [st](bool) { st->stream->cancel(); });
+  if (r.stream) return std::make_shared<EventStreamReply>(std::move(meta), sub.stream, r.include_usage);
+  return std::make_shared<WholeReply>(std::move(meta), sub.stream);
 }
 
 }  // namespace exl3::server

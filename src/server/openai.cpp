@@ -1,6 +1,7 @@
 // OpenAI request parsing and response shapes (see openai.hpp).
 #include "exl3/server/openai.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -53,7 +54,12 @@ class Fields {
     if (!v) return std::nullopt;
     if (!v->is_number()) return fail_type(key, "a number", *v), std::nullopt;
     const double d = v->get<double>();
-    if (!std::isfinite(d)) return fail_value(key, "must be finite"), std::nullopt;
+    // Every sampling number is a float: a larger one would silently become infinity.
+    if (!std::isfinite(d) || std::abs(d) > static_cast<double>(std::numeric_limits<float>::max())) {
+      return fail_value(key, fmt::format("must be a finite number within +-{:g}, got {:g}",
+                                         static_cast<double>(std::numeric_limits<float>::max()), d)),
+             std::nullopt;
+    }
     return d;
   }
   std::optional<int64_t> integer(const char* key) {
@@ -204,6 +210,19 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     if (!(*v > 0.0 && *v <= 1.0)) f.fail_value("top_p", fmt::format("must be in (0, 1], got {}", *v));
     r.top_p = static_cast<float>(*v);
   }
+  if (auto v = f.integer("top_k")) {
+    // vLLM's convention: -1 (or 0) keeps every token.
+    if (*v < -1) f.fail_value("top_k", fmt::format("must be -1 or 0 (off) or at least 1, got {}", *v));
+    r.top_k = std::max<int64_t>(0, *v);
+  }
+  if (auto v = f.number("min_p")) {
+    if (!(*v >= 0.0 && *v <= 1.0)) f.fail_value("min_p", fmt::format("must be in [0, 1], got {:g}", *v));
+    r.min_p = static_cast<float>(*v);
+  }
+  if (auto v = f.number("repetition_penalty")) {
+    if (!(*v > 0.0)) f.fail_value("repetition_penalty", fmt::format("must be > 0 (1 = off), got {:g}", *v));
+    r.repetition_penalty = static_cast<float>(*v);
+  }
   if (auto v = f.integer("seed")) r.seed = static_cast<uint64_t>(*v);
   if (auto v = f.integer("n")) {
     if (*v != 1) f.fail_value("n", fmt::format("must be 1 (one choice per request), got {}", *v));
@@ -249,6 +268,13 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   f.unsupported_unless("logit_bias", json::object(), "no logit bias");
   f.unsupported_unless("suffix", "", "no insertion");
   f.unsupported_unless("tools", json::array(), "no tool calls");
+  f.unsupported_unless("functions", json::array(), "no tool calls");
+  f.unsupported_unless("function_call", "none", "no tool calls");
+  f.unsupported_unless("tool_choice", "none", "no tool calls");
+  f.unsupported_unless("min_tokens", 0, "no minimum length");
+  f.unsupported_unless("typical_p", 1, "no typical sampling");
+  f.unsupported_unless("use_beam_search", false, "no beam search");
+  f.unsupported_unless("length_penalty", 1, "no beam search");
   if (const json* rf = f.get("response_format")) {
     if (!(rf->is_object() && rf->value("type", "text") == "text")) {
       f.fail_value("response_format", "is not supported by this server (only plain text); leave it out");

@@ -33,19 +33,34 @@ StreamUpdate RequestStream::wait(std::chrono::milliseconds timeout) {
   return out;
 }
 
+void RequestStream::set_listener(std::function<void()> fn) {
+  auto l = std::make_shared<const std::function<void()>>(std::move(fn));
+  bool now = false;
+  {
+    std::lock_guard lk(mu_);
+    listener_ = l;
+    now = has_news_ || finished_;
+  }
+  if (now) (*l)();
+}
+
 void RequestStream::publish(std::string_view text, int32_t token, int64_t completion_tokens) {
+  std::shared_ptr<const std::function<void()>> l;
   {
     std::lock_guard lk(mu_);
     pending_.text += text;
     if (token >= 0) pending_.tokens.push_back(token);
     pending_.completion_tokens = completion_tokens;
     has_news_ = true;
+    l = listener_;
   }
   cv_.notify_all();
+  if (l) (*l)();
 }
 
 void RequestStream::finish(FinishReason reason, std::string_view text, std::string error,
                            int64_t completion_tokens) {
+  std::shared_ptr<const std::function<void()>> l;
   {
     std::lock_guard lk(mu_);
     if (finished_) return;
@@ -56,8 +71,10 @@ void RequestStream::finish(FinishReason reason, std::string_view text, std::stri
     pending_.error = std::move(error);
     finished_ = true;
     has_news_ = true;
+    l = listener_;
   }
   cv_.notify_all();
+  if (l) (*l)();
 }
 
 // ---- Scheduler ---------------------------------------------------------------------------------
@@ -65,7 +82,9 @@ void RequestStream::finish(FinishReason reason, std::string_view text, std::stri
 struct Scheduler::Active {
   Active(GenerationRequest r, std::shared_ptr<RequestStream> s, const Tokenizer& tok)
       : req(std::move(r)), stream(std::move(s)), sampler(req.sampling), decoder(tok, /*skip_special=*/true),
-        matcher(req.stop_strings) {}
+        matcher(req.stop_strings) {
+    if (req.sampling.repetition_penalty != 1.0f) history = req.prompt;
+  }
 
   GenerationRequest req;
   std::shared_ptr<RequestStream> stream;
@@ -77,6 +96,7 @@ struct Scheduler::Active {
   size_t prefilled = 0;   // prompt tokens already in the KV cache
   int64_t generated = 0;  // tokens sampled
   int32_t next = -1;      // the last sampled token: the input of the next decode step
+  std::vector<int32_t> history;  // prompt + sampled tokens, kept for a repetition penalty only
   bool done = false;      // finished: retire() drops the sequence, then tells the client
   FinishReason reason = FinishReason::kStop;
   std::string error;
@@ -170,18 +190,21 @@ Scheduler::Submitted Scheduler::submit(GenerationRequest req) {
     return refuse(Refusal::kInvalid, e.what());
   }
   const auto prompt_len = static_cast<int64_t>(req.prompt.size());
-  if (prompt_len + req.max_tokens > max_context_) {
+  // Compared without adding: prompt + max_tokens overflows for a max_tokens near 2^63.
+  if (prompt_len > max_context_ || req.max_tokens > max_context_ - prompt_len) {
     return refuse(Refusal::kTooLong,
-                  fmt::format("the prompt has {} tokens and max_tokens is {}: {} tokens exceed this server's "
-                              "context of {} tokens; hint: shorten the prompt or lower max_tokens",
-                              prompt_len, req.max_tokens, prompt_len + req.max_tokens, max_context_));
+                  fmt::format("the prompt has {} tokens and max_tokens is {}: together they exceed this server's "
+                              "context of {} tokens; hint: shorten the prompt or set max_tokens to at most {}",
+                              prompt_len, req.max_tokens, max_context_, std::max<int64_t>(0, max_context_ - prompt_len)));
   }
   auto stream = std::make_shared<RequestStream>();
   stream->pending_.prompt_tokens = prompt_len;
   {
     std::lock_guard lk(mu_);
     if (stop_) return refuse(Refusal::kShuttingDown, "the server is shutting down");
-    if (static_cast<int64_t>(queue_.size()) >= opts_.max_queue) {
+    // Free run slots count as room too: the worker admits queued requests only between steps, so
+    // a burst arriving during one would otherwise be refused with slots idle.
+    if (static_cast<int64_t>(queue_.size()) + stats_.running >= opts_.max_queue + opts_.max_seqs) {
       return refuse(Refusal::kQueueFull,
                     fmt::format("the server is busy: {} requests are waiting and {} are running (limits "
                                 "--max-queue {}, --max-seqs {}); retry later",
@@ -287,7 +310,9 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
     a.prefilled += static_cast<size_t>(fed[i]);
     if (!a.decoding()) continue;  // more prompt to prefill before the first sample
     try {
-      accept_token(a, a.sampler.sample(logits[i]));
+      const int32_t tok = a.sampler.sample(logits[i], a.history);
+      if (a.req.sampling.repetition_penalty != 1.0f) a.history.push_back(tok);
+      accept_token(a, tok);
     } catch (const std::exception& e) {
       a.end(FinishReason::kError, e.what());
     }

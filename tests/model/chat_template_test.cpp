@@ -5,6 +5,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
 #include "exl3/model/chat_template.hpp"
@@ -89,10 +90,18 @@ TEST(ChatTemplate, Plain) {
 }
 
 TEST(ChatTemplate, DetectionAndNames) {
-  EXPECT_EQ(exl3::detect_chat_format("{{ '<|im_start|>' + m.role }}...<|im_end|>"),
+  // Marker tokens alone are not recognition: only a known template text is.
+  EXPECT_EQ(exl3::detect_chat_format("{{ '<|im_start|>' + m.role }}...<|im_end|>"), std::nullopt);
+  EXPECT_EQ(exl3::chat_format_by_markers("{{ '<|im_start|>' + m.role }}...<|im_end|>"),
             ChatFormat::kChatML);
   EXPECT_EQ(exl3::detect_chat_format("<|start_header_id|>x<|end_header_id|>y<|eot_id|>"),
+            std::nullopt);
+  EXPECT_EQ(exl3::chat_format_by_markers("<|start_header_id|>x<|end_header_id|>y<|eot_id|>"),
             ChatFormat::kLlama3);
+  EXPECT_EQ(exl3::detect_chat_format(style("qwen2_style").chat_template()), ChatFormat::kChatML);
+  EXPECT_EQ(exl3::detect_chat_format(style("qwen2_style").chat_template() + "\n"),
+            ChatFormat::kChatML);
+  EXPECT_EQ(exl3::detect_chat_format(style("llama3_style").chat_template()), ChatFormat::kLlama3);
   EXPECT_EQ(exl3::detect_chat_format("{{ bos_token }}[INST] {{ m.content }} [/INST]"),
             std::nullopt);
   EXPECT_EQ(exl3::detect_chat_format(""), std::nullopt);
@@ -122,6 +131,30 @@ TEST(ChatTemplate, Errors) {
   EXPECT_EQ(ChatTemplate::for_tokenizer(mistral, ChatFormat::kPlain).format(), ChatFormat::kPlain);
 }
 
+TEST(ChatTemplate, LookalikeTemplatesAreRefusedNotGuessed) {
+  // SmolLM2's template shape: ChatML turns, plus a default system prompt when the conversation
+  // has none. Rendering it as plain ChatML would drop that prompt (14 tokens instead of 35).
+  const std::string smol =
+      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+      "'<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+      "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+      "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+      "'<|im_start|>assistant\n' }}{% endif %}";
+  EXPECT_EQ(exl3::detect_chat_format(smol), std::nullopt);
+  exl3::test::TempDir tmp;
+  const auto src = exl3::test::tokenizer_data_dir() / "qwen2_style";
+  std::filesystem::copy_file(src / "tokenizer.json", tmp / "tokenizer.json");
+  exl3::test::write_file(tmp / "tokenizer_config.json",
+                         nlohmann::json{{"eos_token", "<|im_end|>"}, {"chat_template", smol}}.dump());
+  const auto tok = Tokenizer::load(tmp.path());
+  EXPECT_THAT(error_of([&] { ChatTemplate::for_tokenizer(tok); }),
+              testing::AllOf(HasSubstr("tokenizer_config.json"), HasSubstr("chatml marker tokens"),
+                             HasSubstr("not a template exl3 renders exactly"),
+                             HasSubstr("--chat-format chatml")));
+  // Forcing the format is the user's informed choice.
+  EXPECT_EQ(ChatTemplate::for_tokenizer(tok, ChatFormat::kChatML).format(), ChatFormat::kChatML);
+}
+
 TEST(ChatTemplate, JinjaFileFallback) {
   // Newer models keep the template in chat_template.jinja instead of tokenizer_config.json.
   exl3::test::TempDir tmp;
@@ -129,7 +162,7 @@ TEST(ChatTemplate, JinjaFileFallback) {
   std::filesystem::copy_file(src / "tokenizer.json", tmp / "tokenizer.json");
   exl3::test::write_file(tmp / "tokenizer_config.json", R"({"eos_token": "<|im_end|>"})");
   EXPECT_TRUE(Tokenizer::load(tmp.path()).chat_template().empty());
-  exl3::test::write_file(tmp / "chat_template.jinja", "{{ '<|im_start|>' }}{{ '<|im_end|>' }}");
+  exl3::test::write_file(tmp / "chat_template.jinja", style("qwen2_style").chat_template() + "\n");
   const auto tok = Tokenizer::load(tmp.path());
   EXPECT_EQ(ChatTemplate::for_tokenizer(tok).format(), ChatFormat::kChatML);
   EXPECT_THAT(tok.chat_template_source(), ::testing::EndsWith("chat_template.jinja"));

@@ -286,5 +286,60 @@ TEST(Sampler, GreedyTopPAndSeeds) {
   EXPECT_THROW(Sampler({1.0f, 0.0f, 0}), Error);
 }
 
+TEST(Sampler, TopKMinPAndRepetitionPenalty) {
+  const std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 1.8f};
+  auto opts = [](float t, uint64_t seed) {
+    SamplingOptions o;
+    o.temperature = t;
+    o.seed = seed;
+    return o;
+  };
+  // top_k 2 at a high temperature: only the two most likely ids ever come out, both of them.
+  auto k2 = opts(50.0f, 5);
+  k2.top_k = 2;
+  Sampler sk(k2);
+  std::vector<int> counts(5);
+  for (int i = 0; i < 400; ++i) ++counts[static_cast<size_t>(sk.sample(logits))];
+  EXPECT_EQ(counts[0] + counts[3] + counts[4], 0);
+  EXPECT_GT(counts[1], 100);
+  EXPECT_GT(counts[2], 100);
+  // min_p 0.5 at T = 1: p(i) / p(max) = exp(l_i - 2) keeps 1.9 (0.90) and 1.8 (0.82), drops 0.1 and -1.
+  auto mp = opts(1.0f, 9);
+  mp.min_p = 0.5f;
+  Sampler sm(mp);
+  std::fill(counts.begin(), counts.end(), 0);
+  for (int i = 0; i < 600; ++i) ++counts[static_cast<size_t>(sm.sample(logits))];
+  EXPECT_EQ(counts[0] + counts[3], 0);
+  EXPECT_GT(counts[1], 100);
+  EXPECT_GT(counts[2], 100);
+  EXPECT_GT(counts[4], 100);
+  // Repetition penalty 2 (greedy): id 1 seen before drops 2.0 -> 1.0, so 1.9 wins; a negative
+  // logit is multiplied (-1 -> -2); ids outside the vocabulary in the history are ignored.
+  auto rp = opts(0.0f, 0);
+  rp.repetition_penalty = 2.0f;
+  Sampler sr(rp);
+  const std::vector<int32_t> history = {1, 1, 3, 99};
+  EXPECT_EQ(sr.sample(logits, history), 2);
+  EXPECT_EQ(sr.sample(logits), 1);  // no history: no penalty
+  const std::vector<int32_t> seen_1_2 = {1, 2};
+  EXPECT_EQ(sr.sample(logits, seen_1_2), 4);  // 1.8 now beats 1.0 and 0.95
+  // Neutral values change nothing: same draws as the plain sampler with the same seed.
+  auto neutral = opts(1.0f, 77);
+  neutral.top_k = 0;
+  neutral.min_p = 0.0f;
+  neutral.repetition_penalty = 1.0f;
+  Sampler a(neutral), b(opts(1.0f, 77));
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits, history), b.sample(logits));
+  auto bad = opts(1.0f, 0);
+  bad.top_k = -1;
+  EXPECT_THROW(Sampler{bad}, Error);
+  bad = opts(1.0f, 0);
+  bad.min_p = 1.5f;
+  EXPECT_THROW(Sampler{bad}, Error);
+  bad = opts(1.0f, 0);
+  bad.repetition_penalty = 0.0f;
+  EXPECT_THROW(Sampler{bad}, Error);
+}
+
 }  // namespace
 }  // namespace exl3::runtime

@@ -227,7 +227,7 @@ TEST(Scheduler, RefusesBadRequests) {
   EXPECT_THAT(refusal(empty_stop).second, HasSubstr("stop string is empty"));
   const auto too_long = refusal(f.greedy(std::vector<int32_t>(60, 5), 5));
   EXPECT_EQ(too_long.first, Scheduler::Refusal::kTooLong);
-  EXPECT_THAT(too_long.second, HasSubstr("65 tokens exceed this server's context of 64"));
+  EXPECT_THAT(too_long.second, HasSubstr("60 tokens and max_tokens is 5: together they exceed this server's context of 64"));
   f.sched->shutdown();
   EXPECT_EQ(refusal(f.greedy({5}, 4)).first, Scheduler::Refusal::kShuttingDown);
 }
@@ -249,4 +249,39 @@ TEST(Scheduler, RefusesBadOptions) {
   } catch (const exl3::Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("--cache-tokens"));
   }
+}
+
+TEST(Scheduler, MaxTokensNearTwoToThe63IsTooLongNotAWrap) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  Fixture f(conf);
+  for (const int64_t m : {INT64_MAX, INT64_MAX - 1, INT64_MAX - 2, int64_t{1} << 62}) {
+    auto sub = f.sched->submit(f.greedy({5, 6, 7}, m));
+    ASSERT_TRUE(sub.refusal) << m;
+    EXPECT_EQ(*sub.refusal, Scheduler::Refusal::kTooLong) << m;
+    EXPECT_THAT(sub.message, HasSubstr("at most")) << m;
+  }
+  EXPECT_EQ(f.sched->stats().steps, 0);
+}
+
+TEST(Scheduler, FreeRunSlotsCountAsRoomForABurst) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  SchedulerOptions so;
+  so.max_seqs = 8;
+  so.max_queue = 1;
+  Fixture f(conf, so, 8192);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  // Nine long requests submitted back to back, faster than the worker admits them: eight run
+  // slots and one queue place hold them all; only the tenth is refused.
+  for (int i = 0; i < 9; ++i) {
+    auto g = f.greedy({5, static_cast<int32_t>(6 + i)}, 500);
+    g.stop_tokens.clear();
+    auto sub = f.sched->submit(std::move(g));
+    ASSERT_FALSE(sub.refusal) << "request " << i << ": " << sub.message;
+    streams.push_back(sub.stream);
+  }
+  auto extra = f.sched->submit(f.greedy({5, 6}, 500));
+  ASSERT_TRUE(extra.refusal);
+  EXPECT_EQ(*extra.refusal, Scheduler::Refusal::kQueueFull);
+  for (auto& s : streams) s->cancel();
+  for (auto& s : streams) drain(s);
 }

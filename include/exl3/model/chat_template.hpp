@@ -1,8 +1,10 @@
 // Chat prompt formatting for the common chat templates.
 //
 // This is NOT a Jinja engine. Hugging Face models ship a Jinja `chat_template` in
-// tokenizer_config.json; exl3 recognises which well-known format a template implements by its
-// marker tokens and renders that format natively:
+// tokenizer_config.json; exl3 renders a template natively only when it recognises the template's
+// exact text as one whose every output a native format reproduces (plain ChatML as fine-tunes
+// ship it, Meta-Llama-3-Instruct). A template that only shares the marker tokens is refused with
+// a hint (--chat-format forces a format), never rendered by guesswork. The formats:
 //
 //   chatml  (Qwen2, Qwen2.5, Qwen3, ...; markers <|im_start|> and <|im_end|>)
 //       <|im_start|>{role}\n{content}<|im_end|>\n ...   generation prompt: <|im_start|>assistant\n
@@ -12,10 +14,9 @@
 //   plain   (fallback, chosen explicitly; no special tokens)
 //       {Role}: {content}\n\n ...                          generation prompt: Assistant:
 //
-// Template logic beyond the basic turn structure is not reproduced: Qwen2.5's injected default
-// system prompt, Qwen3's <think> handling of earlier assistant turns and enable_thinking, tool
-// calls, and Llama-3.1's "Cutting Knowledge Date" system preamble. A template with neither marker
-// set is reported as unrecognised (the CLI's --chat-format chatml|llama3|plain overrides).
+// Template logic beyond the basic turn structure is not reproduced, which is why such templates
+// are not recognised: SmolLM2's and Qwen2.5's injected default system prompts, Qwen3's <think>
+// handling and enable_thinking, tool calls, Llama-3.1's "Cutting Knowledge Date" preamble.
 //
 // Render, then encode with add_special_tokens = encode_adds_special_tokens(): chatml and llama3
 // prompts already contain their special tokens as text (as transformers' apply_chat_template
@@ -36,8 +37,12 @@ enum class ChatFormat { kChatML, kLlama3, kPlain };
 std::string_view chat_format_name(ChatFormat f);  // "chatml", "llama3", "plain"
 // Parses a name as chat_format_name prints it; throws exl3::Error listing the choices.
 ChatFormat parse_chat_format(std::string_view name);
-// The format a Jinja template implements, judged by its marker tokens; nullopt if none matches.
+// The format whose rendering equals the template's for every conversation of text turns: set
+// only for a template whose exact text exl3 knows (one trailing newline aside); nullopt otherwise.
 std::optional<ChatFormat> detect_chat_format(std::string_view jinja_template);
+// The format a template's marker tokens suggest (both or neither: nullopt). For messages only: a
+// template that merely looks like a format is not rendered as one.
+std::optional<ChatFormat> chat_format_by_markers(std::string_view jinja_template);
 
 struct ChatMessage {
   std::string role;  // "system", "user", "assistant", ...

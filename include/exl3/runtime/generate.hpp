@@ -1,9 +1,13 @@
 // Token sampling and the generation loop (token ids only; text is the caller's business).
 //
-// Sampling: temperature 0 is greedy (argmax, the lowest id among equal logits). Otherwise
-// p = softmax(logits / T); with top_p < 1 only the smallest set of most likely tokens whose
-// probabilities reach top_p stays (nucleus), renormalised; one draw from a seeded
-// std::mt19937_64, so a seed gives the same tokens on every run and machine.
+// Sampling, in vLLM's order: first the repetition penalty (every token id already in the
+// sequence, prompt included, has its logit divided by the penalty when positive and multiplied
+// by it otherwise, as transformers and vLLM do). Then temperature 0 is greedy (argmax, the lowest
+// id among equal logits). Otherwise p = softmax(logits / T); min_p drops tokens less likely than
+// min_p times the most likely one; top_k keeps the k most likely; top_p keeps the smallest set of
+// most likely tokens whose probabilities reach top_p of what is left (nucleus); one draw from the
+// renormalised rest with a seeded std::mt19937_64, so a seed gives the same tokens on every run
+// and machine. Ties are broken by the lower id everywhere.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +22,12 @@
 namespace exl3::runtime {
 
 struct SamplingOptions {
-  float temperature = 0.0f;  // 0 = greedy
-  float top_p = 1.0f;        // (0, 1]
+  float temperature = 0.0f;         // 0 = greedy
+  float top_p = 1.0f;               // (0, 1]; 1 = off
   uint64_t seed = 0;
+  int64_t top_k = 0;                // >= 0; 0 = off
+  float min_p = 0.0f;               // [0, 1]; 0 = off
+  float repetition_penalty = 1.0f;  // > 0; 1 = off
 };
 
 // Index of the largest value (lowest index on ties).
@@ -28,14 +35,18 @@ int32_t argmax(std::span<const float> logits);
 
 class Sampler {
  public:
-  // Throws exl3::Error for a negative / non-finite temperature or top_p outside (0, 1].
+  // Throws exl3::Error for an option out of its range (see SamplingOptions).
   explicit Sampler(const SamplingOptions& opts);
-  int32_t sample(std::span<const float> logits);
+  // `history`: the sequence's tokens so far (prompt and generated), read only for the
+  // repetition penalty.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history = {});
 
  private:
   SamplingOptions opts_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> scratch_;
+  std::vector<float> penalized_;
+  std::vector<int32_t> seen_;
 };
 
 struct GenerateOptions {

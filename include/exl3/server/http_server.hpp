@@ -1,4 +1,7 @@
-// `exl3 serve`'s HTTP front (cpp-httplib): the OpenAI-compatible endpoints over a Scheduler.
+// `exl3 serve`'s HTTP front: the OpenAI-compatible endpoints over a Scheduler, on an asynchronous
+// HTTP/1.1 transport (Boost.Beast; src/server/http_transport.hpp) that bounds what a client can
+// hold: request read and write deadlines, header and body limits on the bytes actually read,
+// and a connection cap answered with an immediate 503.
 //
 //   POST /v1/completions       prompt (text or token ids) -> text_completion
 //   POST /v1/chat/completions  messages -> chat prompt (the model's ChatML / Llama-3 template, or
@@ -10,12 +13,14 @@
 // a client that goes away mid-stream cancels its request (its KV pages return to the pool at the
 // next scheduler step). Errors are OpenAI error objects: 400 (bad JSON, wrong field types or
 // values, prompt + max_tokens over the context), 404 (unknown model or path), 405 (wrong method),
-// 413 (body over max_body_bytes), 503 (queue full, shutting down), 500 (engine failure).
+// 408 (request not received within read_timeout), 413 (body over max_body_bytes), 431 (headers
+// over max_header_bytes), 503 (queue full, connection cap, shutting down), 500 (engine failure).
 // Non-streamed requests run to completion even when the client disconnects (max_tokens bounds
 // them).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -37,6 +42,11 @@ struct ServerOptions {
   std::vector<int32_t> stop_tokens;       // the model's end-of-sequence ids (model_stop_tokens)
   SchedulerOptions scheduler;
   size_t max_body_bytes = size_t{8} << 20;
+  size_t max_header_bytes = size_t{64} << 10;
+  int max_connections = 512;  // open connections; one more gets 503 and is closed at once
+  std::chrono::milliseconds read_timeout{30'000};   // to receive one whole request
+  std::chrono::milliseconds write_timeout{30'000};  // for each write to the client
+  int http_threads = 4;  // threads running request handlers (never blocked on a socket)
   // Called once per answered request ("POST /v1/completions 200 12 ms"); empty = silent.
   std::function<void(const std::string&)> log;
 };
@@ -45,6 +55,7 @@ class HttpServer {
  public:
   // Starts the scheduler on `engine` (no live sequences; it must outlive the server). Ignores
   // SIGPIPE for the whole process: a write to a client that went away must fail, not kill us.
+  // Throws exl3::Error for options out of range.
   HttpServer(runtime::Engine& engine, Tokenizer tokenizer, ServerOptions opts);
   ~HttpServer();  // stop()
   HttpServer(const HttpServer&) = delete;
@@ -55,7 +66,8 @@ class HttpServer {
   int bind(const std::string& host, int port);
   // Serves on the bound socket until stop(); blocks the calling thread.
   void run();
-  // Cancels every request, stops accepting and makes run() return. Thread-safe, idempotent.
+  // Cancels every request (clients waiting get 503), stops accepting, gives those answers up to a
+  // second to go out and makes run() return. Thread-safe, idempotent.
   void stop();
 
   SchedulerStats stats() const;

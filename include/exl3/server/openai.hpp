@@ -49,6 +49,9 @@ struct CompletionRequest {
   std::optional<int64_t> max_tokens;  // > 0 when set
   float temperature = 1.0f;           // OpenAI's default
   float top_p = 1.0f;
+  int64_t top_k = 0;                // 0 = off (the request's -1 too)
+  float min_p = 0.0f;               // 0 = off
+  float repetition_penalty = 1.0f;  // 1 = off
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   bool stream = false;

@@ -23,6 +23,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -71,6 +72,10 @@ class RequestStream {
   // Waits until there is news or `timeout` passes; returns (and clears) what arrived. After the
   // update with finished = true, further calls return finished immediately.
   StreamUpdate wait(std::chrono::milliseconds timeout);
+  // Calls `fn` (from the worker thread, with no lock held) whenever news arrives from now on, and
+  // at once when some is already waiting. Replaces an earlier listener. For callers that poll
+  // with wait(0) instead of blocking a thread.
+  void set_listener(std::function<void()> fn);
   // Asks the worker to drop the request (its sequence is freed at the next iteration).
   void cancel() { cancelled_.store(true); }
   bool cancelled() const { return cancelled_.load(); }
@@ -83,6 +88,7 @@ class RequestStream {
   std::mutex mu_;
   std::condition_variable cv_;
   StreamUpdate pending_;
+  std::shared_ptr<const std::function<void()>> listener_;
   bool has_news_ = false;
   bool finished_ = false;
   std::atomic<bool> cancelled_{false};
