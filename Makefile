@@ -59,7 +59,7 @@ test-sanitize: deps
 fuzz: deps
 	CC=clang CXX=clang++ cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g1" -DEXL3_CUDA=OFF \
 	  -DEXL3_FUZZ=ON -DEXL3_BUILD_TESTS=OFF -DEXL3_BUILD_BENCH=OFF
-	cmake --build $(BUILD)-fuzz -j$(JOBS)
+	cmake --build $(BUILD)-fuzz -j$(JOBS) --target fuzz_all
 	@set -e; for t in $(BUILD)-fuzz/fuzz/fuzz_*; do \
 	  [ -x "$$t" ] || continue; name=$$(basename $$t); \
 	  mkdir -p $(BUILD)-fuzz/corpus/$$name; \

@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "exl3/error.hpp"
-#include "exl3/model/tokenizer.hpp"
+#include "exl3/text/tokenizer.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);

@@ -9,8 +9,8 @@
 
 #include "commands.hpp"
 #include "exl3/error.hpp"
-#include "exl3/model/builtin_text.hpp"
-#include "exl3/model/eval.hpp"
+#include "exl3/eval/builtin_text.hpp"
+#include "exl3/eval/eval.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "overlay_options.hpp"
 
@@ -24,49 +24,65 @@ Runner add_eval(CLI::App& app, Common&) {
     bool json = false, quiet = false;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("MODEL", o->model, "Model folder: config.json, weights (EXL3 or unquantized), tokenizer.json")
+  app.add_option("MODEL", o->model,
+                 "Model folder: config.json, weights (EXL3 or unquantized), tokenizer.json")
       ->required();
-  app.add_option("--text", o->text, "UTF-8 text file to score, or `builtin` for the text bundled with exl3")
+  app.add_option("--text", o->text,
+                 "UTF-8 text file to score, or `builtin` for the text bundled with exl3")
       ->required();
   app.add_option("--reference,-r", o->reference,
-                 "Reference model folder (e.g. the unquantized source): adds mean KL(reference || model), top-1 "
+                 "Reference model folder (e.g. the unquantized source): adds mean KL(reference || "
+                 "model), top-1 "
                  "agreement and its perplexity; needs the same vocabulary");
   app.add_option("--context,-c", o->eval.context,
                  "Window length in tokens (capped by max_position_embeddings and the text length)")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 30))
       ->capture_default_str();
   app.add_option("--stride", o->eval.stride,
-                 "Tokens between window starts, 1..context; 0 = context (disjoint windows). With a smaller stride "
+                 "Tokens between window starts, 1..context; 0 = context (disjoint windows). With a "
+                 "smaller stride "
                  "every scored token keeps at least context - stride tokens of history (slower)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--max-tokens,-n", o->eval.max_tokens, "Evaluate only the first N tokens of the text (0 = all)")
+  app.add_option("--max-tokens,-n", o->eval.max_tokens,
+                 "Evaluate only the first N tokens of the text (0 = all)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--device", o->device, "Compute device for both models: cpu (the fp32 reference runtime) or cuda")
+  app.add_option("--device", o->device,
+                 "Compute device for both models: cpu (the fp32 reference runtime) or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   add_overlay_options(app, o->overlay);  // the model only, never the reference
-  app.add_flag("--json", o->json, "Print one JSON document (perplexity, nll, reference: kl, top1_agreement, ...)");
+  app.add_flag("--json", o->json,
+               "Print one JSON document (perplexity, nll, reference: kl, top1_agreement, ...)");
   app.add_flag("--quiet,-q", o->quiet, "No progress on stderr");
   app.footer(
-      "Tokenizes the text with MODEL's tokenizer, cuts it into windows of --context tokens every --stride\n"
-      "tokens, and scores each token after the first of the stream once (disjoint windows: each window's\n"
-      "first token only gives context). Log-softmax and KL are computed in fp64 from the fp32 logits:\n"
+      "Tokenizes the text with MODEL's tokenizer, cuts it into windows of --context tokens every "
+      "--stride\n"
+      "tokens, and scores each token after the first of the stream once (disjoint windows: each "
+      "window's\n"
+      "first token only gives context). Log-softmax and KL are computed in fp64 from the fp32 "
+      "logits:\n"
       "  perplexity = exp(mean over tokens of -log p_model(next token))\n"
       "  KL         = mean over tokens of sum_v p_ref(v) log(p_ref(v) / p_model(v))   (nats)\n"
       "  top-1      = share of positions where both models' most likely next token is the same\n"
-      "A quantized model is good when its KL to the unquantized model is small (and its top-1 high):\n"
+      "A quantized model is good when its KL to the unquantized model is small (and its top-1 "
+      "high):\n"
       "unlike perplexity, KL compares the whole distributions and needs no good text.\n\n"
       "Examples:\n"
       "  exl3 eval ./Qwen3-8B-exl3-4bpw --text wiki.txt\n"
       "  exl3 eval ./Qwen3-8B-exl3-4bpw --text builtin --reference ./Qwen3-8B\n"
-      "  exl3 eval ./m --text notes.txt --context 512 --stride 256 --max-tokens 4096 --json | jq .reference.kl\n\n"
-      "  exl3 eval ./Qwen3-8B --text builtin --reference ./Qwen3-8B --overlay linear=mxfp8   # KL(BF16 || MXFP8)\n\n"
-      "--overlay (and --overlay-config / --overlay-ignore) converts MODEL's unquantized attention, dense-MLP\n"
-      "and shared-expert linears to MXFP8 at load, never the reference's: with the same folder as both, the\n"
+      "  exl3 eval ./m --text notes.txt --context 512 --stride 256 --max-tokens 4096 --json | jq "
+      ".reference.kl\n\n"
+      "  exl3 eval ./Qwen3-8B --text builtin --reference ./Qwen3-8B --overlay linear=mxfp8   # "
+      "KL(BF16 || MXFP8)\n\n"
+      "--overlay (and --overlay-config / --overlay-ignore) converts MODEL's unquantized attention, "
+      "dense-MLP\n"
+      "and shared-expert linears to MXFP8 at load, never the reference's: with the same folder as "
+      "both, the\n"
       "KL is what the overlay costs; the memory it saves is printed (--json: overlay).\n\n"
-      "`--text builtin` is a few KB of English prose, code, JSON and tables written for exl3 (use ./builtin\n"
+      "`--text builtin` is a few KB of English prose, code, JSON and tables written for exl3 (use "
+      "./builtin\n"
       "for a file of that name). Both models run on --device; the reference can be an unquantized\n"
       "Hugging Face folder (BF16/FP16/FP32 safetensors) of a supported architecture.");
   return [o] {
@@ -87,7 +103,8 @@ Runner add_eval(CLI::App& app, Common&) {
     if (o->json) {
       nlohmann::json j = r.to_json();
       j["model"] = o->model;
-      j["reference_model"] = o->reference.empty() ? nlohmann::json(nullptr) : nlohmann::json(o->reference);
+      j["reference_model"] =
+          o->reference.empty() ? nlohmann::json(nullptr) : nlohmann::json(o->reference);
       j["text"] = o->text;
       j["text_bytes"] = text.size();
       j["device"] = o->device;
@@ -96,9 +113,10 @@ Runner add_eval(CLI::App& app, Common&) {
     }
     fmt::print("model      {}\n", o->model);
     if (r.reference) fmt::print("reference  {}\n", o->reference);
-    fmt::print("text       {} ({} bytes, {} tokens, {} evaluated)\n", label, text.size(), r.text_tokens, r.tokens);
-    fmt::print("windows    {} x up to {} tokens, stride {}; {} predictions scored\n", r.windows, r.context, r.stride,
-               r.scored);
+    fmt::print("text       {} ({} bytes, {} tokens, {} evaluated)\n", label, text.size(),
+               r.text_tokens, r.tokens);
+    fmt::print("windows    {} x up to {} tokens, stride {}; {} predictions scored\n", r.windows,
+               r.context, r.stride, r.scored);
     if (!r.overlay.layers.empty()) {
       constexpr double kMiB = 1024.0 * 1024.0;
       size_t src = 0, mx = 0;
@@ -106,19 +124,22 @@ Runner add_eval(CLI::App& app, Common&) {
         src += l.source_bytes;
         mx += l.mxfp8_bytes;
       }
-      fmt::print("overlay    {} linears as MXFP8: {:.3f} -> {:.3f} MiB (saved {:.3f} MiB)\n", r.overlay.layers.size(),
-                 src / kMiB, mx / kMiB, r.overlay.saved_bytes() / kMiB);
+      fmt::print("overlay    {} linears as MXFP8: {:.3f} -> {:.3f} MiB (saved {:.3f} MiB)\n",
+                 r.overlay.layers.size(), src / kMiB, mx / kMiB, r.overlay.saved_bytes() / kMiB);
     }
     fmt::print("perplexity {:.4f}  (mean NLL {:.5f} nats/token)\n", r.perplexity, r.nll);
     if (r.reference) {
       const auto& s = *r.reference;
       fmt::print("reference perplexity {:.4f}  (mean NLL {:.5f})\n", s.perplexity, s.nll);
       fmt::print("KL(reference || model) {:.6f} nats/token mean, {:.6f} max\n", s.kl, s.kl_max);
-      fmt::print("top-1 agreement {:.2f}% ({}/{})\n", 100.0 * s.top1_agreement, s.top1_agree, r.scored);
+      fmt::print("top-1 agreement {:.2f}% ({}/{})\n", 100.0 * s.top1_agreement, s.top1_agree,
+                 r.scored);
     }
-    fmt::print("[{:.2f} s on {}: model {:.2f} s{}; {:.1f} tokens/s]\n", r.seconds, o->device, r.model_seconds,
-               r.reference ? fmt::format(", reference {:.2f} s", r.reference_seconds) : std::string(),
-               r.seconds > 0 ? static_cast<double>(r.scored) / r.seconds : 0.0);
+    fmt::print(
+        "[{:.2f} s on {}: model {:.2f} s{}; {:.1f} tokens/s]\n", r.seconds, o->device,
+        r.model_seconds,
+        r.reference ? fmt::format(", reference {:.2f} s", r.reference_seconds) : std::string(),
+        r.seconds > 0 ? static_cast<double>(r.scored) / r.seconds : 0.0);
     return 0;
   };
 }

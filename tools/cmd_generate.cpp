@@ -14,15 +14,15 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "overlay_options.hpp"
-#include "tp_option.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
-#include "exl3/model/chat_template.hpp"
-#include "exl3/model/stop_tokens.hpp"
-#include "exl3/model/tokenizer.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
+#include "exl3/text/chat_template.hpp"
+#include "exl3/text/stop_tokens.hpp"
+#include "exl3/text/tokenizer.hpp"
+#include "overlay_options.hpp"
+#include "tp_option.hpp"
 
 namespace exl3::cli {
 
@@ -37,10 +37,12 @@ Runner add_generate(CLI::App& app, Common&) {
     bool chat = false, json = false, ignore_eos = false;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("MODEL", o->model,
-                 "Model folder: config.json, EXL3 *.safetensors, tokenizer.json (+ tokenizer_config.json)")
+  app.add_option(
+         "MODEL", o->model,
+         "Model folder: config.json, EXL3 *.safetensors, tokenizer.json (+ tokenizer_config.json)")
       ->required();
-  app.add_option("--prompt,-p", o->prompt, "Prompt text (with --chat: the user message)")->required();
+  app.add_option("--prompt,-p", o->prompt, "Prompt text (with --chat: the user message)")
+      ->required();
   app.add_option("--max-tokens,-n", o->max_tokens, "Most tokens to generate")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -49,23 +51,29 @@ Runner add_generate(CLI::App& app, Common&) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--top-p", o->top_p,
-                 "Nucleus sampling: sample only from the most likely tokens whose probabilities add up to P")
+                 "Nucleus sampling: sample only from the most likely tokens whose probabilities "
+                 "add up to P")
       ->check(CLI::Range(0.0f, 1.0f))
       ->capture_default_str();
   app.add_option("--seed", o->seed, "Sampling seed (same seed, same model, same prompt: same text)")
       ->capture_default_str();
-  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime) or cuda (the GPU kernels; EXL3 experts and linears, decode steps as CUDA graphs)")
+  app.add_option("--device", o->device,
+                 "Compute device: cpu (the fp32 reference runtime) or cuda (the GPU kernels; EXL3 "
+                 "experts and linears, decode steps as CUDA graphs)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  auto* chat_flag = app.add_flag(
-      "--chat", o->chat,
-      "Wrap the prompt as one user turn in the model's chat format, with the assistant generation prompt");
-  app.add_option("--system", o->system, "With --chat: a system message before the user turn")->needs(chat_flag);
-  app.add_option("--chat-format", o->chat_format,
-                 "With --chat: use this format instead of detecting it from the model's chat_template")
+  auto* chat_flag = app.add_flag("--chat", o->chat,
+                                 "Wrap the prompt as one user turn in the model's chat format, "
+                                 "with the assistant generation prompt");
+  app.add_option("--system", o->system, "With --chat: a system message before the user turn")
+      ->needs(chat_flag);
+  app.add_option(
+         "--chat-format", o->chat_format,
+         "With --chat: use this format instead of detecting it from the model's chat_template")
       ->check(CLI::IsMember({"chatml", "llama3", "plain"}))
       ->needs(chat_flag);
-  app.add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens (for speed measurements)");
+  app.add_flag("--ignore-eos", o->ignore_eos,
+               "Do not stop at end-of-sequence tokens (for speed measurements)");
   app.add_option("--page-size", o->page_size, "KV cache page size in tokens")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -74,21 +82,29 @@ Runner add_generate(CLI::App& app, Common&) {
   app.add_flag("--json", o->json,
                "Print one JSON document instead of streaming (text, ids, stop_reason, tokens/s)");
   app.footer(
-      "Prefills the prompt in one forward pass, then decodes one token at a time through the paged KV\n"
+      "Prefills the prompt in one forward pass, then decodes one token at a time through the paged "
+      "KV\n"
       "cache, streaming the text as it is produced. Generation stops at an end-of-sequence token\n"
-      "(config.json / generation_config.json eos_token_id, the tokenizer's eos_token, and with --chat\n"
+      "(config.json / generation_config.json eos_token_id, the tokenizer's eos_token, and with "
+      "--chat\n"
       "the format's end-of-turn token) or after --max-tokens. The last line gives the prompt\n"
       "(prefill) and generation (decode) speed in tokens per second.\n\n"
       "Examples:\n"
       "  exl3 generate ./Qwen3-8B-exl3 --prompt 'The capital of France is' --max-tokens 16\n"
-      "  exl3 generate ./Qwen3-8B-exl3 --chat --prompt 'Write a haiku' --temperature 0.7 --top-p 0.9 --seed 1\n"
+      "  exl3 generate ./Qwen3-8B-exl3 --chat --prompt 'Write a haiku' --temperature 0.7 --top-p "
+      "0.9 --seed 1\n"
       "  exl3 generate ./m --prompt 'def main' --json | jq .text\n"
-      "  exl3 generate ./m --prompt 'Hello' --tp 2     # two tensor-parallel ranks (threads), same text\n"
-      "  exl3 generate ./m --prompt 'Hello' --device cuda --tp 2   # GPUs 0 and 1, NCCL between them\n\n"
-      "  exl3 generate ./GLM-4.5-Air-exl3 --prompt 'Hi' --overlay linear=mxfp8,shared_experts=mxfp8\n\n"
-      "--overlay stores the unquantized attention / dense-MLP / shared-expert linears as MXFP8 (about\n"
+      "  exl3 generate ./m --prompt 'Hello' --tp 2     # two tensor-parallel ranks (threads), same "
+      "text\n"
+      "  exl3 generate ./m --prompt 'Hello' --device cuda --tp 2   # GPUs 0 and 1, NCCL between "
+      "them\n\n"
+      "  exl3 generate ./GLM-4.5-Air-exl3 --prompt 'Hi' --overlay "
+      "linear=mxfp8,shared_experts=mxfp8\n\n"
+      "--overlay stores the unquantized attention / dense-MLP / shared-expert linears as MXFP8 "
+      "(about\n"
       "half their BF16 bytes); see docs/mxfp8.md.\n"
-      "--chat recognises ChatML and Llama-3 templates (it is not a Jinja engine); other models need\n"
+      "--chat recognises ChatML and Llama-3 templates (it is not a Jinja engine); other models "
+      "need\n"
       "--chat-format chatml|llama3|plain. Special tokens are not printed.");
   return [o] {
     const std::filesystem::path dir(o->model);
@@ -121,7 +137,8 @@ Runner add_generate(CLI::App& app, Common&) {
     eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
     auto engine = runtime::load_engine(dir, eo);
     if (!o->json) print_overlay_summary(engine->overlay_report());
-    for (const int32_t id : model_stop_tokens(dir, engine->spec(), tok)) stops.insert(id);
+    for (const int32_t id : model_stop_tokens(dir, engine->spec().eos_token_ids, tok))
+      stops.insert(id);
 
     runtime::GenerateOptions go;
     go.max_new_tokens = o->max_tokens;
@@ -144,21 +161,22 @@ Runner add_generate(CLI::App& app, Common&) {
     text += tail;
 
     if (o->json) {
-      nlohmann::json j = {{"model", o->model},
-                          {"device", o->device},
-                          {"tp", o->tp},
-                          {"prompt_ids", prompt},
-                          {"prompt_tokens", r.prompt_tokens},
-                          {"ids", r.tokens},
-                          {"generated_tokens", r.tokens.size()},
-                          {"text", text},
-                          {"stop_reason", r.stop_reason},
-                          {"prompt_seconds", r.prompt_seconds},
-                          {"prompt_tokens_per_second", r.prompt_tokens_per_second()},
-                          {"decode_steps", r.decode_steps},
-                          {"decode_seconds", r.decode_seconds},
-                          {"generation_tokens_per_second", r.decode_tokens_per_second()},
-                          {"sampling", {{"temperature", o->temperature}, {"top_p", o->top_p}, {"seed", o->seed}}}};
+      nlohmann::json j = {
+          {"model", o->model},
+          {"device", o->device},
+          {"tp", o->tp},
+          {"prompt_ids", prompt},
+          {"prompt_tokens", r.prompt_tokens},
+          {"ids", r.tokens},
+          {"generated_tokens", r.tokens.size()},
+          {"text", text},
+          {"stop_reason", r.stop_reason},
+          {"prompt_seconds", r.prompt_seconds},
+          {"prompt_tokens_per_second", r.prompt_tokens_per_second()},
+          {"decode_steps", r.decode_steps},
+          {"decode_seconds", r.decode_seconds},
+          {"generation_tokens_per_second", r.decode_tokens_per_second()},
+          {"sampling", {{"temperature", o->temperature}, {"top_p", o->top_p}, {"seed", o->seed}}}};
       if (r.stop_token >= 0) j["stop_token"] = r.stop_token;
       j["overlay"] = engine->overlay_report().to_json();
       if (chat) j["chat_format"] = std::string(chat_format_name(chat->format()));
@@ -166,9 +184,11 @@ Runner add_generate(CLI::App& app, Common&) {
       return 0;
     }
     if (!tail.empty()) std::fwrite(tail.data(), 1, tail.size(), stdout);
-    fmt::print("\n[prompt: {} tokens, {:.1f} tokens/s | generation: {} tokens, {:.1f} tokens/s | stop: {}]\n",
-               r.prompt_tokens, r.prompt_tokens_per_second(), r.tokens.size(), r.decode_tokens_per_second(),
-               r.stop_reason);
+    fmt::print(
+        "\n[prompt: {} tokens, {:.1f} tokens/s | generation: {} tokens, {:.1f} tokens/s | stop: "
+        "{}]\n",
+        r.prompt_tokens, r.prompt_tokens_per_second(), r.tokens.size(),
+        r.decode_tokens_per_second(), r.stop_reason);
     return 0;
   };
 }

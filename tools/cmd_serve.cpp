@@ -16,13 +16,13 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
-#include "tp_option.hpp"
 #include "exl3/error.hpp"
-#include "exl3/model/chat_template.hpp"
-#include "exl3/model/stop_tokens.hpp"
-#include "exl3/model/tokenizer.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/server/http_server.hpp"
+#include "exl3/text/chat_template.hpp"
+#include "exl3/text/stop_tokens.hpp"
+#include "exl3/text/tokenizer.hpp"
+#include "tp_option.hpp"
 
 namespace exl3::cli {
 
@@ -36,10 +36,12 @@ Runner add_serve(CLI::App& app, Common&) {
     bool quiet = false;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("MODEL", o->model,
-                 "Model folder: config.json, EXL3 *.safetensors, tokenizer.json (+ tokenizer_config.json)")
+  app.add_option(
+         "MODEL", o->model,
+         "Model folder: config.json, EXL3 *.safetensors, tokenizer.json (+ tokenizer_config.json)")
       ->required();
-  app.add_option("--host", o->host, "Address to listen on (0.0.0.0: every interface; there is no authentication)")
+  app.add_option("--host", o->host,
+                 "Address to listen on (0.0.0.0: every interface; there is no authentication)")
       ->capture_default_str();
   app.add_option("--port", o->port, "TCP port (0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535))
@@ -55,55 +57,67 @@ Runner add_serve(CLI::App& app, Common&) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--cache-tokens", o->cache_tokens,
-                 "KV cache size in tokens, shared by all running requests (each reserves prompt + max_tokens)")
+                 "KV cache size in tokens, shared by all running requests (each reserves prompt + "
+                 "max_tokens)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--max-context", o->max_context,
-                 "Most prompt + completion tokens per request (0: the model's max_position_embeddings, capped by "
+                 "Most prompt + completion tokens per request (0: the model's "
+                 "max_position_embeddings, capped by "
                  "--cache-tokens)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--step-tokens", o->step_tokens,
-                 "Tokens per batched forward step: decodes first, then prompt chunks (smaller = smoother streams "
+                 "Tokens per batched forward step: decodes first, then prompt chunks (smaller = "
+                 "smoother streams "
                  "while long prompts arrive)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--page-size", o->page_size, "KV cache page size in tokens")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--model-name", o->model_name,
-                 "Model id clients send as \"model\" and /v1/models lists (default: the folder name)");
+  app.add_option(
+      "--model-name", o->model_name,
+      "Model id clients send as \"model\" and /v1/models lists (default: the folder name)");
   app.add_option("--chat-format", o->chat_format,
-                 "Chat format for /v1/chat/completions instead of detecting it from the model's chat_template")
+                 "Chat format for /v1/chat/completions instead of detecting it from the model's "
+                 "chat_template")
       ->check(CLI::IsMember({"chatml", "llama3", "plain"}));
   app.add_option("--max-connections", o->max_connections,
                  "Open HTTP connections at most; one more is answered 503 at once and closed")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--read-timeout", o->read_timeout,
-                 "Seconds a client has to send a whole request (headers and body), counted from when the server "
+                 "Seconds a client has to send a whole request (headers and body), counted from "
+                 "when the server "
                  "starts waiting for it; idle keep-alive connections close after it too")
       ->check(CLI::Range(0.001, 86400.0))
       ->capture_default_str();
   app.add_option("--write-timeout", o->write_timeout,
-                 "Seconds each write to a client may take; a client that stops reading is disconnected (a stream "
+                 "Seconds each write to a client may take; a client that stops reading is "
+                 "disconnected (a stream "
                  "it was reading is cancelled)")
       ->check(CLI::Range(0.001, 86400.0))
       ->capture_default_str();
-  app.add_option("--max-body-mib", o->max_body_mib, "Largest request body in MiB, chunked uploads included (413 past it)")
+  app.add_option("--max-body-mib", o->max_body_mib,
+                 "Largest request body in MiB, chunked uploads included (413 past it)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   app.add_flag("--quiet,-q", o->quiet, "Do not log each request to stderr");
   app.footer(
-      "Serves the OpenAI API over HTTP: POST /v1/completions, POST /v1/chat/completions (\"stream\": true\n"
+      "Serves the OpenAI API over HTTP: POST /v1/completions, POST /v1/chat/completions "
+      "(\"stream\": true\n"
       "for server-sent events), GET /v1/models, GET /health. Concurrent requests are batched\n"
-      "continuously: every step decodes one token of each running request and prefills prompt chunks\n"
-      "of new ones. Requests beyond --max-seqs wait in a queue of --max-queue; beyond that the server\n"
+      "continuously: every step decodes one token of each running request and prefills prompt "
+      "chunks\n"
+      "of new ones. Requests beyond --max-seqs wait in a queue of --max-queue; beyond that the "
+      "server\n"
       "answers 503. Ctrl-C (SIGINT) or SIGTERM stops it cleanly.\n\n"
       "Examples:\n"
       "  exl3 serve ./Qwen3-8B-exl3 --port 8000\n"
       "  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\\n"
-      "       -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}'\n"
+      "       -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": "
+      "0}'\n"
       "  curl -N http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
       "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": true}'\n"
       "  exl3 serve ./m --port 0 --max-seqs 16 --cache-tokens 65536 --model-name my-model\n\n"
@@ -129,10 +143,13 @@ Runner add_serve(CLI::App& app, Common&) {
 
     server::ServerOptions so;
     so.model_name = o->model_name;
-    if (so.model_name.empty()) so.model_name = std::filesystem::absolute(dir).lexically_normal().filename().string();
-    if (so.model_name.empty()) so.model_name = std::filesystem::absolute(dir).lexically_normal().parent_path().filename().string();
+    if (so.model_name.empty())
+      so.model_name = std::filesystem::absolute(dir).lexically_normal().filename().string();
+    if (so.model_name.empty())
+      so.model_name =
+          std::filesystem::absolute(dir).lexically_normal().parent_path().filename().string();
     if (!o->chat_format.empty()) so.chat_format = parse_chat_format(o->chat_format);
-    so.stop_tokens = model_stop_tokens(dir, engine->spec(), tok);
+    so.stop_tokens = model_stop_tokens(dir, engine->spec().eos_token_ids, tok);
     so.scheduler.max_seqs = o->max_seqs;
     so.scheduler.max_queue = o->max_queue;
     so.scheduler.max_context = o->max_context;
@@ -152,18 +169,24 @@ Runner add_serve(CLI::App& app, Common&) {
     server::HttpServer server(*engine, tok, so);
     const int port = server.bind(o->host, o->port);
     const auto st = server.stats();
-    const std::string url = fmt::format("http://{}:{}", o->host.find(':') != std::string::npos ? "[" + o->host + "]" : o->host, port);
+    const std::string url =
+        fmt::format("http://{}:{}",
+                    o->host.find(':') != std::string::npos ? "[" + o->host + "]" : o->host, port);
     fmt::print("exl3 serve: {} ({}, {} layers) on {} as '{}'\n", dir.string(),
-               runtime::architecture_name(engine->spec().architecture), engine->spec().num_layers(), o->device,
-               so.model_name);
-    fmt::print("  max-seqs {}, max-queue {}, context {} tokens per request, KV cache {} tokens, chat format: {}\n",
-               o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, server.chat_status());
-    fmt::print("  limits: {} connections, {} MiB per body, {} s to send a request, {} s per write\n", o->max_connections,
-               o->max_body_mib, o->read_timeout, o->write_timeout);
+               runtime::architecture_name(engine->spec().architecture), engine->spec().num_layers(),
+               o->device, so.model_name);
+    fmt::print(
+        "  max-seqs {}, max-queue {}, context {} tokens per request, KV cache {} tokens, chat "
+        "format: {}\n",
+        o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, server.chat_status());
+    fmt::print(
+        "  limits: {} connections, {} MiB per body, {} s to send a request, {} s per write\n",
+        o->max_connections, o->max_body_mib, o->read_timeout, o->write_timeout);
     fmt::print("listening on {}  (Ctrl-C stops)\n", url);
-    fmt::print("try: curl {}/v1/completions -H 'Content-Type: application/json' -d '{{\"model\": \"{}\", "
-               "\"prompt\": \"Hello\", \"max_tokens\": 16}}'\n",
-               url, so.model_name);
+    fmt::print(
+        "try: curl {}/v1/completions -H 'Content-Type: application/json' -d '{{\"model\": \"{}\", "
+        "\"prompt\": \"Hello\", \"max_tokens\": 16}}'\n",
+        url, so.model_name);
     std::fflush(stdout);
 
     std::atomic<bool> done{false};
@@ -172,7 +195,8 @@ Runner add_serve(CLI::App& app, Common&) {
       while (!done) {
         const int sig = sigtimedwait(&signals, nullptr, &tick);
         if (sig == SIGINT || sig == SIGTERM) {
-          fmt::print(stderr, "exl3 serve: {} received, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+          fmt::print(stderr, "exl3 serve: {} received, stopping\n",
+                     sig == SIGINT ? "SIGINT" : "SIGTERM");
           server.stop();
           return;
         }
@@ -182,8 +206,8 @@ Runner add_serve(CLI::App& app, Common&) {
     done = true;
     watcher.join();
     const auto end = server.stats();
-    fmt::print("exl3 serve: stopped ({} completed, {} cancelled, {} failed)\n", end.completed, end.cancelled,
-               end.failed);
+    fmt::print("exl3 serve: stopped ({} completed, {} cancelled, {} failed)\n", end.completed,
+               end.cancelled, end.failed);
     return 0;
   };
 }

@@ -12,8 +12,8 @@
 #include "commands.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
-#include "exl3/model/chat_template.hpp"
-#include "exl3/model/tokenizer.hpp"
+#include "exl3/text/chat_template.hpp"
+#include "exl3/text/tokenizer.hpp"
 
 namespace exl3::cli {
 
@@ -127,8 +127,10 @@ Runner add_tokenize(CLI::App& app, Common&) {
       "and \\xNN\n"
       "escapes (\\xNN: part of a multi-byte character that continues in the next token).\n"
       "--chat renders a model's chat_template natively only when exl3 knows the template's exact\n"
-      "text (plain ChatML, Meta-Llama-3-Instruct); it is not a Jinja engine, so any other template\n"
-      "(also one that merely uses the same marker tokens) needs --chat-format chatml|llama3|plain.");
+      "text (plain ChatML, Meta-Llama-3-Instruct); it is not a Jinja engine, so any other "
+      "template\n"
+      "(also one that merely uses the same marker tokens) needs --chat-format "
+      "chatml|llama3|plain.");
   return [o] {
     const auto tok = Tokenizer::load(o->model);
     if (!o->decode.empty()) {

@@ -23,10 +23,10 @@
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
-#include "exl3/model/tokenizer.hpp"
 #include "exl3/runtime/cpu_ops.hpp"
 #include "exl3/runtime/linear.hpp"
 #include "exl3/runtime/model_spec.hpp"
+#include "exl3/text/tokenizer.hpp"
 #include "quant/convert_internal.hpp"
 
 namespace exl3::quant::detail {
@@ -48,7 +48,8 @@ fs::path states_file(const fs::path& work, int layer) {
   return work / fmt::format("states_{}.safetensors", layer);
 }
 
-void save_states(const fs::path& file, const std::vector<float>& x, int64_t tokens, int64_t hidden) {
+void save_states(const fs::path& file, const std::vector<float>& x, int64_t tokens,
+                 int64_t hidden) {
   SafetensorsWriter w;
   w.add("states", DType::kF32, {tokens, hidden}, std::span<const float>(x));
   w.write(file);
@@ -59,7 +60,8 @@ std::vector<float> load_states(const fs::path& file, int64_t tokens, int64_t hid
   if (!fs::exists(file)) return {};
   const auto store = TensorStore::open(file);
   const auto* ref = store.find("states");
-  if (ref == nullptr || ref->info->dtype != DType::kF32 || ref->info->shape != std::vector<int64_t>{tokens, hidden}) {
+  if (ref == nullptr || ref->info->dtype != DType::kF32 ||
+      ref->info->shape != std::vector<int64_t>{tokens, hidden}) {
     return {};
   }
   return copy_tensor<float>(*ref);
@@ -73,21 +75,24 @@ std::vector<int32_t> calibration_tokens(const fs::path& in_dir, std::string_view
   if (rows <= 0 || length <= 0) {
     fail("calibration: {} rows x {} tokens; both must be positive", rows, length);
   }
-  if (text.empty()) fail("calibration text '{}' is empty; hint: give a text file with a few KB of text", label);
+  if (text.empty())
+    fail("calibration text '{}' is empty; hint: give a text file with a few KB of text", label);
   const auto tok = Tokenizer::load(in_dir);
   std::vector<int32_t> ids = tok.encode(text, true);
   const int64_t need = rows * length;
   if (static_cast<int64_t>(ids.size()) < need) {
-    fail("calibration text '{}' gives {} tokens, but {} rows x {} tokens need {}; hint: lower "
-         "--calibration-rows / --calibration-length or give a longer text",
-         label, ids.size(), rows, length, need);
+    fail(
+        "calibration text '{}' gives {} tokens, but {} rows x {} tokens need {}; hint: lower "
+        "--calibration-rows / --calibration-length or give a longer text",
+        label, ids.size(), rows, length, need);
   }
   ids.resize(static_cast<size_t>(need));
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab_size) {
-      fail("calibration text '{}': token {} has id {}, outside the model's vocabulary 0..{} "
-           "(tokenizer.json and config.json disagree)",
-           label, i, ids[i], vocab_size - 1);
+      fail(
+          "calibration text '{}': token {} has id {}, outside the model's vocabulary 0..{} "
+          "(tokenizer.json and config.json disagree)",
+          label, i, ids[i], vocab_size - 1);
     }
   }
   return ids;
@@ -120,7 +125,8 @@ void HessianCapture::observe(std::span<const std::string> linears, const float* 
     slot->in = in;
     slot->xtx.assign(static_cast<size_t>(in * in), 0.0);
   }
-  if (slot->in != in) fail("calibration: linear '{}' saw inputs of width {} and {}", linears[0], slot->in, in);
+  if (slot->in != in)
+    fail("calibration: linear '{}' saw inputs of width {} and {}", linears[0], slot->in, in);
   for (const auto& l : linears) sums_[l] = slot;
   accumulate_xtx(*slot, x, m);
 }
@@ -138,7 +144,8 @@ std::vector<double> HessianCapture::mean(const std::string& linear) const {
   const double inv = 1.0 / static_cast<double>(s->count);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j <= i; ++j)
-      h[static_cast<size_t>(i * n + j)] = h[static_cast<size_t>(j * n + i)] = s->xtx[static_cast<size_t>(i * n + j)] * inv;
+      h[static_cast<size_t>(i * n + j)] = h[static_cast<size_t>(j * n + i)] =
+          s->xtx[static_cast<size_t>(i * n + j)] * inv;
   return h;
 }
 
@@ -196,7 +203,8 @@ void run_calibrated(const CalibratedRun& r) {
                                         len, spec.vocab_size);
     const auto embed = runtime::DenseMatrix::load(src.store(), spec.embed_tokens, 0, hidden);
     x.resize(static_cast<size_t>(tokens * hidden));
-    for (int64_t t = 0; t < tokens; ++t) embed.row(ids[static_cast<size_t>(t)], x.data() + t * hidden);
+    for (int64_t t = 0; t < tokens; ++t)
+      embed.row(ids[static_cast<size_t>(t)], x.data() + t * hidden);
   }
 
   // Layers finished by an earlier run: their items report as resumed.
@@ -247,7 +255,8 @@ void run_calibrated(const CalibratedRun& r) {
     const PlanItem& it = plan.items[static_cast<size_t>(i)];
     if (it.kind == PlanItem::Kind::kExl3Linear && it.role == LinearRole::kHead && !r.item_done(i)) {
       std::vector<float> h(x.size());
-      runtime::cpu_ops::rms_norm(x.data(), runtime::load_vector(src.store(), spec.final_norm, hidden).data(),
+      runtime::cpu_ops::rms_norm(x.data(),
+                                 runtime::load_vector(src.store(), spec.final_norm, hidden).data(),
                                  tokens, hidden, spec.rms_norm_eps, h.data());
       HessianCapture::Sum s;
       s.in = hidden;
@@ -256,8 +265,9 @@ void run_calibrated(const CalibratedRun& r) {
       head_h.resize(s.xtx.size());
       for (int64_t a = 0; a < hidden; ++a)
         for (int64_t b = 0; b <= a; ++b)
-          head_h[static_cast<size_t>(a * hidden + b)] = head_h[static_cast<size_t>(b * hidden + a)] =
-              s.xtx[static_cast<size_t>(a * hidden + b)] / static_cast<double>(tokens);
+          head_h[static_cast<size_t>(a * hidden + b)] =
+              head_h[static_cast<size_t>(b * hidden + a)] =
+                  s.xtx[static_cast<size_t>(a * hidden + b)] / static_cast<double>(tokens);
     }
     r.run_item(i, head_h.empty() || it.role != LinearRole::kHead ? nullptr : &head_h);
   }

@@ -32,7 +32,8 @@ using Clock = std::chrono::steady_clock;
 std::string Request::header(std::string_view name) const {
   for (const auto& [k, v] : headers) {
     if (k.size() == name.size() && std::equal(k.begin(), k.end(), name.begin(), [](char a, char b) {
-          return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+          return std::tolower(static_cast<unsigned char>(a)) ==
+                 std::tolower(static_cast<unsigned char>(b));
         })) {
       return v;
     }
@@ -42,7 +43,11 @@ std::string Request::header(std::string_view name) const {
 
 struct Transport::Impl {
   Impl(Limits l, Handler h, ErrorBody e, AccessLog a)
-      : limits(l), handler(std::move(h)), error_body(std::move(e)), log(std::move(a)), acceptor(ioc),
+      : limits(l),
+        handler(std::move(h)),
+        error_body(std::move(e)),
+        log(std::move(a)),
+        acceptor(ioc),
         retry(ioc) {}
 
   // Declared before the io_context: its destructor destroys the sessions still queued in it,
@@ -68,7 +73,8 @@ namespace {
 // One connection: read a request, answer it, repeat while keep-alive holds.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket&& sock, Transport::Impl& t) : stream_(std::move(sock)), t_(t), tick_(stream_.get_executor()) {
+  Session(tcp::socket&& sock, Transport::Impl& t)
+      : stream_(std::move(sock)), t_(t), tick_(stream_.get_executor()) {
     ++t_.open;
   }
   ~Session() {
@@ -79,7 +85,10 @@ class Session : public std::enable_shared_from_this<Session> {
     --t_.open;
   }
 
-  void start() { net::dispatch(stream_.get_executor(), beast::bind_front_handler(&Session::read, shared_from_this())); }
+  void start() {
+    net::dispatch(stream_.get_executor(),
+                  beast::bind_front_handler(&Session::read, shared_from_this()));
+  }
 
  private:
   void read() {
@@ -98,28 +107,32 @@ class Session : public std::enable_shared_from_this<Session> {
     const auto& h = parser_->get();
     if (beast::iequals(h[bhttp::field::expect], "100-continue")) {
       // The client waits for this before sending its body (curl does for bodies over 1 KiB).
-      auto cont = std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_, h.version());
-      bhttp::async_write(stream_, *cont, [self = shared_from_this(), cont](beast::error_code wec, size_t) {
-        if (wec) return self->close();
-        self->read_body();
-      });
+      auto cont = std::make_shared<bhttp::response<bhttp::empty_body>>(bhttp::status::continue_,
+                                                                       h.version());
+      bhttp::async_write(stream_, *cont,
+                         [self = shared_from_this(), cont](beast::error_code wec, size_t) {
+                           if (wec) return self->close();
+                           self->read_body();
+                         });
       return;
     }
     read_body();
   }
 
   void read_body() {
-    bhttp::async_read(stream_, buffer_, *parser_, beast::bind_front_handler(&Session::on_read, shared_from_this()));
+    bhttp::async_read(stream_, buffer_, *parser_,
+                      beast::bind_front_handler(&Session::on_read, shared_from_this()));
   }
 
   void read_failed(beast::error_code ec) {
-    if (ec == bhttp::error::end_of_stream || ec == net::error::operation_aborted || t_.stopping) return close();
-    const bool partial = parser_ && parser_->got_some();
-    if (ec == beast::error::timeout) {
-      if (!partial) return close();  // an idle keep-alive connection
-      return send_error(408, "the request did not arrive within the server's read timeout; send the whole request "
-                             "at once");
-    }
+    if (ec == bhttp::error::end_of_stream || ec == net::error::operation_aborted || t_.stopping)
+      return close();
+    // Bytes of a request arrived (the parser consumes a header only once it is whole, so the
+    // buffer counts too).
+    const bool partial = buffer_.size() > 0 || (parser_ && parser_->got_some());
+    // Beast closes the socket when the deadline passes, so a trickling client just sees the
+    // connection end (there is no socket left to answer 408 on).
+    if (ec == beast::error::timeout) return close();
     if (ec == bhttp::error::body_limit) {
       return send_error(413, "the request body is larger than this server's limit of " +
                                  std::to_string(t_.limits.max_body_bytes) + " bytes");
@@ -146,7 +159,8 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string_view target(msg.target().data(), msg.target().size());
     req_.path = std::string(target.substr(0, target.find('?')));
     req_.body = std::move(msg.body());
-    for (const auto& f : msg) req_.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+    for (const auto& f : msg)
+      req_.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     started_ = Clock::now();
 
     Reply reply;
@@ -174,20 +188,20 @@ class Session : public std::enable_shared_from_this<Session> {
     schedule_tick();
   }
 
+  // The pending tick is what keeps the session alive while it waits for a late reply (no socket
+  // operation is outstanding then), and it polls the reply in case a notification was missed.
   void schedule_tick() {
     tick_.expires_after(t_.limits.tick);
-    tick_.async_wait([weak = weak_from_this()](beast::error_code ec) {
-      if (ec) return;
-      if (auto self = weak.lock()) {
-        if (!self->late_) return;
-        self->pump();
-        self->schedule_tick();
-      }
+    tick_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec || !self->late_) return;
+      self->pump();
+      if (self->late_) self->schedule_tick();
     });
   }
 
   void start_stream(Response head) {
-    auto res = std::make_shared<bhttp::response<bhttp::empty_body>>(static_cast<bhttp::status>(head.status), version_);
+    auto res = std::make_shared<bhttp::response<bhttp::empty_body>>(
+        static_cast<bhttp::status>(head.status), version_);
     res->set(bhttp::field::server, "exl3");
     res->set(bhttp::field::content_type, head.content_type);
     for (const auto& [k, v] : head.headers) res->set(k, v);
@@ -203,12 +217,13 @@ class Session : public std::enable_shared_from_this<Session> {
     auto sr = std::make_shared<bhttp::response_serializer<bhttp::empty_body>>(*res);
     writing_ = true;
     stream_.expires_after(t_.limits.write_timeout);
-    bhttp::async_write_header(stream_, *sr, [self = shared_from_this(), res, sr](beast::error_code ec, size_t) {
-      self->writing_ = false;
-      if (ec) return self->close();
-      self->subscribe();
-      self->pump();
-    });
+    bhttp::async_write_header(stream_, *sr,
+                              [self = shared_from_this(), res, sr](beast::error_code ec, size_t) {
+                                self->writing_ = false;
+                                if (ec) return self->close();
+                                self->subscribe();
+                                self->pump();
+                              });
   }
 
   // Pulls what the late reply has and writes it (one write in flight at a time).
@@ -238,13 +253,14 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     writing_ = true;
     stream_.expires_after(t_.limits.write_timeout);
-    net::async_write(stream_, net::buffer(*frame),
-                     [self = shared_from_this(), frame, done = u.done](beast::error_code ec, size_t) {
-                       self->writing_ = false;
-                       if (ec) return self->close();
-                       if (done) return self->after_response(self->status_);
-                       self->pump();
-                     });
+    net::async_write(
+        stream_, net::buffer(*frame),
+        [self = shared_from_this(), frame, done = u.done](beast::error_code ec, size_t) {
+          self->writing_ = false;
+          if (ec) return self->close();
+          if (done) return self->after_response(self->status_);
+          self->pump();
+        });
   }
 
   void finish_late() {
@@ -261,8 +277,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void send(Response r, bool close_after) {
-    auto res = std::make_shared<bhttp::response<bhttp::string_body>>(static_cast<bhttp::status>(r.status),
-                                                                     version_ ? version_ : 11);
+    auto res = std::make_shared<bhttp::response<bhttp::string_body>>(
+        static_cast<bhttp::status>(r.status), version_ ? version_ : 11);
     res->set(bhttp::field::server, "exl3");
     res->set(bhttp::field::content_type, r.content_type);
     for (const auto& [k, v] : r.headers) res->set(k, v);
@@ -272,15 +288,16 @@ class Session : public std::enable_shared_from_this<Session> {
     status_ = r.status;
     writing_ = true;
     stream_.expires_after(t_.limits.write_timeout);
-    bhttp::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
-      self->writing_ = false;
-      if (ec) return self->close();
-      if (!res->keep_alive()) {
-        self->log_answer();
-        return self->close();
-      }
-      self->after_response(res->result_int());
-    });
+    bhttp::async_write(stream_, *res,
+                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
+                         self->writing_ = false;
+                         if (ec) return self->close();
+                         if (!res->keep_alive()) {
+                           self->log_answer();
+                           return self->close();
+                         }
+                         self->after_response(res->result_int());
+                       });
   }
 
   void after_response(int status) {
@@ -336,20 +353,22 @@ class Refusal : public std::enable_shared_from_this<Refusal> {
   ~Refusal() { --t_.refusing; }
   void start() {
     stream_.expires_after(std::chrono::seconds(2));
-    net::async_write(stream_, net::buffer(bytes_), [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->stream_.close();
-      beast::error_code ig;
-      self->stream_.socket().shutdown(tcp::socket::shutdown_send, ig);
-      self->drain();
-    });
+    net::async_write(stream_, net::buffer(bytes_),
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       if (ec) return self->stream_.close();
+                       beast::error_code ig;
+                       self->stream_.socket().shutdown(tcp::socket::shutdown_send, ig);
+                       self->drain();
+                     });
   }
 
  private:
   void drain() {
-    stream_.async_read_some(net::buffer(sink_), [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->stream_.close();
-      self->drain();
-    });
+    stream_.async_read_some(net::buffer(sink_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->stream_.close();
+                              self->drain();
+                            });
   }
   beast::tcp_stream stream_;
   Transport::Impl& t_;
@@ -406,7 +425,8 @@ void Transport::Impl::refuse(tcp::socket sock) {
 }
 
 Transport::Transport(Limits limits, Handler handler, ErrorBody error_body, AccessLog log) {
-  if (limits.max_connections < 1) fail("server: max_connections {} must be at least 1", limits.max_connections);
+  if (limits.max_connections < 1)
+    fail("server: max_connections {} must be at least 1", limits.max_connections);
   if (limits.threads < 1) fail("server: threads {} must be at least 1", limits.threads);
   if (limits.read_timeout.count() <= 0 || limits.write_timeout.count() <= 0) {
     fail("server: the read and write timeouts must be positive");
@@ -420,18 +440,24 @@ Transport::Transport(Limits limits, Handler handler, ErrorBody error_body, Acces
     setrlimit(RLIMIT_NOFILE, &raised);
     getrlimit(RLIMIT_NOFILE, &rl);
     if (rl.rlim_cur < need) {
-      fail("server: --max-connections {} needs {} file descriptors but this process may open {}; hint: lower "
-           "--max-connections or raise the limit (ulimit -n)",
-           limits.max_connections, static_cast<unsigned long long>(need), static_cast<unsigned long long>(rl.rlim_cur));
+      fail(
+          "server: --max-connections {} needs {} file descriptors but this process may open {}; "
+          "hint: lower "
+          "--max-connections or raise the limit (ulimit -n)",
+          limits.max_connections, static_cast<unsigned long long>(need),
+          static_cast<unsigned long long>(rl.rlim_cur));
     }
   }
   impl_ = std::make_unique<Impl>(limits, std::move(handler), std::move(error_body), std::move(log));
 }
 
-Transport::~Transport() { stop(std::chrono::milliseconds(0)); }
+Transport::~Transport() {
+  stop(std::chrono::milliseconds(0));
+}
 
 int Transport::bind(const std::string& host, int port) {
-  if (port < 0 || port > 65535) fail("--port {} is not a TCP port (0..65535; 0 = any free port)", port);
+  if (port < 0 || port > 65535)
+    fail("--port {} is not a TCP port (0..65535; 0 = any free port)", port);
   auto& a = impl_->acceptor;
   beast::error_code ec;
   tcp::resolver resolver(impl_->ioc);
@@ -449,9 +475,11 @@ int Transport::bind(const std::string& host, int port) {
     why = ec.message();
   }
   if (a.is_open()) a.close(ec);
-  fail("cannot listen on {}:{} ({}); hint: pick another --port (0: any free one), or an address of this machine "
-       "for --host",
-       host, port, why);
+  fail(
+      "cannot listen on {}:{} ({}); hint: pick another --port (0: any free one), or an address of "
+      "this machine "
+      "for --host",
+      host, port, why);
 }
 
 void Transport::run() {
@@ -482,6 +510,8 @@ void Transport::stop(std::chrono::milliseconds grace) {
   im.ioc.stop();
 }
 
-int Transport::open_connections() const { return impl_->open.load(); }
+int Transport::open_connections() const {
+  return impl_->open.load();
+}
 
 }  // namespace exl3::server::http

@@ -6,8 +6,7 @@
 // deployer can rely on (docs/serve.md, "Limits"):
 //   - read_timeout: a whole request (headers and body) must arrive within it, counted from the
 //     moment the server starts waiting for it (a new connection, or the end of the previous
-//     response on a keep-alive one). Past it the connection closes (408 when part of a request
-//     had arrived).
+//     response on a keep-alive one). Past it the connection is closed.
 //   - max_header_bytes / max_body_bytes: counted on the bytes actually read, so a chunked upload
 //     is held to the same limit as one with a Content-Length (431 / 413, then close).
 //   - max_connections: open connections; one more is accepted, answered 503 at once and closed,
@@ -69,7 +68,7 @@ class LateReply {
 
 using Reply = std::variant<Response, std::shared_ptr<LateReply>>;
 using Handler = std::function<Reply(const Request&)>;
-// Bodies of the errors the transport answers itself (400, 408, 413, 431, 503).
+// Bodies of the errors the transport answers itself (400, 413, 431, 503).
 using ErrorBody = std::function<Response(int status, std::string message)>;
 // One line per answered request: method, path, status, milliseconds.
 using AccessLog = std::function<void(const Request&, int status, double ms)>;

@@ -15,15 +15,15 @@
 #include <vector>
 
 #include "exl3/error.hpp"
+#include "exl3/eval/builtin_text.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/synthetic_hf.hpp"
-#include "exl3/model/builtin_text.hpp"
 #include "exl3/quant/convert.hpp"
 #include "exl3/runtime/decoder_layer.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/linear.hpp"
-#include "quant_test_mode.hpp"
 #include "quant/calibrate.hpp"
+#include "quant_test_mode.hpp"
 #include "runtime_test_util.hpp"
 #include "test_support.hpp"
 
@@ -32,8 +32,8 @@ namespace {
 namespace fs = std::filesystem;
 namespace q = exl3::quant;
 namespace rt = exl3::runtime;
-using ::testing::HasSubstr;
 using exl3::test::TempDir;
+using ::testing::HasSubstr;
 
 exl3::SyntheticHfSpec small_model(exl3::HfArch arch, uint64_t seed, int64_t layers) {
   exl3::SyntheticHfSpec s;
@@ -107,7 +107,8 @@ TEST(Calibration, HessiansEqualIndependentXtX) {
     if (h.empty()) h.assign(static_cast<size_t>(c * c), 0.0);
     for (int64_t t = 0; t < m; ++t)
       for (int64_t i = 0; i < c; ++i)
-        for (int64_t j = 0; j < c; ++j) h[static_cast<size_t>(i * c + j)] += xs[t * c + i] * xs[t * c + j];
+        for (int64_t j = 0; j < c; ++j)
+          h[static_cast<size_t>(i * c + j)] += xs[t * c + i] * xs[t * c + j];
     count += m;
   };
   for (int64_t r = 0; r < rows; ++r) {
@@ -126,13 +127,16 @@ TEST(Calibration, HessiansEqualIndependentXtX) {
     experts_seen += name.find(".experts.") != std::string::npos ? 1 : 0;
   }
   EXPECT_GE(experts_seen, 6);  // at least two experts got tokens (gate/up/down each)
-  EXPECT_EQ(cap.find("model.layers.0.self_attn.q_proj"), cap.find("model.layers.0.self_attn.v_proj"));
-  EXPECT_EQ(cap.find("model.layers.0.mlp.experts.1.gate_proj"), cap.find("model.layers.0.mlp.experts.1.up_proj"));
+  EXPECT_EQ(cap.find("model.layers.0.self_attn.q_proj"),
+            cap.find("model.layers.0.self_attn.v_proj"));
+  EXPECT_EQ(cap.find("model.layers.0.mlp.experts.1.gate_proj"),
+            cap.find("model.layers.0.mlp.experts.1.up_proj"));
   std::printf("layer 0: %zu linears' Hessians match the fp64 reference\n", want.size() - 1);
 }
 
 // Mean KL(source || quantized) per position over `ids` rows of `len`.
-double mean_kl(const fs::path& src, const fs::path& quant, const std::vector<int32_t>& ids, int64_t len) {
+double mean_kl(const fs::path& src, const fs::path& quant, const std::vector<int32_t>& ids,
+               int64_t len) {
   auto a = rt::load_engine(src), b = rt::load_engine(quant);
   const int64_t vocab = a->spec().vocab_size;
   double kl = 0;
@@ -144,7 +148,8 @@ double mean_kl(const fs::path& src, const fs::path& quant, const std::vector<int
       const float* pa = la.data() + t * vocab;
       const float* pb = lb.data() + t * vocab;
       double ma = -1e30, mb = -1e30, sa = 0, sb = 0;
-      for (int64_t v = 0; v < vocab; ++v) ma = std::max(ma, double(pa[v])), mb = std::max(mb, double(pb[v]));
+      for (int64_t v = 0; v < vocab; ++v)
+        ma = std::max(ma, double(pa[v])), mb = std::max(mb, double(pb[v]));
       for (int64_t v = 0; v < vocab; ++v) sa += std::exp(pa[v] - ma), sb += std::exp(pb[v] - mb);
       for (int64_t v = 0; v < vocab; ++v) {
         const double lpa = pa[v] - ma - std::log(sa), lpb = pb[v] - mb - std::log(sb);
@@ -158,8 +163,10 @@ double mean_kl(const fs::path& src, const fs::path& quant, const std::vector<int
 
 void expect_calibrated_better(exl3::HfArch arch, const char* name) {
   if (exl3::test::quant_fast_mode()) {
-    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): several conversions are too slow under "
-                    "instrumentation; QuantizeCli's --calibration builtin run covers the calibrated pipeline";
+    GTEST_SKIP()
+        << "fast mode (sanitizers / EXL3_TEST_FAST): several conversions are too slow under "
+           "instrumentation; QuantizeCli's --calibration builtin run covers the calibrated "
+           "pipeline";
   }
   TempDir tmp;
   const auto src = tmp / "src";
@@ -173,7 +180,8 @@ void expect_calibrated_better(exl3::HfArch arch, const char* name) {
   const auto cal = q::convert_model(src, tmp / "cal", options(2.0, true, rows, len, 16));
   EXPECT_EQ(none.bits_achieved, cal.bits_achieved);
   // Held-out rows of the same text: the 4 rows after the calibration rows.
-  const auto all = q::detail::calibration_tokens(src, exl3::builtin_text(), "builtin", 2 * rows, len, 384);
+  const auto all =
+      q::detail::calibration_tokens(src, exl3::builtin_text(), "builtin", 2 * rows, len, 384);
   const std::vector<int32_t> held(all.begin() + rows * len, all.end());
   const double kl_none = mean_kl(src, tmp / "none", held, len);
   const double kl_cal = mean_kl(src, tmp / "cal", held, len);
@@ -188,8 +196,12 @@ void expect_calibrated_better(exl3::HfArch arch, const char* name) {
   EXPECT_GT(proxy_none, 0.0);
 }
 
-TEST(Calibration, CalibratedBeatsNoneDense) { expect_calibrated_better(exl3::HfArch::kLlama, "llama"); }
-TEST(Calibration, CalibratedBeatsNoneMoe) { expect_calibrated_better(exl3::HfArch::kQwen3Moe, "qwen3-moe"); }
+TEST(Calibration, CalibratedBeatsNoneDense) {
+  expect_calibrated_better(exl3::HfArch::kLlama, "llama");
+}
+TEST(Calibration, CalibratedBeatsNoneMoe) {
+  expect_calibrated_better(exl3::HfArch::kQwen3Moe, "qwen3-moe");
+}
 
 std::map<std::string, std::string> folder_bytes(const fs::path& dir) {
   std::map<std::string, std::string> out;
@@ -201,8 +213,10 @@ std::map<std::string, std::string> folder_bytes(const fs::path& dir) {
 
 TEST(Calibration, ResumeAfterInterruptionIsIdentical) {
   if (exl3::test::quant_fast_mode()) {
-    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): several conversions are too slow under "
-                    "instrumentation; QuantizeCli's --calibration builtin run covers the calibrated pipeline";
+    GTEST_SKIP()
+        << "fast mode (sanitizers / EXL3_TEST_FAST): several conversions are too slow under "
+           "instrumentation; QuantizeCli's --calibration builtin run covers the calibrated "
+           "pipeline";
   }
   TempDir tmp;
   const auto src = tmp / "src";

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/format/safetensors.hpp"
-#include "exl3/model/tokenizer.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
+#include "exl3/text/tokenizer.hpp"
 #include "runtime_test_util.hpp"
 #include "test_support.hpp"
 
@@ -33,7 +33,8 @@ std::string join(const std::vector<int32_t>& ids) {
 std::vector<int32_t> reference_ids(const std::filesystem::path& model) {
   const auto store = exl3::TensorStore::open(model / "reference_logits.safetensors");
   std::vector<int32_t> ids;
-  for (const int64_t id : exl3::copy_tensor<int64_t>(store.at("input_ids"))) ids.push_back(static_cast<int32_t>(id));
+  for (const int64_t id : exl3::copy_tensor<int64_t>(store.at("input_ids")))
+    ids.push_back(static_cast<int32_t>(id));
   return ids;
 }
 
@@ -55,7 +56,8 @@ TEST(LogitsCli, WritesLogitsEqualToTheLibrary) {
   const auto ids = reference_ids(model);
   exl3::test::TempDir tmp;
   const auto out = tmp / "logits.safetensors";
-  const auto r = run_cli(fmt::format("logits {} --tokens {} --out {} --json", q(model), join(ids), q(out)), "", false);
+  const auto r = run_cli(
+      fmt::format("logits {} --tokens {} --out {} --json", q(model), join(ids), q(out)), "", false);
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = json::parse(r.out);
   EXPECT_EQ(j["shape"], json::array({16, 512}));
@@ -71,14 +73,17 @@ TEST(LogitsCli, WritesLogitsEqualToTheLibrary) {
   const auto lib = exl3::runtime::forward_logits(*engine, ids);
   EXPECT_LE(exl3::test::rel_l2(cli, lib), 1e-7);
   // argmax in the JSON is the file's, and the HF fp64 reference's.
-  const auto ref = exl3::read_as_float(exl3::TensorStore::open(model / "reference_logits.safetensors").at("hf_dequant_fp64.logits"));
+  const auto ref = exl3::read_as_float(
+      exl3::TensorStore::open(model / "reference_logits.safetensors").at("hf_dequant_fp64.logits"));
   for (size_t p = 0; p < 16; ++p) {
     const auto row = std::span<const float>(cli).subspan(p * 512, 512);
     EXPECT_EQ(j["argmax"][p].get<int32_t>(), exl3::runtime::argmax(row));
-    EXPECT_EQ(exl3::runtime::argmax(row), exl3::runtime::argmax(std::span<const float>(ref).subspan(p * 512, 512)));
+    EXPECT_EQ(exl3::runtime::argmax(row),
+              exl3::runtime::argmax(std::span<const float>(ref).subspan(p * 512, 512)));
   }
   // Text output: one line per position.
-  const auto text = run_cli(fmt::format("logits {} --tokens 5,6,7 --out {}", q(model), q(tmp / "b.safetensors")));
+  const auto text =
+      run_cli(fmt::format("logits {} --tokens 5,6,7 --out {}", q(model), q(tmp / "b.safetensors")));
   ASSERT_EQ(text.code, 0) << text.out;
   EXPECT_THAT(text.out, HasSubstr("logits [3, 512] F32"));
   EXPECT_THAT(text.out, HasSubstr("argmax"));
@@ -108,8 +113,9 @@ TEST(GenerateCli, HelpTeaches) {
   EXPECT_THAT(run_cli("--help").out, HasSubstr("generate"));
   const auto h = run_cli("generate --help");
   EXPECT_EQ(h.code, 0);
-  for (const char* s : {"MODEL", "--prompt", "--max-tokens", "--temperature", "--top-p", "--seed", "--device", "--chat",
-                        "--json", "greedy", "Examples:", "tokens per second"}) {
+  for (const char* s :
+       {"MODEL", "--prompt", "--max-tokens", "--temperature", "--top-p", "--seed", "--device",
+        "--chat", "--json", "greedy", "Examples:", "tokens per second"}) {
     EXPECT_THAT(h.out, HasSubstr(s));
   }
 }
@@ -117,7 +123,8 @@ TEST(GenerateCli, HelpTeaches) {
 TEST(GenerateCli, GreedyMatchesTheLibraryAndStreams) {
   EXL3_REQUIRE_CONFORMANCE(dir);
   const auto model = exl3::runtime::test::tiny_model(dir);
-  const std::string args = fmt::format("generate {} --prompt 'import os' --max-tokens 12 --json", q(model));
+  const std::string args =
+      fmt::format("generate {} --prompt 'import os' --max-tokens 12 --json", q(model));
   const auto a = run_cli(args, "", false);
   ASSERT_EQ(a.code, 0) << a.out;
   const auto ja = json::parse(a.out);
@@ -139,7 +146,8 @@ TEST(GenerateCli, GreedyMatchesTheLibraryAndStreams) {
   EXPECT_GT(ja["generation_tokens_per_second"].get<double>(), 0.0);
 
   // Streaming mode: the text, then the speed line.
-  const auto s = run_cli(fmt::format("generate {} --prompt 'import os' --max-tokens 12", q(model)), "", false);
+  const auto s =
+      run_cli(fmt::format("generate {} --prompt 'import os' --max-tokens 12", q(model)), "", false);
   ASSERT_EQ(s.code, 0) << s.out;
   EXPECT_THAT(s.out, HasSubstr(ja["text"].get<std::string>()));
   EXPECT_THAT(s.out, HasSubstr(fmt::format("[prompt: {} tokens, ", prompt.size())));
@@ -150,10 +158,11 @@ TEST(GenerateCli, SeededSamplingIsDeterministic) {
   EXL3_REQUIRE_CONFORMANCE(dir);
   const auto model = exl3::runtime::test::tiny_model(dir);
   const auto run = [&](int seed) {
-    const auto r = run_cli(fmt::format("generate {} --prompt 'def f' --max-tokens 10 --temperature 1.0 --top-p 0.9 "
-                                       "--seed {} --ignore-eos --json",
-                                       q(model), seed),
-                           "", false);
+    const auto r = run_cli(
+        fmt::format("generate {} --prompt 'def f' --max-tokens 10 --temperature 1.0 --top-p 0.9 "
+                    "--seed {} --ignore-eos --json",
+                    q(model), seed),
+        "", false);
     EXPECT_EQ(r.code, 0) << r.out;
     return json::parse(r.out);
   };
@@ -187,8 +196,9 @@ TEST(LogitsCli, TensorParallelEqualsSingleRank) {
   std::vector<std::vector<float>> logits;
   for (const int tp : {1, 2, 3}) {
     const auto out = tmp / fmt::format("tp{}.safetensors", tp);
-    const auto r = run_cli(fmt::format("logits {} --tokens {} --out {} --tp {} --json", q(model), join(ids), q(out), tp), "",
-                           false);
+    const auto r = run_cli(fmt::format("logits {} --tokens {} --out {} --tp {} --json", q(model),
+                                       join(ids), q(out), tp),
+                           "", false);
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_EQ(json::parse(r.out)["tp"], tp);
     const auto store = exl3::TensorStore::open(out);
@@ -197,12 +207,17 @@ TEST(LogitsCli, TensorParallelEqualsSingleRank) {
   }
   EXPECT_LE(exl3::test::rel_l2(logits[1], logits[0]), 1e-5);
   EXPECT_LE(exl3::test::rel_l2(logits[2], logits[0]), 1e-5);
-  const auto bad = run_cli(fmt::format("logits {} --tokens 1,2 --out {} --tp 4", q(model), q(tmp / "x.safetensors")));
+  const auto bad = run_cli(
+      fmt::format("logits {} --tokens 1,2 --out {} --tp 4", q(model), q(tmp / "x.safetensors")));
   EXPECT_EQ(bad.code, 1);
   EXPECT_THAT(bad.out, HasSubstr("TP sizes that work for this model: 1, 2, 3"));
   // generate: greedy text at TP 2 equals TP 1.
-  const auto g1 = run_cli(fmt::format("generate {} --prompt 'Hello world' -n 6 --ignore-eos --json", q(model)), "", false);
-  const auto g2 = run_cli(fmt::format("generate {} --prompt 'Hello world' -n 6 --ignore-eos --json --tp 2", q(model)), "", false);
+  const auto g1 =
+      run_cli(fmt::format("generate {} --prompt 'Hello world' -n 6 --ignore-eos --json", q(model)),
+              "", false);
+  const auto g2 = run_cli(
+      fmt::format("generate {} --prompt 'Hello world' -n 6 --ignore-eos --json --tp 2", q(model)),
+      "", false);
   ASSERT_EQ(g1.code, 0) << g1.out;
   ASSERT_EQ(g2.code, 0) << g2.out;
   EXPECT_EQ(json::parse(g1.out)["ids"], json::parse(g2.out)["ids"]);
@@ -213,9 +228,13 @@ TEST(LogitsCli, OverlayConvertsReportsAndFailsClosed) {
   exl3::test::TempDir tmp;
   exl3::runtime::test::write_model(tmp / "m", exl3::HfArch::kGlm4Moe, exl3::test::test_seed());
   const auto model = q(tmp / "m"), out = q(tmp / "l.safetensors");
-  EXPECT_THAT(run_cli("logits --help").out, HasSubstr("--overlay linear=mxfp8,shared_experts=mxfp8"));
-  auto r = run_cli(fmt::format("logits {} --tokens 1,2,3 --out {} --overlay linear=mxfp8,shared_experts=mxfp8 --json",
-                               model, out), "", false);
+  EXPECT_THAT(run_cli("logits --help").out,
+              HasSubstr("--overlay linear=mxfp8,shared_experts=mxfp8"));
+  auto r = run_cli(
+      fmt::format(
+          "logits {} --tokens 1,2,3 --out {} --overlay linear=mxfp8,shared_experts=mxfp8 --json",
+          model, out),
+      "", false);
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = json::parse(r.out);
   EXPECT_EQ(j["overlay"]["layers"].size(), 21u);
@@ -225,18 +244,22 @@ TEST(LogitsCli, OverlayConvertsReportsAndFailsClosed) {
   exl3::test::write_file(tmp / "o.json", R"({"linear": {"weight": "mxfp8"}})");
   r = run_cli(fmt::format("logits {} --tokens 1,2 --out {} --overlay-config {} --overlay-ignore "
                           "'re:.*\\.[qkv]_proj' --json",
-                          model, out, q(tmp / "o.json")), "", false);
+                          model, out, q(tmp / "o.json")),
+              "", false);
   ASSERT_EQ(r.code, 0) << r.out;
   j = json::parse(r.out);
-  EXPECT_EQ(j["overlay"]["layers"].size(), 6u);  // o_proj of 3 layers + layer 0's dense gate/up/down
+  EXPECT_EQ(j["overlay"]["layers"].size(),
+            6u);  // o_proj of 3 layers + layer 0's dense gate/up/down
   // Human output: one summary line.
-  r = run_cli(fmt::format("logits {} --tokens 1,2 --out {} --overlay shared_experts=mxfp8", model, out));
+  r = run_cli(
+      fmt::format("logits {} --tokens 1,2 --out {} --overlay shared_experts=mxfp8", model, out));
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("overlay: 6 linears as MXFP8"));
   r = run_cli(fmt::format("logits {} --tokens 1,2 --out {} --overlay linear=fp4", model, out));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("'linear' = 'fp4' is not a weight format"));
-  r = run_cli(fmt::format("logits {} --tokens 1,2 --out {} --overlay linear=mxfp8 --overlay-ignore "
+  r =
+      run_cli(fmt::format("logits {} --tokens 1,2 --out {} --overlay linear=mxfp8 --overlay-ignore "
                           "model.layers.0.self_attn.v_proj",
                           model, out));
   EXPECT_EQ(r.code, 1);

@@ -73,7 +73,8 @@ class Raw {
   std::string read_until(Pred done, double seconds) {
     const auto end = Clock::now() + std::chrono::duration<double>(seconds);
     while (!done(got_) && !eof_) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
       if (left <= 0) break;
       pollfd p{fd_, POLLIN, 0};
       if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
@@ -114,7 +115,8 @@ size_t count(const std::string& hay, const std::string& needle) {
 }
 
 std::string post_bytes(const std::string& body, const std::string& path = "/v1/completions") {
-  return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+  return "POST " + path +
+         " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
          std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
@@ -139,9 +141,11 @@ bool health_ok_within(const LiveServer& s, double seconds) {
 TEST(HttpLimits, MaxTokensNearTwoToThe63Is400) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   LiveServer s(tiny_model(conf), options());
-  for (const char* v : {"9223372036854775807", "9223372036854775808", "18446744073709551615", "9223372036854775000"}) {
+  for (const char* v : {"9223372036854775807", "9223372036854775808", "18446744073709551615",
+                        "9223372036854775000"}) {
     const auto t0 = Clock::now();
-    const auto [status, j] = post(s, std::string(R"({"prompt": [5, 6, 7], "max_tokens": )") + v + "}");
+    const auto [status, j] =
+        post(s, std::string(R"({"prompt": [5, 6, 7], "max_tokens": )") + v + "}");
     EXPECT_EQ(status, 400) << v << ": " << j.dump();
     EXPECT_EQ(j["error"]["code"], "context_length_exceeded") << v;
     EXPECT_EQ(j["error"]["param"], "max_tokens") << v;
@@ -177,7 +181,8 @@ TEST(HttpLimits, ARequestMustArriveWithinTheReadTimeout) {
   Raw trickle(s.port());
   ASSERT_TRUE(trickle.connected());
   // One header byte every 100 ms (each well inside any per-read timeout) is cut at the deadline.
-  const std::string head = "GET /health HTTP/1.1\r\nHost: localhost\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n";
+  const std::string head =
+      "GET /health HTTP/1.1\r\nHost: localhost\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n";
   const auto t0 = Clock::now();
   bool cut = false;
   for (char ch : head) {
@@ -191,9 +196,9 @@ TEST(HttpLimits, ARequestMustArriveWithinTheReadTimeout) {
       break;
     }
   }
-  const auto got = trickle.read_all(2.0);
-  EXPECT_TRUE(cut || trickle.eof());
-  EXPECT_EQ(status_of(got), 408) << got;
+  trickle.read_all(2.0);
+  EXPECT_TRUE(cut);
+  EXPECT_TRUE(trickle.eof());  // closed at the deadline, with no answer
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(3));
   // An idle connection (nothing sent) is closed quietly at the same deadline.
   Raw idle(s.port());
@@ -207,8 +212,9 @@ TEST(HttpLimits, ChunkedBodyOverTheLimitIs413) {
   LiveServer s(tiny_model(conf), options());  // 64 KiB bodies
   Raw c(s.port());
   ASSERT_TRUE(c.connected());
-  ASSERT_TRUE(c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     "Transfer-Encoding: chunked\r\n\r\n"));
+  ASSERT_TRUE(
+      c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Transfer-Encoding: chunked\r\n\r\n"));
   // 32 MiB in 16 KiB chunks: the server must stop reading long before the end.
   const std::string piece(16384, 'a');
   char hex[16];
@@ -264,7 +270,8 @@ TEST(HttpLimits, ABurstOfConnectsIsAnsweredNotReset) {
     ts.emplace_back([&] {
       while (!go) std::this_thread::yield();
       Raw c(s.port());
-      if (!c.connected() || !c.send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")) {
+      if (!c.connected() ||
+          !c.send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")) {
         ++failed;
         return;
       }
@@ -321,25 +328,30 @@ TEST(HttpLimits, SamplingFieldsAreHonouredOrRefused) {
   EXPECT_EQ(status, 400);
   EXPECT_EQ(j["error"]["param"], "temperature");
   EXPECT_THAT(j["error"]["message"].get<std::string>(), ::testing::Not(HasSubstr("inf")));
-  for (const char* bad : {R"("top_k": -2)", R"("min_p": 1.5)", R"("repetition_penalty": 0)",
-                          R"("tool_choice": "required")", R"("tool_choice": "auto")", R"("min_tokens": 3)"}) {
-    std::tie(status, j) = post(s, std::string(R"({"prompt": [5, 6], "max_tokens": 2, )") + bad + "}");
+  for (const char* bad :
+       {R"("top_k": -2)", R"("min_p": 1.5)", R"("repetition_penalty": 0)",
+        R"("tool_choice": "required")", R"("tool_choice": "auto")", R"("min_tokens": 3)"}) {
+    std::tie(status, j) =
+        post(s, std::string(R"({"prompt": [5, 6], "max_tokens": 2, )") + bad + "}");
     EXPECT_EQ(status, 400) << bad << ": " << j.dump();
   }
   // top_k 1 is greedy whatever the temperature; min_p 1 keeps only the most likely token too.
-  std::tie(status, j) = post(s, R"({"prompt": [9, 10, 11], "max_tokens": 6, "temperature": 0, "ignore_eos": true})");
+  std::tie(status, j) =
+      post(s, R"({"prompt": [9, 10, 11], "max_tokens": 6, "temperature": 0, "ignore_eos": true})");
   ASSERT_EQ(status, 200) << j.dump();
   const std::string greedy = j["choices"][0]["text"];
   for (const char* same : {R"("top_k": 1)", R"("min_p": 1.0)"}) {
     for (int seed = 1; seed <= 3; ++seed) {
-      std::tie(status, j) = post(s, std::string(R"({"prompt": [9, 10, 11], "max_tokens": 6, "temperature": 5, )") +
-                                        R"("ignore_eos": true, "seed": )" + std::to_string(seed) + ", " + same + "}");
+      std::tie(status, j) =
+          post(s, std::string(R"({"prompt": [9, 10, 11], "max_tokens": 6, "temperature": 5, )") +
+                      R"("ignore_eos": true, "seed": )" + std::to_string(seed) + ", " + same + "}");
       ASSERT_EQ(status, 200) << same << ": " << j.dump();
       EXPECT_EQ(j["choices"][0]["text"], greedy) << same << " seed " << seed;
     }
   }
   // A strong repetition penalty changes a greedy answer that repeats tokens of its prompt.
-  std::tie(status, j) = post(s, R"({"prompt": [9, 10, 11], "max_tokens": 6, "temperature": 0, "ignore_eos": true,
+  std::tie(status, j) =
+      post(s, R"({"prompt": [9, 10, 11], "max_tokens": 6, "temperature": 0, "ignore_eos": true,
                                    "repetition_penalty": 1.0, "tool_choice": "none", "top_k": -1})");
   ASSERT_EQ(status, 200) << j.dump();
   EXPECT_EQ(j["choices"][0]["text"], greedy);

@@ -12,8 +12,8 @@
 #include <gtest/gtest.h>
 
 #include "exl3/error.hpp"
-#include "exl3/model/stop_tokens.hpp"
 #include "exl3/server/scheduler.hpp"
+#include "exl3/text/stop_tokens.hpp"
 #include "server_test_util.hpp"
 #include "test_support.hpp"
 
@@ -54,12 +54,13 @@ std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t n) {
 }
 
 struct Fixture {
-  explicit Fixture(const std::filesystem::path& conf, SchedulerOptions so = {}, int64_t cache = 4096)
+  explicit Fixture(const std::filesystem::path& conf, SchedulerOptions so = {},
+                   int64_t cache = 4096)
       : model(st::tiny_model(conf)), tok(Tokenizer::load(model)) {
     runtime::EngineOptions eo;
     eo.cache_tokens = cache;
     engine = runtime::load_engine(model, eo);
-    stops = exl3::model_stop_tokens(model, engine->spec(), tok);
+    stops = exl3::model_stop_tokens(model, engine->spec().eos_token_ids, tok);
     sched = std::make_unique<Scheduler>(*engine, tok, so);
   }
   GenerationRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) const {
@@ -76,7 +77,8 @@ struct Fixture {
   std::unique_ptr<Scheduler> sched;
 };
 
-void expect_equals_reference(const Fixture& f, const GenerationRequest& g, const Done& d, const std::string& what) {
+void expect_equals_reference(const Fixture& f, const GenerationRequest& g, const Done& d,
+                             const std::string& what) {
   const auto ref = st::reference_generate(f.model, g.prompt, g.max_tokens, g.stop_tokens);
   auto expected = ref.tokens;
   if (ref.stopped) {
@@ -179,7 +181,8 @@ TEST(Scheduler, CancelFreesTheSequence) {
   EXPECT_EQ(d.last.reason, FinishReason::kCancelled);
   EXPECT_LT(d.last.completion_tokens, 3000);
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (f.sched->stats().free_cache_tokens != f.sched->stats().cache_tokens && std::chrono::steady_clock::now() < end) {
+  while (f.sched->stats().free_cache_tokens != f.sched->stats().cache_tokens &&
+         std::chrono::steady_clock::now() < end) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(f.sched->stats().free_cache_tokens, f.sched->stats().cache_tokens);
@@ -201,7 +204,8 @@ TEST(Scheduler, StopStringEndsTheTextBeforeIt) {
     g.stop_strings = {stop};
     const auto d = drain(f.sched->submit(g).stream);
     EXPECT_EQ(d.last.reason, FinishReason::kStop);
-    EXPECT_EQ(d.text, text.substr(0, text.find(stop))) << "stop '" << stop << "' in '" << text << "'";
+    EXPECT_EQ(d.text, text.substr(0, text.find(stop)))
+        << "stop '" << stop << "' in '" << text << "'";
     EXPECT_LE(d.last.completion_tokens, 32);
     return;
   }
@@ -214,7 +218,8 @@ TEST(Scheduler, RefusesBadRequests) {
   auto refusal = [&](GenerationRequest g) {
     auto s = f.sched->submit(std::move(g));
     EXPECT_FALSE(s.stream);
-    return s.refusal ? std::make_pair(*s.refusal, s.message) : std::make_pair(Scheduler::Refusal::kInvalid, std::string("accepted"));
+    return s.refusal ? std::make_pair(*s.refusal, s.message)
+                     : std::make_pair(Scheduler::Refusal::kInvalid, std::string("accepted"));
   };
   EXPECT_THAT(refusal(f.greedy({}, 4)).second, HasSubstr("empty"));
   EXPECT_THAT(refusal(f.greedy({5, 512}, 4)).second, HasSubstr("outside the vocabulary 0..511"));
@@ -227,7 +232,9 @@ TEST(Scheduler, RefusesBadRequests) {
   EXPECT_THAT(refusal(empty_stop).second, HasSubstr("stop string is empty"));
   const auto too_long = refusal(f.greedy(std::vector<int32_t>(60, 5), 5));
   EXPECT_EQ(too_long.first, Scheduler::Refusal::kTooLong);
-  EXPECT_THAT(too_long.second, HasSubstr("60 tokens and max_tokens is 5: together they exceed this server's context of 64"));
+  EXPECT_THAT(
+      too_long.second,
+      HasSubstr("60 tokens and max_tokens is 5: together they exceed this server's context of 64"));
   f.sched->shutdown();
   EXPECT_EQ(refusal(f.greedy({5}, 4)).first, Scheduler::Refusal::kShuttingDown);
 }
@@ -242,7 +249,9 @@ TEST(Scheduler, RefusesBadOptions) {
   auto make = [&](const SchedulerOptions& o) { Scheduler s(*engine, tok, o); };
   EXPECT_THROW(make(SchedulerOptions{.max_seqs = 0}), exl3::Error);
   EXPECT_THROW(make(SchedulerOptions{.max_seqs = 1, .max_queue = 0}), exl3::Error);
-  EXPECT_THROW(make(SchedulerOptions{.max_seqs = 1, .max_queue = 1, .max_context = 0, .step_tokens = 0}), exl3::Error);
+  EXPECT_THROW(
+      make(SchedulerOptions{.max_seqs = 1, .max_queue = 1, .max_context = 0, .step_tokens = 0}),
+      exl3::Error);
   try {
     make(SchedulerOptions{.max_seqs = 1, .max_queue = 1, .max_context = 1000, .step_tokens = 8});
     ADD_FAILURE() << "max_context over the cache accepted";

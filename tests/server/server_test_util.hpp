@@ -16,11 +16,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "exl3/model/stop_tokens.hpp"
-#include "exl3/model/tokenizer.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
 #include "exl3/server/http_server.hpp"
+#include "exl3/text/stop_tokens.hpp"
+#include "exl3/text/tokenizer.hpp"
 
 namespace exl3::server::test {
 
@@ -36,7 +36,8 @@ class LiveServer {
     runtime::EngineOptions eo;
     eo.cache_tokens = cache_tokens;
     engine_ = runtime::load_engine(model, eo);
-    if (opts.stop_tokens.empty()) opts.stop_tokens = model_stop_tokens(model, engine_->spec(), tok_);
+    if (opts.stop_tokens.empty())
+      opts.stop_tokens = model_stop_tokens(model, engine_->spec().eos_token_ids, tok_);
     opts_ = opts;
     server_ = std::make_unique<HttpServer>(*engine_, tok_, opts);
     port_ = server_->bind("127.0.0.1", 0);
@@ -67,7 +68,8 @@ class LiveServer {
   }
 
   // Polls /health until pred holds (true) or `seconds` pass (false).
-  bool wait_health(const std::function<bool(const nlohmann::json&)>& pred, double seconds = 10.0) const {
+  bool wait_health(const std::function<bool(const nlohmann::json&)>& pred,
+                   double seconds = 10.0) const {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     while (std::chrono::steady_clock::now() < end) {
       const auto h = health();
@@ -105,8 +107,9 @@ struct Reference {
   std::vector<int32_t> tokens;
   bool stopped = false;  // ended at a stop token (it counts as a completion token)
 };
-inline Reference reference_generate(const std::filesystem::path& model, const std::vector<int32_t>& prompt,
-                                    int64_t max_tokens, const std::vector<int32_t>& stops) {
+inline Reference reference_generate(const std::filesystem::path& model,
+                                    const std::vector<int32_t>& prompt, int64_t max_tokens,
+                                    const std::vector<int32_t>& stops) {
   auto engine = runtime::load_engine(model);
   runtime::GenerateOptions go;
   go.max_new_tokens = max_tokens;

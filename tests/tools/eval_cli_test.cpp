@@ -7,9 +7,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "exl3/eval/builtin_text.hpp"
+#include "exl3/eval/eval.hpp"
 #include "exl3/format/synthetic_hf.hpp"
-#include "exl3/model/builtin_text.hpp"
-#include "exl3/model/eval.hpp"
 #include "test_support.hpp"
 
 using exl3::test::run_cli;
@@ -22,8 +22,8 @@ std::string q(const std::filesystem::path& p) {
   return exl3::test::shell_quote(p);
 }
 
-std::filesystem::path dense_model(const exl3::test::TempDir& tmp, const std::string& name, uint64_t seed,
-                                  int64_t vocab = 512) {
+std::filesystem::path dense_model(const exl3::test::TempDir& tmp, const std::string& name,
+                                  uint64_t seed, int64_t vocab = 512) {
   exl3::SyntheticHfSpec s;
   s.arch = exl3::HfArch::kQwen3;
   s.seed = seed;
@@ -44,8 +44,9 @@ TEST(EvalCli, HelpTeaches) {
   EXPECT_THAT(run_cli("--help").out, HasSubstr("eval"));
   const auto h = run_cli("eval --help");
   EXPECT_EQ(h.code, 0);
-  for (const char* s : {"MODEL", "--text", "--reference", "--context", "--stride", "--max-tokens", "--device",
-                        "--json", "builtin", "KL", "top-1", "perplexity", "Examples:"}) {
+  for (const char* s :
+       {"MODEL", "--text", "--reference", "--context", "--stride", "--max-tokens", "--device",
+        "--json", "builtin", "KL", "top-1", "perplexity", "Examples:"}) {
     EXPECT_THAT(h.out, HasSubstr(s));
   }
 }
@@ -54,10 +55,11 @@ TEST(EvalCli, JsonEqualsTheLibraryAndTextReports) {
   exl3::test::TempDir tmp;
   const uint64_t seed = exl3::test::test_seed();
   const auto a = dense_model(tmp, "a", seed), b = dense_model(tmp, "b", seed + 1);
-  const auto r = run_cli(fmt::format("eval {} --text builtin --reference {} --context 64 --stride 48 --max-tokens 300 "
-                                     "--json",
-                                     q(a), q(b)),
-                         "", false);
+  const auto r = run_cli(
+      fmt::format("eval {} --text builtin --reference {} --context 64 --stride 48 --max-tokens 300 "
+                  "--json",
+                  q(a), q(b)),
+      "", false);
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = json::parse(r.out);
   exl3::EvalOptions o;
@@ -82,12 +84,14 @@ TEST(EvalCli, JsonEqualsTheLibraryAndTextReports) {
   // The human report, and progress on stderr (one line per window when not a terminal).
   const auto t = run_cli(fmt::format("eval {} --text builtin -r {} -c 64 -n 200", q(a), q(b)));
   ASSERT_EQ(t.code, 0) << t.out;
-  for (const char* s : {"perplexity ", "reference perplexity ", "KL(reference || model) ", "top-1 agreement ",
-                        "[eval window 4/4] 196/196 tokens scored", "tokens/s]"}) {
+  for (const char* s :
+       {"perplexity ", "reference perplexity ", "KL(reference || model) ", "top-1 agreement ",
+        "[eval window 4/4] 196/196 tokens scored", "tokens/s]"}) {
     EXPECT_THAT(t.out, HasSubstr(s));
   }
   // Without a reference there is no KL line.
-  exl3::test::write_file(tmp / "notes.txt", "Meeting notes: buy milk, fix the bike, call Ana about the soup.\n");
+  exl3::test::write_file(tmp / "notes.txt",
+                         "Meeting notes: buy milk, fix the bike, call Ana about the soup.\n");
   const auto p = run_cli(fmt::format("eval {} --text {} --quiet", q(a), q(tmp / "notes.txt")));
   ASSERT_EQ(p.code, 0) << p.out;
   EXPECT_THAT(p.out, HasSubstr("perplexity "));
@@ -103,15 +107,20 @@ TEST(EvalCli, BadInputsFailClearly) {
     EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
     EXPECT_THAT(r.out, HasSubstr(want)) << args;
   };
-  fails_with(fmt::format("eval {} --text {}", q(a), q(tmp / "missing.txt")), "missing.txt: no such file");
+  fails_with(fmt::format("eval {} --text {}", q(a), q(tmp / "missing.txt")),
+             "missing.txt: no such file");
   exl3::test::write_file(tmp / "empty.txt", "");
-  fails_with(fmt::format("eval {} --text {}", q(a), q(tmp / "empty.txt")), "empty.txt: the file is empty");
-  fails_with(fmt::format("eval {} --text builtin --context 16 --stride 17", q(a)), "stride 17 must be in 1..context");
-  fails_with(fmt::format("eval {} --text builtin --reference {}", q(a), q(dense_model(tmp, "big", 2, 600))),
+  fails_with(fmt::format("eval {} --text {}", q(a), q(tmp / "empty.txt")),
+             "empty.txt: the file is empty");
+  fails_with(fmt::format("eval {} --text builtin --context 16 --stride 17", q(a)),
+             "stride 17 must be in 1..context");
+  fails_with(fmt::format("eval {} --text builtin --reference {}", q(a),
+                         q(dense_model(tmp, "big", 2, 600))),
              "the vocabularies differ");
   fails_with(fmt::format("eval {} --text builtin", q(tmp / "nothing")), "nothing");
 #if !defined(EXL3_HAVE_CUDA)
-  fails_with(fmt::format("eval {} --text builtin --device cuda", q(a)), "cuda");  // a CPU-only build says so
+  fails_with(fmt::format("eval {} --text builtin --device cuda", q(a)),
+             "cuda");  // a CPU-only build says so
 #endif
   const auto r = run_cli(fmt::format("eval {} --text builtin --context 1", q(a)));
   EXPECT_NE(r.code, 0);  // CLI11 range check
@@ -141,17 +150,21 @@ TEST(EvalCli, OverlayKlAgainstTheSameModel) {
   const auto same = eval(fmt::format("{} --reference {}", q(a), q(a)));
   EXPECT_EQ(same["reference"]["kl"].get<double>(), 0.0);
   EXPECT_FALSE(same.contains("overlay"));
-  const auto ignored = eval(fmt::format("{} --reference {} --overlay linear=mxfp8 --overlay-ignore 're:.*'", q(a), q(a)));
+  const auto ignored = eval(
+      fmt::format("{} --reference {} --overlay linear=mxfp8 --overlay-ignore 're:.*'", q(a), q(a)));
   EXPECT_EQ(ignored["reference"]["kl"].get<double>(), 0.0);
   EXPECT_EQ(ignored["overlay"]["layers"].size(), 0u);
 
-  ASSERT_EQ(run_cli(fmt::format("quantize {} {} --bits 4 --head-bits 16 --dense-format mxfp8", q(a), q(tmp / "mx"))).code,
+  ASSERT_EQ(run_cli(fmt::format("quantize {} {} --bits 4 --head-bits 16 --dense-format mxfp8", q(a),
+                                q(tmp / "mx")))
+                .code,
             0);
   const auto stored = eval(fmt::format("{} --reference {}", q(tmp / "mx"), q(a)));
   EXPECT_EQ(stored["reference"]["kl"].get<double>(), kl);
   EXPECT_EQ(stored["perplexity"].get<double>(), ov["perplexity"].get<double>());
 
-  const auto t = run_cli(fmt::format("eval {} --text builtin -r {} -c 64 -n 200 -q --overlay linear=mxfp8", q(a), q(a)));
+  const auto t = run_cli(fmt::format(
+      "eval {} --text builtin -r {} -c 64 -n 200 -q --overlay linear=mxfp8", q(a), q(a)));
   ASSERT_EQ(t.code, 0) << t.out;
   EXPECT_THAT(t.out, HasSubstr("overlay    14 linears as MXFP8"));
   const auto bad = run_cli(fmt::format("eval {} --text builtin --overlay linear=fp8", q(a)));
@@ -162,11 +175,13 @@ TEST(EvalCli, OverlayKlAgainstTheSameModel) {
 // The demo's model: `sample-hf --init-std` writes what the library writes with that init_std.
 TEST(EvalCli, SampleHfInitStdIsTheLibrarys) {
   exl3::test::TempDir tmp;
-  const auto r = run_cli(fmt::format("sample-hf {} --arch qwen3 --hidden 128 --heads 2 --kv-heads 1 --intermediate 256 "
-                                     "--layers 2 --seed 11 --init-std 0.08",
-                                     q(tmp / "cli")));
+  const auto r = run_cli(fmt::format(
+      "sample-hf {} --arch qwen3 --hidden 128 --heads 2 --kv-heads 1 --intermediate 256 "
+      "--layers 2 --seed 11 --init-std 0.08",
+      q(tmp / "cli")));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto lib = dense_model(tmp, "lib", 11);  // init_std 0.08
-  EXPECT_EQ(exl3::test::read_file(tmp / "cli" / "model.safetensors"), exl3::test::read_file(lib / "model.safetensors"));
+  EXPECT_EQ(exl3::test::read_file(tmp / "cli" / "model.safetensors"),
+            exl3::test::read_file(lib / "model.safetensors"));
   EXPECT_EQ(run_cli(fmt::format("sample-hf {} --init-std 0", q(tmp / "zero"))).code == 0, false);
 }

@@ -21,10 +21,10 @@ std::string q(const std::filesystem::path& p) {
   return exl3::test::shell_quote(p);
 }
 std::filesystem::path data(const char* style) {
-  return std::filesystem::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / style;
+  return std::filesystem::path(EXL3_SOURCE_DIR) / "tests" / "text" / "data" / style;
 }
 
-// The golden ids of one case of tests/model/data/golden_<name>.json.
+// The golden ids of one case of tests/text/data/golden_<name>.json.
 std::vector<int32_t> golden_ids(const std::string& name, const std::string& text,
                                 const char* key = "ids") {
   const auto g = json::parse(exl3::read_text_file(data("") / ("golden_" + name + ".json")));

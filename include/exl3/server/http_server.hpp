@@ -13,10 +13,9 @@
 // a client that goes away mid-stream cancels its request (its KV pages return to the pool at the
 // next scheduler step). Errors are OpenAI error objects: 400 (bad JSON, wrong field types or
 // values, prompt + max_tokens over the context), 404 (unknown model or path), 405 (wrong method),
-// 408 (request not received within read_timeout), 413 (body over max_body_bytes), 431 (headers
-// over max_header_bytes), 503 (queue full, connection cap, shutting down), 500 (engine failure).
-// Non-streamed requests run to completion even when the client disconnects (max_tokens bounds
-// them).
+// 413 (body over max_body_bytes), 431 (headers over max_header_bytes), 503 (queue full, connection
+// cap, shutting down), 500 (engine failure). Non-streamed requests run to completion even when the
+// client disconnects (max_tokens bounds them).
 #pragma once
 
 #include <atomic>
@@ -29,10 +28,10 @@
 #include <string>
 #include <vector>
 
-#include "exl3/model/chat_template.hpp"
-#include "exl3/model/tokenizer.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/server/scheduler.hpp"
+#include "exl3/text/chat_template.hpp"
+#include "exl3/text/tokenizer.hpp"
 
 namespace exl3::server {
 
@@ -44,7 +43,7 @@ struct ServerOptions {
   size_t max_body_bytes = size_t{8} << 20;
   size_t max_header_bytes = size_t{64} << 10;
   int max_connections = 512;  // open connections; one more gets 503 and is closed at once
-  std::chrono::milliseconds read_timeout{30'000};   // to receive one whole request
+  std::chrono::milliseconds read_timeout{30'000};   // to receive one whole request (else: closed)
   std::chrono::milliseconds write_timeout{30'000};  // for each write to the client
   int http_threads = 4;  // threads running request handlers (never blocked on a socket)
   // Called once per answered request ("POST /v1/completions 200 12 ms"); empty = silent.

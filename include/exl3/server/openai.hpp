@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "exl3/model/chat_template.hpp"
+#include "exl3/text/chat_template.hpp"
 
 namespace exl3::server {
 
@@ -60,7 +60,8 @@ struct CompletionRequest {
 };
 
 // Parses a request body. Returns the request, or the 400 error naming the field at fault.
-std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, Endpoint endpoint);
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body,
+                                                                   Endpoint endpoint);
 
 // What every response object of one request shares.
 struct ResponseMeta {
@@ -80,7 +81,8 @@ nlohmann::json completion_response(const ResponseMeta& meta, const std::string& 
 nlohmann::json stream_chunk(const ResponseMeta& meta, const std::string& text,
                             std::optional<std::string_view> finish_reason, bool role_delta = false);
 // The last chunk of stream_options.include_usage: no choices, usage.
-nlohmann::json usage_chunk(const ResponseMeta& meta, int64_t prompt_tokens, int64_t completion_tokens);
+nlohmann::json usage_chunk(const ResponseMeta& meta, int64_t prompt_tokens,
+                           int64_t completion_tokens);
 // "data: {json}\n\n" (invalid UTF-8 replaced, never thrown on).
 std::string sse_event(const nlohmann::json& j);
 // JSON text for an HTTP body (invalid UTF-8 replaced).

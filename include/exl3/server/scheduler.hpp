@@ -32,9 +32,9 @@
 #include <thread>
 #include <vector>
 
-#include "exl3/model/tokenizer.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
+#include "exl3/text/tokenizer.hpp"
 
 namespace exl3::server {
 
@@ -51,17 +51,17 @@ struct GenerationRequest {
   std::vector<int32_t> prompt;  // non-empty, ids < vocab
   int64_t max_tokens = 16;      // > 0
   runtime::SamplingOptions sampling;
-  std::vector<int32_t> stop_tokens;   // generation ends when one is sampled (not sent as text)
+  std::vector<int32_t> stop_tokens;       // generation ends when one is sampled (not sent as text)
   std::vector<std::string> stop_strings;  // non-empty strings; the text ends before the first one
 };
 
 // What arrived for one request since the last wait().
 struct StreamUpdate {
-  std::string text;              // new text (stop strings and special tokens removed)
-  std::vector<int32_t> tokens;   // new token ids (a final stop token included)
+  std::string text;             // new text (stop strings and special tokens removed)
+  std::vector<int32_t> tokens;  // new token ids (a final stop token included)
   bool finished = false;
   FinishReason reason = FinishReason::kStop;  // valid when finished
-  std::string error;             // kError / kCancelled: why
+  std::string error;                          // kError / kCancelled: why
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // tokens sampled so far (a stop token counts)
 };
@@ -83,7 +83,8 @@ class RequestStream {
  private:
   friend class Scheduler;
   void publish(std::string_view text, int32_t token, int64_t completion_tokens);
-  void finish(FinishReason reason, std::string_view text, std::string error, int64_t completion_tokens);
+  void finish(FinishReason reason, std::string_view text, std::string error,
+              int64_t completion_tokens);
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -124,10 +125,10 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   enum class Refusal : uint8_t {
-    kInvalid,      // bad request (empty prompt, ids outside the vocabulary, max_tokens <= 0, ...)
-    kTooLong,      // prompt + max_tokens over max_context
-    kQueueFull,    // try again later (HTTP 503)
-    kShuttingDown, // HTTP 503
+    kInvalid,       // bad request (empty prompt, ids outside the vocabulary, max_tokens <= 0, ...)
+    kTooLong,       // prompt + max_tokens over max_context
+    kQueueFull,     // try again later (HTTP 503)
+    kShuttingDown,  // HTTP 503
   };
   struct Submitted {
     std::shared_ptr<RequestStream> stream;  // null when refused
@@ -161,10 +162,10 @@ class Scheduler {
   runtime::Engine& engine_;
   Tokenizer tokenizer_;
   SchedulerOptions opts_;
-  int64_t page_tokens_ = 1;    // KV page size in tokens
-  int64_t cache_tokens_ = 0;   // pool capacity
+  int64_t page_tokens_ = 1;   // KV page size in tokens
+  int64_t cache_tokens_ = 0;  // pool capacity
   int64_t max_context_ = 0;
-  int64_t reserved_ = 0;       // worst-case KV tokens of the running sequences (worker only)
+  int64_t reserved_ = 0;  // worst-case KV tokens of the running sequences (worker only)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -28,7 +28,7 @@
 #include <string>
 #include <string_view>
 
-#include "exl3/model/tokenizer.hpp"
+#include "exl3/text/tokenizer.hpp"
 
 namespace exl3 {
 

@@ -57,11 +57,11 @@ struct EvalWindow {
 std::vector<EvalWindow> plan_eval_windows(int64_t num_tokens, int64_t context, int64_t stride);
 
 struct EvalProgress {
-  int64_t window = 0;    // windows finished (a window counts when its last chunk is done)
+  int64_t window = 0;  // windows finished (a window counts when its last chunk is done)
   int64_t windows = 0;
-  int64_t scored = 0;    // predictions scored so far
-  int64_t to_score = 0;  // predictions in all windows
-  double elapsed = 0.0;  // seconds since evaluation started
+  int64_t scored = 0;         // predictions scored so far
+  int64_t to_score = 0;       // predictions in all windows
+  double elapsed = 0.0;       // seconds since evaluation started
   double eta_seconds = -1.0;  // < 0: unknown
 };
 using EvalProgressFn = std::function<void(const EvalProgress&)>;
@@ -87,7 +87,7 @@ struct EvalResult {
   std::optional<EvalReferenceStats> reference;
   // What the MXFP8 overlay converted in the model (EvalModels::overlay; empty without one).
   runtime::OverlayReport overlay;
-  double seconds = 0.0;     // the whole evaluation (both models)
+  double seconds = 0.0;            // the whole evaluation (both models)
   double model_seconds = 0.0;      // forward passes of the model
   double reference_seconds = 0.0;  // forward passes of the reference
 
@@ -117,7 +117,7 @@ void check_same_vocabulary(const Tokenizer& model, const Tokenizer& reference);
 std::string load_eval_text(const std::string& file);
 
 struct EvalModels {
-  std::filesystem::path model;                    // folder with config.json, weights, tokenizer.json
+  std::filesystem::path model;  // folder with config.json, weights, tokenizer.json
   std::optional<std::filesystem::path> reference;  // its tokenizer.json, when present, must match
   runtime::Device device = runtime::Device::kCpu;
   // Applied to the model only, so `--reference` the same folder measures KL(BF16 || MXFP8).

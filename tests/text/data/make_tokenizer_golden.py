@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the tokenizer golden data for tests/model/tokenizer_test.cpp.
+"""Writes the tokenizer golden data for tests/text/tokenizer_test.cpp.
 
 Ground truth comes from the reference implementation, Hugging Face `tokenizers` (the Rust library
 behind every `tokenizer.json`). The committed files were produced with:
@@ -9,10 +9,10 @@ behind every `tokenizer.json`). The committed files were produced with:
 Usage (from the repository root):
 
     python3 -m venv /tmp/tokvenv && /tmp/tokvenv/bin/pip install tokenizers==0.23.3
-    /tmp/tokvenv/bin/python tests/model/data/make_tokenizer_golden.py [CONFORMANCE_DIR]
+    /tmp/tokvenv/bin/python tests/text/data/make_tokenizer_golden.py [CONFORMANCE_DIR]
 
 CONFORMANCE_DIR defaults to ../shared/conformance (or $EXL3_CONFORMANCE_DIR). It writes, under
-tests/model/data/:
+tests/text/data/:
 
   qwen2_style/   tokenizer.json + tokenizer_config.json: a byte-level BPE trained here with the
                  Qwen2 pre-tokenizer (Split on the Qwen2 regex, Isolated, then ByteLevel without
@@ -207,7 +207,7 @@ def golden(tok, name):
             "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
             "decoded_half": tok.decode(plain[: len(plain) // 2], skip_special_tokens=False),
         })
-    return {"generator": "tests/model/data/make_tokenizer_golden.py", "tokenizers_version": tokenizers.__version__,
+    return {"generator": "tests/text/data/make_tokenizer_golden.py", "tokenizers_version": tokenizers.__version__,
             "tokenizer": name, "cases": cases}
 
 
@@ -217,7 +217,7 @@ def regex_golden():
         split = pre_tokenizers.Split(Regex(p), behavior="isolated", invert=False)
         for t in REGEX_TEXTS:
             cases.append({"pattern": p, "text": t, "pieces": [piece for piece, _ in split.pre_tokenize_str(t)]})
-    return {"generator": "tests/model/data/make_tokenizer_golden.py", "tokenizers_version": tokenizers.__version__,
+    return {"generator": "tests/text/data/make_tokenizer_golden.py", "tokenizers_version": tokenizers.__version__,
             "cases": cases}
 
 

@@ -14,12 +14,12 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
+#include "exl3/eval/builtin_text.hpp"
+#include "exl3/eval/eval.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/format/synthetic_hf.hpp"
-#include "exl3/model/builtin_text.hpp"
-#include "exl3/model/eval.hpp"
-#include "exl3/model/tokenizer.hpp"
 #include "exl3/runtime/engine.hpp"
+#include "exl3/text/tokenizer.hpp"
 #include "exl3/trellis/half.hpp"
 #include "test_support.hpp"
 
@@ -29,8 +29,8 @@ namespace {
 using ::testing::HasSubstr;
 
 // A small dense synthetic model (runs unquantized on the CPU runtime).
-std::filesystem::path write_dense(const exl3::test::TempDir& tmp, const std::string& name, HfArch arch, uint64_t seed,
-                                  int64_t vocab = 512) {
+std::filesystem::path write_dense(const exl3::test::TempDir& tmp, const std::string& name,
+                                  HfArch arch, uint64_t seed, int64_t vocab = 512) {
   SyntheticHfSpec s;
   s.arch = arch;
   s.seed = seed;
@@ -64,14 +64,15 @@ std::vector<long double> log_softmax(std::span<const float> z) {
   long double sum = 0;
   for (const float x : z) sum += std::exp(static_cast<long double>(x) - mx);
   std::vector<long double> out(z.size());
-  for (size_t v = 0; v < z.size(); ++v) out[v] = static_cast<long double>(z[v]) - mx - std::log(sum);
+  for (size_t v = 0; v < z.size(); ++v)
+    out[v] = static_cast<long double>(z[v]) - mx - std::log(sum);
   return out;
 }
 
 // Hugging Face's perplexity loop: windows every `stride` tokens; each scores its last
 // end - prev_end tokens (never its own first token).
-Naive naive_eval(runtime::Engine& model, runtime::Engine* ref, const std::vector<int32_t>& ids, int64_t ctx,
-                 int64_t stride) {
+Naive naive_eval(runtime::Engine& model, runtime::Engine* ref, const std::vector<int32_t>& ids,
+                 int64_t ctx, int64_t stride) {
   Naive r;
   const auto n = static_cast<int64_t>(ids.size());
   const auto vocab = static_cast<size_t>(model.spec().vocab_size);
@@ -82,7 +83,8 @@ Naive naive_eval(runtime::Engine& model, runtime::Engine* ref, const std::vector
     const std::vector<int32_t> win(ids.begin() + begin, ids.begin() + end);
     const auto z = runtime::forward_logits(model, win);
     const auto zr = ref ? runtime::forward_logits(*ref, win) : std::vector<float>();
-    for (int64_t t = std::max(end - trg, begin + 1); t < end; ++t) {  // target t, predicted by row t-1-begin
+    for (int64_t t = std::max(end - trg, begin + 1); t < end;
+         ++t) {  // target t, predicted by row t-1-begin
       const auto row = static_cast<size_t>(t - 1 - begin);
       const auto lp = log_softmax(std::span<const float>(z).subspan(row * vocab, vocab));
       const auto target = static_cast<size_t>(ids[static_cast<size_t>(t)]);
@@ -113,7 +115,8 @@ runtime::EngineOptions kv(int64_t tokens) {
 }
 
 void expect_rel(double got, long double want, double tol, const char* what) {
-  EXPECT_LE(std::abs(got - static_cast<double>(want)), tol * std::max(1e-12, std::abs(static_cast<double>(want))))
+  EXPECT_LE(std::abs(got - static_cast<double>(want)),
+            tol * std::max(1e-12, std::abs(static_cast<double>(want))))
       << what << ": got " << got << ", want " << static_cast<double>(want);
 }
 
@@ -139,7 +142,8 @@ TEST(EvalWindows, EveryTokenScoredAtMostOnce) {
     // windows' first (multiples of the context), which have nothing before them in their window.
     for (int64_t t = 1; t < n; ++t) {
       const int want = stride < ctx || t % ctx != 0 ? 1 : 0;
-      EXPECT_EQ(hits[static_cast<size_t>(t)], want) << "token " << t << " n " << n << " ctx " << ctx << " stride " << stride;
+      EXPECT_EQ(hits[static_cast<size_t>(t)], want)
+          << "token " << t << " n " << n << " ctx " << ctx << " stride " << stride;
     }
     EXPECT_EQ(windows, static_cast<int64_t>(ws.size()));
   }
@@ -160,13 +164,14 @@ TEST(Eval, PerplexityMatchesNaiveComputation) {
     o.context = 16;
     o.chunk = chunk;
     std::vector<EvalProgress> seen;
-    const auto r = evaluate(*engine, nullptr, ids, o, [&](const EvalProgress& p) { seen.push_back(p); });
+    const auto r =
+        evaluate(*engine, nullptr, ids, o, [&](const EvalProgress& p) { seen.push_back(p); });
     const auto want = naive_eval(*engine, nullptr, ids, 16, 16);
     EXPECT_EQ(r.scored, want.scored);
     EXPECT_EQ(r.context, 16);
     EXPECT_EQ(r.stride, 16);
     const auto n = static_cast<int64_t>(ids.size());
-    EXPECT_EQ(r.windows, (n - 2) / 16 + 1);      // a last window of one token scores nothing
+    EXPECT_EQ(r.windows, (n - 2) / 16 + 1);     // a last window of one token scores nothing
     EXPECT_EQ(r.scored, n - 1 - (n - 1) / 16);  // every token but 0, 16, 32, ...
     expect_rel(r.nll, want.nll / want.scored, 1e-5, "nll");
     expect_rel(r.perplexity, std::exp(want.nll / want.scored), 1e-5, "perplexity");
@@ -210,9 +215,10 @@ TEST(Eval, KlTop1AndBothPerplexitiesMatchNaiveComputation) {
   expect_rel(s.kl_max, want.kl_max, 1e-4, "kl_max");
   EXPECT_GT(s.kl, 1e-3);  // different random models
   EXPECT_EQ(s.top1_agree, want.agree);
-  EXPECT_DOUBLE_EQ(s.top1_agreement, static_cast<double>(want.agree) / static_cast<double>(want.scored));
-  std::printf("two random llama models: ppl %.3f vs %.3f, KL %.5f, top-1 %.1f%%\n", r.perplexity, s.perplexity, s.kl,
-              100.0 * s.top1_agreement);
+  EXPECT_DOUBLE_EQ(s.top1_agreement,
+                   static_cast<double>(want.agree) / static_cast<double>(want.scored));
+  std::printf("two random llama models: ppl %.3f vs %.3f, KL %.5f, top-1 %.1f%%\n", r.perplexity,
+              s.perplexity, s.kl, 100.0 * s.top1_agreement);
   const auto j = r.to_json();
   EXPECT_EQ(j["reference"]["top1_agree"].get<int64_t>(), s.top1_agree);
   EXPECT_DOUBLE_EQ(j["perplexity"].get<double>(), r.perplexity);
@@ -251,7 +257,8 @@ TEST(Eval, TextThroughTheTokenizerCapsAndLimits) {
   auto cfg = nlohmann::json::parse(read_text_file(dir / "config.json"));
   cfg["max_position_embeddings"] = 24;
   write_file_atomic(dir / "config.json", cfg.dump(2));
-  const std::string text = "The quick brown fox jumps over the lazy dog, twice: def f(x): return x * 2\n";
+  const std::string text =
+      "The quick brown fox jumps over the lazy dog, twice: def f(x): return x * 2\n";
   EvalOptions o;
   o.context = 2048;
   o.max_tokens = 50;
@@ -273,7 +280,8 @@ TEST(Eval, TextThroughTheTokenizerCapsAndLimits) {
 }
 
 TEST(Eval, BuiltinTextIsTheBundledFile) {
-  const std::string file = exl3::test::read_file(std::filesystem::path(EXL3_SOURCE_DIR) / "data" / "builtin_text.txt");
+  const std::string file =
+      exl3::test::read_file(std::filesystem::path(EXL3_SOURCE_DIR) / "data" / "builtin_text.txt");
   EXPECT_EQ(builtin_text(), file);
   EXPECT_GT(builtin_text().size(), 4000u);
   EXPECT_EQ(load_eval_text("builtin"), file);
@@ -302,9 +310,11 @@ TEST(Eval, ErrorsAreClear) {
   // Texts: empty, one token, missing / empty / folder files.
   expect_error([&] { evaluate_text(m, "", o, {}, "t.txt"); }, "t.txt: the text is empty");
   expect_error([&] { evaluate_text(m, "x", o, {}, "t.txt"); }, "gives 1 token(s)");
-  expect_error([&] { load_eval_text((tmp / "missing.txt").string()); }, "missing.txt: no such file");
+  expect_error([&] { load_eval_text((tmp / "missing.txt").string()); },
+               "missing.txt: no such file");
   exl3::test::write_file(tmp / "empty.txt", "");
-  expect_error([&] { load_eval_text((tmp / "empty.txt").string()); }, "empty.txt: the file is empty");
+  expect_error([&] { load_eval_text((tmp / "empty.txt").string()); },
+               "empty.txt: the file is empty");
   expect_error([&] { load_eval_text(tmp.path().string()); }, "is a folder");
   exl3::test::write_file(tmp / "bad.txt", "caf\xff");
   expect_error([&] { evaluate_text(m, load_eval_text((tmp / "bad.txt").string()), o); }, "UTF-8");
@@ -330,7 +340,8 @@ TEST(Eval, ErrorsAreClear) {
   const auto big = write_dense(tmp, "big", HfArch::kQwen3, 3, 640);
   EvalModels vm = m;
   vm.reference = big;
-  expect_error([&] { evaluate_text(vm, "hello world", o); }, "the vocabularies differ: the model has 512 logits");
+  expect_error([&] { evaluate_text(vm, "hello world", o); },
+               "the vocabularies differ: the model has 512 logits");
   // ... and a tokenizer whose ids mean other text.
   const auto other = write_dense(tmp, "other", HfArch::kQwen3, 4);
   auto tj = nlohmann::ordered_json::parse(read_text_file(other / "tokenizer.json"));
@@ -342,11 +353,13 @@ TEST(Eval, ErrorsAreClear) {
   // Ids outside the model's vocabulary.
   auto engine = runtime::load_engine(dir, kv(16));
   const std::vector<int32_t> bad = {1, 2, 512};
-  expect_error([&] { evaluate(*engine, nullptr, bad, o); }, "token id 512 at position 2 is outside the vocabulary");
+  expect_error([&] { evaluate(*engine, nullptr, bad, o); },
+               "token id 512 at position 2 is outside the vocabulary");
   // Too small a KV cache for the window.
   auto tiny = runtime::load_engine(dir, kv(8));
   const std::vector<int32_t> ok = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-  expect_error([&] { evaluate(*tiny, nullptr, ok, o); }, "KV cache has room for 8 tokens, a window needs 10");
+  expect_error([&] { evaluate(*tiny, nullptr, ok, o); },
+               "KV cache has room for 8 tokens, a window needs 10");
 }
 
 TEST(Eval, NonFiniteLogitsFailNamingTheModel) {
@@ -358,7 +371,8 @@ TEST(Eval, NonFiniteLogitsFailNamingTheModel) {
     for (const auto& n : store.names()) {
       const auto& ref = store.at(n);
       if (n == "model.norm.weight") {
-        std::vector<uint16_t> v(static_cast<size_t>(ref.info->shape[0]), trellis::float_to_bf16(1.0f));
+        std::vector<uint16_t> v(static_cast<size_t>(ref.info->shape[0]),
+                                trellis::float_to_bf16(1.0f));
         v[3] = 0x7fc0;  // bf16 NaN
         w.add(n, ref.info->dtype, ref.info->shape, std::span<const uint16_t>(v));
         continue;

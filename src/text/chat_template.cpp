@@ -1,5 +1,5 @@
 // Chat formats recognised from a model's Jinja chat_template (see chat_template.hpp).
-#include "exl3/model/chat_template.hpp"
+#include "exl3/text/chat_template.hpp"
 
 #include <array>
 
@@ -31,20 +31,21 @@ struct KnownTemplate {
   std::string_view text;
   ChatFormat format;
 };
+// (Raw strings: the templates' \n are backslash-n inside Jinja string literals.)
 constexpr std::array<KnownTemplate, 3> kKnownTemplates = {{
     // Plain ChatML as many fine-tunes ship it (the form TRL's setup_chat_format writes).
-    {"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
-     "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+    {R"({% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + )"
+     R"('\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})",
      ChatFormat::kChatML},
     // The same with whitespace control and attribute access.
-    {"{%- for message in messages %}{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + "
-     "'\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}",
+    {R"({%- for message in messages %}{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + )"
+     R"('\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %})",
      ChatFormat::kChatML},
     // Meta-Llama-3-Instruct (3.0; 3.1 and later add a system preamble and tools).
-    {"{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
-     "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 "
-     "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
-     "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}",
+    {R"({% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + )"
+     R"(message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 )"
+     R"(%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ )"
+     R"('<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %})",
      ChatFormat::kLlama3},
 }};
 
@@ -109,12 +110,15 @@ ChatTemplate ChatTemplate::for_tokenizer(const Tokenizer& tok, std::optional<Cha
     f = *d;
   } else if (const auto like = chat_format_by_markers(tok.chat_template())) {
     fail(
-        "{}: the chat_template uses {} marker tokens but is not a template exl3 renders exactly (it may add a "
-        "default system prompt, tools or reasoning blocks, which plain {} would silently drop); exl3 does not run "
-        "Jinja. hint: pass --chat-format {} to render plain {} turns anyway, or use the model's own template "
+        "{}: the chat_template uses {} marker tokens but is not a template exl3 renders exactly "
+        "(it may add a "
+        "default system prompt, tools or reasoning blocks, which plain {} would silently drop); "
+        "exl3 does not run "
+        "Jinja. hint: pass --chat-format {} to render plain {} turns anyway, or use the model's "
+        "own template "
         "elsewhere",
-        tok.chat_template_source(), chat_format_name(*like), chat_format_name(*like), chat_format_name(*like),
-        chat_format_name(*like));
+        tok.chat_template_source(), chat_format_name(*like), chat_format_name(*like),
+        chat_format_name(*like), chat_format_name(*like));
   } else {
     fail(
         "{}: unrecognised chat_template: it has neither the ChatML markers (<|im_start|>, "

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
-#include "exl3/model/tokenizer.hpp"
+#include "exl3/text/tokenizer.hpp"
 #include "test_support.hpp"
 
 using exl3::Tokenizer;

@@ -1,6 +1,6 @@
 // Tokenizer: loading tokenizer.json / tokenizer_config.json, the encode pipeline, decode and the
-// streaming decoder. See include/exl3/model/tokenizer.hpp for what is supported and why.
-#include "exl3/model/tokenizer.hpp"
+// streaming decoder. See include/exl3/text/tokenizer.hpp for what is supported and why.
+#include "exl3/text/tokenizer.hpp"
 
 #include <algorithm>
 #include <limits>

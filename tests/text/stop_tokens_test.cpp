@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "exl3/error.hpp"
-#include "exl3/model/stop_tokens.hpp"
+#include "exl3/text/stop_tokens.hpp"
 #include "test_support.hpp"
 
 using ::testing::HasSubstr;
@@ -20,7 +20,8 @@ TEST(StopTokens, GenerationConfigForms) {
     return exl3::generation_config_eos(tmp.path());
   };
   EXPECT_EQ(with(R"({"eos_token_id": 151645})"), std::vector<int32_t>{151645});
-  EXPECT_EQ(with(R"({"eos_token_id": [128001, 128008, 128009]})"), (std::vector<int32_t>{128001, 128008, 128009}));
+  EXPECT_EQ(with(R"({"eos_token_id": [128001, 128008, 128009]})"),
+            (std::vector<int32_t>{128001, 128008, 128009}));
   EXPECT_TRUE(with(R"({"eos_token_id": null})").empty());
   EXPECT_TRUE(with(R"({"bos_token_id": 1})").empty());
   for (const char* bad : {R"({"eos_token_id": "x"})", R"({"eos_token_id": [-1]})", "{", "[]"}) {
@@ -35,11 +36,11 @@ TEST(StopTokens, GenerationConfigForms) {
 
 TEST(StopTokens, UnionOfConfigGenerationConfigAndTokenizer) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  const auto tok = exl3::Tokenizer::load(conf / "models" / "tiny-qwen3moe-exl3");  // eos_token <|eos|> = 2
+  const auto tok =
+      exl3::Tokenizer::load(conf / "models" / "tiny-qwen3moe-exl3");  // eos_token <|eos|> = 2
   ASSERT_EQ(tok.eos_id(), 2);
   exl3::test::TempDir tmp;
   exl3::test::write_file(tmp / "generation_config.json", R"({"eos_token_id": [7, 2]})");
-  exl3::runtime::ModelSpec spec;
-  spec.eos_token_ids = {9, 7};
-  EXPECT_EQ(exl3::model_stop_tokens(tmp.path(), spec, tok), (std::vector<int32_t>{2, 7, 9}));
+  const std::vector<int32_t> config_eos = {9, 7};
+  EXPECT_EQ(exl3::model_stop_tokens(tmp.path(), config_eos, tok), (std::vector<int32_t>{2, 7, 9}));
 }

@@ -11,11 +11,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "../../src/model/tokenizer_internal.hpp"  // the regex layer, checked on its own below
 #include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
-#include "exl3/model/tokenizer.hpp"
+#include "exl3/text/tokenizer.hpp"
 #include "test_support.hpp"
+#include "text/tokenizer_internal.hpp"  // the regex layer, checked on its own below
 #include "tokenizer_test_util.hpp"
 
 namespace {

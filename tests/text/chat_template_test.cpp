@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
-#include "exl3/model/chat_template.hpp"
-#include "exl3/model/tokenizer.hpp"
+#include "exl3/text/chat_template.hpp"
+#include "exl3/text/tokenizer.hpp"
 #include "test_support.hpp"
 #include "tokenizer_test_util.hpp"
 
@@ -144,8 +144,9 @@ TEST(ChatTemplate, LookalikeTemplatesAreRefusedNotGuessed) {
   exl3::test::TempDir tmp;
   const auto src = exl3::test::tokenizer_data_dir() / "qwen2_style";
   std::filesystem::copy_file(src / "tokenizer.json", tmp / "tokenizer.json");
-  exl3::test::write_file(tmp / "tokenizer_config.json",
-                         nlohmann::json{{"eos_token", "<|im_end|>"}, {"chat_template", smol}}.dump());
+  exl3::test::write_file(
+      tmp / "tokenizer_config.json",
+      nlohmann::json{{"eos_token", "<|im_end|>"}, {"chat_template", smol}}.dump());
   const auto tok = Tokenizer::load(tmp.path());
   EXPECT_THAT(error_of([&] { ChatTemplate::for_tokenizer(tok); }),
               testing::AllOf(HasSubstr("tokenizer_config.json"), HasSubstr("chatml marker tokens"),

@@ -1,7 +1,7 @@
 // Hugging Face tokenizer (`tokenizer.json`) for the model runtime: byte-level BPE as used by
 // GPT-2, Llama-3, Qwen2/2.5/3 and their derivatives, producing the same ids as the reference
-// Rust `tokenizers` library (checked against it by tests/model/, golden data from
-// tests/model/data/make_tokenizer_golden.py).
+// Rust `tokenizers` library (checked against it by tests/text/, golden data from
+// tests/text/data/make_tokenizer_golden.py).
 //
 // Pipeline of encode(text), exactly as `tokenizers` runs it:
 //   1. added tokens whose `normalized` flag is false are split out of the raw text

@@ -5,10 +5,10 @@
 
 namespace exl3::test {
 
-// tests/model/data in the source tree (golden ids, the trained qwen2_style / llama3_style
+// tests/text/data in the source tree (golden ids, the trained qwen2_style / llama3_style
 // tokenizers).
 inline std::filesystem::path tokenizer_data_dir() {
-  return std::filesystem::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data";
+  return std::filesystem::path(EXL3_SOURCE_DIR) / "tests" / "text" / "data";
 }
 
 }  // namespace exl3::test

@@ -1,5 +1,5 @@
 // Perplexity, KL divergence and top-1 agreement over a token stream (see eval.hpp).
-#include "exl3/model/eval.hpp"
+#include "exl3/eval/eval.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -10,9 +10,9 @@
 #include <tbb/parallel_for.h>
 
 #include "exl3/error.hpp"
+#include "exl3/eval/builtin_text.hpp"
 #include "exl3/format/safetensors.hpp"
-#include "exl3/model/builtin_text.hpp"
-#include "exl3/model/tokenizer.hpp"
+#include "exl3/text/tokenizer.hpp"
 
 namespace exl3 {
 
@@ -27,9 +27,11 @@ double seconds_since(Clock::time_point t0) {
 }
 
 void validate_options(const EvalOptions& o) {
-  if (o.context < 2) fail("eval: context {} is too short; a window needs at least 2 tokens", o.context);
+  if (o.context < 2)
+    fail("eval: context {} is too short; a window needs at least 2 tokens", o.context);
   if (o.stride < 0 || o.stride > o.context) {
-    fail("eval: stride {} must be in 1..context ({}), or 0 for stride = context", o.stride, o.context);
+    fail("eval: stride {} must be in 1..context ({}), or 0 for stride = context", o.stride,
+         o.context);
   }
   if (o.max_tokens < 0) fail("eval: max_tokens {} must be >= 0 (0 = the whole text)", o.max_tokens);
   if (o.chunk < 1) fail("eval: chunk {} must be >= 1", o.chunk);
@@ -122,9 +124,11 @@ std::string quoted(const std::optional<std::string>& s) {
 }  // namespace
 
 std::vector<EvalWindow> plan_eval_windows(int64_t num_tokens, int64_t context, int64_t stride) {
-  if (num_tokens < 2) fail("eval: {} token(s) give no prediction to score; at least 2 are needed", num_tokens);
+  if (num_tokens < 2)
+    fail("eval: {} token(s) give no prediction to score; at least 2 are needed", num_tokens);
   if (context < 2) fail("eval: context {} is too short; a window needs at least 2 tokens", context);
-  if (stride < 1 || stride > context) fail("eval: stride {} must be in 1..context ({})", stride, context);
+  if (stride < 1 || stride > context)
+    fail("eval: stride {} must be in 1..context ({})", stride, context);
   std::vector<EvalWindow> out;
   int64_t scored_until = 1;  // token 0 has nothing before it
   for (int64_t begin = 0;; begin += stride) {
@@ -137,20 +141,23 @@ std::vector<EvalWindow> plan_eval_windows(int64_t num_tokens, int64_t context, i
   return out;
 }
 
-int64_t effective_context(const Engine& model, const Engine* reference, int64_t requested, int64_t num_tokens) {
+int64_t effective_context(const Engine& model, const Engine* reference, int64_t requested,
+                          int64_t num_tokens) {
   int64_t ctx = cap(requested, model.spec().max_position_embeddings);
   if (reference != nullptr) ctx = cap(ctx, reference->spec().max_position_embeddings);
   return std::min(ctx, num_tokens);
 }
 
-EvalResult evaluate(Engine& model, Engine* reference, std::span<const int32_t> all_tokens, const EvalOptions& opts,
-                    const EvalProgressFn& progress) {
+EvalResult evaluate(Engine& model, Engine* reference, std::span<const int32_t> all_tokens,
+                    const EvalOptions& opts, const EvalProgressFn& progress) {
   validate_options(opts);
   const int64_t vocab = model.spec().vocab_size;
   if (reference != nullptr && reference->spec().vocab_size != vocab) {
-    fail("eval: the vocabularies differ: the model has {} logits per token ({} vocab_size), the reference {} ({}); "
-         "KL and top-1 need the same vocabulary (compare a quantized model with its own source)",
-         vocab, model.spec().label, reference->spec().vocab_size, reference->spec().label);
+    fail(
+        "eval: the vocabularies differ: the model has {} logits per token ({} vocab_size), the "
+        "reference {} ({}); "
+        "KL and top-1 need the same vocabulary (compare a quantized model with its own source)",
+        vocab, model.spec().label, reference->spec().vocab_size, reference->spec().label);
   }
   auto tokens = all_tokens;
   if (opts.max_tokens > 0 && static_cast<int64_t>(tokens.size()) > opts.max_tokens) {
@@ -162,9 +169,11 @@ EvalResult evaluate(Engine& model, Engine* reference, std::span<const int32_t> a
   for (int64_t i = 0; i < n; ++i) {
     const int32_t id = tokens[static_cast<size_t>(i)];
     if (id < 0 || id >= vocab) {
-      fail("eval: token id {} at position {} is outside the vocabulary 0..{} of {}; was the text tokenized with "
-           "another model's tokenizer?",
-           id, i, vocab - 1, model.spec().label);
+      fail(
+          "eval: token id {} at position {} is outside the vocabulary 0..{} of {}; was the text "
+          "tokenized with "
+          "another model's tokenizer?",
+          id, i, vocab - 1, model.spec().label);
     }
   }
 
@@ -179,9 +188,10 @@ EvalResult evaluate(Engine& model, Engine* reference, std::span<const int32_t> a
   const int64_t same = reference == &model ? 2 : 1;
   for (auto* e : {&model, reference}) {
     if (e != nullptr && e->free_cache_tokens() < same * r.context) {
-      fail("eval: {}: the KV cache has room for {} tokens, a window needs {}; load the engine with "
-           "cache_tokens >= the context",
-           e->spec().label, e->free_cache_tokens(), same * r.context);
+      fail(
+          "eval: {}: the KV cache has room for {} tokens, a window needs {}; load the engine with "
+          "cache_tokens >= the context",
+          e->spec().label, e->free_cache_tokens(), same * r.context);
     }
   }
   int64_t to_score = 0;
@@ -195,7 +205,8 @@ EvalResult evaluate(Engine& model, Engine* reference, std::span<const int32_t> a
     const EvalWindow& w = windows[wi];
     ScopedSequence seq(&model), ref_seq(reference);
     // Positions before first_target - 1 only give context: their logits predict nothing scored.
-    const auto prefix = tokens.subspan(static_cast<size_t>(w.begin), static_cast<size_t>(w.first_target - 1 - w.begin));
+    const auto prefix = tokens.subspan(static_cast<size_t>(w.begin),
+                                       static_cast<size_t>(w.first_target - 1 - w.begin));
     auto t0 = Clock::now();
     feed_context(model, seq.id(), prefix, opts.chunk);
     r.model_seconds += seconds_since(t0);
@@ -222,16 +233,21 @@ EvalResult evaluate(Engine& model, Engine* reference, std::span<const int32_t> a
       tbb::parallel_for(int64_t{0}, m, [&](int64_t i) {
         const auto off = static_cast<size_t>(i * vocab), len = static_cast<size_t>(vocab);
         const auto row = std::span<const float>(z).subspan(off, len);
-        const auto ref_row = zr.empty() ? std::span<const float>() : std::span<const float>(zr).subspan(off, len);
-        rows[static_cast<size_t>(i)] = score_row(row, ref_row, tokens[static_cast<size_t>(p0 + i + 1)]);
+        const auto ref_row =
+            zr.empty() ? std::span<const float>() : std::span<const float>(zr).subspan(off, len);
+        rows[static_cast<size_t>(i)] =
+            score_row(row, ref_row, tokens[static_cast<size_t>(p0 + i + 1)]);
       });
       // Summed in position order: the result does not depend on the thread count.
       for (int64_t i = 0; i < m; ++i) {
         const RowScore& s = rows[static_cast<size_t>(i)];
         if (!s.finite || !s.ref_finite) {
-          fail("eval: {} produced a non-finite logit at token position {} (window {} of {}); the model's "
-               "weights or activations overflow",
-               s.finite ? reference->spec().label : model.spec().label, p0 + i, wi + 1, windows.size());
+          fail(
+              "eval: {} produced a non-finite logit at token position {} (window {} of {}); the "
+              "model's "
+              "weights or activations overflow",
+              s.finite ? reference->spec().label : model.spec().label, p0 + i, wi + 1,
+              windows.size());
         }
         nll_sum += s.nll;
         ref_nll_sum += s.ref_nll;
@@ -247,7 +263,8 @@ EvalResult evaluate(Engine& model, Engine* reference, std::span<const int32_t> a
         ev.scored = scored;
         ev.to_score = to_score;
         ev.elapsed = seconds_since(t_start);
-        ev.eta_seconds = ev.elapsed / static_cast<double>(scored) * static_cast<double>(to_score - scored);
+        ev.eta_seconds =
+            ev.elapsed / static_cast<double>(scored) * static_cast<double>(to_score - scored);
         progress(ev);
       }
     }
@@ -271,18 +288,19 @@ EvalResult evaluate(Engine& model, Engine* reference, std::span<const int32_t> a
 }
 
 nlohmann::json EvalResult::to_json() const {
-  nlohmann::json j = {{"text_tokens", text_tokens},
-                      {"tokens", tokens},
-                      {"context", context},
-                      {"stride", stride},
-                      {"windows", windows},
-                      {"scored", scored},
-                      {"nll", nll},
-                      {"perplexity", perplexity},
-                      {"seconds", seconds},
-                      {"model_seconds", model_seconds},
-                      {"reference_seconds", reference_seconds},
-                      {"tokens_per_second", seconds > 0 ? static_cast<double>(scored) / seconds : 0.0}};
+  nlohmann::json j = {
+      {"text_tokens", text_tokens},
+      {"tokens", tokens},
+      {"context", context},
+      {"stride", stride},
+      {"windows", windows},
+      {"scored", scored},
+      {"nll", nll},
+      {"perplexity", perplexity},
+      {"seconds", seconds},
+      {"model_seconds", model_seconds},
+      {"reference_seconds", reference_seconds},
+      {"tokens_per_second", seconds > 0 ? static_cast<double>(scored) / seconds : 0.0}};
   if (reference) {
     j["reference"] = {{"nll", reference->nll},
                       {"perplexity", reference->perplexity},
@@ -293,23 +311,29 @@ nlohmann::json EvalResult::to_json() const {
   } else {
     j["reference"] = nullptr;
   }
-  if (!overlay.layers.empty() || !overlay.kept_unquantized.empty()) j["overlay"] = overlay.to_json();
+  if (!overlay.layers.empty() || !overlay.kept_unquantized.empty())
+    j["overlay"] = overlay.to_json();
   return j;
 }
 
 void check_same_vocabulary(const Tokenizer& a, const Tokenizer& b) {
   if (a.vocab_size() != b.vocab_size() || a.num_tokens() != b.num_tokens()) {
-    fail("eval: the tokenizers differ: {} has {} tokens (ids 0..{}), {} has {} (ids 0..{}); KL and top-1 need "
-         "both models to predict over the same vocabulary",
-         a.source(), a.num_tokens(), a.vocab_size() - 1, b.source(), b.num_tokens(), b.vocab_size() - 1);
+    fail(
+        "eval: the tokenizers differ: {} has {} tokens (ids 0..{}), {} has {} (ids 0..{}); KL and "
+        "top-1 need "
+        "both models to predict over the same vocabulary",
+        a.source(), a.num_tokens(), a.vocab_size() - 1, b.source(), b.num_tokens(),
+        b.vocab_size() - 1);
   }
   for (int32_t id = 0; id < a.vocab_size(); ++id) {
     const auto ta = a.id_to_token(id), tb = b.id_to_token(id);
     if (ta != tb || a.is_special(id) != b.is_special(id)) {
-      fail("eval: the tokenizers differ at token id {}: {} has {}{}, {} has {}{}; KL and top-1 need both models "
-           "to predict over the same vocabulary",
-           id, a.source(), quoted(ta), a.is_special(id) ? " (special)" : "", b.source(), quoted(tb),
-           b.is_special(id) ? " (special)" : "");
+      fail(
+          "eval: the tokenizers differ at token id {}: {} has {}{}, {} has {}{}; KL and top-1 need "
+          "both models "
+          "to predict over the same vocabulary",
+          id, a.source(), quoted(ta), a.is_special(id) ? " (special)" : "", b.source(), quoted(tb),
+          b.is_special(id) ? " (special)" : "");
     }
   }
 }
@@ -319,8 +343,10 @@ std::string load_eval_text(const std::string& file) {
   const std::filesystem::path p(file);
   std::error_code ec;
   if (!std::filesystem::exists(p, ec)) {
-    fail("{}: no such file; the text must be a plain-text (UTF-8) file, or `{}` for the bundled text", file,
-         kBuiltinTextName);
+    fail(
+        "{}: no such file; the text must be a plain-text (UTF-8) file, or `{}` for the bundled "
+        "text",
+        file, kBuiltinTextName);
   }
   if (std::filesystem::is_directory(p, ec)) fail("{}: is a folder, not a text file", file);
   std::string text = read_text_file(p);
@@ -331,17 +357,21 @@ std::string load_eval_text(const std::string& file) {
 EvalResult evaluate_text(const EvalModels& models, std::string_view text, const EvalOptions& opts,
                          const EvalProgressFn& progress, const std::string& text_label) {
   validate_options(opts);
-  if (text.empty()) fail("{}: the text is empty; give a text of at least a few sentences", text_label);
+  if (text.empty())
+    fail("{}: the text is empty; give a text of at least a few sentences", text_label);
   const auto tok = Tokenizer::load(models.model);
   if (models.reference && std::filesystem::exists(*models.reference / "tokenizer.json")) {
     check_same_vocabulary(tok, Tokenizer::load(*models.reference));
   }
   const auto ids = tok.encode(text, true);
-  const auto used = opts.max_tokens > 0 ? std::min<int64_t>(opts.max_tokens, static_cast<int64_t>(ids.size()))
-                                        : static_cast<int64_t>(ids.size());
+  const auto used = opts.max_tokens > 0
+                        ? std::min<int64_t>(opts.max_tokens, static_cast<int64_t>(ids.size()))
+                        : static_cast<int64_t>(ids.size());
   if (used < 2) {
-    fail("{}: the text gives {} token(s) with {}'s tokenizer; at least 2 are needed to score one prediction",
-         text_label, used, models.model.string());
+    fail(
+        "{}: the text gives {} token(s) with {}'s tokenizer; at least 2 are needed to score one "
+        "prediction",
+        text_label, used, models.model.string());
   }
   runtime::EngineOptions eo;
   eo.device = models.device;
@@ -363,18 +393,21 @@ EvalProgressFn make_eval_progress_printer(std::FILE* out, bool terminal) {
     return [out, last](const EvalProgress& e) {
       if (e.window == *last) return;
       *last = e.window;
-      fmt::print(out, "[eval window {}/{}] {}/{} tokens scored, {:.1f} s\n", e.window, e.windows, e.scored,
-                 e.to_score, e.elapsed);
+      fmt::print(out, "[eval window {}/{}] {}/{} tokens scored, {:.1f} s\n", e.window, e.windows,
+                 e.scored, e.to_score, e.elapsed);
       std::fflush(out);
     };
   }
   return [out](const EvalProgress& e) {
     constexpr int kWidth = 30;
-    const double frac = e.to_score > 0 ? static_cast<double>(e.scored) / static_cast<double>(e.to_score) : 1.0;
+    const double frac =
+        e.to_score > 0 ? static_cast<double>(e.scored) / static_cast<double>(e.to_score) : 1.0;
     const int fill = static_cast<int>(frac * kWidth);
-    fmt::print(out, "\r\x1b[K[{:=<{}}{:<{}}] window {}/{}  {}/{} tokens {:3.0f}%  {:.1f} s elapsed, ETA {:.0f} s", "",
-               fill, "", kWidth - fill, e.window, e.windows, e.scored, e.to_score, 100.0 * frac, e.elapsed,
-               std::max(0.0, e.eta_seconds));
+    fmt::print(out,
+               "\r\x1b[K[{:=<{}}{:<{}}] window {}/{}  {}/{} tokens {:3.0f}%  {:.1f} s elapsed, ETA "
+               "{:.0f} s",
+               "", fill, "", kWidth - fill, e.window, e.windows, e.scored, e.to_score, 100.0 * frac,
+               e.elapsed, std::max(0.0, e.eta_seconds));
     if (e.scored == e.to_score) fmt::print(out, "\n");
     std::fflush(out);
   };

@@ -1,5 +1,5 @@
 // End-of-sequence ids of a model folder (see stop_tokens.hpp).
-#include "exl3/model/stop_tokens.hpp"
+#include "exl3/text/stop_tokens.hpp"
 
 #include <set>
 
@@ -25,7 +25,8 @@ std::vector<int32_t> generation_config_eos(const std::filesystem::path& dir) {
   if (it == j.end() || it->is_null()) return out;
   auto one = [&](const nlohmann::json& v) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
-      fail("{}: key 'eos_token_id': expected a token id or a list of them, got {}", path.string(), it->dump());
+      fail("{}: key 'eos_token_id': expected a token id or a list of them, got {}", path.string(),
+           it->dump());
     }
     out.push_back(static_cast<int32_t>(v.get<int64_t>()));
   };
@@ -37,9 +38,10 @@ std::vector<int32_t> generation_config_eos(const std::filesystem::path& dir) {
   return out;
 }
 
-std::vector<int32_t> model_stop_tokens(const std::filesystem::path& dir, const runtime::ModelSpec& spec,
+std::vector<int32_t> model_stop_tokens(const std::filesystem::path& dir,
+                                       std::span<const int32_t> config_eos,
                                        const Tokenizer& tokenizer) {
-  std::set<int32_t> stops(spec.eos_token_ids.begin(), spec.eos_token_ids.end());
+  std::set<int32_t> stops(config_eos.begin(), config_eos.end());
   for (const int32_t id : generation_config_eos(dir)) stops.insert(id);
   if (const auto eos = tokenizer.eos_id()) stops.insert(*eos);
   return {stops.begin(), stops.end()};
