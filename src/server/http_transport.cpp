@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cstdio>
@@ -289,12 +290,12 @@ class Session : public std::enable_shared_from_this<Session> {
     writing_ = true;
     stream_.expires_after(t_.limits.write_timeout);
     bhttp::async_write(stream_, *res,
-                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
+                       [self = shared_from_this(), res, close_after](beast::error_code ec, size_t) {
                          self->writing_ = false;
                          if (ec) return self->close();
                          if (!res->keep_alive()) {
                            self->log_answer();
-                           return self->close();
+                           return close_after ? self->linger() : self->close();
                          }
                          self->after_response(res->result_int());
                        });
@@ -312,6 +313,25 @@ class Session : public std::enable_shared_from_this<Session> {
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - started_).count();
     t_.log(req_, status_, ms);
     req_.method.clear();
+  }
+
+  // After an error answered before the request was read whole (413, 431, 400): stop sending,
+  // then read and discard what the client still sends for a moment before closing. Closing with
+  // unread bytes would reset the connection, and the reset can destroy the answer before the
+  // client reads it.
+  void linger() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.expires_after(std::chrono::seconds(1));
+    drain(size_t{4} << 20);
+  }
+  void drain(size_t budget) {
+    auto sink = std::make_shared<std::array<char, 16384>>();
+    stream_.async_read_some(net::buffer(*sink), [self = shared_from_this(), sink, budget](
+                                                    beast::error_code ec, size_t n) {
+      if (ec || n >= budget) return self->close();
+      self->drain(budget - n);
+    });
   }
 
   void close() {
