@@ -12,13 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "overlay_options.hpp"
-#include "tp_option.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
+#include "overlay_options.hpp"
+#include "tp_option.hpp"
 
 namespace exl3::cli {
 
@@ -53,37 +53,53 @@ Runner add_logits(CLI::App& app, Common&) {
     int tp = 1;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("MODEL", o->model, "Model folder: config.json + EXL3 *.safetensors (as exllamav3 writes it)")
+  app.add_option("MODEL", o->model,
+                 "Model folder: config.json + EXL3 *.safetensors (as exllamav3 writes it)")
       ->required();
-  app.add_option("--tokens", o->tokens, "Input token ids, comma-separated, e.g. --tokens 9707,1879,0")
+  app.add_option("--tokens", o->tokens,
+                 "Input token ids, comma-separated, e.g. --tokens 9707,1879,0")
       ->required();
-  app.add_option("--out,-o", o->out, "Output .safetensors file; receives `logits` (F32, [n_tokens, vocab_size])")
+  app.add_option("--out,-o", o->out,
+                 "Output .safetensors file; receives `logits` (F32, [n_tokens, vocab_size])")
       ->required();
-  app.add_option("--device", o->device, "Compute device: cpu (the fp32 reference runtime) or cuda (the GPU kernels; EXL3 experts and linears, decode steps as CUDA graphs)")
+  app.add_option("--device", o->device,
+                 "Compute device: cpu (the fp32 reference runtime) or cuda (the GPU kernels; EXL3 "
+                 "experts and linears, decode steps as CUDA graphs)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--page-size", o->page_size, "KV cache page size in tokens (results do not depend on it)")
+  app.add_option("--page-size", o->page_size,
+                 "KV cache page size in tokens (results do not depend on it)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   add_tp_option(app, o->tp);
   add_overlay_options(app, o->overlay);
-  app.add_flag("--json", o->json, "Print one JSON document (shape, argmax per position, seconds, out)");
+  app.add_flag("--json", o->json,
+               "Print one JSON document (shape, argmax per position, seconds, out)");
   app.footer(
-      "Runs the whole model once over the tokens (causal attention, no sampling) and writes the logits of\n"
-      "every position, fp32. Everything is computed in fp32 on the CPU: EXL3 linears are decoded tile by\n"
-      "tile (cpu::linear_forward), MoE layers route in fp32 and run their experts through exl3::moe.\n"
+      "Runs the whole model once over the tokens (causal attention, no sampling) and writes the "
+      "logits of\n"
+      "every position, fp32. Everything is computed in fp32 on the CPU: EXL3 linears are decoded "
+      "tile by\n"
+      "tile (cpu::linear_forward), MoE layers route in fp32 and run their experts through "
+      "exl3::moe.\n"
       "Compare against other engines with rel-L2 and per-position argmax.\n\n"
       "Examples:\n"
       "  exl3 logits ./Qwen3-30B-A3B-exl3 --tokens 9707,1879 --out logits.safetensors\n"
-      "  exl3 logits ./m --tokens 1,2,3 --out tp4.safetensors --tp 4   # 4 ranks; same logits as --tp 1\n"
-      "  exl3 logits ./m --tokens \"$(exl3 tokenize ./m --text 'Hello' --json | jq -r '.ids|join(\",\")')\" \\\n"
+      "  exl3 logits ./m --tokens 1,2,3 --out tp4.safetensors --tp 4   # 4 ranks; same logits as "
+      "--tp 1\n"
+      "  exl3 logits ./m --tokens \"$(exl3 tokenize ./m --text 'Hello' --json | jq -r "
+      "'.ids|join(\",\")')\" \\\n"
       "      --out l.safetensors --json | jq .argmax\n"
-      "  exl3 logits ./m --tokens 1,2,3 --out l.safetensors --overlay linear=mxfp8,shared_experts=mxfp8 \\\n"
+      "  exl3 logits ./m --tokens 1,2,3 --out l.safetensors --overlay "
+      "linear=mxfp8,shared_experts=mxfp8 \\\n"
       "      --overlay-ignore 're:.*\\.q_a_proj$' --json | jq .overlay.saved_bytes\n\n"
-      "--overlay converts the unquantized (BF16) attention, dense-MLP and shared-expert linears to MXFP8\n"
-      "(E4M3 + one power-of-two scale per 32 inputs) as the model loads; the report gives each layer's\n"
+      "--overlay converts the unquantized (BF16) attention, dense-MLP and shared-expert linears to "
+      "MXFP8\n"
+      "(E4M3 + one power-of-two scale per 32 inputs) as the model loads; the report gives each "
+      "layer's\n"
       "rel-L2 error against its source and the memory saved (docs/mxfp8.md).\n\n"
-      "Supported architectures: " + runtime::supported_architectures() + ".");
+      "Supported architectures: " +
+      supported_architecture_names() + ".");
   return [o] {
     const auto ids = parse_token_list(o->tokens);
     runtime::EngineOptions eo;
@@ -95,10 +111,12 @@ Runner add_logits(CLI::App& app, Common&) {
     eo.cache_tokens = static_cast<int64_t>(ids.size());
     const auto t_load = std::chrono::steady_clock::now();
     auto engine = runtime::load_engine(std::filesystem::path(o->model), eo);
-    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+    const double load_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
     const auto t0 = std::chrono::steady_clock::now();
     const auto logits = runtime::forward_logits(*engine, ids);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int64_t n = static_cast<int64_t>(ids.size()), vocab = engine->spec().vocab_size;
 
     SafetensorsWriter w;
@@ -118,26 +136,28 @@ Runner add_logits(CLI::App& app, Common&) {
           static_cast<size_t>(t * vocab), static_cast<size_t>(vocab)));
     }
     if (o->json) {
-      const nlohmann::json j = {{"model", o->model},
-                                {"architecture", std::string(runtime::architecture_name(engine->spec().architecture))},
-                                {"device", o->device},
-                          {"tp", o->tp},
-                                {"spec", runtime::spec_summary(engine->spec())},
-                                {"tokens", ids},
-                                {"shape", {n, vocab}},
-                                {"argmax", top},
-                                {"load_seconds", load_s},
-                                {"seconds", secs},
-                                {"tokens_per_second", secs > 0 ? static_cast<double>(n) / secs : 0.0},
-                                {"out", o->out},
-                                {"overlay", engine->overlay_report().to_json()}};
+      const nlohmann::json j = {
+          {"model", o->model},
+          {"architecture", std::string(runtime::architecture_name(engine->spec().architecture))},
+          {"device", o->device},
+          {"tp", o->tp},
+          {"spec", runtime::spec_summary(engine->spec())},
+          {"tokens", ids},
+          {"shape", {n, vocab}},
+          {"argmax", top},
+          {"load_seconds", load_s},
+          {"seconds", secs},
+          {"tokens_per_second", secs > 0 ? static_cast<double>(n) / secs : 0.0},
+          {"out", o->out},
+          {"overlay", engine->overlay_report().to_json()}};
       fmt::print("{}\n", j.dump(2));
       return 0;
     }
     print_overlay_summary(engine->overlay_report());
-    fmt::print("{}: {} tokens -> logits [{}, {}] F32 in {:.3f} s ({:.1f} tokens/s, load {:.2f} s) -> {}\n",
-               runtime::architecture_name(engine->spec().architecture), n, n, vocab, secs,
-               secs > 0 ? static_cast<double>(n) / secs : 0.0, load_s, o->out);
+    fmt::print(
+        "{}: {} tokens -> logits [{}, {}] F32 in {:.3f} s ({:.1f} tokens/s, load {:.2f} s) -> {}\n",
+        runtime::architecture_name(engine->spec().architecture), n, n, vocab, secs,
+        secs > 0 ? static_cast<double>(n) / secs : 0.0, load_s, o->out);
     fmt::print("{:>8} {:>8} {:>8} {:>12}\n", "position", "token", "argmax", "max logit");
     for (int64_t t = 0; t < n; ++t) {
       const auto k = static_cast<size_t>(t);

@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "exl3/error.hpp"
 #include "exl3/eval/builtin_text.hpp"
+#include "exl3/format/architectures.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/quant/convert.hpp"
 
@@ -116,8 +117,8 @@ Runner add_quantize(CLI::App& app, Common& common) {
       "--json", o->json,
       "Print a JSON summary (tensors, bits, seconds, peak_rss_bytes, per-tensor proxy errors)");
   app.footer(
-      "Supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,\n"
-      "Glm4MoeForCausalLM. Tensors are converted one at a time into OUT_DIR/.exl3-partial/; an\n"
+      "Supported: " + supported_architecture_names() +
+      ".\nTensors are converted one at a time into OUT_DIR/.exl3-partial/; an\n"
       "interrupted run resumes when started again with the same settings. config.json is written\n"
       "last, so a folder that has it is complete.\n\n"
       "Calibration (--calibration builtin|FILE): the text is tokenized with IN_DIR's "

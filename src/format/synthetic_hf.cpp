@@ -22,30 +22,15 @@ namespace {
 namespace tr = exl3::trellis;
 using ojson = nlohmann::ordered_json;
 
-struct ArchRow {
-  HfArch arch;
-  const char* cli;
-  const char* hf;
-  const char* model_type;
-};
-constexpr ArchRow kArchRows[] = {
-    {HfArch::kLlama, "llama", "LlamaForCausalLM", "llama"},
-    {HfArch::kQwen2, "qwen2", "Qwen2ForCausalLM", "qwen2"},
-    {HfArch::kQwen3, "qwen3", "Qwen3ForCausalLM", "qwen3"},
-    {HfArch::kQwen3Moe, "qwen3-moe", "Qwen3MoeForCausalLM", "qwen3_moe"},
-    {HfArch::kGlm4Moe, "glm4-moe", "Glm4MoeForCausalLM", "glm4_moe"},
-};
-
-const ArchRow& row(HfArch a) {
-  for (const auto& r : kArchRows) {
-    if (r.arch == a) return r;
-  }
-  return kArchRows[0];
+bool is_moe(HfArch a) {
+  return architecture_info(a).moe;
 }
-
-bool is_moe(HfArch a) { return a == HfArch::kQwen3Moe || a == HfArch::kGlm4Moe; }
-bool has_qk_norm(HfArch a) { return a == HfArch::kQwen3 || a == HfArch::kQwen3Moe; }
-bool has_qkv_bias(HfArch a) { return a == HfArch::kQwen2 || a == HfArch::kGlm4Moe; }
+bool has_qk_norm(HfArch a) {
+  return architecture_info(a).qk_norm;
+}
+bool has_qkv_bias(HfArch a) {
+  return architecture_info(a).qkv_bias;
+}
 
 class Writer {
  public:
@@ -57,7 +42,8 @@ class Writer {
     std::vector<float> v(static_cast<size_t>(out * in));
     for (int64_t o = 0; o < out; ++o) {
       const double row_scale = s_.init_std * std::exp(0.3 * nd(rng_));
-      for (int64_t i = 0; i < in; ++i) v[static_cast<size_t>(o * in + i)] = static_cast<float>(row_scale * nd(rng_));
+      for (int64_t i = 0; i < in; ++i)
+        v[static_cast<size_t>(o * in + i)] = static_cast<float>(row_scale * nd(rng_));
     }
     add(name, {out, in}, v, s_.dtype);
     ++linears_;
@@ -81,7 +67,8 @@ class Writer {
   int64_t linears() const { return linears_; }
 
  private:
-  void add(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v, DType dtype) {
+  void add(const std::string& name, std::vector<int64_t> shape, const std::vector<float>& v,
+           DType dtype) {
     if (dtype == DType::kF32) {
       w_.add<float>(name, dtype, std::move(shape), v);
       return;
@@ -110,14 +97,16 @@ void validate(const SyntheticHfSpec& s) {
   positive("head_dim", s.head_dim);
   positive("intermediate_size", s.intermediate_size);
   if (s.num_heads % s.num_kv_heads != 0) {
-    fail("synthetic HF model: num_heads {} must be a multiple of num_kv_heads {}", s.num_heads, s.num_kv_heads);
+    fail("synthetic HF model: num_heads {} must be a multiple of num_kv_heads {}", s.num_heads,
+         s.num_kv_heads);
   }
   if (s.vocab_size < 4) fail("synthetic HF model: vocab_size {} must be at least 4", s.vocab_size);
   if (is_moe(s.arch)) {
     positive("num_experts", s.num_experts);
     positive("moe_intermediate_size", s.moe_intermediate_size);
     if (s.experts_per_tok <= 0 || s.experts_per_tok > s.num_experts) {
-      fail("synthetic HF model: experts_per_tok {} must be in 1..{}", s.experts_per_tok, s.num_experts);
+      fail("synthetic HF model: experts_per_tok {} must be in 1..{}", s.experts_per_tok,
+           s.num_experts);
     }
   }
   if (s.arch == HfArch::kGlm4Moe && (s.first_k_dense_replace < 0 || s.n_shared_experts < 0)) {
@@ -133,10 +122,10 @@ const char* torch_name(DType t) {
 }
 
 ojson make_config(const SyntheticHfSpec& s) {
-  const ArchRow& r = row(s.arch);
+  const ArchitectureInfo& r = architecture_info(s.arch);
   ojson c;
-  c["architectures"] = {r.hf};
-  c["model_type"] = r.model_type;
+  c["architectures"] = {std::string(r.hf_name)};
+  c["model_type"] = std::string(r.model_type);
   c["attention_bias"] = has_qkv_bias(s.arch);
   c["attention_dropout"] = 0.0;
   c["bos_token_id"] = 1;
@@ -209,8 +198,13 @@ ojson make_tokenizer(int64_t vocab) {
   ojson added = ojson::array();
   ojson v = ojson::object();
   for (int i = 0; i < 3; ++i) {
-    added.push_back({{"id", i}, {"content", specials[i]}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+    added.push_back({{"id", i},
+                     {"content", specials[i]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
     v[specials[i]] = i;
   }
   for (uint32_t b = 0; b < 256 && 3 + static_cast<int64_t>(b) < vocab; ++b) v[utf8(map[b])] = 3 + b;
@@ -220,29 +214,43 @@ ojson make_tokenizer(int64_t vocab) {
   t["padding"] = nullptr;
   t["added_tokens"] = added;
   t["normalizer"] = nullptr;
-  t["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  t["pre_tokenizer"] = {{"type", "ByteLevel"},
+                        {"add_prefix_space", false},
+                        {"trim_offsets", true},
+                        {"use_regex", true}};
   t["post_processor"] = nullptr;
-  t["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
-  t["model"] = {{"type", "BPE"},          {"dropout", nullptr},
-                {"unk_token", nullptr},   {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                {"byte_fallback", false}, {"ignore_merges", false},
-                {"vocab", v},             {"merges", ojson::array()}};
+  t["decoder"] = {{"type", "ByteLevel"},
+                  {"add_prefix_space", true},
+                  {"trim_offsets", true},
+                  {"use_regex", true}};
+  t["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", v},
+                {"merges", ojson::array()}};
   return t;
 }
 
 }  // namespace
 
-std::string_view hf_arch_name(HfArch a) { return row(a).cli; }
+std::string_view hf_arch_name(HfArch a) {
+  return architecture_info(a).cli_name;
+}
 
 std::optional<HfArch> parse_hf_arch(std::string_view s) {
-  for (const auto& r : kArchRows) {
-    if (s == r.cli) return r.arch;
+  for (const auto& i : supported_architectures()) {
+    if (s == i.cli_name) return i.arch;
   }
   return std::nullopt;
 }
 
-SyntheticHfResult write_synthetic_hf_model(const std::filesystem::path& dir, const SyntheticHfSpec& s) {
+SyntheticHfResult write_synthetic_hf_model(const std::filesystem::path& dir,
+                                           const SyntheticHfSpec& s) {
   validate(s);
   std::filesystem::create_directories(dir);
   Writer w(s);
@@ -274,7 +282,8 @@ SyntheticHfResult write_synthetic_hf_model(const std::filesystem::path& dir, con
     }
     w.matrix(p + "mlp.gate.weight", s.num_experts, h, s.init_std);
     // GLM-4.5 keeps its routing bias in fp32 (as released checkpoints do).
-    if (s.arch == HfArch::kGlm4Moe) w.vector(p + "mlp.gate.e_score_correction_bias", s.num_experts, 0.0, 0.1, DType::kF32);
+    if (s.arch == HfArch::kGlm4Moe)
+      w.vector(p + "mlp.gate.e_score_correction_bias", s.num_experts, 0.0, 0.1, DType::kF32);
     for (int64_t e = 0; e < s.num_experts; ++e) {
       const std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
       w.linear(ep + "gate_proj.weight", s.moe_intermediate_size, h);
@@ -299,17 +308,19 @@ SyntheticHfResult write_synthetic_hf_model(const std::filesystem::path& dir, con
   r.bytes = w.writer().data_bytes();
   w.writer().write(dir / "model.safetensors");
   write_file_atomic(dir / "config.json", make_config(s).dump(2) + "\n");
-  const ojson gen = {{"_from_model_config", true}, {"bos_token_id", 1}, {"eos_token_id", 2}, {"pad_token_id", 0}};
+  const ojson gen = {
+      {"_from_model_config", true}, {"bos_token_id", 1}, {"eos_token_id", 2}, {"pad_token_id", 0}};
   write_file_atomic(dir / "generation_config.json", gen.dump(2) + "\n");
   write_file_atomic(dir / "tokenizer.json", make_tokenizer(s.vocab_size).dump(2) + "\n");
-  const ojson tcfg = {{"bos_token", "<|bos|>"},
-                      {"eos_token", "<|eos|>"},
-                      {"pad_token", "<|pad|>"},
-                      {"model_max_length", 4096},
-                      {"tokenizer_class", "PreTrainedTokenizerFast"},
-                      {"chat_template",
-                       "{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}<|eos|>\n{% endfor %}"
-                       "{% if add_generation_prompt %}<|bos|>assistant\n{% endif %}"}};
+  const ojson tcfg = {
+      {"bos_token", "<|bos|>"},
+      {"eos_token", "<|eos|>"},
+      {"pad_token", "<|pad|>"},
+      {"model_max_length", 4096},
+      {"tokenizer_class", "PreTrainedTokenizerFast"},
+      {"chat_template",
+       "{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}<|eos|>\n{% endfor %}"
+       "{% if add_generation_prompt %}<|bos|>assistant\n{% endif %}"}};
   write_file_atomic(dir / "tokenizer_config.json", tcfg.dump(2) + "\n");
   return r;
 }

@@ -17,6 +17,7 @@
 #include <fmt/ranges.h>
 
 #include "exl3/error.hpp"
+#include "exl3/format/architectures.hpp"
 #include "exl3/quant/convert.hpp"
 #include "exl3/trellis/bitstream.hpp"
 
@@ -24,17 +25,7 @@ namespace exl3::quant {
 
 namespace {
 
-struct ArchInfo {
-  const char* name;
-  bool moe;             // routed experts `mlp.experts.E.{gate,up,down}_proj`
-  bool shared_experts;  // GLM-4.5 `mlp.shared_experts.*`
-};
-
-constexpr ArchInfo kArchs[] = {
-    {"LlamaForCausalLM", false, false},   {"Qwen2ForCausalLM", false, false},
-    {"Qwen3ForCausalLM", false, false},   {"Qwen3MoeForCausalLM", true, false},
-    {"Glm4MoeForCausalLM", true, true},
-};
+using ArchInfo = ArchitectureInfo;  // the supported-architecture table (format layer)
 
 std::vector<std::string_view> split_dots(std::string_view s) {
   std::vector<std::string_view> parts;
@@ -58,7 +49,8 @@ int parse_index(std::string_view s) {
 bool natural_less(std::string_view a, std::string_view b) {
   size_t i = 0, j = 0;
   while (i < a.size() && j < b.size()) {
-    if (std::isdigit(static_cast<unsigned char>(a[i])) && std::isdigit(static_cast<unsigned char>(b[j]))) {
+    if (std::isdigit(static_cast<unsigned char>(a[i])) &&
+        std::isdigit(static_cast<unsigned char>(b[j]))) {
       size_t ie = i, je = j;
       while (ie < a.size() && std::isdigit(static_cast<unsigned char>(a[ie]))) ++ie;
       while (je < b.size() && std::isdigit(static_cast<unsigned char>(b[je]))) ++je;
@@ -94,9 +86,12 @@ OrderKey order_key(std::string_view name) {
     const int l = parse_index(parts[2]);
     if (l >= 0) {
       int r = 2;
-      if (parts[3] == "input_layernorm") r = 0;
-      else if (parts[3] == "self_attn") r = 1;
-      else if (parts[3] == "mlp") r = 3;
+      if (parts[3] == "input_layernorm")
+        r = 0;
+      else if (parts[3] == "self_attn")
+        r = 1;
+      else if (parts[3] == "mlp")
+        r = 3;
       return {1, l, r};
     }
   }
@@ -107,15 +102,17 @@ bool is_float(DType t) {
   return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32 || t == DType::kF64;
 }
 
-int64_t pad128(int64_t n) { return (n + 127) / 128 * 128; }
+int64_t pad128(int64_t n) {
+  return (n + 127) / 128 * 128;
+}
 
 // What a recognised linear weight name says about its place in the model.
 struct LinearKey {
   int layer = -1;
-  int expert = -1;     // routed expert index
+  int expert = -1;      // routed expert index
   bool shared = false;  // GLM shared expert
-  std::string proj;    // q_proj, ..., down_proj
-  std::string prefix;  // the name without ".weight"
+  std::string proj;     // q_proj, ..., down_proj
+  std::string prefix;   // the name without ".weight"
 };
 
 const std::set<std::string_view> kAttnProj = {"q_proj", "k_proj", "v_proj", "o_proj"};
@@ -174,7 +171,7 @@ std::optional<LinearKey> Planner::parse_linear(const std::string& name) const {
   if (p.size() == 7 && p[4] == "shared_experts" && kMlpProj.contains(p[5])) {
     if (!arch_.shared_experts) {
       fail("{}: tensor '{}': shared experts are not part of {} (unsupported layout)", label_, name,
-           arch_.name);
+           arch_.hf_name);
     }
     k.shared = true;
     k.proj = std::string(p[5]);
@@ -185,7 +182,7 @@ std::optional<LinearKey> Planner::parse_linear(const std::string& name) const {
     if (k.expert < 0) return std::nullopt;
     if (!arch_.moe) {
       fail("{}: tensor '{}': routed experts in a dense {} model (unsupported layout)", label_, name,
-           arch_.name);
+           arch_.hf_name);
     }
     k.proj = std::string(p[6]);
     return k;
@@ -196,14 +193,16 @@ std::optional<LinearKey> Planner::parse_linear(const std::string& name) const {
 void Planner::add_linear(const LinearKey& key, const TensorRef& w) {
   const auto& info = *w.info;
   if (!is_float(info.dtype)) {
-    fail("{}: tensor '{}': dtype {} is not supported for a linear weight (expected BF16, F16 or "
-         "F32; dequantize FP8/MXFP4 sources first)",
-         w.path().string(), info.name, dtype_name(info.dtype));
+    fail(
+        "{}: tensor '{}': dtype {} is not supported for a linear weight (expected BF16, F16 or "
+        "F32; dequantize FP8/MXFP4 sources first)",
+        w.path().string(), info.name, dtype_name(info.dtype));
   }
   if (info.rank() != 2 || info.shape[0] <= 0 || info.shape[1] <= 0) {
-    fail("{}: tensor '{}': shape [{}] cannot be handled (a linear weight must be 2-D [out, in] "
-         "with positive dims)",
-         w.path().string(), info.name, fmt::join(info.shape, ", "));
+    fail(
+        "{}: tensor '{}': shape [{}] cannot be handled (a linear weight must be 2-D [out, in] "
+        "with positive dims)",
+        w.path().string(), info.name, fmt::join(info.shape, ", "));
   }
   PlanItem it;
   it.kind = PlanItem::Kind::kExl3Linear;
@@ -258,14 +257,16 @@ void Planner::add_plain(const TensorRef& t) {
   // Fused projections (Phi-3 qkv_proj / gate_up_proj, transformers' 3-D fused experts) would need
   // splitting, which none of the supported architectures' checkpoints use.
   if (n.find(".mlp.experts.") != std::string::npos && info.rank() == 3) {
-    fail("{}: tensor '{}': fused 3-D expert tensor [{}] cannot be handled (expected per-expert "
-         "'mlp.experts.E.{{gate,up,down}}_proj.weight' keys)",
-         t.path().string(), n, fmt::join(info.shape, ", "));
+    fail(
+        "{}: tensor '{}': fused 3-D expert tensor [{}] cannot be handled (expected per-expert "
+        "'mlp.experts.E.{{gate,up,down}}_proj.weight' keys)",
+        t.path().string(), n, fmt::join(info.shape, ", "));
   }
   if (n.ends_with("qkv_proj.weight") || n.ends_with("gate_up_proj.weight")) {
-    fail("{}: tensor '{}': fused projection cannot be handled for {} (expected separate "
-         "q/k/v and gate/up projections)",
-         t.path().string(), n, arch_.name);
+    fail(
+        "{}: tensor '{}': fused projection cannot be handled for {} (expected separate "
+        "q/k/v and gate/up projections)",
+        t.path().string(), n, arch_.hf_name);
   }
   PlanItem it;
   it.kind = PlanItem::Kind::kPlain;
@@ -273,12 +274,18 @@ void Planner::add_plain(const TensorRef& t) {
   it.source = n;
   const auto parts = split_dots(n);
   const bool router = n.ends_with("mlp.gate.weight") || n.ends_with("e_score_correction_bias");
-  if (std::find(parts.begin(), parts.end(), "embed_tokens") != parts.end()) it.role_name = "embedding";
-  else if (router) it.role_name = "router";
-  else if (n.find("norm") != std::string::npos) it.role_name = "norm";
-  else if (n.ends_with(".bias")) it.role_name = "bias";
-  else if (info.rank() == 2) it.role_name = "linear";
-  else it.role_name = "other";
+  if (std::find(parts.begin(), parts.end(), "embed_tokens") != parts.end())
+    it.role_name = "embedding";
+  else if (router)
+    it.role_name = "router";
+  else if (n.find("norm") != std::string::npos)
+    it.role_name = "norm";
+  else if (n.ends_with(".bias"))
+    it.role_name = "bias";
+  else if (info.rank() == 2)
+    it.role_name = "linear";
+  else
+    it.role_name = "other";
   // exllamav3 keeps bf16/fp16 as stored, loads fp32 as fp16, and stores routers in fp16.
   it.out_dtype = info.dtype;
   if (is_float(info.dtype) && (router || info.dtype == DType::kF32 || info.dtype == DType::kF64)) {
@@ -289,7 +296,7 @@ void Planner::add_plain(const TensorRef& t) {
 
 bool Planner::layer_is_moe(int l) const {
   const auto& raw = cfg_.raw;
-  if (std::string_view(arch_.name) == "Glm4MoeForCausalLM") {
+  if (arch_.arch == Architecture::kGlm4Moe) {
     return l >= raw.value("first_k_dense_replace", 0);
   }
   // Qwen3-MoE: sparse unless listed in mlp_only_layers or off the decoder_sparse_step grid.
@@ -306,7 +313,7 @@ void Planner::check_structure() const {
   const std::string lbl = label_;
   auto missing = [&](const std::string& name) {
     fail("{}: missing weights: tensor '{}' not found (the {} layout needs it)", lbl, name,
-         arch_.name);
+         arch_.hf_name);
   };
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
     const std::string lp = fmt::format("model.layers.{}.", l);
@@ -319,7 +326,7 @@ void Planner::check_structure() const {
     if (!moe) {
       if (experts_.contains(l)) {
         fail("{}: layer {} has routed experts but {} expects a dense MLP there", lbl, l,
-             arch_.name);
+             arch_.hf_name);
       }
       for (const auto& p : kMlpProj) {
         if (!dense_.contains(l) || !dense_.at(l).contains(std::string(p))) {
@@ -329,7 +336,8 @@ void Planner::check_structure() const {
       continue;
     }
     if (dense_.contains(l)) {
-      fail("{}: layer {} has a dense MLP but {} expects routed experts there", lbl, l, arch_.name);
+      fail("{}: layer {} has a dense MLP but {} expects routed experts there", lbl, l,
+           arch_.hf_name);
     }
     if (!store_.contains(lp + "mlp.gate.weight")) missing(lp + "mlp.gate.weight");
     for (int e = 0; e < cfg_.num_experts; ++e) {
@@ -360,9 +368,10 @@ void Planner::add_head(int head_bits) {
   bool tied = false;
   if (head == nullptr) {
     if (!cfg_.tie_word_embeddings) {
-      fail("{}: missing weights: tensor 'lm_head.weight' not found and config.json has no "
-           "tie_word_embeddings",
-           label_);
+      fail(
+          "{}: missing weights: tensor 'lm_head.weight' not found and config.json has no "
+          "tie_word_embeddings",
+          label_);
     }
     head = &store_.at("model.embed_tokens.weight");
     tied = true;
@@ -383,30 +392,40 @@ void Planner::add_head(int head_bits) {
 void Planner::allocate(double bits, int head_bits, ConversionPlan& plan) {
   std::vector<AllocGroup> groups;
   std::map<std::string, size_t> index;
-  static const std::map<std::string_view, int> kRank = {
-      {"self_attn.qkv", 0},          {"self_attn.o", 1},          {"mlp.gate_up", 2},
-      {"mlp.down", 3},               {"mlp.experts.gate_up", 4},  {"mlp.experts.down", 5},
-      {"mlp.shared_experts.gate_up", 6}, {"mlp.shared_experts.down", 7}};
+  static const std::map<std::string_view, int> kRank = {{"self_attn.qkv", 0},
+                                                        {"self_attn.o", 1},
+                                                        {"mlp.gate_up", 2},
+                                                        {"mlp.down", 3},
+                                                        {"mlp.experts.gate_up", 4},
+                                                        {"mlp.experts.down", 5},
+                                                        {"mlp.shared_experts.gate_up", 6},
+                                                        {"mlp.shared_experts.down", 7}};
   for (const auto& it : items_) {
     if (it.kind != PlanItem::Kind::kExl3Linear || it.role != LinearRole::kDecoder) continue;
     auto [pos, fresh] = index.try_emplace(it.group, groups.size());
     if (fresh) {
       const std::string lp = fmt::format("model.layers.{}.", it.layer);
-      groups.push_back({it.group, it.layer, kRank.at(std::string_view(it.group).substr(lp.size())), 0});
+      groups.push_back(
+          {it.group, it.layer, kRank.at(std::string_view(it.group).substr(lp.size())), 0});
     }
     groups[pos->second].weights += pad128(it.in_features) * pad128(it.out_features);
   }
-  const bool any_dense = std::any_of(items_.begin(), items_.end(),
-                                     [](const PlanItem& it) { return it.kind == PlanItem::Kind::kDenseLinear; });
-  if (groups.empty() && !any_dense) fail("{}: no decoder linears found for {}", label_, arch_.name);
+  const bool any_dense = std::any_of(items_.begin(), items_.end(), [](const PlanItem& it) {
+    return it.kind == PlanItem::Kind::kDenseLinear;
+  });
+  if (groups.empty() && !any_dense)
+    fail("{}: no decoder linears found for {}", label_, arch_.hf_name);
   // Every decoder linear may be dense (--dense-format on a dense model): no EXL3 budget then.
-  const auto k = groups.empty() ? std::vector<int>{}
-                                : allocate_bits(groups, static_cast<int>(cfg_.num_hidden_layers), bits);
+  const auto k = groups.empty()
+                     ? std::vector<int>{}
+                     : allocate_bits(groups, static_cast<int>(cfg_.num_hidden_layers), bits);
   long double num = 0, den = 0;
   for (auto& it : items_) {
     if (it.kind != PlanItem::Kind::kExl3Linear) continue;
-    if (it.role == LinearRole::kHead) it.bits = head_bits;
-    else if (it.role == LinearRole::kMtp) it.bits = kMtpBits;
+    if (it.role == LinearRole::kHead)
+      it.bits = head_bits;
+    else if (it.role == LinearRole::kMtp)
+      it.bits = kMtpBits;
     else {
       it.bits = k[index.at(it.group)];
       const auto w = static_cast<long double>(pad128(it.in_features) * pad128(it.out_features));
@@ -434,7 +453,7 @@ ConversionPlan Planner::run(double bits, int head_bits) {
   add_head(head_bits);
 
   ConversionPlan plan;
-  plan.architecture = arch_.name;
+  plan.architecture = arch_.hf_name;
   plan.num_layers = cfg_.num_hidden_layers;
   plan.tied_head = !store_.contains("lm_head.weight");
   plan.bits_target = bits;
@@ -453,15 +472,6 @@ ConversionPlan Planner::run(double bits, int head_bits) {
 
 }  // namespace
 
-const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> v;
-    for (const auto& a : kArchs) v.emplace_back(a.name);
-    return v;
-  }();
-  return names;
-}
-
 ConversionPlan plan_conversion(const ModelConfig& config, const TensorStore& store, double bits,
                                int head_bits, const std::map<std::string, DenseFormat>& dense) {
   if (!std::isfinite(bits) || bits < trellis::kMinBits || bits > trellis::kMaxBits) {
@@ -470,20 +480,17 @@ ConversionPlan plan_conversion(const ModelConfig& config, const TensorStore& sto
   if (!trellis::valid_bits(head_bits) && head_bits != kHeadBitsUnquantized) {
     fail("quantize: --head-bits {} must be in 1..8, or 16 to keep lm_head unquantized", head_bits);
   }
-  const ArchInfo* arch = nullptr;
-  for (const auto& a : kArchs) {
-    if (config.architecture == a.name) arch = &a;
-  }
+  const ArchInfo* arch = find_architecture(config.architecture);
   if (arch == nullptr) {
     fail("{}: architecture '{}' is not supported for conversion (supported: {})",
-         store.root().string(), config.architecture, fmt::join(supported_architectures(), ", "));
+         store.root().string(), config.architecture, supported_architecture_names());
   }
   if (config.num_hidden_layers <= 0) {
     fail("{}: config.json: num_hidden_layers must be positive", store.root().string());
   }
   if (arch->moe && config.num_experts <= 0) {
     fail("{}: config.json: {} needs num_experts (or num_local_experts / n_routed_experts)",
-         store.root().string(), arch->name);
+         store.root().string(), arch->hf_name);
   }
   return Planner(config, store, *arch, dense).run(bits, head_bits);
 }

@@ -15,14 +15,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::pair<Architecture, std::string_view> kArchitectures[] = {
-    {Architecture::kLlama, "LlamaForCausalLM"},
-    {Architecture::kQwen2, "Qwen2ForCausalLM"},
-    {Architecture::kQwen3, "Qwen3ForCausalLM"},
-    {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM"},
-    {Architecture::kGlm4Moe, "Glm4MoeForCausalLM"},
-};
-
 const json* get(const json& j, const char* key) {
   const auto it = j.find(key);
   return (it == j.end() || it->is_null()) ? nullptr : &*it;
@@ -65,7 +57,8 @@ class Keys {
   bool boolean(const char* key, bool def) const {
     const json* v = get(j_, key);
     if (v == nullptr) return def;
-    if (!v->is_boolean()) fail("{}: key '{}': expected true or false, got {}", label_, key, v->dump());
+    if (!v->is_boolean())
+      fail("{}: key '{}': expected true or false, got {}", label_, key, v->dump());
     return v->get<bool>();
   }
 
@@ -99,10 +92,12 @@ class Keys {
     const json* v = get(j_, key);
     std::vector<int64_t> out;
     if (v == nullptr) return out;
-    if (!v->is_array()) fail("{}: key '{}': expected a list of integers, got {}", label_, key, v->dump());
+    if (!v->is_array())
+      fail("{}: key '{}': expected a list of integers, got {}", label_, key, v->dump());
     for (const auto& e : *v) {
       if (!e.is_number_integer() || e.get<int64_t>() < 0) {
-        fail("{}: key '{}': expected a list of non-negative integers, got {}", label_, key, v->dump());
+        fail("{}: key '{}': expected a list of non-negative integers, got {}", label_, key,
+             v->dump());
       }
       out.push_back(e.get<int64_t>());
     }
@@ -119,18 +114,7 @@ class Keys {
 }  // namespace
 
 std::string_view architecture_name(Architecture a) {
-  for (const auto& [arch, name] : kArchitectures)
-    if (arch == a) return name;
-  return "?";
-}
-
-std::string supported_architectures() {
-  std::string s;
-  for (const auto& [arch, name] : kArchitectures) {
-    if (!s.empty()) s += ", ";
-    s += name;
-  }
-  return s;
+  return architecture_info(a).hf_name;
 }
 
 bool ModelSpec::is_moe() const {
@@ -145,16 +129,16 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
   s.label = label;
 
   if (config.architecture.empty()) {
-    fail("{}: key 'architectures' is missing; supported: {}", label, supported_architectures());
+    fail("{}: key 'architectures' is missing; supported: {}", label,
+         supported_architecture_names());
   }
-  const auto* arch = std::find_if(std::begin(kArchitectures), std::end(kArchitectures),
-                                  [&](const auto& a) { return a.second == config.architecture; });
-  if (arch == std::end(kArchitectures)) {
+  const ArchitectureInfo* arch = find_architecture(config.architecture);
+  if (arch == nullptr) {
     fail("{}: key 'architectures': '{}' is not supported; supported: {}", label,
-         config.architecture, supported_architectures());
+         config.architecture, supported_architecture_names());
   }
-  s.architecture = arch->first;
-  const bool moe_arch = s.architecture == Architecture::kQwen3Moe || s.architecture == Architecture::kGlm4Moe;
+  s.architecture = arch->arch;
+  const bool moe_arch = arch->moe;
 
   s.hidden_size = k.integer("hidden_size");
   s.vocab_size = k.integer("vocab_size");
@@ -168,9 +152,10 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
   int64_t head_dim = k.integer("head_dim", 0);
   if (head_dim == 0) {
     if (s.hidden_size % heads != 0) {
-      fail("{}: key 'head_dim' is missing and hidden_size {} is not a multiple of "
-           "num_attention_heads {}",
-           label, s.hidden_size, heads);
+      fail(
+          "{}: key 'head_dim' is missing and hidden_size {} is not a multiple of "
+          "num_attention_heads {}",
+          label, s.hidden_size, heads);
     }
     head_dim = s.hidden_size / heads;
   }
@@ -182,18 +167,21 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
 
   const std::string act = k.string("hidden_act", "silu");
   if (act != "silu") {
-    fail("{}: key 'hidden_act': '{}' is not supported (the runtime's MLPs are SwiGLU: silu)", label, act);
+    fail("{}: key 'hidden_act': '{}' is not supported (the runtime's MLPs are SwiGLU: silu)", label,
+         act);
   }
   if (k.boolean("use_sliding_window", false)) {
-    fail("{}: key 'use_sliding_window': sliding-window attention is not supported; hint: it is "
-         "off in the released Qwen2/Qwen3 configs",
-         label);
+    fail(
+        "{}: key 'use_sliding_window': sliding-window attention is not supported; hint: it is "
+        "off in the released Qwen2/Qwen3 configs",
+        label);
   }
   if (const json* lt = get(raw, "layer_types")) {
     if (!lt->is_array()) fail("{}: key 'layer_types': expected a list of strings", label);
     for (const auto& t : *lt) {
       if (!t.is_string() || t.get<std::string>() != "full_attention") {
-        fail("{}: key 'layer_types': entry {} is not supported (only full_attention)", label, t.dump());
+        fail("{}: key 'layer_types': entry {} is not supported (only full_attention)", label,
+             t.dump());
       }
     }
   }
@@ -206,13 +194,15 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
   attn.num_kv_heads = kv_heads;
   attn.head_dim = head_dim;
   attn.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  attn.qk_norm = s.architecture == Architecture::kQwen3 || s.architecture == Architecture::kQwen3Moe ||
+  attn.qk_norm = s.architecture == Architecture::kQwen3 ||
+                 s.architecture == Architecture::kQwen3Moe ||
                  (s.architecture == Architecture::kGlm4Moe && k.boolean("use_qk_norm", false));
   if (s.architecture != Architecture::kGlm4Moe && k.has("partial_rotary_factor") &&
       k.number("partial_rotary_factor") != 1.0) {
-    fail("{}: key 'partial_rotary_factor': partial rotary is supported for Glm4MoeForCausalLM "
-         "only, not {}",
-         label, config.architecture);
+    fail(
+        "{}: key 'partial_rotary_factor': partial rotary is supported for Glm4MoeForCausalLM "
+        "only, not {}",
+        label, config.architecture);
   }
   attn.rope = parse_rope(raw, head_dim, label);
 
@@ -232,7 +222,8 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
     }
     const int64_t top_k = k.integer("num_experts_per_tok");
     if (top_k > moe.num_experts) {
-      fail("{}: key 'num_experts_per_tok': {} is more than the {} experts", label, top_k, moe.num_experts);
+      fail("{}: key 'num_experts_per_tok': {} is more than the {} experts", label, top_k,
+           moe.num_experts);
     }
     moe.top_k = static_cast<int>(top_k);
     moe.intermediate = k.integer("moe_intermediate_size");
@@ -259,20 +250,24 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
       moe.n_group = static_cast<int>(k.integer("n_group", 1));
       moe.topk_group = static_cast<int>(k.integer("topk_group", 1));
       if (moe.n_group == 0 || moe.num_experts % moe.n_group != 0) {
-        fail("{}: key 'n_group': {} does not divide the {} routed experts", label, moe.n_group, moe.num_experts);
+        fail("{}: key 'n_group': {} does not divide the {} routed experts", label, moe.n_group,
+             moe.num_experts);
       }
       if (moe.topk_group == 0 || moe.topk_group > moe.n_group) {
-        fail("{}: key 'topk_group': {} is outside 1..n_group ({})", label, moe.topk_group, moe.n_group);
+        fail("{}: key 'topk_group': {} is outside 1..n_group ({})", label, moe.topk_group,
+             moe.n_group);
       }
       if (moe.top_k > moe.topk_group * (moe.num_experts / moe.n_group)) {
-        fail("{}: key 'num_experts_per_tok': {} is more than the {} experts of topk_group {} groups",
-             label, moe.top_k, moe.topk_group * (moe.num_experts / moe.n_group), moe.topk_group);
+        fail(
+            "{}: key 'num_experts_per_tok': {} is more than the {} experts of topk_group {} groups",
+            label, moe.top_k, moe.topk_group * (moe.num_experts / moe.n_group), moe.topk_group);
       }
       moe.routed_scaling_factor = k.number("routed_scaling_factor", 1.0);
       moe.correction_bias = true;
       const std::string method = k.string("topk_method", "noaux_tc");
       if (method != "noaux_tc") {
-        fail("{}: key 'topk_method': '{}' is not supported (GLM-4.5 routing is noaux_tc)", label, method);
+        fail("{}: key 'topk_method': '{}' is not supported (GLM-4.5 routing is noaux_tc)", label,
+             method);
       }
       const int64_t shared = k.integer("n_shared_experts", 1);
       if (shared > 0) moe.shared = DenseMlpSpec{"", moe.intermediate * shared};
@@ -312,7 +307,8 @@ ModelSpec describe_model(const Checkpoint& ckpt) {
          ckpt.path().string());
   }
   ModelSpec s = describe_model(*cfg, (ckpt.path() / "config.json").string());
-  const bool has_head = ckpt.find_linear("lm_head") != nullptr || ckpt.store().contains("lm_head.weight");
+  const bool has_head =
+      ckpt.find_linear("lm_head") != nullptr || ckpt.store().contains("lm_head.weight");
   if (has_head) {
     s.lm_head = "lm_head";
     s.lm_head_tied = false;
@@ -320,9 +316,10 @@ ModelSpec describe_model(const Checkpoint& ckpt) {
     s.lm_head = s.embed_tokens;
     s.lm_head_tied = true;
   } else {
-    fail("{}: no lm_head (neither EXL3 'lm_head.trellis' nor 'lm_head.weight'), and config.json "
-         "does not set tie_word_embeddings",
-         ckpt.path().string());
+    fail(
+        "{}: no lm_head (neither EXL3 'lm_head.trellis' nor 'lm_head.weight'), and config.json "
+        "does not set tie_word_embeddings",
+        ckpt.path().string());
   }
   return s;
 }
@@ -347,10 +344,11 @@ nlohmann::json spec_summary(const ModelSpec& s) {
                       {"num_kv_heads", a.num_kv_heads},
                       {"head_dim", a.head_dim},
                       {"qk_norm", a.qk_norm},
-                      {"rope", {{"type", std::string(rope_type_name(a.rope.type))},
-                                {"theta", a.rope.theta},
-                                {"rotary_dim", a.rope.rotary_dim},
-                                {"factor", a.rope.factor}}}};
+                      {"rope",
+                       {{"type", std::string(rope_type_name(a.rope.type))},
+                        {"theta", a.rope.theta},
+                        {"rotary_dim", a.rope.rotary_dim},
+                        {"factor", a.rope.factor}}}};
     for (const auto& l : s.layers) {
       if (const auto* m = std::get_if<MoeSpec>(&l.mlp)) {
         j["moe"] = {{"num_experts", m->num_experts},

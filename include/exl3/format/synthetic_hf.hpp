@@ -9,11 +9,13 @@
 #include <optional>
 #include <string_view>
 
+#include "exl3/format/architectures.hpp"
 #include "exl3/format/dtype.hpp"
 
 namespace exl3 {
 
-enum class HfArch : uint8_t { kLlama, kQwen2, kQwen3, kQwen3Moe, kGlm4Moe };
+// The supported families (exl3/format/architectures.hpp); the name predates that table.
+using HfArch = Architecture;
 
 // CLI spelling: "llama" | "qwen2" | "qwen3" | "qwen3-moe" | "glm4-moe".
 std::string_view hf_arch_name(HfArch a);
@@ -26,15 +28,15 @@ struct SyntheticHfSpec {
   int64_t num_heads = 4;
   int64_t num_kv_heads = 2;
   int64_t head_dim = 64;
-  int64_t intermediate_size = 512;     // dense MLPs (dense archs, GLM's leading dense layers)
-  int64_t num_experts = 4;             // MoE archs
+  int64_t intermediate_size = 512;  // dense MLPs (dense archs, GLM's leading dense layers)
+  int64_t num_experts = 4;          // MoE archs
   int64_t experts_per_tok = 2;
   int64_t moe_intermediate_size = 256;
-  int64_t n_shared_experts = 1;        // GLM-4.5 shared experts (0 = none)
-  int64_t first_k_dense_replace = 1;   // GLM-4.5: leading layers with a dense MLP
-  int64_t vocab_size = 512;            // any size: odd sizes exercise the converter's padding
-  bool tie_word_embeddings = false;    // true: no lm_head.weight is written
-  DType dtype = DType::kBF16;          // weights: BF16, F16 or F32
+  int64_t n_shared_experts = 1;       // GLM-4.5 shared experts (0 = none)
+  int64_t first_k_dense_replace = 1;  // GLM-4.5: leading layers with a dense MLP
+  int64_t vocab_size = 512;           // any size: odd sizes exercise the converter's padding
+  bool tie_word_embeddings = false;   // true: no lm_head.weight is written
+  DType dtype = DType::kBF16;         // weights: BF16, F16 or F32
   double init_std = 0.02;
   uint64_t seed = 1;
 };

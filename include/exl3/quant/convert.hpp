@@ -34,15 +34,13 @@ namespace exl3::quant {
 
 // The `version` recorded in quantization_config.
 inline constexpr const char* kConverterVersion = "exl3-0.1.0";
-// exllamav3's default K for multi-token-prediction layers (`mtp_bits`); they are outside the budget.
+// exllamav3's default K for multi-token-prediction layers (`mtp_bits`); they are outside the
+// budget.
 inline constexpr int kMtpBits = 4;
 // head_bits value that keeps lm_head unquantized.
 inline constexpr int kHeadBitsUnquantized = 16;
 
 // ---- plan -----------------------------------------------------------------------------------
-
-// The architectures (config.json architectures[0]) the converter knows how to map.
-const std::vector<std::string>& supported_architectures();
 
 // How the dense linears -- attention, dense MLPs and shared experts, the ones the MXFP8 overlay
 // governs (exl3/runtime/overlay.hpp) -- are written (`exl3 quantize --dense-format`):
@@ -70,17 +68,18 @@ enum class LinearRole : uint8_t {
 struct PlanItem {
   enum class Kind : uint8_t { kExl3Linear, kPlain, kDenseLinear };
   Kind kind = Kind::kPlain;
-  std::string name;    // linear: output prefix ("model.layers.3.self_attn.q_proj"); plain: tensor name
+  std::string
+      name;  // linear: output prefix ("model.layers.3.self_attn.q_proj"); plain: tensor name
   std::string source;  // source tensor: HF weight [out, in] for a linear
   std::string bias;    // linear: source bias tensor, or empty
 
   // EXL3 linears
   LinearRole role = LinearRole::kDecoder;
-  int layer = -1;                // decoder layer index, -1 outside model.layers
-  std::string group;             // allocation group id, e.g. "model.layers.3.self_attn.qkv"
-  int64_t in_features = 0;       // unpadded
+  int layer = -1;           // decoder layer index, -1 outside model.layers
+  std::string group;        // allocation group id, e.g. "model.layers.3.self_attn.qkv"
+  int64_t in_features = 0;  // unpadded
   int64_t out_features = 0;
-  int bits = 0;                  // K, set by the allocation
+  int bits = 0;  // K, set by the allocation
 
   // dense linears (weight + optional bias as `source` / `bias`): kBf16 or kMxfp8
   DenseFormat dense_format = DenseFormat::kBf16;
@@ -93,10 +92,10 @@ struct PlanItem {
 struct ConversionPlan {
   std::string architecture;
   int64_t num_layers = 0;
-  bool tied_head = false;          // lm_head comes from model.embed_tokens.weight
-  std::vector<PlanItem> items;     // output order: embeddings, layers 0..N-1, others, lm_head
+  bool tied_head = false;       // lm_head comes from model.embed_tokens.weight
+  std::vector<PlanItem> items;  // output order: embeddings, layers 0..N-1, others, lm_head
   double bits_target = 0.0;
-  double bits_achieved = 0.0;      // sum(K * padded numel) / sum(padded numel) over kDecoder linears
+  double bits_achieved = 0.0;  // sum(K * padded numel) / sum(padded numel) over kDecoder linears
   int head_bits = 6;
 };
 
@@ -112,7 +111,8 @@ ConversionPlan plan_conversion(const ModelConfig& config, const TensorStore& sto
 // use) with policy linear=mxfp8,shared_experts=mxfp8 and `ignore`, its converted linears kMxfp8,
 // the rest kBf16. Throws exl3::Error for invalid ignore entries, fused groups that would disagree
 // (an ignore entry hitting k_proj alone), or ignore entries without kMxfp8.
-std::map<std::string, DenseFormat> plan_dense_formats(const std::filesystem::path& in_dir, DenseFormat format,
+std::map<std::string, DenseFormat> plan_dense_formats(const std::filesystem::path& in_dir,
+                                                      DenseFormat format,
                                                       const std::vector<std::string>& ignore);
 
 // ---- bit allocation (docs/format.md, Bit allocation) -------------------------------------------
@@ -124,9 +124,9 @@ std::map<std::string, DenseFormat> plan_dense_formats(const std::filesystem::pat
 //        the shared experts' gate/up and down likewise (two more groups)
 struct AllocGroup {
   std::string id;
-  int layer = 0;         // decoder layer index
-  int rank = 0;          // order inside the layer (attention first, then MLP, experts, shared)
-  int64_t weights = 0;   // padded numel of all its linears
+  int layer = 0;        // decoder layer index
+  int rank = 0;         // order inside the layer (attention first, then MLP, experts, shared)
+  int64_t weights = 0;  // padded numel of all its linears
 };
 
 // K for each group (same order): all start at floor(target); then groups are raised by one bit in
@@ -155,13 +155,13 @@ struct ProgressEvent {
   bool quantized = false;  // kTensor: an EXL3 linear (else copied through)
   bool mxfp8 = false;      // kTensor: a dense linear written as MXFP8 (rel_l2: its error)
   double rel_l2 = 0.0;
-  bool resumed = false;    // kTensor: done by an earlier run
+  bool resumed = false;  // kTensor: done by an earlier run
   int bits = 0;
   double proxy_err = 0.0;
-  double seconds = 0.0;      // this tensor
-  double elapsed = 0.0;      // since the run started
-  double eta_seconds = -1.0; // < 0: unknown
-  double tokens_per_s = 0.0; // kLayer
+  double seconds = 0.0;       // this tensor
+  double elapsed = 0.0;       // since the run started
+  double eta_seconds = -1.0;  // < 0: unknown
+  double tokens_per_s = 0.0;  // kLayer
 };
 using ProgressFn = std::function<void(const ProgressEvent&)>;
 
@@ -178,25 +178,27 @@ struct ConvertOptions {
   std::string calibration_label;
   int64_t calibration_rows = 8;
   int64_t calibration_length = 128;
-  uint64_t seed = 0;            // per-tensor seeds derive from this and the tensor name
-  int threads = 0;              // 0 = the caller's TBB arena
-  Device device = Device::kCpu;  // tile encoder: CPU (reference) or CUDA (same states, ~300x faster)
+  uint64_t seed = 0;  // per-tensor seeds derive from this and the tensor name
+  int threads = 0;    // 0 = the caller's TBB arena
+  Device device =
+      Device::kCpu;  // tile encoder: CPU (reference) or CUDA (same states, ~300x faster)
   DenseFormat dense_format = DenseFormat::kExl3;  // attention / dense-MLP / shared-expert linears
-  std::vector<std::string> dense_ignore;  // kMxfp8: overlay ignore entries (prefix, last name, re:REGEX)
+  std::vector<std::string>
+      dense_ignore;  // kMxfp8: overlay ignore entries (prefix, last name, re:REGEX)
   uint64_t shard_size_bytes = 8192ull << 20;
-  bool overwrite = false;       // replace a different finished model / discard a foreign partial run
-  double g_scale = 0.0;         // > 0: fixed global scale instead of the per-tensor search (faster)
+  bool overwrite = false;  // replace a different finished model / discard a foreign partial run
+  double g_scale = 0.0;    // > 0: fixed global scale instead of the per-tensor search (faster)
   // Test hook: throw after this many tensors were converted in this run (< 0: off). When < 0 the
   // environment variable EXL3_QUANTIZE_STOP_AFTER is read instead.
   int64_t stop_after = -1;
-  ProgressFn progress;          // called after every tensor and shard; may be empty
+  ProgressFn progress;  // called after every tensor and shard; may be empty
 };
 
 struct TensorReport {
   std::string name;
   bool quantized = false;
   bool resumed = false;
-  int bits = 0;             // K (quantized) or 0
+  int bits = 0;  // K (quantized) or 0
   double proxy_err = 0.0;
   double seconds = 0.0;
   // MXFP8 dense linears: the conversion's error against the source weight and the bytes.
@@ -215,13 +217,13 @@ struct ConvertResult {
   int64_t quantized = 0;          // EXL3 linears
   int64_t dense_linears = 0;      // linears written as bf16 / mxfp8 (--dense-format)
   DenseFormat dense_format = DenseFormat::kExl3;
-  int64_t resumed = 0;            // modules finished by an earlier, interrupted run
-  int64_t converted = 0;          // modules converted by this run
+  int64_t resumed = 0;    // modules finished by an earlier, interrupted run
+  int64_t converted = 0;  // modules converted by this run
   double bits_target = 0.0;
   double bits_achieved = 0.0;
   int head_bits = 0;
   int num_shards = 0;
-  uint64_t total_bytes = 0;       // tensor data in the shards
+  uint64_t total_bytes = 0;  // tensor data in the shards
   double seconds = 0.0;
   uint64_t peak_rss_bytes = 0;
   std::vector<TensorReport> reports;  // output order
@@ -249,7 +251,7 @@ ProgressFn make_progress_printer(std::FILE* out, bool terminal);
 // Peak resident set size of this process (getrusage ru_maxrss), in bytes.
 uint64_t peak_rss_bytes();
 
-std::string_view out_scales_name(OutScales s);          // "always" | "never" | "auto"
+std::string_view out_scales_name(OutScales s);  // "always" | "never" | "auto"
 std::optional<OutScales> parse_out_scales(std::string_view s);
 std::optional<trellis::Codebook> parse_codebook(std::string_view s);  // "3inst" | "mcg" | "mul1"
 

@@ -29,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "exl3/format/architectures.hpp"
 #include "exl3/runtime/rope.hpp"
 
 namespace exl3 {
@@ -38,10 +39,10 @@ class Checkpoint;
 
 namespace exl3::runtime {
 
-enum class Architecture : uint8_t { kLlama, kQwen2, kQwen3, kQwen3Moe, kGlm4Moe };
+// The supported families and their traits are one table in the format layer
+// (exl3/format/architectures.hpp).
+using exl3::Architecture;
 std::string_view architecture_name(Architecture a);  // the HF class name
-// "LlamaForCausalLM, Qwen2ForCausalLM, ..." for messages.
-std::string supported_architectures();
 
 // Grouped-query attention (MHA and MQA are the special cases): q heads h read kv head
 // h / (num_heads / num_kv_heads), as transformers' repeat_kv.
@@ -78,7 +79,7 @@ struct MoeSpec {
   int n_group = 1;
   int topk_group = 1;
   double routed_scaling_factor = 1.0;
-  bool correction_bias = false;  // `gate.e_score_correction_bias` [E]
+  bool correction_bias = false;        // `gate.e_score_correction_bias` [E]
   std::optional<DenseMlpSpec> shared;  // `shared_experts`, added to the routed output
 };
 using MlpSpec = std::variant<DenseMlpSpec, MoeSpec>;
@@ -88,7 +89,7 @@ struct LayerSpec {
   std::string prefix;  // "model.layers.3"
   AttentionSpec attention;
   MlpSpec mlp;
-  std::string input_norm;           // tensor names (RMSNorm weights [hidden])
+  std::string input_norm;  // tensor names (RMSNorm weights [hidden])
   std::string post_attention_norm;
 };
 

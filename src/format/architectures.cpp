@@ -1,0 +1,48 @@
+// The supported-architecture table (see architectures.hpp).
+#include "exl3/format/architectures.hpp"
+
+#include <array>
+
+namespace exl3 {
+namespace {
+
+constexpr std::array<ArchitectureInfo, 5> kArchitectures = {{
+    // arch, HF class, model_type, CLI, moe, shared experts, qk_norm, qkv_bias
+    {Architecture::kLlama, "LlamaForCausalLM", "llama", "llama", false, false, false, false},
+    {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2", "qwen2", false, false, false, true},
+    {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3", "qwen3", false, false, true, false},
+    {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe", "qwen3-moe", true, false, true,
+     false},
+    {Architecture::kGlm4Moe, "Glm4MoeForCausalLM", "glm4_moe", "glm4-moe", true, true, false, true},
+}};
+
+}  // namespace
+
+std::span<const ArchitectureInfo> supported_architectures() {
+  return kArchitectures;
+}
+
+const ArchitectureInfo& architecture_info(Architecture a) {
+  for (const auto& i : kArchitectures) {
+    if (i.arch == a) return i;
+  }
+  return kArchitectures[0];  // unreachable: every enumerator has a row
+}
+
+const ArchitectureInfo* find_architecture(std::string_view hf_name) {
+  for (const auto& i : kArchitectures) {
+    if (i.hf_name == hf_name) return &i;
+  }
+  return nullptr;
+}
+
+std::string supported_architecture_names() {
+  std::string out;
+  for (const auto& i : kArchitectures) {
+    if (!out.empty()) out += ", ";
+    out += i.hf_name;
+  }
+  return out;
+}
+
+}  // namespace exl3
