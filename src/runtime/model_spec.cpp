@@ -9,107 +9,14 @@
 
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
+#include "exl3/format/config_keys.hpp"
 
 namespace exl3::runtime {
 namespace {
 
 using nlohmann::json;
 
-const json* get(const json& j, const char* key) {
-  const auto it = j.find(key);
-  return (it == j.end() || it->is_null()) ? nullptr : &*it;
-}
-
-// Reads config keys with the label (config.json) in every error.
-class Keys {
- public:
-  Keys(const json& j, const std::string& label) : j_(j), label_(label) {}
-
-  bool has(const char* key) const { return get(j_, key) != nullptr; }
-
-  // A non-negative integer; `def` when absent, required (> 0) when def is nullopt.
-  int64_t integer(const char* key, std::optional<int64_t> def = std::nullopt) const {
-    const json* v = get(j_, key);
-    if (v == nullptr) {
-      if (def) return *def;
-      fail("{}: key '{}' is missing (a positive integer is required)", label_, key);
-    }
-    if (!v->is_number_integer() || v->get<int64_t>() < 0) {
-      fail("{}: key '{}': expected a non-negative integer, got {}", label_, key, v->dump());
-    }
-    const int64_t i = v->get<int64_t>();
-    if (!def && i == 0) fail("{}: key '{}' is 0; a positive integer is required", label_, key);
-    return i;
-  }
-
-  double number(const char* key, std::optional<double> def = std::nullopt) const {
-    const json* v = get(j_, key);
-    if (v == nullptr) {
-      if (def) return *def;
-      fail("{}: key '{}' is missing (a positive number is required)", label_, key);
-    }
-    if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() <= 0.0) {
-      fail("{}: key '{}': expected a positive number, got {}", label_, key, v->dump());
-    }
-    return v->get<double>();
-  }
-
-  bool boolean(const char* key, bool def) const {
-    const json* v = get(j_, key);
-    if (v == nullptr) return def;
-    if (!v->is_boolean())
-      fail("{}: key '{}': expected true or false, got {}", label_, key, v->dump());
-    return v->get<bool>();
-  }
-
-  std::string string(const char* key, const std::string& def) const {
-    const json* v = get(j_, key);
-    if (v == nullptr) return def;
-    if (!v->is_string()) fail("{}: key '{}': expected a string, got {}", label_, key, v->dump());
-    return v->get<std::string>();
-  }
-
-  // An integer or a list of integers (token ids); empty when absent.
-  std::vector<int32_t> ids(const char* key) const {
-    const json* v = get(j_, key);
-    std::vector<int32_t> out;
-    if (v == nullptr) return out;
-    auto one = [&](const json& e) {
-      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > INT32_MAX) {
-        fail("{}: key '{}': expected a token id or a list of them, got {}", label_, key, v->dump());
-      }
-      out.push_back(static_cast<int32_t>(e.get<int64_t>()));
-    };
-    if (v->is_array()) {
-      for (const auto& e : *v) one(e);
-    } else {
-      one(*v);
-    }
-    return out;
-  }
-
-  std::vector<int64_t> int_list(const char* key) const {
-    const json* v = get(j_, key);
-    std::vector<int64_t> out;
-    if (v == nullptr) return out;
-    if (!v->is_array())
-      fail("{}: key '{}': expected a list of integers, got {}", label_, key, v->dump());
-    for (const auto& e : *v) {
-      if (!e.is_number_integer() || e.get<int64_t>() < 0) {
-        fail("{}: key '{}': expected a list of non-negative integers, got {}", label_, key,
-             v->dump());
-      }
-      out.push_back(e.get<int64_t>());
-    }
-    return out;
-  }
-
-  const std::string& label() const { return label_; }
-
- private:
-  const json& j_;
-  const std::string& label_;
-};
+using Keys = ConfigKeys;  // the format layer's typed config reader
 
 }  // namespace
 
@@ -176,7 +83,7 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
         "off in the released Qwen2/Qwen3 configs",
         label);
   }
-  if (const json* lt = get(raw, "layer_types")) {
+  if (const json* lt = k.get("layer_types")) {
     if (!lt->is_array()) fail("{}: key 'layer_types': expected a list of strings", label);
     for (const auto& t : *lt) {
       if (!t.is_string() || t.get<std::string>() != "full_attention") {

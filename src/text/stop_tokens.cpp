@@ -6,36 +6,17 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
+#include "exl3/format/config_keys.hpp"
 #include "exl3/format/safetensors.hpp"
 
 namespace exl3 {
 
 std::vector<int32_t> generation_config_eos(const std::filesystem::path& dir) {
   const auto path = dir / "generation_config.json";
-  std::vector<int32_t> out;
-  if (!std::filesystem::exists(path)) return out;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: invalid JSON ({})", path.string(), e.what());
-  }
-  if (!j.is_object()) fail("{}: expected a JSON object", path.string());
-  const auto it = j.find("eos_token_id");
-  if (it == j.end() || it->is_null()) return out;
-  auto one = [&](const nlohmann::json& v) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
-      fail("{}: key 'eos_token_id': expected a token id or a list of them, got {}", path.string(),
-           it->dump());
-    }
-    out.push_back(static_cast<int32_t>(v.get<int64_t>()));
-  };
-  if (it->is_array()) {
-    for (const auto& v : *it) one(v);
-  } else {
-    one(*it);
-  }
-  return out;
+  if (!std::filesystem::exists(path)) return {};
+  const std::string label = path.string();
+  const auto j = parse_json_object(read_text_file(path), label);
+  return ConfigKeys(j, label).ids("eos_token_id");
 }
 
 std::vector<int32_t> model_stop_tokens(const std::filesystem::path& dir,
