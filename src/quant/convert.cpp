@@ -36,7 +36,8 @@ void validate_options(const ConvertOptions& o) {
     fail("quantize: --bits {} outside {}..{}", o.bits, trellis::kMinBits, trellis::kMaxBits);
   }
   if (!trellis::valid_bits(o.head_bits) && o.head_bits != kHeadBitsUnquantized) {
-    fail("quantize: --head-bits {} must be in 1..8, or 16 to keep lm_head unquantized", o.head_bits);
+    fail("quantize: --head-bits {} must be in 1..8, or 16 to keep lm_head unquantized",
+         o.head_bits);
   }
   if (o.shard_size_bytes == 0) fail("quantize: shard size must be positive");
   if (o.threads < 0) fail("quantize: threads {} must be >= 0", o.threads);
@@ -81,12 +82,13 @@ nlohmann::json settings_json(const ConvertOptions& o) {
           {"head_bits", o.head_bits},
           {"codebook", trellis::codebook_name(o.codebook)},
           {"out_scales", std::string(out_scales_name(o.out_scales))},
-          {"calibration", o.calibration == Calibration::kNone
-                              ? nlohmann::json("none")
-                              : nlohmann::json{{"text", o.calibration_label},
-                                               {"text_fnv1a", fmt::format("{:016x}", fnv1a(o.calibration_text))},
-                                               {"rows", o.calibration_rows},
-                                               {"length", o.calibration_length}}},
+          {"calibration",
+           o.calibration == Calibration::kNone
+               ? nlohmann::json("none")
+               : nlohmann::json{{"text", o.calibration_label},
+                                {"text_fnv1a", fmt::format("{:016x}", fnv1a(o.calibration_text))},
+                                {"rows", o.calibration_rows},
+                                {"length", o.calibration_length}}},
           {"seed", o.seed},
           {"g_scale", o.g_scale},
           {"shard_size_bytes", o.shard_size_bytes}};
@@ -109,7 +111,8 @@ int64_t stop_after(const ConvertOptions& o) {
   if (env == nullptr || *env == '\0') return -1;
   char* end = nullptr;
   const long long v = std::strtoll(env, &end, 10);
-  if (*end != '\0' || v < 0) fail("EXL3_QUANTIZE_STOP_AFTER='{}' must be a non-negative integer", env);
+  if (*end != '\0' || v < 0)
+    fail("EXL3_QUANTIZE_STOP_AFTER='{}' must be a non-negative integer", env);
   return v;
 }
 
@@ -117,7 +120,8 @@ int64_t stop_after(const ConvertOptions& o) {
 bool finished_matches(const fs::path& out, const std::string& fp, const nlohmann::json& settings) {
   try {
     const auto cfg = nlohmann::json::parse(read_text(out / "config.json"));
-    if (!cfg.contains("quantization_config") || cfg["quantization_config"].value("quant_method", "") != "exl3") {
+    if (!cfg.contains("quantization_config") ||
+        cfg["quantization_config"].value("quant_method", "") != "exl3") {
       return false;
     }
     const TensorStore store = TensorStore::open(out);
@@ -159,7 +163,8 @@ bool prepare_out_dir(const fs::path& in, const fs::path& out, const ConvertOptio
   if (fs::exists(out) && fs::equivalent(in, out, ec)) {
     fail("{}: OUT_DIR is the source folder; choose another output folder", out.string());
   }
-  if (fs::exists(out) && !fs::is_directory(out)) fail("{}: exists and is not a folder", out.string());
+  if (fs::exists(out) && !fs::is_directory(out))
+    fail("{}: exists and is not a folder", out.string());
   fs::create_directories(out);
   const fs::path cfg = out / "config.json";
   if (!fs::exists(cfg)) return false;
@@ -168,10 +173,11 @@ bool prepare_out_dir(const fs::path& in, const fs::path& out, const ConvertOptio
     return true;
   }
   if (!o.overwrite) {
-    fail("{}: already holds a different model (config.json is present and was not produced from "
-         "this source with these settings); pass --overwrite to replace it, or choose another "
-         "OUT_DIR",
-         out.string());
+    fail(
+        "{}: already holds a different model (config.json is present and was not produced from "
+        "this source with these settings); pass --overwrite to replace it, or choose another "
+        "OUT_DIR",
+        out.string());
   }
   fs::remove(cfg);  // first, so the folder stops looking complete while it is rewritten
   return false;
@@ -183,10 +189,12 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
                             const ConvertOptions& o) {
   const double t0 = now_seconds();
   validate_options(o);
-  if (!fs::is_directory(in_dir)) fail("{}: not a folder (expected a Hugging Face model folder)", in_dir.string());
+  if (!fs::is_directory(in_dir))
+    fail("{}: not a folder (expected a Hugging Face model folder)", in_dir.string());
   const fs::path cfg_path = in_dir / "config.json";
   if (!fs::exists(cfg_path)) {
-    fail("{}: missing (IN_DIR must be a Hugging Face model folder with config.json)", cfg_path.string());
+    fail("{}: missing (IN_DIR must be a Hugging Face model folder with config.json)",
+         cfg_path.string());
   }
   const std::string cfg_text = read_text(cfg_path);
   const ModelConfig cfg = parse_model_config(cfg_text, cfg_path.string());
@@ -196,8 +204,8 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
          cfg_path.string());
   }
   const TensorStore store = TensorStore::open(in_dir);
-  const ConversionPlan plan =
-      plan_conversion(cfg, store, o.bits, o.head_bits, plan_dense_formats(in_dir, o.dense_format, o.dense_ignore));
+  const ConversionPlan plan = plan_conversion(
+      cfg, store, o.bits, o.head_bits, plan_dense_formats(in_dir, o.dense_format, o.dense_ignore));
 
   const std::string fp = fingerprint(cfg_text, store);
   const nlohmann::json settings = all_settings(o);
@@ -228,7 +236,8 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
   // ETA from quantization work (padded weights) still to do; copies are cheap by comparison.
   auto work = [](const PlanItem& it) {
     return it.kind == PlanItem::Kind::kExl3Linear
-               ? static_cast<double>((it.in_features + 127) / 128 * 128) * ((it.out_features + 127) / 128 * 128)
+               ? static_cast<double>((it.in_features + 127) / 128 * 128) *
+                     ((it.out_features + 127) / 128 * 128)
                : 0.0;
   };
   double work_left = 0.0;
@@ -237,8 +246,8 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
     res.quantized += it.kind == PlanItem::Kind::kExl3Linear ? 1 : 0;
     res.dense_linears += it.kind == PlanItem::Kind::kDenseLinear ? 1 : 0;
     const auto d = journal.done().find(i);
-    const bool done = d != journal.done().end() && d->second.name == it.name &&
-                      fs::exists(journal.unit_file(i));
+    const bool done =
+        d != journal.done().end() && d->second.name == it.name && fs::exists(journal.unit_file(i));
     if (!done) work_left += work(it);
   }
 
@@ -258,9 +267,10 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
       ++res.resumed;
     } else {
       if (stop >= 0 && res.converted >= stop) {
-        fail("quantize: stopped after {} tensors (EXL3_QUANTIZE_STOP_AFTER test hook); re-run "
-             "to resume",
-             res.converted);
+        fail(
+            "quantize: stopped after {} tensors (EXL3_QUANTIZE_STOP_AFTER test hook); re-run "
+            "to resume",
+            res.converted);
       }
       rep = detail::stage_item(store, it, o, journal.unit_file(i), hessian);
       journal.append(i, rep);
@@ -282,7 +292,8 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
       ev.proxy_err = rep.proxy_err;
       ev.seconds = rep.seconds;
       ev.elapsed = now_seconds() - t0;
-      if (work_done > 0.0) ev.eta_seconds = work_seconds / work_done * std::max(0.0, work_left - work_done);
+      if (work_done > 0.0)
+        ev.eta_seconds = work_seconds / work_done * std::max(0.0, work_left - work_done);
       o.progress(ev);
     }
   };
@@ -336,9 +347,12 @@ uint64_t peak_rss_bytes() {
 
 std::string_view out_scales_name(OutScales s) {
   switch (s) {
-    case OutScales::kAlways: return "always";
-    case OutScales::kNever: return "never";
-    case OutScales::kAuto: return "auto";
+    case OutScales::kAlways:
+      return "always";
+    case OutScales::kNever:
+      return "never";
+    case OutScales::kAuto:
+      return "auto";
   }
   return "always";
 }
@@ -373,15 +387,21 @@ nlohmann::json ConvertResult::to_json() const {
   nlohmann::json mx_layers = nlohmann::json::array();
   for (const auto& r : reports) {
     if (r.mxfp8) {
-      mx_layers.push_back({{"name", r.name}, {"rel_l2", r.rel_l2}, {"max_abs", r.max_abs},
-                           {"source_bytes", r.source_bytes}, {"mxfp8_bytes", r.stored_bytes}});
+      mx_layers.push_back({{"name", r.name},
+                           {"rel_l2", r.rel_l2},
+                           {"max_abs", r.max_abs},
+                           {"source_bytes", r.source_bytes},
+                           {"mxfp8_bytes", r.stored_bytes}});
     }
   }
   nlohmann::json proxy = nlohmann::json::array();
   for (const auto& r : reports) {
     if (r.quantized) {
-      proxy.push_back({{"name", r.name}, {"bits", r.bits}, {"proxy_err", r.proxy_err},
-                       {"seconds", r.seconds}, {"resumed", r.resumed}});
+      proxy.push_back({{"name", r.name},
+                       {"bits", r.bits},
+                       {"proxy_err", r.proxy_err},
+                       {"seconds", r.seconds},
+                       {"resumed", r.resumed}});
     }
   }
   return {{"out_dir", out_dir.string()},
@@ -402,11 +422,12 @@ nlohmann::json ConvertResult::to_json() const {
           {"proxy_err", proxy},
           {"dense_format", std::string(dense_format_name(dense_format))},
           {"dense_linears", dense_linears},
-          {"mxfp8", {{"linears", mx_layers.size()},
-                     {"source_bytes", mxfp8_source_bytes()},
-                     {"mxfp8_bytes", mxfp8_bytes()},
-                     {"saved_bytes", mxfp8_source_bytes() - mxfp8_bytes()},
-                     {"layers", mx_layers}}}};
+          {"mxfp8",
+           {{"linears", mx_layers.size()},
+            {"source_bytes", mxfp8_source_bytes()},
+            {"mxfp8_bytes", mxfp8_bytes()},
+            {"saved_bytes", mxfp8_source_bytes() - mxfp8_bytes()},
+            {"layers", mx_layers}}}};
 }
 
 }  // namespace exl3::quant

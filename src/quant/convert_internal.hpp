@@ -34,7 +34,8 @@ TensorReport stage_item(const TensorStore& store, const PlanItem& item, const Co
 // A dense linear (--dense-format): MXFP8 planes with the runtime's codec (the report carries the
 // error against the source), or the weight unquantized (BF16 / F16 as stored, wider types rounded
 // to BF16); the bias as stored (F64 as F32). Called by stage_item (dense_format.cpp).
-TensorReport stage_dense_linear(const TensorStore& store, const PlanItem& item, const fs::path& file);
+TensorReport stage_dense_linear(const TensorStore& store, const PlanItem& item,
+                                const fs::path& file);
 
 // ---- journal --------------------------------------------------------------------------------
 

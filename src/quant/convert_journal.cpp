@@ -51,15 +51,18 @@ Journal Journal::open(const fs::path& partial_dir, const nlohmann::json& header,
       try {
         rec = nlohmann::json::parse(line);
       } catch (const nlohmann::json::exception&) {
-        if (first) fail("{}: unreadable journal header; remove the folder or pass --overwrite", file.string());
+        if (first)
+          fail("{}: unreadable journal header; remove the folder or pass --overwrite",
+               file.string());
         continue;  // a torn line from a crash while appending: that item is simply redone
       }
       if (first) {
         first = false;
         if (rec != header) {
-          fail("{}: holds an unfinished conversion with different settings ({}); re-run with the "
-               "same settings to resume it, or pass --overwrite to discard it",
-               partial_dir.string(), fmt::join(differences(header, rec), "; "));
+          fail(
+              "{}: holds an unfinished conversion with different settings ({}); re-run with the "
+              "same settings to resume it, or pass --overwrite to discard it",
+              partial_dir.string(), fmt::join(differences(header, rec), "; "));
         }
         continue;
       }
@@ -93,9 +96,8 @@ fs::path Journal::unit_file(int64_t index) const {
 }
 
 void Journal::append(int64_t index, const TensorReport& r) {
-  nlohmann::json rec = {{"unit", index},          {"name", r.name},
-                        {"quantized", r.quantized}, {"bits", r.bits},
-                        {"proxy_err", r.proxy_err}, {"seconds", r.seconds}};
+  nlohmann::json rec = {{"unit", index},  {"name", r.name},           {"quantized", r.quantized},
+                        {"bits", r.bits}, {"proxy_err", r.proxy_err}, {"seconds", r.seconds}};
   if (r.mxfp8 || r.stored_bytes > 0) {  // dense linears: what the summary reports after a resume
     rec["mxfp8"] = r.mxfp8;
     rec["rel_l2"] = r.rel_l2;

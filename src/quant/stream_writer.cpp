@@ -34,7 +34,9 @@ void pread_all(int fd, std::byte* out, size_t n, uint64_t offset, const fs::path
   while (n > 0) {
     const ssize_t r = ::pread(fd, out, n, static_cast<off_t>(offset));
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) fail("{}: read failed at offset {}: {}", path.string(), offset, r == 0 ? "unexpected end of file" : std::strerror(errno));
+    if (r <= 0)
+      fail("{}: read failed at offset {}: {}", path.string(), offset,
+           r == 0 ? "unexpected end of file" : std::strerror(errno));
     out += r;
     n -= static_cast<size_t>(r);
     offset += static_cast<uint64_t>(r);
@@ -122,7 +124,8 @@ void write_safetensors_streaming(const fs::path& path, std::vector<StreamEntry> 
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   const fs::path tmp = dir / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
   Fd fd{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-  if (fd.fd < 0) fail("{}: cannot create {}: {}", path.string(), tmp.string(), std::strerror(errno));
+  if (fd.fd < 0)
+    fail("{}: cannot create {}: {}", path.string(), tmp.string(), std::strerror(errno));
   try {
     BufferedFile out(fd.fd, path);
     std::byte len[8];
@@ -137,11 +140,13 @@ void write_safetensors_streaming(const fs::path& path, std::vector<StreamEntry> 
       uint64_t got = 0;
       e.produce([&](std::span<const std::byte> piece) {
         got += piece.size();
-        if (got > e.nbytes) fail("{}: tensor '{}': producer wrote too many bytes", path.string(), e.name);
+        if (got > e.nbytes)
+          fail("{}: tensor '{}': producer wrote too many bytes", path.string(), e.name);
         out.write(piece);
       });
       if (got != e.nbytes) {
-        fail("{}: tensor '{}': producer wrote {} of {} bytes", path.string(), e.name, got, e.nbytes);
+        fail("{}: tensor '{}': producer wrote {} of {} bytes", path.string(), e.name, got,
+             e.nbytes);
       }
     }
     out.flush();

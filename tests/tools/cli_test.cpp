@@ -20,9 +20,11 @@ using ::testing::HasSubstr;
 
 namespace {
 
-using exl3::test::shell_quote;
 using exl3::test::run_cli;
-std::string q(const std::filesystem::path& p) { return shell_quote(p); }
+using exl3::test::shell_quote;
+std::string q(const std::filesystem::path& p) {
+  return shell_quote(p);
+}
 
 }  // namespace
 
@@ -67,11 +69,13 @@ TEST(Cli, DequantMatchesGolden) {
   EXL3_REQUIRE_CONFORMANCE(dir);
   exl3::test::TempDir tmp;
   const auto file = dir / "tensors" / "exl3_public_mul1.safetensors";
-  const auto r = run_cli(fmt::format("dequant {} --prefix cb_mul1.k4.layer --out {}", q(file), q(tmp / "w.safetensors")));
+  const auto r = run_cli(fmt::format("dequant {} --prefix cb_mul1.k4.layer --out {}", q(file),
+                                     q(tmp / "w.safetensors")));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto got = exl3::TensorStore::open(tmp / "w.safetensors");
   const auto golden = exl3::TensorStore::open(file);
-  EXPECT_EQ(exl3::copy_tensor<uint16_t>(got.at("w_hat")), exl3::copy_tensor<uint16_t>(golden.at("cb_mul1.k4.expected.w_hat")));
+  EXPECT_EQ(exl3::copy_tensor<uint16_t>(got.at("w_hat")),
+            exl3::copy_tensor<uint16_t>(golden.at("cb_mul1.k4.expected.w_hat")));
   const auto w = exl3::read_as_float(got.at("weight"));
   const auto ref = exl3::read_as_double(golden.at("cb_mul1.k4.expected.weight"));
   EXPECT_LE(exl3::test::rel_l2(std::span<const float>(w), std::span<const double>(ref)), 1e-6);
@@ -92,12 +96,13 @@ TEST(Cli, LinearAllConformanceCases) {
       const auto xv = exl3::copy_tensor<uint16_t>(x);
       xw.add<uint16_t>("x", exl3::DType::kF16, x.info->shape, xv);
       xw.write(tmp / "x.safetensors");
-      const auto r = run_cli(fmt::format("linear {} --prefix {}.layer --input {} --out {}", q(file), name,
-                                          q(tmp / "x.safetensors"), q(tmp / "y.safetensors")));
+      const auto r = run_cli(fmt::format("linear {} --prefix {}.layer --input {} --out {}", q(file),
+                                         name, q(tmp / "x.safetensors"), q(tmp / "y.safetensors")));
       ASSERT_EQ(r.code, 0) << r.out;
       const auto y = exl3::read_as_float(exl3::TensorStore::open(tmp / "y.safetensors").at("y"));
       const auto ref = exl3::read_as_double(golden.at(name + ".expected.y_fp64"));
-      EXPECT_LE(exl3::test::rel_l2(std::span<const float>(y), std::span<const double>(ref)), 1e-3) << name;
+      EXPECT_LE(exl3::test::rel_l2(std::span<const float>(y), std::span<const double>(ref)), 1e-3)
+          << name;
     }
   }
 }
@@ -116,7 +121,7 @@ TEST(Cli, SampleInspectLinearFlow) {
     EXPECT_EQ(l["bits"], l["name"] == "lm_head" ? 6 : 3);
   }
   r = run_cli(fmt::format("linear {} -p model.layers.1.self_attn.q_proj -i {} -o {}", q(model),
-                           q(model / "sample_input.safetensors"), q(tmp / "y.safetensors")));
+                          q(model / "sample_input.safetensors"), q(tmp / "y.safetensors")));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto y = exl3::TensorStore::open(tmp / "y.safetensors");
   EXPECT_EQ(y.at("y").info->shape, (std::vector<int64_t>{4, 256}));
@@ -136,7 +141,8 @@ TEST(Cli, ErrorsNameTheProblem) {
 
   const auto model = tmp / "m";
   ASSERT_EQ(run_cli("sample " + q(model)).code, 0);
-  r = run_cli(fmt::format("dequant {} --prefix model.layers.0.self_attn.qq_proj --out {}", q(model), q(tmp / "w.st")));
+  r = run_cli(fmt::format("dequant {} --prefix model.layers.0.self_attn.qq_proj --out {}", q(model),
+                          q(tmp / "w.st")));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("qq_proj"));
 
@@ -144,7 +150,8 @@ TEST(Cli, ErrorsNameTheProblem) {
   std::vector<int32_t> xi(256, 1);
   xw.add<int32_t>("x", exl3::DType::kI32, {1, 256}, xi);
   xw.write(tmp / "xi.safetensors");
-  r = run_cli(fmt::format("linear {} -p lm_head -i {} -o {}", q(model), q(tmp / "xi.safetensors"), q(tmp / "y.st")));
+  r = run_cli(fmt::format("linear {} -p lm_head -i {} -o {}", q(model), q(tmp / "xi.safetensors"),
+                          q(tmp / "y.st")));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("I32"));
 
@@ -152,7 +159,8 @@ TEST(Cli, ErrorsNameTheProblem) {
   std::vector<float> wide(1024, 1.0f);
   xw2.add<float>("x", exl3::DType::kF32, {2, 512}, wide);
   xw2.write(tmp / "wide.safetensors");
-  r = run_cli(fmt::format("linear {} -p lm_head -i {} -o {}", q(model), q(tmp / "wide.safetensors"), q(tmp / "y.st")));
+  r = run_cli(fmt::format("linear {} -p lm_head -i {} -o {}", q(model), q(tmp / "wide.safetensors"),
+                          q(tmp / "y.st")));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("exceeds in_features"));
 }
@@ -168,8 +176,9 @@ TEST(Cli, LinearOnCudaDevice) {
   const auto xv = exl3::copy_tensor<uint16_t>(x);
   xw.add<uint16_t>("x", exl3::DType::kF16, x.info->shape, xv);
   xw.write(tmp / "x.safetensors");
-  const auto r = run_cli(fmt::format("linear {} --prefix cb_mcg.k3.layer --device cuda --input {} --out {}", q(file),
-                                      q(tmp / "x.safetensors"), q(tmp / "y.safetensors")));
+  const auto r =
+      run_cli(fmt::format("linear {} --prefix cb_mcg.k3.layer --device cuda --input {} --out {}",
+                          q(file), q(tmp / "x.safetensors"), q(tmp / "y.safetensors")));
 #if defined(EXL3_HAVE_CUDA)
   if (exl3::cuda::device_count() == 0) {
     EXPECT_EQ(r.code, 1) << r.out;
@@ -192,12 +201,14 @@ TEST(Cli, LinearOnCudaDevice) {
 TEST(Cli, BenchModelPrepareOnlyThenTensorParallelJson) {
   exl3::test::TempDir tmp;
   const auto dir = tmp / "tiny";
-  auto r = run_cli(fmt::format("bench model --synthetic tiny --layers 2 --out {} --prepare-only", q(dir)));
+  auto r = run_cli(
+      fmt::format("bench model --synthetic tiny --layers 2 --out {} --prepare-only", q(dir)));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("ready in"));
   ASSERT_TRUE(std::filesystem::exists(dir / "config.json"));
-  r = run_cli(fmt::format("bench model {} --device cpu --tp 2 --batch 1,2 --steps 2 --context 4 --prefill 8 --json {}",
-                          q(dir), q(tmp / "b.json")));
+  r = run_cli(fmt::format(
+      "bench model {} --device cpu --tp 2 --batch 1,2 --steps 2 --context 4 --prefill 8 --json {}",
+      q(dir), q(tmp / "b.json")));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto doc = nlohmann::json::parse(exl3::test::read_file(tmp / "b.json"));
   EXPECT_EQ(doc["tp"], 2);

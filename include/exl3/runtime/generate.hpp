@@ -22,8 +22,8 @@
 namespace exl3::runtime {
 
 struct SamplingOptions {
-  float temperature = 0.0f;         // 0 = greedy
-  float top_p = 1.0f;               // (0, 1]; 1 = off
+  float temperature = 0.0f;  // 0 = greedy
+  float top_p = 1.0f;        // (0, 1]; 1 = off
   uint64_t seed = 0;
   int64_t top_k = 0;                // >= 0; 0 = off
   float min_p = 0.0f;               // [0, 1]; 0 = off
