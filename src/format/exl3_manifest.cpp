@@ -6,16 +6,20 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
+#include <cerrno>
+#include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <set>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/format/safetensors.hpp"
 
 namespace exl3 {
@@ -370,15 +374,18 @@ std::string sha256_hex(std::string_view bytes) {
 }
 
 std::string sha256_file_hex(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open for reading", path.string());
+  const RegularFile f = open_regular_file(path);  // never blocks on a FIFO or device
   Sha256 h;
   std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    if (in.gcount() > 0) h.update(buf.data(), static_cast<size_t>(in.gcount()));
+  for (;;) {
+    const ssize_t n = ::read(f.fd.get(), buf.data(), buf.size());
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("{}: read error while hashing: {}", path.string(), std::strerror(errno));
+    }
+    h.update(buf.data(), static_cast<size_t>(n));
   }
-  if (in.bad()) fail("{}: read error while hashing", path.string());
   return h.hex();
 }
 

@@ -6,9 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <numeric>
-#include <sstream>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -17,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/format/safetensors.hpp"
 
 namespace exl3 {
@@ -148,12 +147,20 @@ void write_file_atomic(const fs::path& path, std::string_view text) {
 }
 
 std::string read_text_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot read", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail("{}: read error", path.string());
-  return ss.str();
+  const RegularFile f = open_regular_file(path);  // never blocks on a FIFO or device
+  std::string text;
+  text.reserve(static_cast<size_t>(f.size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(f.fd.get(), buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("{}: read error: {}", path.string(), std::strerror(errno));
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return text;
 }
 
 }  // namespace exl3

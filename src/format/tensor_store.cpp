@@ -52,7 +52,8 @@ FileList open_sharded(const fs::path& dir, const fs::path& index) {
   FileList files;
   for (const auto& [name, tensors] : by_file) {
     const fs::path shard = dir / name;
-    if (!fs::is_regular_file(shard)) {
+    if (!fs::exists(
+            shard)) {  // anything else that is not a regular file: SafetensorsFile::open says so
       fail(
           "{}: shard '{}' named in weight_map does not exist ({}); hint: the download is "
           "incomplete",

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <iterator>
 #include <string>
 
@@ -24,12 +23,6 @@ namespace fs = std::filesystem;
 using detail::now_seconds;
 
 namespace {
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("{}: cannot read", p.string());
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 void validate_options(const ConvertOptions& o) {
   if (!std::isfinite(o.bits) || o.bits < trellis::kMinBits || o.bits > trellis::kMaxBits) {
@@ -119,7 +112,7 @@ int64_t stop_after(const ConvertOptions& o) {
 // True when OUT_DIR's finished model was produced from this source with these settings.
 bool finished_matches(const fs::path& out, const std::string& fp, const nlohmann::json& settings) {
   try {
-    const auto cfg = nlohmann::json::parse(read_text(out / "config.json"));
+    const auto cfg = nlohmann::json::parse(read_text_file(out / "config.json"));
     if (!cfg.contains("quantization_config") ||
         cfg["quantization_config"].value("quant_method", "") != "exl3") {
       return false;
@@ -196,7 +189,7 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
     fail("{}: missing (IN_DIR must be a Hugging Face model folder with config.json)",
          cfg_path.string());
   }
-  const std::string cfg_text = read_text(cfg_path);
+  const std::string cfg_text = read_text_file(cfg_path);
   const ModelConfig cfg = parse_model_config(cfg_text, cfg_path.string());
   if (cfg.quantization_config.is_object() &&
       cfg.quantization_config.value("quant_method", "") == "exl3") {

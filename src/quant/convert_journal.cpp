@@ -1,7 +1,6 @@
 // The resume journal of a conversion (see convert_internal.hpp for the format and guarantees).
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -43,7 +42,7 @@ Journal Journal::open(const fs::path& partial_dir, const nlohmann::json& header,
   const fs::path file = partial_dir / kJournalFile;
   if (fs::exists(partial_dir) && discard) fs::remove_all(partial_dir);
   if (fs::exists(file)) {
-    std::ifstream in(file);
+    std::istringstream in(read_text_file(file));  // refuses a FIFO or folder instead of blocking
     std::string line;
     bool first = true;
     while (std::getline(in, line)) {

@@ -3,7 +3,6 @@
 // complete; everything before it is written atomically and may be redone after a crash.
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <set>
@@ -20,12 +19,6 @@
 namespace exl3::quant::detail {
 
 namespace {
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("{}: cannot read", p.string());
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 // The dtype spelling exllamav3's quant_config.py records (str(torch.dtype)).
 const char* torch_dtype(DType t) {
@@ -178,7 +171,7 @@ AssembleResult assemble_output(const AssembleInput& in) {
   for (const auto& e : fs::directory_iterator(in.in_dir)) {
     const std::string n = e.path().filename().string();
     if (e.is_regular_file() && is_tokenizer_file(n))
-      write_file_atomic(in.out_dir / n, read_text(e.path()));
+      write_file_atomic(in.out_dir / n, read_text_file(e.path()));
   }
 
   // quantization_config.json: the config block plus every module's stored tensors.
@@ -218,7 +211,7 @@ AssembleResult assemble_output(const AssembleInput& in) {
   const fs::path src_cfg = in.in_dir / "config.json";
   nlohmann::ordered_json cfg;
   try {
-    cfg = nlohmann::ordered_json::parse(read_text(src_cfg));
+    cfg = nlohmann::ordered_json::parse(read_text_file(src_cfg));
   } catch (const nlohmann::json::exception& e) {
     fail("{}: invalid JSON ({})", src_cfg.string(), e.what());
   }

@@ -1,8 +1,11 @@
 // End-to-end tests of the `exl3` binary: what a user types, what a script parses.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
+
+#include <sys/stat.h>
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -163,6 +166,75 @@ TEST(Cli, ErrorsNameTheProblem) {
                           q(tmp / "y.st")));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("exceeds in_features"));
+}
+
+// A FIFO (or a folder) where a file is expected is refused at once, named, with exit status 1:
+// open(2) of a FIFO for reading blocks until a writer comes, so reading it would hang forever.
+// Every run is bounded by `timeout` (status 124 when it would have hung).
+TEST(Cli, FifoWhereAFileIsExpectedIsRefused) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  namespace fs = std::filesystem;
+  exl3::test::TempDir tmp;
+  const std::string bounded = "timeout -k 5 30";
+  auto expect_refused = [&](const std::string& args, const fs::path& file, const char* kind) {
+    const auto r = run_cli(args, bounded);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr(file.string() + ": not a regular file (it is " + kind + ")"))
+        << args;
+    EXPECT_THAT(r.out, HasSubstr("hint:")) << args;
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("internal error"))) << args;
+  };
+  auto make_fifo = [](const fs::path& p) { ASSERT_EQ(::mkfifo(p.c_str(), 0644), 0) << p; };
+  // A writable copy of the (read-only) conformance model.
+  auto copy_model = [&](const fs::path& to) {
+    fs::create_directories(to);
+    for (const auto& e : fs::directory_iterator(dir / "models" / "tiny-qwen3moe-exl3")) {
+      fs::copy_file(e.path(), to / e.path().filename());
+      fs::permissions(to / e.path().filename(), fs::perms::owner_write, fs::perm_options::add);
+    }
+  };
+
+  // A valid EXL3 model folder (config, tokenizer) whose model.safetensors is a FIFO.
+  const auto model = tmp / "m";
+  copy_model(model);
+  fs::remove(model / "model.safetensors");
+  make_fifo(model / "model.safetensors");
+  const auto weights = model / "model.safetensors";
+  expect_refused("inspect " + q(model), weights, "a FIFO");
+  expect_refused("inspect " + q(weights), weights, "a FIFO");
+  expect_refused(fmt::format("generate {} --prompt hi -n 1", q(model)), weights, "a FIFO");
+  expect_refused(fmt::format("serve {} --port 0", q(model)), weights, "a FIFO");
+
+  // config.json as a FIFO beside valid weights.
+  const auto good = tmp / "good";
+  copy_model(good);
+  fs::remove(good / "config.json");
+  make_fifo(good / "config.json");
+  expect_refused("inspect " + q(good), good / "config.json", "a FIFO");
+  fs::remove(good / "config.json");
+  fs::copy_file(dir / "models" / "tiny-qwen3moe-exl3" / "config.json", good / "config.json");
+
+  // Text inputs: eval --text, tokenize --file, quantize --calibration; and quantize's source
+  // weights.
+  make_fifo(tmp / "text.txt");
+  expect_refused(fmt::format("eval {} --text {}", q(good), q(tmp / "text.txt")), tmp / "text.txt",
+                 "a FIFO");
+  expect_refused(fmt::format("tokenize {} --file {}", q(good), q(tmp / "text.txt")),
+                 tmp / "text.txt", "a FIFO");
+  const auto hf = tmp / "hf";
+  ASSERT_EQ(run_cli("sample-hf " + q(hf)).code, 0);
+  expect_refused(fmt::format("quantize {} {} --bits 2 --calibration {}", q(hf), q(tmp / "out1"),
+                             q(tmp / "text.txt")),
+                 tmp / "text.txt", "a FIFO");
+  fs::remove(hf / "model.safetensors");
+  make_fifo(hf / "model.safetensors");
+  expect_refused(fmt::format("quantize {} {} --bits 2", q(hf), q(tmp / "out2")),
+                 hf / "model.safetensors", "a FIFO");
+
+  // A folder where the weights file is expected.
+  fs::remove(weights);
+  fs::create_directories(weights);
+  expect_refused("inspect " + q(model), weights, "a folder");
 }
 
 // `exl3 linear --device cuda`: the golden case on a GPU, a clear error without one.
