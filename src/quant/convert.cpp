@@ -214,7 +214,11 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
                                  {"source_fingerprint", fp},
                                  {"settings", settings},
                                  {"items", n}};
-  detail::Journal journal = detail::Journal::open(out_dir / kPartialDir, header, o.overwrite);
+  std::vector<std::string> item_names;
+  item_names.reserve(plan.items.size());
+  for (const auto& it : plan.items) item_names.push_back(it.name);
+  detail::Journal journal =
+      detail::Journal::open(out_dir / kPartialDir, header, o.overwrite, item_names);
 
   ConvertResult res;
   res.out_dir = out_dir;

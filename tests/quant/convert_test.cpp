@@ -330,6 +330,102 @@ TEST(Convert, LlamaTiedEmbeddingsPaddedMcg) {
   EXPECT_FALSE(qf["tensor_storage"]["lm_head"].contains("mul1_multiplier"));
 }
 
+// A damaged resume journal is refused when the run resumes -- naming the journal file, the line
+// and the way out -- instead of being trusted until the final write fails (and failing again on
+// every re-run); a torn last line (a crash while appending) is not damage; --overwrite recovers.
+TEST(ConvertResume, DamagedJournalRefusedAtResumeOverwriteRecovers) {
+  TempDir tmp;
+  const fs::path src = tmp / "hf", out = tmp / "out";
+  exl3::write_synthetic_hf_model(src, tiny_moe(7));
+  auto o = fast_options(2.0, 1);
+  o.stop_after = 3;
+  expect_error([&] { q::convert_model(src, out, o); }, {"stopped after 3"});
+  const fs::path partial = out / q::kPartialDir, journal = partial / q::kJournalFile;
+  const std::vector<std::string> lines = journal_lines(out);
+  ASSERT_EQ(lines.size(), 4u);  // the header and three finished items
+  const auto entry = nlohmann::json::parse(lines[2]);
+  ASSERT_EQ(entry["unit"], 1);
+  EXPECT_EQ(entry["file"], "units/000001.safetensors");  // what a resume checks
+  const fs::path unit1 = partial / "units" / "000001.safetensors";
+  EXPECT_EQ(entry["bytes"].get<uint64_t>(), fs::file_size(unit1));
+  const std::string unit1_bytes = read_bytes(unit1);
+
+  auto join = [](const std::vector<std::string>& ls) {
+    std::string t;
+    for (const auto& l : ls) t += l + "\n";
+    return t;
+  };
+  auto with_line2 = [&](const std::string& l) {
+    auto ls = lines;
+    ls[2] = l;
+    return join(ls);
+  };
+  auto edited = [&](const std::function<void(nlohmann::json&)>& f) {
+    auto j = entry;
+    f(j);
+    return with_line2(j.dump());
+  };
+  // Each damaged journal: refused at once (before any item is converted), naming the journal file,
+  // its line 3 and both ways to recover; nothing is written.
+  auto expect_refused = [&](const std::string& journal_text, std::vector<std::string> parts) {
+    exl3::test::write_file(journal, journal_text);
+    parts.insert(parts.end(),
+                 {journal.string() + ": line 3:", "hint:", "--overwrite", partial.string()});
+    expect_error([&] { q::convert_model(src, out, o); }, parts);
+    EXPECT_EQ(read_bytes(journal), journal_text) << "a refused journal is left as it was";
+    EXPECT_FALSE(fs::exists(out / "config.json"));
+  };
+  expect_refused(with_line2(lines[2].substr(0, lines[2].size() / 2)), {"not a JSON record"});
+  expect_refused(with_line2("[1, 2]"), {"not a JSON object"});
+  expect_refused(edited([](nlohmann::json& j) { j["unit"] = "one"; }),
+                 {"'unit' must be an item index"});
+  expect_refused(edited([](nlohmann::json& j) { j["unit"] = 999; }),
+                 {"'unit' must be an item index"});
+  expect_refused(edited([](nlohmann::json& j) { j["name"] = "model.layers.9.mlp.gate_proj"; }),
+                 {"model.layers.9.mlp.gate_proj", entry["name"].get<std::string>()});
+  expect_refused(edited([](nlohmann::json& j) { j["bits"] = "two"; }), {"wrong type"});
+  expect_refused(edited([](nlohmann::json& j) { j["bytes"] = j["bytes"].get<uint64_t>() + 1; }),
+                 {unit1.string(), "bytes, the journal recorded"});
+  // A truncated staged file, then one of the recorded size with an unreadable header, then none.
+  exl3::test::write_file(unit1, unit1_bytes.substr(0, unit1_bytes.size() - 8));
+  expect_refused(join(lines), {unit1.string(), "bytes, the journal recorded"});
+  std::string garbled = unit1_bytes;
+  for (size_t i = 0; i < 8; ++i) garbled[i] = '\xff';
+  exl3::test::write_file(unit1, garbled);
+  expect_refused(join(lines), {"staged file of", "damaged", unit1.string()});
+  fs::remove(unit1);
+  expect_refused(join(lines), {unit1.string(), "missing"});
+  exl3::test::write_file(unit1, unit1_bytes);
+
+  // Journals from before "file" / "bytes" were recorded still resume; a torn last line (no
+  // newline) is dropped, its item redone, and the next entry starts on a line of its own.
+  std::vector<std::string> old_format = lines;
+  for (size_t i = 1; i < old_format.size(); ++i) {
+    auto j = nlohmann::json::parse(old_format[i]);
+    j.erase("file");
+    j.erase("bytes");
+    old_format[i] = j.dump();
+  }
+  exl3::test::write_file(journal, join(old_format) + R"({"unit": 3, "name": "mod)");
+  o.stop_after = 1;
+  expect_error([&] { q::convert_model(src, out, o); }, {"stopped after 1"});
+  const auto resumed = journal_lines(out);
+  ASSERT_EQ(resumed.size(), 5u);
+  for (const auto& l : resumed) EXPECT_TRUE(nlohmann::json::accept(l)) << l;
+  EXPECT_EQ(nlohmann::json::parse(resumed[4])["unit"], 3);
+
+  // --overwrite discards a damaged journal and converts from the start.
+  exl3::test::write_file(journal, with_line2("{\"unit\": 1, \"na"));
+  expect_error([&] { q::convert_model(src, out, o); }, {journal.string(), "line 3", "--overwrite"});
+  o.stop_after = -1;
+  o.overwrite = true;
+  const auto r = q::convert_model(src, out, o);
+  EXPECT_EQ(r.resumed, 0);
+  EXPECT_EQ(r.converted, r.tensors);
+  EXPECT_TRUE(fs::exists(out / "config.json"));
+  EXPECT_FALSE(fs::exists(partial));
+}
+
 // ---- plans (no encoding) -----------------------------------------------------------------------
 
 q::ConversionPlan plan_of(const fs::path& dir, double bits, int head_bits) {
