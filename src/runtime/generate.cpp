@@ -107,10 +107,30 @@ double GenerateResult::decode_tokens_per_second() const {
   return decode_seconds > 0.0 ? static_cast<double>(decode_steps) / decode_seconds : 0.0;
 }
 
+void check_context_length(const ModelSpec& spec, int64_t prompt_tokens, int64_t max_new_tokens,
+                          std::string_view what, std::string_view new_tokens_option) {
+  const int64_t limit = spec.max_position_embeddings;
+  if (limit <= 0) return;  // the config gives no limit
+  // Compared without overflow: max_new_tokens may be anything up to INT64_MAX.
+  if (prompt_tokens <= limit && max_new_tokens <= limit - prompt_tokens) return;
+  if (prompt_tokens >= limit) {
+    fail(
+        "{}: a {}-token prompt + {} new tokens exceed the model's max_position_embeddings {} ({}); "
+        "hint: shorten the prompt to fewer than {} tokens",
+        what, prompt_tokens, max_new_tokens, limit, spec.label, limit);
+  }
+  fail(
+      "{}: a {}-token prompt + {} new tokens exceed the model's max_position_embeddings {} ({}); "
+      "hint: lower {} to at most {}, or shorten the prompt",
+      what, prompt_tokens, max_new_tokens, limit, spec.label, new_tokens_option,
+      limit - prompt_tokens);
+}
+
 GenerateResult generate(Engine& engine, std::span<const int32_t> prompt,
                         const GenerateOptions& opts, const std::function<bool(int32_t)>& on_token) {
   if (prompt.empty()) fail("generate: the prompt has no tokens");
   if (opts.max_new_tokens < 0) fail("generate: max_new_tokens {} is negative", opts.max_new_tokens);
+  check_context_length(engine.spec(), static_cast<int64_t>(prompt.size()), opts.max_new_tokens);
   Sampler sampler(opts.sampling);
   GenerateResult r;
   r.prompt_tokens = static_cast<int64_t>(prompt.size());
