@@ -1,5 +1,6 @@
 // exl3: inspect, dequantize and run EXL3 (exllamav3 trellis) checkpoints.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,6 +10,21 @@
 
 #include "commands.hpp"
 #include "exl3/error.hpp"
+
+namespace {
+
+// "<path>: <OS reason>; hint: ... (<what the library said>)".
+std::string filesystem_error_message(const std::filesystem::filesystem_error& e) {
+  std::string paths = e.path1().string();
+  if (!e.path2().empty()) paths += (paths.empty() ? "" : " -> ") + e.path2().string();
+  if (paths.empty()) paths = "file system";
+  return fmt::format(
+      "{}: {}; hint: check that the path exists, is the kind of file the command expects and is "
+      "readable (for outputs: writable); pick another path otherwise ({})",
+      paths, e.code().message(), e.what());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -94,6 +110,11 @@ int main(int argc, char** argv) {
     }
   } catch (const exl3::Error& e) {
     fmt::print(stderr, "exl3: error: {}\n", e.what());
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A file system failure that no write site turned into an exl3::Error (a folder that cannot
+    // be read, created or removed, ...): the user's files or permissions, not a bug in exl3.
+    fmt::print(stderr, "exl3: error: {}\n", filesystem_error_message(e));
     return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "exl3: internal error: {}\n", e.what());

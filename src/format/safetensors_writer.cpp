@@ -117,13 +117,17 @@ void write_file_atomic(const fs::path& path, std::span<const std::byte> bytes) {
   const fs::path tmp = dir / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
 
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    fail("{}: cannot create temp file {}: {}", path.string(), tmp.string(), std::strerror(errno));
+  if (fd < 0) {
+    const int err = errno;
+    fail("cannot create {}: {} (writing the temp file {}); hint: {}", path.string(),
+         std::strerror(err), tmp.filename().string(), output_error_hint(dir, err));
+  }
   // On any failure: remember errno, drop the temp file, report the step that failed.
   auto abort_with = [&](const char* step, int err, bool close_fd) {
     if (close_fd) ::close(fd);
     ::unlink(tmp.c_str());
-    fail("{}: {} failed: {}", path.string(), step, std::strerror(err));
+    fail("{}: {} failed: {}; hint: {}", path.string(), step, std::strerror(err),
+         output_error_hint(dir, err));
   };
   if (!write_all(fd, bytes.data(), bytes.size())) abort_with("write", errno, true);
   if (::fsync(fd) != 0) abort_with("fsync", errno, true);

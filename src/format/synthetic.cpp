@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/trellis/bitstream.hpp"
 #include "exl3/trellis/half.hpp"
@@ -130,7 +131,7 @@ SyntheticResult write_synthetic_checkpoint(const std::filesystem::path& dir,
   if (!trellis::valid_bits(s.bits) || !trellis::valid_bits(s.head_bits)) {
     fail("synthetic checkpoint: bits {} / head bits {} must be in 1..8", s.bits, s.head_bits);
   }
-  std::filesystem::create_directories(dir);
+  create_output_folder(dir);
   Builder b(s);
   const int64_t h = s.hidden_size, q = s.num_heads * s.head_dim, kv = s.num_kv_heads * s.head_dim;
   const int64_t vocab = (s.vocab_size + 127) / 128 * 128;

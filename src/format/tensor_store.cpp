@@ -104,6 +104,10 @@ FileList open_folder(const fs::path& dir) {
 TensorStore TensorStore::open(const fs::path& path) {
   std::error_code ec;
   const auto st = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    fail("{}: cannot access: {}; hint: check the permissions of the path and its folders",
+         path.string(), ec.message());
+  }
   if (ec || !fs::exists(st)) fail("{}: no such file or folder", path.string());
   if (fs::is_directory(st)) return from_files(open_folder(path), path);
   if (path.extension() != ".safetensors") {

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/trellis/bitstream.hpp"
 #include "quant/calibrate.hpp"
 #include "quant/convert_internal.hpp"
@@ -153,16 +154,17 @@ ConvertResult finished_result(const fs::path& out, const ConversionPlan& plan) {
 bool prepare_out_dir(const fs::path& in, const fs::path& out, const ConvertOptions& o,
                      const std::string& fp, const nlohmann::json& settings) {
   std::error_code ec;
-  if (fs::exists(out) && fs::equivalent(in, out, ec)) {
+  const bool exists = fs::exists(out, ec);
+  if (exists && fs::equivalent(in, out, ec)) {
     fail("{}: OUT_DIR is the source folder; choose another output folder", out.string());
   }
-  if (fs::exists(out) && !fs::is_directory(out))
-    fail("{}: exists and is not a folder", out.string());
-  fs::create_directories(out);
+  if (exists && !fs::is_directory(out, ec))
+    fail("{}: exists and is not a folder; hint: pick another output folder", out.string());
+  create_output_folder(out);  // errors name the path and the reason, e.g. Permission denied
   const fs::path cfg = out / "config.json";
-  if (!fs::exists(cfg)) return false;
+  if (!fs::exists(cfg, ec)) return false;
   if (finished_matches(out, fp, settings) && !o.overwrite) {
-    fs::remove_all(out / kPartialDir);  // a crash between config.json and this cleanup
+    remove_output_path(out / kPartialDir);  // a crash between config.json and this cleanup
     return true;
   }
   if (!o.overwrite) {
@@ -172,7 +174,7 @@ bool prepare_out_dir(const fs::path& in, const fs::path& out, const ConvertOptio
         "OUT_DIR",
         out.string());
   }
-  fs::remove(cfg);  // first, so the folder stops looking complete while it is rewritten
+  remove_output_path(cfg);  // first, so the folder stops looking complete while it is rewritten
   return false;
 }
 
@@ -327,7 +329,7 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
   ai.settings = settings;
   ai.started = t0;
   const auto asm_res = detail::assemble_output(ai);
-  fs::remove_all(out_dir / kPartialDir);
+  remove_output_path(out_dir / kPartialDir);
 
   res.num_shards = asm_res.num_shards;
   res.total_bytes = asm_res.total_bytes;

@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "quant/convert_internal.hpp"
 #include "quant/stream_writer.hpp"
 
@@ -134,7 +135,7 @@ Journal Journal::open(const fs::path& partial_dir, const nlohmann::json& header,
   Journal j;
   j.dir_ = partial_dir;
   const fs::path file = partial_dir / kJournalFile;
-  if (fs::exists(partial_dir) && discard) fs::remove_all(partial_dir);
+  if (discard) remove_output_path(partial_dir);
   if (fs::exists(file)) {
     // Refuses a FIFO or folder instead of blocking on it.
     const std::string text = read_text_file(file);
@@ -174,8 +175,8 @@ Journal Journal::open(const fs::path& partial_dir, const nlohmann::json& header,
     return j;
   }
   // A partial folder without a journal holds nothing we can trust: start it afresh.
-  if (fs::exists(partial_dir)) fs::remove_all(partial_dir);
-  fs::create_directories(partial_dir / "units");
+  remove_output_path(partial_dir);
+  create_output_folder(partial_dir / "units");
   write_file_atomic(file, header.dump() + "\n");
   return j;
 }

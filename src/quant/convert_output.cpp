@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/trellis/codebook.hpp"
 #include "quant/convert_internal.hpp"
 #include "quant/stream_writer.hpp"
@@ -80,7 +81,7 @@ void remove_stale_shards(const fs::path& out) {
       stale.push_back(e.path());
     }
   }
-  for (const auto& p : stale) fs::remove(p);
+  for (const auto& p : stale) remove_output_path(p);
 }
 
 }  // namespace

@@ -125,8 +125,11 @@ void write_safetensors_streaming(const fs::path& path, std::vector<StreamEntry> 
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   const fs::path tmp = dir / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
   Fd fd{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-  if (fd.fd < 0)
-    fail("{}: cannot create {}: {}", path.string(), tmp.string(), std::strerror(errno));
+  if (fd.fd < 0) {
+    const int err = errno;
+    fail("cannot create {}: {} (writing the temp file {}); hint: {}", path.string(),
+         std::strerror(err), tmp.filename().string(), output_error_hint(dir, err));
+  }
   try {
     BufferedFile out(fd.fd, path);
     std::byte len[8];

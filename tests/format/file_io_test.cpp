@@ -1,7 +1,9 @@
 // open_regular_file and the readers built on it: a FIFO, socket or folder where a file is expected
 // is refused at once with "<path>: not a regular file (it is ...)", never read (a FIFO would block
 // open(2) forever). Every call that could block runs under a watchdog: after kLimit it opens the
-// FIFO for writing and closes it, which releases a blocked reader, and fails the test.
+// FIFO for writing and closes it, which releases a blocked reader, and fails the test. And the
+// output side: create_output_folder / remove_output_path / write_file_atomic name the path, the
+// OS reason and a hint when a part of the path is a file or a folder is read-only.
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -121,6 +123,53 @@ TEST(OpenRegularFile, CheckpointSideFilesAsFifos) {
                 AllOf(HasSubstr(fifo.string()), HasSubstr("not a regular file"), HasSubstr("FIFO")))
         << name;
     fs::remove(fifo);
+  }
+}
+
+// Output folders: created with their parents; a part of the path that is a file, or a folder that
+// cannot be written, is named with the reason and a hint (never a std::filesystem exception).
+TEST(OutputFolder, CreatedOrRefusedClearly) {
+  test::TempDir dir;
+  create_output_folder(dir / "a" / "b");
+  EXPECT_TRUE(fs::is_directory(dir / "a" / "b"));
+  create_output_folder(dir / "a" / "b");  // already there: nothing to do
+
+  test::write_file(dir / "f", "x");
+  EXPECT_THAT(error_of([&] { create_output_folder(dir / "f" / "sub" / "deeper"); }),
+              AllOf(HasSubstr("cannot create folder " + (dir / "f" / "sub" / "deeper").string()),
+                    HasSubstr((dir / "f").string() + " is a regular file, not a folder"),
+                    HasSubstr("hint:")));
+  EXPECT_THAT(
+      error_of([&] { create_output_folder(dir / "f"); }),
+      AllOf(HasSubstr("it exists and is a regular file, not a folder"), HasSubstr("hint:")));
+  // Files written under a file: the atomic writer names the path and what is in the way.
+  EXPECT_THAT(
+      error_of([&] { write_file_atomic(dir / "f" / "x.json", std::string_view("{}")); }),
+      AllOf(HasSubstr("cannot create " + (dir / "f" / "x.json").string()),
+            HasSubstr("Not a directory"),
+            HasSubstr("hint: " + (dir / "f").string() + " is a regular file, not a folder")));
+  remove_output_path(dir / "a");
+  EXPECT_FALSE(fs::exists(dir / "a"));
+  remove_output_path(dir / "a");  // already gone: nothing to do
+}
+
+TEST(OutputFolder, ReadOnlyFolderRefusedClearly) {
+  if (::geteuid() == 0) {
+    GTEST_SKIP() << "running as root, which ignores permission bits; "
+                    "OutputFolder.CreatedOrRefusedClearly covers the error paths for root";
+  }
+  test::TempDir dir;
+  const auto ro = dir / "ro";
+  fs::create_directories(ro / "inner");
+  fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+  const std::string create = error_of([&] { create_output_folder(ro / "out"); });
+  const std::string write =
+      error_of([&] { write_file_atomic(ro / "x.json", std::string_view("{}")); });
+  const std::string remove = error_of([&] { remove_output_path(ro / "inner"); });
+  fs::permissions(ro, fs::perms::owner_all);
+  for (const auto& msg : {create, write, remove}) {
+    EXPECT_THAT(msg, AllOf(HasSubstr(ro.string()), HasSubstr("Permission denied"),
+                           HasSubstr("hint: pick a writable output folder")));
   }
 }
 

@@ -3,9 +3,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -235,6 +237,79 @@ TEST(Cli, FifoWhereAFileIsExpectedIsRefused) {
   fs::remove(weights);
   fs::create_directories(weights);
   expect_refused("inspect " + q(model), weights, "a folder");
+}
+
+namespace {
+
+// Output paths that cannot be written fail with exit status 1 and a message naming the path, the
+// reason and a hint -- not "internal error" and status 2. `prefix` is where each command writes:
+// a read-only folder (Permission denied), or a path under a regular file (Not a directory, which
+// fails for root too).
+void expect_outputs_refused(const std::filesystem::path& tmp, const std::filesystem::path& prefix,
+                            const std::vector<std::string>& parts) {
+  const auto hf = tmp / "hf", model = tmp / "m";
+  ASSERT_EQ(run_cli("sample-hf " + q(hf)).code, 0);
+  ASSERT_EQ(run_cli("sample " + q(model)).code, 0);
+  const std::vector<std::pair<std::string, std::filesystem::path>> cmds = {
+      {fmt::format("quantize {} {} --bits 2", q(hf), q(prefix / "out")), prefix / "out"},
+      {fmt::format("sample {}", q(prefix / "s")), prefix / "s"},
+      {fmt::format("sample-hf {}", q(prefix / "h")), prefix / "h"},
+      {fmt::format("logits {} --tokens 1,2 --out {}", q(model), q(prefix / "l.safetensors")),
+       prefix / "l.safetensors"},
+      {fmt::format("dequant {} --prefix model.layers.0.self_attn.q_proj --out {}", q(model),
+                   q(prefix / "w.safetensors")),
+       prefix / "w.safetensors"},
+  };
+  for (const auto& [args, path] : cmds) {
+    const auto r = run_cli(args);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+    EXPECT_THAT(r.out, HasSubstr("exl3: error: cannot create")) << args;
+    EXPECT_THAT(r.out, HasSubstr(path.string())) << args;
+    for (const auto& p : parts) EXPECT_THAT(r.out, HasSubstr(p)) << args;
+    EXPECT_THAT(r.out, HasSubstr("hint:")) << args;
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("internal error"))) << args;
+  }
+}
+
+}  // namespace
+
+TEST(Cli, OutputUnderARegularFileFailsClearly) {
+  exl3::test::TempDir tmp;
+  exl3::test::write_file(tmp / "file", "not a folder");
+  expect_outputs_refused(tmp.path(), tmp / "file" / "sub",
+                         {(tmp / "file").string() + " is a regular file, not a folder"});
+  // quantize's OUT_DIR itself a file.
+  const auto r = run_cli(fmt::format("quantize {} {} --bits 2", q(tmp / "hf"), q(tmp / "file")));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr((tmp / "file").string() + ": exists and is not a folder; hint:"));
+}
+
+TEST(Cli, ReadOnlyOutputFolderFailsClearly) {
+  if (::geteuid() == 0) {
+    GTEST_SKIP() << "running as root, which ignores permission bits; "
+                    "Cli.OutputUnderARegularFileFailsClearly covers the same paths for root";
+  }
+  namespace fs = std::filesystem;
+  exl3::test::TempDir tmp;
+  const auto ro = tmp / "ro";
+  fs::create_directories(ro);
+  fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);  // 0500
+  expect_outputs_refused(tmp.path(), ro, {"Permission denied", "pick a writable output folder"});
+  // quantize into the read-only folder itself: its working folder cannot be created.
+  auto r = run_cli(fmt::format("quantize {} {} --bits 2", q(tmp / "hf"), q(ro)));
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("cannot create folder " + (ro / ".exl3-partial" / "units").string() +
+                               ": Permission denied; hint: pick a writable output folder"));
+  // A model folder that cannot be searched: the file system error is the user's (status 1).
+  fs::create_directories(tmp / "closed");
+  fs::rename(tmp / "m", tmp / "closed" / "m");
+  fs::permissions(tmp / "closed", fs::perms::none);
+  r = run_cli(fmt::format("generate {} --prompt hi -n 1", q(tmp / "closed" / "m")));
+  fs::permissions(tmp / "closed", fs::perms::owner_all);
+  fs::permissions(ro, fs::perms::owner_all);
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_THAT(r.out, HasSubstr((tmp / "closed" / "m").string() + ": Permission denied; hint:"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("internal error")));
 }
 
 // `exl3 linear --device cuda`: the golden case on a GPU, a clear error without one.

@@ -1,4 +1,4 @@
-// Opening input files safely.
+// Opening input files safely, and creating output folders with errors a user can act on.
 //
 // Every reader of a user-supplied file (safetensors shards, config.json, tokenizer.json,
 // quantization_config.json, calibration / eval text, the quantize journal) goes through
@@ -49,5 +49,19 @@ struct RegularFile {
 // then fstat(2) of the descriptor, which is what is actually read. Throws exl3::Error naming the
 // path and the problem.
 RegularFile open_regular_file(const std::filesystem::path& path);
+
+// The hint for a failure (errno `err`) to create or write a file in output folder `dir`, e.g.
+// "pick a writable output folder" for EACCES / EROFS.
+std::string output_error_hint(const std::filesystem::path& dir, int err);
+
+// Creates `dir` and its missing parents (nothing when it is already a folder). Throws exl3::Error
+// naming the path and the OS reason with a hint instead of std::filesystem::filesystem_error, e.g.
+// "cannot create folder /x/y: Permission denied; hint: pick a writable output folder", or, when a
+// part of the path is a file, "cannot create folder /x/f/y: /x/f is a regular file, not a folder".
+void create_output_folder(const std::filesystem::path& dir);
+
+// Removes `path` (a folder with its contents; nothing when it does not exist), throwing
+// exl3::Error naming the path and the OS reason with a hint on failure.
+void remove_output_path(const std::filesystem::path& path);
 
 }  // namespace exl3
