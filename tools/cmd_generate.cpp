@@ -15,9 +15,11 @@
 
 #include "commands.hpp"
 #include "exl3/error.hpp"
+#include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
+#include "exl3/runtime/model_spec.hpp"
 #include "exl3/text/chat_template.hpp"
 #include "exl3/text/stop_tokens.hpp"
 #include "exl3/text/tokenizer.hpp"
@@ -128,6 +130,13 @@ Runner add_generate(CLI::App& app, Common&) {
     }
     if (prompt.empty()) fail("--prompt: the prompt encodes to no tokens");
 
+    // Refused before anything is loaded (and before the KV cache is sized from it): the model has
+    // no positions past max_position_embeddings.
+    const Checkpoint ckpt = Checkpoint::open(dir);
+    runtime::check_context_length(runtime::describe_model(ckpt),
+                                  static_cast<int64_t>(prompt.size()), o->max_tokens, "generate",
+                                  "--max-tokens / -n");
+
     runtime::EngineOptions eo;
     eo.load_progress = runtime::make_load_progress_printer(stderr, ::isatty(2) != 0);
     eo.device = runtime::parse_device(o->device);
@@ -135,7 +144,7 @@ Runner add_generate(CLI::App& app, Common&) {
     eo.tp = o->tp;
     eo.overlay = overlay_policy(o->overlay);
     eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
-    auto engine = runtime::load_engine(dir, eo);
+    auto engine = runtime::load_engine(ckpt, eo);
     if (!o->json) print_overlay_summary(engine->overlay_report());
     for (const int32_t id : model_stop_tokens(dir, engine->spec().eos_token_ids, tok))
       stops.insert(id);

@@ -6,16 +6,20 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
+#include <cerrno>
+#include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <set>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/format/safetensors.hpp"
 
 namespace exl3 {
@@ -75,7 +79,8 @@ struct Node {
   std::vector<Node> array() const {
     if (!j.is_array()) bad("must be an array");
     std::vector<Node> out;
-    for (size_t i = 0; i < j.size(); ++i) out.push_back({j[i], fmt::format("{}[{}]", path, i), label});
+    for (size_t i = 0; i < j.size(); ++i)
+      out.push_back({j[i], fmt::format("{}[{}]", path, i), label});
     return out;
   }
 };
@@ -99,12 +104,19 @@ Exl3Geometry parse_geometry(const Node& g) {
   out.intermediate_size = g.at("intermediate_size").integer(1, kBig);
   out.slot_channels = g.at("slot_channels").integer(1, kBig);
   out.num_slots = g.at("num_slots").integer(1, kBig);
-  if (out.slot_channels != 32) g.at("slot_channels").bad(fmt::format("is {}; exl3-v1 slots are 32 channels", out.slot_channels));
-  if (out.hidden_size % 128 != 0) g.at("hidden_size").bad(fmt::format("is {}, not a multiple of 128 (Hadamard blocks)", out.hidden_size));
-  if (out.intermediate_size % out.slot_channels != 0 || out.num_slots != out.intermediate_size / out.slot_channels) {
-    g.at("num_slots").bad(fmt::format("is {}, but intermediate_size {} / slot_channels {} gives {}", out.num_slots,
-                                      out.intermediate_size, out.slot_channels,
-                                      static_cast<double>(out.intermediate_size) / static_cast<double>(out.slot_channels)));
+  if (out.slot_channels != 32)
+    g.at("slot_channels")
+        .bad(fmt::format("is {}; exl3-v1 slots are 32 channels", out.slot_channels));
+  if (out.hidden_size % 128 != 0)
+    g.at("hidden_size")
+        .bad(fmt::format("is {}, not a multiple of 128 (Hadamard blocks)", out.hidden_size));
+  if (out.intermediate_size % out.slot_channels != 0 ||
+      out.num_slots != out.intermediate_size / out.slot_channels) {
+    g.at("num_slots")
+        .bad(fmt::format(
+            "is {}, but intermediate_size {} / slot_channels {} gives {}", out.num_slots,
+            out.intermediate_size, out.slot_channels,
+            static_cast<double>(out.intermediate_size) / static_cast<double>(out.slot_channels)));
   }
   const Node layers = g.at("moe_layer_indices");
   for (const auto& e : layers.array()) {
@@ -148,7 +160,8 @@ Exl3Rates parse_rates(const Node& r) {
 
 int64_t block_size(const Node& n) {
   const int64_t v = n.integer(0, 1 << 20);
-  if (v != 0 && (v & (v - 1)) != 0) n.bad(fmt::format("is {}; a Hadamard block is 0 (none) or a power of two", v));
+  if (v != 0 && (v & (v - 1)) != 0)
+    n.bad(fmt::format("is {}; a Hadamard block is 0 (none) or a power of two", v));
   return v;
 }
 
@@ -189,9 +202,10 @@ std::map<int, Exl3LayerEntry> parse_layers(const Node& n, const Exl3Geometry& g)
   std::set<std::string> files;
   for (const auto& [key, value] : n.j.items()) {
     const Node e{value, n.child(key), n.label};
-    const bool decimal = !key.empty() && key.size() <= 7 &&
-                         std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-                         (key == "0" || key[0] != '0');
+    const bool decimal =
+        !key.empty() && key.size() <= 7 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+        (key == "0" || key[0] != '0');
     if (!decimal) e.bad("is not a decimal layer index");
     const int layer = std::stoi(key);
     if (!std::binary_search(g.moe_layer_indices.begin(), g.moe_layer_indices.end(), layer)) {
@@ -199,17 +213,21 @@ std::map<int, Exl3LayerEntry> parse_layers(const Node& n, const Exl3Geometry& g)
     }
     e.object({"file", "sha256"});
     Exl3LayerEntry le{e.at("file").str(), e.at("sha256").str()};
-    if (le.file.empty() || le.file.find('/') != std::string::npos || le.file.find('\\') != std::string::npos ||
-        le.file == "." || le.file == ".." || !le.file.ends_with(".safetensors")) {
-      e.at("file").bad(fmt::format("is '{}'; expected a bare '*.safetensors' name inside the manifest's folder", le.file));
+    if (le.file.empty() || le.file.find('/') != std::string::npos ||
+        le.file.find('\\') != std::string::npos || le.file == "." || le.file == ".." ||
+        !le.file.ends_with(".safetensors")) {
+      e.at("file").bad(fmt::format(
+          "is '{}'; expected a bare '*.safetensors' name inside the manifest's folder", le.file));
     }
-    if (!files.insert(le.file).second) e.at("file").bad(fmt::format("'{}' is used by two layers", le.file));
+    if (!files.insert(le.file).second)
+      e.at("file").bad(fmt::format("'{}' is used by two layers", le.file));
     if (!is_hex64(le.sha256)) e.at("sha256").bad("is not 64 lowercase hex digits");
     out.emplace(layer, std::move(le));
   }
   for (const int l : g.moe_layer_indices) {
     if (!out.contains(l)) {
-      fail("{}: 'layers' has no entry for MoE layer {} (geometry.moe_layer_indices lists it); {}", n.label, l, kHint);
+      fail("{}: 'layers' has no entry for MoE layer {} (geometry.moe_layer_indices lists it); {}",
+           n.label, l, kHint);
     }
   }
   return out;
@@ -222,7 +240,8 @@ struct EvpCtxFree {
 class Sha256 {
  public:
   Sha256() : ctx_(EVP_MD_CTX_new()) {
-    if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1) fail("sha256: OpenSSL initialisation failed");
+    if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1)
+      fail("sha256: OpenSSL initialisation failed");
   }
   void update(const void* p, size_t n) {
     if (EVP_DigestUpdate(ctx_.get(), p, n) != 1) fail("sha256: OpenSSL digest update failed");
@@ -244,17 +263,23 @@ class Sha256 {
 
 std::string_view exl3_slot_codebook_name(Exl3SlotCodebook c) {
   switch (c) {
-    case Exl3SlotCodebook::kMcg: return "mcg";
-    case Exl3SlotCodebook::kLutE4m3: return "lut_e4m3";
-    case Exl3SlotCodebook::kLutFp16: return "lut_fp16";
+    case Exl3SlotCodebook::kMcg:
+      return "mcg";
+    case Exl3SlotCodebook::kLutE4m3:
+      return "lut_e4m3";
+    case Exl3SlotCodebook::kLutFp16:
+      return "lut_fp16";
   }
   return "?";
 }
 
 std::string Exl3Manifest::geometry_json() const {
-  const json j = {{"num_experts", geometry.num_experts},     {"hidden_size", geometry.hidden_size},
-                  {"intermediate_size", geometry.intermediate_size}, {"slot_channels", geometry.slot_channels},
-                  {"num_slots", geometry.num_slots},         {"moe_layer_indices", geometry.moe_layer_indices}};
+  const json j = {{"num_experts", geometry.num_experts},
+                  {"hidden_size", geometry.hidden_size},
+                  {"intermediate_size", geometry.intermediate_size},
+                  {"slot_channels", geometry.slot_channels},
+                  {"num_slots", geometry.num_slots},
+                  {"moe_layer_indices", geometry.moe_layer_indices}};
   return j.dump();
 }
 
@@ -266,24 +291,30 @@ Exl3Manifest parse_exl3_manifest(std::string_view json_text, const std::string& 
     fail("{}: not valid JSON ({}); {}", label, e.what(), kHint);
   }
   const Node root{j, "", label};
-  root.object({"kind", "schema", "codebook", "codebook_seed", "geometry", "rates", "hadamard", "layout", "layers"});
+  root.object({"kind", "schema", "codebook", "codebook_seed", "geometry", "rates", "hadamard",
+               "layout", "layers"});
   if (const auto kind = root.at("kind").str(); kind != "exl3-manifest") {
     root.at("kind").bad(fmt::format("is '{}', expected 'exl3-manifest'", kind));
   }
   if (const auto schema = root.at("schema").str(); schema != kExl3Schema) {
-    root.at("schema").bad(fmt::format("is '{}'; this reader understands '{}' only", schema, kExl3Schema));
+    root.at("schema").bad(
+        fmt::format("is '{}'; this reader understands '{}' only", schema, kExl3Schema));
   }
   Exl3Manifest m;
   m.label = label;
   m.codebook = parse_codebook(root.at("codebook"));
   if (m.codebook == Exl3SlotCodebook::kMcg) {
-    const auto seed = static_cast<uint64_t>(root.at("codebook_seed").integer(0, int64_t{0xFFFFFFFF}));
+    const auto seed =
+        static_cast<uint64_t>(root.at("codebook_seed").integer(0, int64_t{0xFFFFFFFF}));
     if (seed != kExl3McgSeed) {
-      root.at("codebook_seed").bad(fmt::format("is {:#x}; the MCG codebook's multiplier is {:#x}", seed, kExl3McgSeed));
+      root.at("codebook_seed")
+          .bad(fmt::format("is {:#x}; the MCG codebook's multiplier is {:#x}", seed, kExl3McgSeed));
     }
     m.codebook_seed = seed;
   } else if (root.has("codebook_seed")) {
-    root.at("codebook_seed").bad(fmt::format("is given for codebook '{}'; only mcg takes a seed", exl3_slot_codebook_name(m.codebook)));
+    root.at("codebook_seed")
+        .bad(fmt::format("is given for codebook '{}'; only mcg takes a seed",
+                         exl3_slot_codebook_name(m.codebook)));
   }
   m.geometry = parse_geometry(root.at("geometry"));
   m.rates = parse_rates(root.at("rates"));
@@ -300,14 +331,18 @@ Exl3Manifest read_exl3_manifest(const std::filesystem::path& dir) {
   for (const auto& [layer, entry] : m.layers) {
     const auto file = dir / entry.file;
     if (!std::filesystem::is_regular_file(file)) {
-      fail("{}: layer {} file '{}' is missing; hint: copy every exl3-layer-*.safetensors the manifest lists",
-           path.string(), layer, file.string());
+      fail(
+          "{}: layer {} file '{}' is missing; hint: copy every exl3-layer-*.safetensors the "
+          "manifest lists",
+          path.string(), layer, file.string());
     }
     const auto digest = sha256_file_hex(file);
     if (digest != entry.sha256) {
-      fail("{}: sha256 {} does not match the manifest's {} for layer {}; hint: the file is corrupt or "
-           "from another conversion, download it again",
-           file.string(), digest, entry.sha256, layer);
+      fail(
+          "{}: sha256 {} does not match the manifest's {} for layer {}; hint: the file is corrupt "
+          "or "
+          "from another conversion, download it again",
+          file.string(), digest, entry.sha256, layer);
     }
     const auto st = SafetensorsFile::open(file);
     const auto& meta = st->metadata();
@@ -319,10 +354,13 @@ Exl3Manifest read_exl3_manifest(const std::filesystem::path& dir) {
     for (const auto& [key, want] : expect) {
       const auto it = meta.find(std::string(key));
       if (it == meta.end() || it->second != want) {
-        fail("{}: safetensors metadata '{}' is {}, expected '{}' (echoing {}); hint: the layer file does "
-             "not belong to this manifest",
-             file.string(), key, it == meta.end() ? std::string("missing") : fmt::format("'{}'", it->second), want,
-             path.string());
+        fail(
+            "{}: safetensors metadata '{}' is {}, expected '{}' (echoing {}); hint: the layer file "
+            "does "
+            "not belong to this manifest",
+            file.string(), key,
+            it == meta.end() ? std::string("missing") : fmt::format("'{}'", it->second), want,
+            path.string());
       }
     }
   }
@@ -336,23 +374,28 @@ std::string sha256_hex(std::string_view bytes) {
 }
 
 std::string sha256_file_hex(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open for reading", path.string());
+  const RegularFile f = open_regular_file(path);  // never blocks on a FIFO or device
   Sha256 h;
   std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    if (in.gcount() > 0) h.update(buf.data(), static_cast<size_t>(in.gcount()));
+  for (;;) {
+    const ssize_t n = ::read(f.fd.get(), buf.data(), buf.size());
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("{}: read error while hashing: {}", path.string(), std::strerror(errno));
+    }
+    h.update(buf.data(), static_cast<size_t>(n));
   }
-  if (in.bad()) fail("{}: read error while hashing", path.string());
   return h.hex();
 }
 
 Exl3Extent plan_exl3_extent(const Exl3Manifest& m, int layer, int tp, int rank) {
   if (tp < kExl3MinTp || tp > kExl3MaxTp) {
-    fail("{}: exl3-v1 extent planning supports TP {}..{}, not {}", m.label, kExl3MinTp, kExl3MaxTp, tp);
+    fail("{}: exl3-v1 extent planning supports TP {}..{}, not {}", m.label, kExl3MinTp, kExl3MaxTp,
+         tp);
   }
-  if (rank < 0 || rank >= tp) fail("{}: rank {} is outside 0..{} for TP {}", m.label, rank, tp - 1, tp);
+  if (rank < 0 || rank >= tp)
+    fail("{}: rank {} is outside 0..{} for TP {}", m.label, rank, tp - 1, tp);
   if (!m.layers.contains(layer)) {
     fail("{}: layer {} is not an MoE layer of this manifest (layers {})", m.label, layer,
          fmt::join(m.geometry.moe_layer_indices, ", "));
@@ -360,13 +403,16 @@ Exl3Extent plan_exl3_extent(const Exl3Manifest& m, int layer, int tp, int rank) 
   const int64_t slots = m.geometry.num_slots, align = m.layout.extent_alignment_slots;
   const auto& barriers = m.layout.extent_barriers;
   if (barriers.size() != 1 || barriers[0] * 2 != slots || (slots / 2) % align != 0) {
-    fail("{}: extent planning requires one barrier between aligned halves: layout.extent_barriers must be [{}] "
-         "and {} slots per half divisible by extent_alignment_slots {} (got barriers [{}])",
-         m.label, slots / 2, slots / 2, align, fmt::join(barriers, ", "));
+    fail(
+        "{}: extent planning requires one barrier between aligned halves: layout.extent_barriers "
+        "must be [{}] "
+        "and {} slots per half divisible by extent_alignment_slots {} (got barriers [{}])",
+        m.label, slots / 2, slots / 2, align, fmt::join(barriers, ", "));
   }
   const int64_t half_blocks = slots / 2 / align;
   const int step = tp == 10 ? 2 : 1;
-  const int64_t pos = ((static_cast<int64_t>(rank) - static_cast<int64_t>(layer) * step) % tp + tp) % tp;
+  const int64_t pos =
+      ((static_cast<int64_t>(rank) - static_cast<int64_t>(layer) * step) % tp + tp) % tp;
   const int64_t first_ranks = (tp + 1) / 2;
   const bool second = pos >= first_ranks;
   const int64_t sharers = second ? tp - first_ranks : first_ranks;

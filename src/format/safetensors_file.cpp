@@ -3,42 +3,26 @@
 #include <cerrno>
 #include <cstring>
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/trellis/half.hpp"
 
 namespace exl3 {
-namespace {
-
-// Closes the descriptor on every exit path of open(); the mapping outlives it.
-struct FdGuard {
-  int fd;
-  ~FdGuard() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-}  // namespace
-
 std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path) {
   const std::string label = path.string();
-  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (fd.fd < 0) fail("{}: cannot open: {}", label, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd.fd, &st) != 0) fail("{}: cannot stat: {}", label, std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", label);
+  // Refuses a FIFO / device / folder before open(2) could block on it; the mapping outlives the
+  // descriptor.
+  const RegularFile file = open_regular_file(path);
 
   std::shared_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
-  f->size_ = static_cast<uint64_t>(st.st_size);
+  f->size_ = file.size;
   if (f->size_ > 0) {
     // mmap of length 0 is an error, so tiny/empty files go straight to the header check below.
-    void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd.fd, 0);
+    void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, file.fd.get(), 0);
     if (p == MAP_FAILED)
       fail("{}: cannot mmap {} bytes: {}", label, f->size_, std::strerror(errno));
     f->map_ = static_cast<const std::byte*>(p);

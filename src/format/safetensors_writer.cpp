@@ -6,9 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <numeric>
-#include <sstream>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -17,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/format/safetensors.hpp"
 
 namespace exl3 {
@@ -118,13 +117,17 @@ void write_file_atomic(const fs::path& path, std::span<const std::byte> bytes) {
   const fs::path tmp = dir / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
 
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    fail("{}: cannot create temp file {}: {}", path.string(), tmp.string(), std::strerror(errno));
+  if (fd < 0) {
+    const int err = errno;
+    fail("cannot create {}: {} (writing the temp file {}); hint: {}", path.string(),
+         std::strerror(err), tmp.filename().string(), output_error_hint(dir, err));
+  }
   // On any failure: remember errno, drop the temp file, report the step that failed.
   auto abort_with = [&](const char* step, int err, bool close_fd) {
     if (close_fd) ::close(fd);
     ::unlink(tmp.c_str());
-    fail("{}: {} failed: {}", path.string(), step, std::strerror(err));
+    fail("{}: {} failed: {}; hint: {}", path.string(), step, std::strerror(err),
+         output_error_hint(dir, err));
   };
   if (!write_all(fd, bytes.data(), bytes.size())) abort_with("write", errno, true);
   if (::fsync(fd) != 0) abort_with("fsync", errno, true);
@@ -148,12 +151,20 @@ void write_file_atomic(const fs::path& path, std::string_view text) {
 }
 
 std::string read_text_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot read", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) fail("{}: read error", path.string());
-  return ss.str();
+  const RegularFile f = open_regular_file(path);  // never blocks on a FIFO or device
+  std::string text;
+  text.reserve(static_cast<size_t>(f.size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(f.fd.get(), buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("{}: read error: {}", path.string(), std::strerror(errno));
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return text;
 }
 
 }  // namespace exl3

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/trellis/bitstream.hpp"
 #include "exl3/trellis/half.hpp"
@@ -25,26 +26,32 @@ class Builder {
   Builder(const SyntheticSpec& spec) : spec_(spec), rng_(spec.seed) {}
 
   void exl3_linear(const std::string& prefix, int64_t in, int64_t out, int bits) {
-    if (in % 128 != 0 || out % 128 != 0) fail("synthetic checkpoint: {} is {}x{}, dims must be multiples of 128", prefix, in, out);
+    if (in % 128 != 0 || out % 128 != 0)
+      fail("synthetic checkpoint: {} is {}x{}, dims must be multiples of 128", prefix, in, out);
     std::vector<uint16_t> trellis(static_cast<size_t>(in / 16 * (out / 16) * 16 * bits));
     // Four words per draw: the largest models hold billions of words, and their bits are only
     // required to be uniform.
     for (size_t i = 0; i < trellis.size(); i += 4) {
       uint64_t r = rng_();
-      for (size_t j = i; j < std::min(i + 4, trellis.size()); ++j, r >>= 16) trellis[j] = static_cast<uint16_t>(r);
+      for (size_t j = i; j < std::min(i + 4, trellis.size()); ++j, r >>= 16)
+        trellis[j] = static_cast<uint16_t>(r);
     }
-    writer_.add<uint16_t>(prefix + ".trellis", DType::kI16, {in / 16, out / 16, 16 * bits}, trellis);
-    writer_.add<uint16_t>(prefix + ".suh", DType::kF16, {in}, scales(in, 1.0 / (1.24 * std::sqrt(static_cast<double>(in)))));
+    writer_.add<uint16_t>(prefix + ".trellis", DType::kI16, {in / 16, out / 16, 16 * bits},
+                          trellis);
+    writer_.add<uint16_t>(prefix + ".suh", DType::kF16, {in},
+                          scales(in, 1.0 / (1.24 * std::sqrt(static_cast<double>(in)))));
     writer_.add<uint16_t>(prefix + ".svh", DType::kF16, {out}, scales(out, 1.0));
     if (spec_.codebook != trellis::Codebook::k3Inst) {
       const bool mcg = spec_.codebook == trellis::Codebook::kMcg;
       const int32_t marker = mcg ? trellis::kMcgMarker : trellis::kMul1Marker;
-      writer_.add<int32_t>(prefix + (mcg ? ".mcg" : ".mul1"), DType::kI32, {}, std::span<const int32_t>(&marker, 1));
+      writer_.add<int32_t>(prefix + (mcg ? ".mcg" : ".mul1"), DType::kI32, {},
+                           std::span<const int32_t>(&marker, 1));
     }
     ++linears_;
   }
 
-  void bf16_tensor(const std::string& name, std::vector<int64_t> shape, double scale, double offset = 0.0) {
+  void bf16_tensor(const std::string& name, std::vector<int64_t> shape, double scale,
+                   double offset = 0.0) {
     int64_t n = 1;
     for (auto d : shape) n *= d;
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -119,11 +126,12 @@ nlohmann::json make_config(const SyntheticSpec& s, int64_t padded_vocab) {
 
 }  // namespace
 
-SyntheticResult write_synthetic_checkpoint(const std::filesystem::path& dir, const SyntheticSpec& s) {
+SyntheticResult write_synthetic_checkpoint(const std::filesystem::path& dir,
+                                           const SyntheticSpec& s) {
   if (!trellis::valid_bits(s.bits) || !trellis::valid_bits(s.head_bits)) {
     fail("synthetic checkpoint: bits {} / head bits {} must be in 1..8", s.bits, s.head_bits);
   }
-  std::filesystem::create_directories(dir);
+  create_output_folder(dir);
   Builder b(s);
   const int64_t h = s.hidden_size, q = s.num_heads * s.head_dim, kv = s.num_kv_heads * s.head_dim;
   const int64_t vocab = (s.vocab_size + 127) / 128 * 128;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/trellis/half.hpp"
 
@@ -252,7 +253,7 @@ std::optional<HfArch> parse_hf_arch(std::string_view s) {
 SyntheticHfResult write_synthetic_hf_model(const std::filesystem::path& dir,
                                            const SyntheticHfSpec& s) {
   validate(s);
-  std::filesystem::create_directories(dir);
+  create_output_folder(dir);
   Writer w(s);
   const int64_t h = s.hidden_size, q = s.num_heads * s.head_dim, kv = s.num_kv_heads * s.head_dim;
   w.matrix("model.embed_tokens.weight", s.vocab_size, h, s.init_std);

@@ -52,7 +52,8 @@ FileList open_sharded(const fs::path& dir, const fs::path& index) {
   FileList files;
   for (const auto& [name, tensors] : by_file) {
     const fs::path shard = dir / name;
-    if (!fs::is_regular_file(shard)) {
+    if (!fs::exists(
+            shard)) {  // anything else that is not a regular file: SafetensorsFile::open says so
       fail(
           "{}: shard '{}' named in weight_map does not exist ({}); hint: the download is "
           "incomplete",
@@ -103,6 +104,10 @@ FileList open_folder(const fs::path& dir) {
 TensorStore TensorStore::open(const fs::path& path) {
   std::error_code ec;
   const auto st = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    fail("{}: cannot access: {}; hint: check the permissions of the path and its folders",
+         path.string(), ec.message());
+  }
   if (ec || !fs::exists(st)) fail("{}: no such file or folder", path.string());
   if (fs::is_directory(st)) return from_files(open_folder(path), path);
   if (path.extension() != ".safetensors") {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/trellis/bitstream.hpp"
 #include "exl3/trellis/half.hpp"
@@ -202,7 +203,7 @@ ojson make_config(const SyntheticMoeSpec& s, const std::set<int>& ks) {
 
 SyntheticMoeResult write_synthetic_moe(const std::filesystem::path& dir, SyntheticMoeSpec s) {
   validate(s);
-  fs::create_directories(dir);
+  create_output_folder(dir);
   const int64_t h = s.hidden_size, i_full = s.intermediate_size, i_loc = i_full / s.tp;
   const bool sliced = s.rotation != RotationLayout::kPlain;
   Generator gen(s.seed);

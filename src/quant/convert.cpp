@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <iterator>
 #include <string>
 
@@ -14,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/trellis/bitstream.hpp"
 #include "quant/calibrate.hpp"
 #include "quant/convert_internal.hpp"
@@ -25,18 +25,13 @@ using detail::now_seconds;
 
 namespace {
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("{}: cannot read", p.string());
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 void validate_options(const ConvertOptions& o) {
   if (!std::isfinite(o.bits) || o.bits < trellis::kMinBits || o.bits > trellis::kMaxBits) {
     fail("quantize: --bits {} outside {}..{}", o.bits, trellis::kMinBits, trellis::kMaxBits);
   }
   if (!trellis::valid_bits(o.head_bits) && o.head_bits != kHeadBitsUnquantized) {
-    fail("quantize: --head-bits {} must be in 1..8, or 16 to keep lm_head unquantized", o.head_bits);
+    fail("quantize: --head-bits {} must be in 1..8, or 16 to keep lm_head unquantized",
+         o.head_bits);
   }
   if (o.shard_size_bytes == 0) fail("quantize: shard size must be positive");
   if (o.threads < 0) fail("quantize: threads {} must be >= 0", o.threads);
@@ -81,12 +76,13 @@ nlohmann::json settings_json(const ConvertOptions& o) {
           {"head_bits", o.head_bits},
           {"codebook", trellis::codebook_name(o.codebook)},
           {"out_scales", std::string(out_scales_name(o.out_scales))},
-          {"calibration", o.calibration == Calibration::kNone
-                              ? nlohmann::json("none")
-                              : nlohmann::json{{"text", o.calibration_label},
-                                               {"text_fnv1a", fmt::format("{:016x}", fnv1a(o.calibration_text))},
-                                               {"rows", o.calibration_rows},
-                                               {"length", o.calibration_length}}},
+          {"calibration",
+           o.calibration == Calibration::kNone
+               ? nlohmann::json("none")
+               : nlohmann::json{{"text", o.calibration_label},
+                                {"text_fnv1a", fmt::format("{:016x}", fnv1a(o.calibration_text))},
+                                {"rows", o.calibration_rows},
+                                {"length", o.calibration_length}}},
           {"seed", o.seed},
           {"g_scale", o.g_scale},
           {"shard_size_bytes", o.shard_size_bytes}};
@@ -109,15 +105,17 @@ int64_t stop_after(const ConvertOptions& o) {
   if (env == nullptr || *env == '\0') return -1;
   char* end = nullptr;
   const long long v = std::strtoll(env, &end, 10);
-  if (*end != '\0' || v < 0) fail("EXL3_QUANTIZE_STOP_AFTER='{}' must be a non-negative integer", env);
+  if (*end != '\0' || v < 0)
+    fail("EXL3_QUANTIZE_STOP_AFTER='{}' must be a non-negative integer", env);
   return v;
 }
 
 // True when OUT_DIR's finished model was produced from this source with these settings.
 bool finished_matches(const fs::path& out, const std::string& fp, const nlohmann::json& settings) {
   try {
-    const auto cfg = nlohmann::json::parse(read_text(out / "config.json"));
-    if (!cfg.contains("quantization_config") || cfg["quantization_config"].value("quant_method", "") != "exl3") {
+    const auto cfg = nlohmann::json::parse(read_text_file(out / "config.json"));
+    if (!cfg.contains("quantization_config") ||
+        cfg["quantization_config"].value("quant_method", "") != "exl3") {
       return false;
     }
     const TensorStore store = TensorStore::open(out);
@@ -156,24 +154,27 @@ ConvertResult finished_result(const fs::path& out, const ConversionPlan& plan) {
 bool prepare_out_dir(const fs::path& in, const fs::path& out, const ConvertOptions& o,
                      const std::string& fp, const nlohmann::json& settings) {
   std::error_code ec;
-  if (fs::exists(out) && fs::equivalent(in, out, ec)) {
+  const bool exists = fs::exists(out, ec);
+  if (exists && fs::equivalent(in, out, ec)) {
     fail("{}: OUT_DIR is the source folder; choose another output folder", out.string());
   }
-  if (fs::exists(out) && !fs::is_directory(out)) fail("{}: exists and is not a folder", out.string());
-  fs::create_directories(out);
+  if (exists && !fs::is_directory(out, ec))
+    fail("{}: exists and is not a folder; hint: pick another output folder", out.string());
+  create_output_folder(out);  // errors name the path and the reason, e.g. Permission denied
   const fs::path cfg = out / "config.json";
-  if (!fs::exists(cfg)) return false;
+  if (!fs::exists(cfg, ec)) return false;
   if (finished_matches(out, fp, settings) && !o.overwrite) {
-    fs::remove_all(out / kPartialDir);  // a crash between config.json and this cleanup
+    remove_output_path(out / kPartialDir);  // a crash between config.json and this cleanup
     return true;
   }
   if (!o.overwrite) {
-    fail("{}: already holds a different model (config.json is present and was not produced from "
-         "this source with these settings); pass --overwrite to replace it, or choose another "
-         "OUT_DIR",
-         out.string());
+    fail(
+        "{}: already holds a different model (config.json is present and was not produced from "
+        "this source with these settings); pass --overwrite to replace it, or choose another "
+        "OUT_DIR",
+        out.string());
   }
-  fs::remove(cfg);  // first, so the folder stops looking complete while it is rewritten
+  remove_output_path(cfg);  // first, so the folder stops looking complete while it is rewritten
   return false;
 }
 
@@ -183,12 +184,14 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
                             const ConvertOptions& o) {
   const double t0 = now_seconds();
   validate_options(o);
-  if (!fs::is_directory(in_dir)) fail("{}: not a folder (expected a Hugging Face model folder)", in_dir.string());
+  if (!fs::is_directory(in_dir))
+    fail("{}: not a folder (expected a Hugging Face model folder)", in_dir.string());
   const fs::path cfg_path = in_dir / "config.json";
   if (!fs::exists(cfg_path)) {
-    fail("{}: missing (IN_DIR must be a Hugging Face model folder with config.json)", cfg_path.string());
+    fail("{}: missing (IN_DIR must be a Hugging Face model folder with config.json)",
+         cfg_path.string());
   }
-  const std::string cfg_text = read_text(cfg_path);
+  const std::string cfg_text = read_text_file(cfg_path);
   const ModelConfig cfg = parse_model_config(cfg_text, cfg_path.string());
   if (cfg.quantization_config.is_object() &&
       cfg.quantization_config.value("quant_method", "") == "exl3") {
@@ -196,8 +199,8 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
          cfg_path.string());
   }
   const TensorStore store = TensorStore::open(in_dir);
-  const ConversionPlan plan =
-      plan_conversion(cfg, store, o.bits, o.head_bits, plan_dense_formats(in_dir, o.dense_format, o.dense_ignore));
+  const ConversionPlan plan = plan_conversion(
+      cfg, store, o.bits, o.head_bits, plan_dense_formats(in_dir, o.dense_format, o.dense_ignore));
 
   const std::string fp = fingerprint(cfg_text, store);
   const nlohmann::json settings = all_settings(o);
@@ -213,7 +216,11 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
                                  {"source_fingerprint", fp},
                                  {"settings", settings},
                                  {"items", n}};
-  detail::Journal journal = detail::Journal::open(out_dir / kPartialDir, header, o.overwrite);
+  std::vector<std::string> item_names;
+  item_names.reserve(plan.items.size());
+  for (const auto& it : plan.items) item_names.push_back(it.name);
+  detail::Journal journal =
+      detail::Journal::open(out_dir / kPartialDir, header, o.overwrite, item_names);
 
   ConvertResult res;
   res.out_dir = out_dir;
@@ -228,7 +235,8 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
   // ETA from quantization work (padded weights) still to do; copies are cheap by comparison.
   auto work = [](const PlanItem& it) {
     return it.kind == PlanItem::Kind::kExl3Linear
-               ? static_cast<double>((it.in_features + 127) / 128 * 128) * ((it.out_features + 127) / 128 * 128)
+               ? static_cast<double>((it.in_features + 127) / 128 * 128) *
+                     ((it.out_features + 127) / 128 * 128)
                : 0.0;
   };
   double work_left = 0.0;
@@ -237,8 +245,8 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
     res.quantized += it.kind == PlanItem::Kind::kExl3Linear ? 1 : 0;
     res.dense_linears += it.kind == PlanItem::Kind::kDenseLinear ? 1 : 0;
     const auto d = journal.done().find(i);
-    const bool done = d != journal.done().end() && d->second.name == it.name &&
-                      fs::exists(journal.unit_file(i));
+    const bool done =
+        d != journal.done().end() && d->second.name == it.name && fs::exists(journal.unit_file(i));
     if (!done) work_left += work(it);
   }
 
@@ -258,9 +266,10 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
       ++res.resumed;
     } else {
       if (stop >= 0 && res.converted >= stop) {
-        fail("quantize: stopped after {} tensors (EXL3_QUANTIZE_STOP_AFTER test hook); re-run "
-             "to resume",
-             res.converted);
+        fail(
+            "quantize: stopped after {} tensors (EXL3_QUANTIZE_STOP_AFTER test hook); re-run "
+            "to resume",
+            res.converted);
       }
       rep = detail::stage_item(store, it, o, journal.unit_file(i), hessian);
       journal.append(i, rep);
@@ -282,7 +291,8 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
       ev.proxy_err = rep.proxy_err;
       ev.seconds = rep.seconds;
       ev.elapsed = now_seconds() - t0;
-      if (work_done > 0.0) ev.eta_seconds = work_seconds / work_done * std::max(0.0, work_left - work_done);
+      if (work_done > 0.0)
+        ev.eta_seconds = work_seconds / work_done * std::max(0.0, work_left - work_done);
       o.progress(ev);
     }
   };
@@ -319,7 +329,7 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
   ai.settings = settings;
   ai.started = t0;
   const auto asm_res = detail::assemble_output(ai);
-  fs::remove_all(out_dir / kPartialDir);
+  remove_output_path(out_dir / kPartialDir);
 
   res.num_shards = asm_res.num_shards;
   res.total_bytes = asm_res.total_bytes;
@@ -336,9 +346,12 @@ uint64_t peak_rss_bytes() {
 
 std::string_view out_scales_name(OutScales s) {
   switch (s) {
-    case OutScales::kAlways: return "always";
-    case OutScales::kNever: return "never";
-    case OutScales::kAuto: return "auto";
+    case OutScales::kAlways:
+      return "always";
+    case OutScales::kNever:
+      return "never";
+    case OutScales::kAuto:
+      return "auto";
   }
   return "always";
 }
@@ -373,15 +386,21 @@ nlohmann::json ConvertResult::to_json() const {
   nlohmann::json mx_layers = nlohmann::json::array();
   for (const auto& r : reports) {
     if (r.mxfp8) {
-      mx_layers.push_back({{"name", r.name}, {"rel_l2", r.rel_l2}, {"max_abs", r.max_abs},
-                           {"source_bytes", r.source_bytes}, {"mxfp8_bytes", r.stored_bytes}});
+      mx_layers.push_back({{"name", r.name},
+                           {"rel_l2", r.rel_l2},
+                           {"max_abs", r.max_abs},
+                           {"source_bytes", r.source_bytes},
+                           {"mxfp8_bytes", r.stored_bytes}});
     }
   }
   nlohmann::json proxy = nlohmann::json::array();
   for (const auto& r : reports) {
     if (r.quantized) {
-      proxy.push_back({{"name", r.name}, {"bits", r.bits}, {"proxy_err", r.proxy_err},
-                       {"seconds", r.seconds}, {"resumed", r.resumed}});
+      proxy.push_back({{"name", r.name},
+                       {"bits", r.bits},
+                       {"proxy_err", r.proxy_err},
+                       {"seconds", r.seconds},
+                       {"resumed", r.resumed}});
     }
   }
   return {{"out_dir", out_dir.string()},
@@ -402,11 +421,12 @@ nlohmann::json ConvertResult::to_json() const {
           {"proxy_err", proxy},
           {"dense_format", std::string(dense_format_name(dense_format))},
           {"dense_linears", dense_linears},
-          {"mxfp8", {{"linears", mx_layers.size()},
-                     {"source_bytes", mxfp8_source_bytes()},
-                     {"mxfp8_bytes", mxfp8_bytes()},
-                     {"saved_bytes", mxfp8_source_bytes() - mxfp8_bytes()},
-                     {"layers", mx_layers}}}};
+          {"mxfp8",
+           {{"linears", mx_layers.size()},
+            {"source_bytes", mxfp8_source_bytes()},
+            {"mxfp8_bytes", mxfp8_bytes()},
+            {"saved_bytes", mxfp8_source_bytes() - mxfp8_bytes()},
+            {"layers", mx_layers}}}};
 }
 
 }  // namespace exl3::quant

@@ -34,19 +34,28 @@ TensorReport stage_item(const TensorStore& store, const PlanItem& item, const Co
 // A dense linear (--dense-format): MXFP8 planes with the runtime's codec (the report carries the
 // error against the source), or the weight unquantized (BF16 / F16 as stored, wider types rounded
 // to BF16); the bias as stored (F64 as F32). Called by stage_item (dense_format.cpp).
-TensorReport stage_dense_linear(const TensorStore& store, const PlanItem& item, const fs::path& file);
+TensorReport stage_dense_linear(const TensorStore& store, const PlanItem& item,
+                                const fs::path& file);
 
 // ---- journal --------------------------------------------------------------------------------
 
 // OUT/.exl3-partial/journal.jsonl: the first line identifies the run (source fingerprint +
-// settings + item count); every later line records one finished item. Lines are appended and
-// fsynced after the item's staged file is in place, so a line always means "done"; a torn last
-// line (crash while appending) is ignored.
+// settings + item count); every later line records one finished item:
+//   {"unit": 3, "name": "<plan item name>", "file": "units/000003.safetensors", "bytes": 5376,
+//    "quantized": true, "bits": 2, "proxy_err": ..., "seconds": ..., [dense-linear fields]}
+// Lines are appended and fsynced after the item's staged file is in place, so a line always means
+// "done"; a torn last line (no newline: a crash while appending) is dropped and its item redone.
+// Journals written before "file" and "bytes" existed are still resumed (their staged files are
+// checked for a readable header only).
 class Journal {
  public:
   // Opens or creates the journal. An existing one with a different header is an error naming the
-  // differences, unless `discard` (--overwrite), which starts over.
-  static Journal open(const fs::path& partial_dir, const nlohmann::json& header, bool discard);
+  // differences, unless `discard` (--overwrite), which starts over. Every entry of an existing one
+  // is validated before anything is trusted: it must parse, name the item `item_names` has at its
+  // unit index, and its staged file must exist with the recorded size and a readable header;
+  // otherwise the error names the journal file, the line and how to recover (--overwrite).
+  static Journal open(const fs::path& partial_dir, const nlohmann::json& header, bool discard,
+                      const std::vector<std::string>& item_names);
 
   const std::map<int64_t, TensorReport>& done() const { return done_; }
   void append(int64_t index, const TensorReport& r);

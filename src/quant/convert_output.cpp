@@ -3,7 +3,6 @@
 // complete; everything before it is written atomically and may be redone after a crash.
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <set>
@@ -13,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 #include "exl3/trellis/codebook.hpp"
 #include "quant/convert_internal.hpp"
 #include "quant/stream_writer.hpp"
@@ -21,27 +21,33 @@ namespace exl3::quant::detail {
 
 namespace {
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("{}: cannot read", p.string());
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 // The dtype spelling exllamav3's quant_config.py records (str(torch.dtype)).
 const char* torch_dtype(DType t) {
   switch (t) {
-    case DType::kBool: return "torch.bool";
-    case DType::kU8: return "torch.uint8";
-    case DType::kI8: return "torch.int8";
-    case DType::kI16: return "torch.int16";
-    case DType::kI32: return "torch.int32";
-    case DType::kI64: return "torch.int64";
-    case DType::kF16: return "torch.float16";
-    case DType::kBF16: return "torch.bfloat16";
-    case DType::kF32: return "torch.float32";
-    case DType::kF64: return "torch.float64";
-    case DType::kF8E4M3: return "torch.float8_e4m3fn";
-    case DType::kF8E5M2: return "torch.float8_e5m2";
+    case DType::kBool:
+      return "torch.bool";
+    case DType::kU8:
+      return "torch.uint8";
+    case DType::kI8:
+      return "torch.int8";
+    case DType::kI16:
+      return "torch.int16";
+    case DType::kI32:
+      return "torch.int32";
+    case DType::kI64:
+      return "torch.int64";
+    case DType::kF16:
+      return "torch.float16";
+    case DType::kBF16:
+      return "torch.bfloat16";
+    case DType::kF32:
+      return "torch.float32";
+    case DType::kF64:
+      return "torch.float64";
+    case DType::kF8E4M3:
+      return "torch.float8_e4m3fn";
+    case DType::kF8E5M2:
+      return "torch.float8_e5m2";
   }
   return "unknown";
 }
@@ -54,9 +60,12 @@ std::string module_of(const PlanItem& it) {
 }
 
 bool is_tokenizer_file(const std::string& n) {
-  static const std::set<std::string> exact = {"tokenizer.model", "special_tokens_map.json",
-                                              "generation_config.json", "added_tokens.json",
-                                              "vocab.json", "merges.txt"};
+  static const std::set<std::string> exact = {"tokenizer.model",
+                                              "special_tokens_map.json",
+                                              "generation_config.json",
+                                              "added_tokens.json",
+                                              "vocab.json",
+                                              "merges.txt"};
   return exact.contains(n) || (n.starts_with("tokenizer") && n.ends_with(".json")) ||
          n.starts_with("chat_template");
 }
@@ -67,11 +76,12 @@ void remove_stale_shards(const fs::path& out) {
   for (const auto& e : fs::directory_iterator(out)) {
     const std::string n = e.path().filename().string();
     if (n == "model.safetensors" || n == "model.safetensors.index.json" ||
-        (n.starts_with("model-") && n.ends_with(".safetensors") && n.find("-of-") != std::string::npos)) {
+        (n.starts_with("model-") && n.ends_with(".safetensors") &&
+         n.find("-of-") != std::string::npos)) {
       stale.push_back(e.path());
     }
   }
-  for (const auto& p : stale) fs::remove(p);
+  for (const auto& p : stale) remove_output_path(p);
 }
 
 }  // namespace
@@ -84,11 +94,13 @@ nlohmann::ordered_json quantization_config(const ConversionPlan& plan, const Con
   q["head_bits"] = o.head_bits;
   // exllamav3 records its calibration set as rows x cols tokens; 0 x 0 = --calibration none.
   const bool cal = o.calibration == Calibration::kText;
-  q["calibration"] = {{"rows", cal ? o.calibration_rows : 0}, {"cols", cal ? o.calibration_length : 0}};
+  q["calibration"] = {{"rows", cal ? o.calibration_rows : 0},
+                      {"cols", cal ? o.calibration_length : 0}};
   q["out_scales"] = std::string(out_scales_name(o.out_scales));
   q["codebook"] = trellis::codebook_name(o.codebook);
   // The serialized-MXFP8 variant records its dense format (docs/mxfp8.md, Checkpoint form).
-  if (o.dense_format != DenseFormat::kExl3) q["dense_format"] = std::string(dense_format_name(o.dense_format));
+  if (o.dense_format != DenseFormat::kExl3)
+    q["dense_format"] = std::string(dense_format_name(o.dense_format));
   return q;
 }
 
@@ -100,7 +112,8 @@ AssembleResult assemble_output(const AssembleInput& in) {
   // Headers of all staged items (read with pread: nothing large is held).
   std::vector<StagedFile> staged;
   staged.reserve(plan.items.size());
-  for (int64_t i = 0; i < n_items; ++i) staged.push_back(read_staged_header(in.journal->unit_file(i)));
+  for (int64_t i = 0; i < n_items; ++i)
+    staged.push_back(read_staged_header(in.journal->unit_file(i)));
 
   // Shards: items in order, a new shard when the next item would overflow a non-empty one. An
   // item (module) is never split.
@@ -158,7 +171,8 @@ AssembleResult assemble_output(const AssembleInput& in) {
 
   for (const auto& e : fs::directory_iterator(in.in_dir)) {
     const std::string n = e.path().filename().string();
-    if (e.is_regular_file() && is_tokenizer_file(n)) write_file_atomic(in.out_dir / n, read_text(e.path()));
+    if (e.is_regular_file() && is_tokenizer_file(n))
+      write_file_atomic(in.out_dir / n, read_text_file(e.path()));
   }
 
   // quantization_config.json: the config block plus every module's stored tensors.
@@ -198,7 +212,7 @@ AssembleResult assemble_output(const AssembleInput& in) {
   const fs::path src_cfg = in.in_dir / "config.json";
   nlohmann::ordered_json cfg;
   try {
-    cfg = nlohmann::ordered_json::parse(read_text(src_cfg));
+    cfg = nlohmann::ordered_json::parse(read_text_file(src_cfg));
   } catch (const nlohmann::json::exception& e) {
     fail("{}: invalid JSON ({})", src_cfg.string(), e.what());
   }

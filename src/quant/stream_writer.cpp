@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
+#include "exl3/format/file_io.hpp"
 
 namespace exl3::quant::detail {
 
@@ -34,7 +35,9 @@ void pread_all(int fd, std::byte* out, size_t n, uint64_t offset, const fs::path
   while (n > 0) {
     const ssize_t r = ::pread(fd, out, n, static_cast<off_t>(offset));
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) fail("{}: read failed at offset {}: {}", path.string(), offset, r == 0 ? "unexpected end of file" : std::strerror(errno));
+    if (r <= 0)
+      fail("{}: read failed at offset {}: {}", path.string(), offset,
+           r == 0 ? "unexpected end of file" : std::strerror(errno));
     out += r;
     n -= static_cast<size_t>(r);
     offset += static_cast<uint64_t>(r);
@@ -122,7 +125,11 @@ void write_safetensors_streaming(const fs::path& path, std::vector<StreamEntry> 
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   const fs::path tmp = dir / fmt::format(".{}.tmp.{}", path.filename().string(), ::getpid());
   Fd fd{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-  if (fd.fd < 0) fail("{}: cannot create {}: {}", path.string(), tmp.string(), std::strerror(errno));
+  if (fd.fd < 0) {
+    const int err = errno;
+    fail("cannot create {}: {} (writing the temp file {}); hint: {}", path.string(),
+         std::strerror(err), tmp.filename().string(), output_error_hint(dir, err));
+  }
   try {
     BufferedFile out(fd.fd, path);
     std::byte len[8];
@@ -137,11 +144,13 @@ void write_safetensors_streaming(const fs::path& path, std::vector<StreamEntry> 
       uint64_t got = 0;
       e.produce([&](std::span<const std::byte> piece) {
         got += piece.size();
-        if (got > e.nbytes) fail("{}: tensor '{}': producer wrote too many bytes", path.string(), e.name);
+        if (got > e.nbytes)
+          fail("{}: tensor '{}': producer wrote too many bytes", path.string(), e.name);
         out.write(piece);
       });
       if (got != e.nbytes) {
-        fail("{}: tensor '{}': producer wrote {} of {} bytes", path.string(), e.name, got, e.nbytes);
+        fail("{}: tensor '{}': producer wrote {} of {} bytes", path.string(), e.name, got,
+             e.nbytes);
       }
     }
     out.flush();
@@ -160,20 +169,20 @@ void write_safetensors_streaming(const fs::path& path, std::vector<StreamEntry> 
 }
 
 StagedFile read_staged_header(const fs::path& path) {
-  Fd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (fd.fd < 0) fail("{}: cannot open: {}", path.string(), std::strerror(errno));
-  const off_t size = ::lseek(fd.fd, 0, SEEK_END);
+  const RegularFile file = open_regular_file(path);
+  const int fd = file.fd.get();
+  const uint64_t size = file.size;
   if (size < 8) fail("{}: too small for a safetensors file", path.string());
   std::byte len[8];
-  pread_all(fd.fd, len, 8, 0, path);
+  pread_all(fd, len, 8, 0, path);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint64_t>(len[i]);
-  if (n > kMaxSafetensorsHeader || n + 8 > static_cast<uint64_t>(size)) {
+  if (n > kMaxSafetensorsHeader || n + 8 > size) {
     fail("{}: header length {} does not fit the file", path.string(), n);
   }
   std::vector<std::byte> head(static_cast<size_t>(n + 8));
-  pread_all(fd.fd, head.data(), head.size(), 0, path);
-  return {path, parse_safetensors_header(head, static_cast<uint64_t>(size), path.string())};
+  pread_all(fd, head.data(), head.size(), 0, path);
+  return {path, parse_safetensors_header(head, size, path.string())};
 }
 
 StreamEntry staged_entry(const StagedFile& file, const TensorInfo& t) {
@@ -186,12 +195,11 @@ StreamEntry staged_entry(const StagedFile& file, const TensorInfo& t) {
   const fs::path path = file.path;
   const uint64_t nbytes = t.nbytes();
   e.produce = [path, begin, nbytes](const ByteSink& sink) {
-    Fd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-    if (fd.fd < 0) fail("{}: cannot open: {}", path.string(), std::strerror(errno));
+    const RegularFile in = open_regular_file(path);
     std::vector<std::byte> buf(static_cast<size_t>(std::min<uint64_t>(nbytes, kChunk)));
     for (uint64_t done = 0; done < nbytes;) {
       const auto n = static_cast<size_t>(std::min<uint64_t>(nbytes - done, kChunk));
-      pread_all(fd.fd, buf.data(), n, begin + done, path);
+      pread_all(in.fd.get(), buf.data(), n, begin + done, path);
       sink(std::span<const std::byte>(buf.data(), n));
       done += n;
     }

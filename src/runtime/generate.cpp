@@ -32,9 +32,11 @@ Sampler::Sampler(const SamplingOptions& opts) : opts_(opts), rng_(opts.seed) {
     fail("sampling: top_p {} must be in (0, 1]", opts.top_p);
   }
   if (opts.top_k < 0) fail("sampling: top_k {} must be >= 0 (0 = off)", opts.top_k);
-  if (!(opts.min_p >= 0.0f && opts.min_p <= 1.0f)) fail("sampling: min_p {} must be in [0, 1]", opts.min_p);
+  if (!(opts.min_p >= 0.0f && opts.min_p <= 1.0f))
+    fail("sampling: min_p {} must be in [0, 1]", opts.min_p);
   if (!std::isfinite(opts.repetition_penalty) || opts.repetition_penalty <= 0.0f) {
-    fail("sampling: repetition_penalty {} must be a finite number > 0 (1 = off)", opts.repetition_penalty);
+    fail("sampling: repetition_penalty {} must be a finite number > 0 (1 = off)",
+         opts.repetition_penalty);
   }
 }
 
@@ -59,7 +61,8 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   scratch_.clear();
   scratch_.reserve(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
-    const auto p = static_cast<float>(std::exp(static_cast<double>(logits[i] - mx) / opts_.temperature));
+    const auto p =
+        static_cast<float>(std::exp(static_cast<double>(logits[i] - mx) / opts_.temperature));
     if (opts_.min_p > 0.0f && p < opts_.min_p) continue;
     scratch_.push_back({p, static_cast<int32_t>(i)});
   }
@@ -104,10 +107,30 @@ double GenerateResult::decode_tokens_per_second() const {
   return decode_seconds > 0.0 ? static_cast<double>(decode_steps) / decode_seconds : 0.0;
 }
 
-GenerateResult generate(Engine& engine, std::span<const int32_t> prompt, const GenerateOptions& opts,
-                        const std::function<bool(int32_t)>& on_token) {
+void check_context_length(const ModelSpec& spec, int64_t prompt_tokens, int64_t max_new_tokens,
+                          std::string_view what, std::string_view new_tokens_option) {
+  const int64_t limit = spec.max_position_embeddings;
+  if (limit <= 0) return;  // the config gives no limit
+  // Compared without overflow: max_new_tokens may be anything up to INT64_MAX.
+  if (prompt_tokens <= limit && max_new_tokens <= limit - prompt_tokens) return;
+  if (prompt_tokens >= limit) {
+    fail(
+        "{}: a {}-token prompt + {} new tokens exceed the model's max_position_embeddings {} ({}); "
+        "hint: shorten the prompt to fewer than {} tokens",
+        what, prompt_tokens, max_new_tokens, limit, spec.label, limit);
+  }
+  fail(
+      "{}: a {}-token prompt + {} new tokens exceed the model's max_position_embeddings {} ({}); "
+      "hint: lower {} to at most {}, or shorten the prompt",
+      what, prompt_tokens, max_new_tokens, limit, spec.label, new_tokens_option,
+      limit - prompt_tokens);
+}
+
+GenerateResult generate(Engine& engine, std::span<const int32_t> prompt,
+                        const GenerateOptions& opts, const std::function<bool(int32_t)>& on_token) {
   if (prompt.empty()) fail("generate: the prompt has no tokens");
   if (opts.max_new_tokens < 0) fail("generate: max_new_tokens {} is negative", opts.max_new_tokens);
+  check_context_length(engine.spec(), static_cast<int64_t>(prompt.size()), opts.max_new_tokens);
   Sampler sampler(opts.sampling);
   GenerateResult r;
   r.prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -128,7 +151,8 @@ GenerateResult generate(Engine& engine, std::span<const int32_t> prompt, const G
   while (static_cast<int64_t>(r.tokens.size()) < opts.max_new_tokens) {
     const int32_t tok = sampler.sample(logits, history);
     if (opts.sampling.repetition_penalty != 1.0f) history.push_back(tok);
-    if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), tok) != opts.stop_tokens.end()) {
+    if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), tok) !=
+        opts.stop_tokens.end()) {
       r.stop_reason = "stop_token";
       r.stop_token = tok;
       break;

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "convert_test_util.hpp"
 #include "exl3/cpu/linear.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -26,7 +27,6 @@
 #include "exl3/format/synthetic_hf.hpp"
 #include "exl3/quant/convert.hpp"
 #include "exl3/trellis/half.hpp"
-#include "convert_test_util.hpp"
 #include "quant_test_mode.hpp"
 #include "test_support.hpp"
 
@@ -66,7 +66,9 @@ q::ConvertOptions fast_options(double bits, uint64_t seed) {
   return o;
 }
 
-std::string read_bytes(const fs::path& p) { return exl3::test::read_file(p); }
+std::string read_bytes(const fs::path& p) {
+  return exl3::test::read_file(p);
+}
 
 void edit_config(const fs::path& dir, const std::function<void(nlohmann::json&)>& f) {
   auto j = nlohmann::json::parse(read_bytes(dir / "config.json"));
@@ -75,7 +77,8 @@ void edit_config(const fs::path& dir, const std::function<void(nlohmann::json&)>
 }
 
 // Source HF weight [out, in] of `name`, as fp32.
-std::vector<float> source_weight(const fs::path& dir, const std::string& name, int64_t& out, int64_t& in) {
+std::vector<float> source_weight(const fs::path& dir, const std::string& name, int64_t& out,
+                                 int64_t& in) {
   const auto store = exl3::TensorStore::open(dir);
   const auto& ref = store.at(name);
   out = ref.info->shape[0];
@@ -85,7 +88,8 @@ std::vector<float> source_weight(const fs::path& dir, const std::string& name, i
 
 // Relative RMS error of the converted linear against the source weight (transposed), over the
 // unpadded region; padded output columns must reconstruct to exactly 0.
-double rel_rms(const exl3::Checkpoint& ckpt, const std::string& prefix, const fs::path& src, const std::string& src_name) {
+double rel_rms(const exl3::Checkpoint& ckpt, const std::string& prefix, const fs::path& src,
+               const std::string& src_name) {
   int64_t out = 0, in = 0;
   const auto w = source_weight(src, src_name, out, in);
   const auto data = exl3::Exl3LinearData::load(ckpt, prefix);
@@ -173,8 +177,10 @@ TEST(Convert, Qwen3MoeShardedResumedBitIdentical) {
   for (const auto& l : ckpt.linears()) {
     EXPECT_EQ(l.codebook, tr::Codebook::kMul1) << l.prefix;
     int want = 2;
-    if (l.prefix == "lm_head") want = 6;
-    else if (l.prefix.find("self_attn") != std::string::npos) want = 3;
+    if (l.prefix == "lm_head")
+      want = 6;
+    else if (l.prefix.find("self_attn") != std::string::npos)
+      want = 3;
     EXPECT_EQ(l.bits, want) << l.prefix;
     EXPECT_EQ(l.in_features, 128) << l.prefix;
   }
@@ -197,7 +203,8 @@ TEST(Convert, Qwen3MoeShardedResumedBitIdentical) {
   EXPECT_EQ(index["weight_map"].size(), ckpt.store().size());
   for (const auto& l : ckpt.linears()) {
     const auto shard = index["weight_map"][l.prefix + ".trellis"];
-    for (const char* s : {".suh", ".svh", ".mul1"}) EXPECT_EQ(index["weight_map"][l.prefix + s], shard) << l.prefix;
+    for (const char* s : {".suh", ".svh", ".mul1"})
+      EXPECT_EQ(index["weight_map"][l.prefix + s], shard) << l.prefix;
   }
   EXPECT_FALSE(fs::exists(one / "model.safetensors"));
   EXPECT_EQ(static_cast<int>(ckpt.store().files().size()), r.num_shards);
@@ -210,16 +217,25 @@ TEST(Convert, Qwen3MoeShardedResumedBitIdentical) {
   EXPECT_EQ(qproj["quant_format"], "exl3");
   EXPECT_EQ(qproj["bits_per_weight"], 3);
   EXPECT_EQ(qproj["mul1_multiplier"].get<uint64_t>(), tr::kMul1Mult);
-  EXPECT_EQ(qproj["stored_tensors"]["model.layers.0.self_attn.q_proj.trellis"]["dtype"], "torch.int16");
+  EXPECT_EQ(qproj["stored_tensors"]["model.layers.0.self_attn.q_proj.trellis"]["dtype"],
+            "torch.int16");
   EXPECT_EQ(qproj["stored_tensors"]["model.layers.0.self_attn.q_proj.trellis"]["shape"],
             nlohmann::json::array({8, 8, 48}));
-  EXPECT_EQ(ts["model.layers.0.mlp.gate"]["stored_tensors"]["model.layers.0.mlp.gate.weight"]["dtype"], "torch.float16");
+  EXPECT_EQ(
+      ts["model.layers.0.mlp.gate"]["stored_tensors"]["model.layers.0.mlp.gate.weight"]["dtype"],
+      "torch.float16");
   EXPECT_EQ(ts.size(), 18u);
 
   // Reconstruction against the source (bf16) weights: K=3 attention, K=2 experts, K=6 head.
-  EXPECT_LT(rel_rms(ckpt, "model.layers.0.self_attn.q_proj", src, "model.layers.0.self_attn.q_proj.weight"), 0.15);
-  EXPECT_LT(rel_rms(ckpt, "model.layers.0.self_attn.k_proj", src, "model.layers.0.self_attn.k_proj.weight"), 0.15);
-  EXPECT_LT(rel_rms(ckpt, "model.layers.0.mlp.experts.1.down_proj", src, "model.layers.0.mlp.experts.1.down_proj.weight"), 0.35);
+  EXPECT_LT(rel_rms(ckpt, "model.layers.0.self_attn.q_proj", src,
+                    "model.layers.0.self_attn.q_proj.weight"),
+            0.15);
+  EXPECT_LT(rel_rms(ckpt, "model.layers.0.self_attn.k_proj", src,
+                    "model.layers.0.self_attn.k_proj.weight"),
+            0.15);
+  EXPECT_LT(rel_rms(ckpt, "model.layers.0.mlp.experts.1.down_proj", src,
+                    "model.layers.0.mlp.experts.1.down_proj.weight"),
+            0.35);
   EXPECT_LT(rel_rms(ckpt, "lm_head", src, "lm_head.weight"), 0.03);
 
   // Running again with the same settings is a no-op; other settings find a different model.
@@ -303,11 +319,111 @@ TEST(Convert, LlamaTiedEmbeddingsPaddedMcg) {
   EXPECT_NE(ckpt.store().find("model.embed_tokens.weight"), nullptr);  // stays unquantized
   EXPECT_EQ(ckpt.store().find("lm_head.weight"), nullptr);
   EXPECT_LT(rel_rms(ckpt, "lm_head", tmp / "hf", "model.embed_tokens.weight"), 0.15);
-  EXPECT_LT(rel_rms(ckpt, "model.layers.0.mlp.up_proj", tmp / "hf", "model.layers.0.mlp.up_proj.weight"), 0.15);
-  EXPECT_LT(rel_rms(ckpt, "model.layers.0.mlp.down_proj", tmp / "hf", "model.layers.0.mlp.down_proj.weight"), 0.15);
+  EXPECT_LT(
+      rel_rms(ckpt, "model.layers.0.mlp.up_proj", tmp / "hf", "model.layers.0.mlp.up_proj.weight"),
+      0.15);
+  EXPECT_LT(rel_rms(ckpt, "model.layers.0.mlp.down_proj", tmp / "hf",
+                    "model.layers.0.mlp.down_proj.weight"),
+            0.15);
   const auto qf = nlohmann::json::parse(read_bytes(tmp / "out" / "quantization_config.json"));
   EXPECT_EQ(qf["tensor_storage"]["lm_head"]["mcg_multiplier"].get<uint64_t>(), tr::kMcgMult);
   EXPECT_FALSE(qf["tensor_storage"]["lm_head"].contains("mul1_multiplier"));
+}
+
+// A damaged resume journal is refused when the run resumes -- naming the journal file, the line
+// and the way out -- instead of being trusted until the final write fails (and failing again on
+// every re-run); a torn last line (a crash while appending) is not damage; --overwrite recovers.
+TEST(ConvertResume, DamagedJournalRefusedAtResumeOverwriteRecovers) {
+  TempDir tmp;
+  const fs::path src = tmp / "hf", out = tmp / "out";
+  exl3::write_synthetic_hf_model(src, tiny_moe(7));
+  auto o = fast_options(2.0, 1);
+  o.stop_after = 3;
+  expect_error([&] { q::convert_model(src, out, o); }, {"stopped after 3"});
+  const fs::path partial = out / q::kPartialDir, journal = partial / q::kJournalFile;
+  const std::vector<std::string> lines = journal_lines(out);
+  ASSERT_EQ(lines.size(), 4u);  // the header and three finished items
+  const auto entry = nlohmann::json::parse(lines[2]);
+  ASSERT_EQ(entry["unit"], 1);
+  EXPECT_EQ(entry["file"], "units/000001.safetensors");  // what a resume checks
+  const fs::path unit1 = partial / "units" / "000001.safetensors";
+  EXPECT_EQ(entry["bytes"].get<uint64_t>(), fs::file_size(unit1));
+  const std::string unit1_bytes = read_bytes(unit1);
+
+  auto join = [](const std::vector<std::string>& ls) {
+    std::string t;
+    for (const auto& l : ls) t += l + "\n";
+    return t;
+  };
+  auto with_line2 = [&](const std::string& l) {
+    auto ls = lines;
+    ls[2] = l;
+    return join(ls);
+  };
+  auto edited = [&](const std::function<void(nlohmann::json&)>& f) {
+    auto j = entry;
+    f(j);
+    return with_line2(j.dump());
+  };
+  // Each damaged journal: refused at once (before any item is converted), naming the journal file,
+  // its line 3 and both ways to recover; nothing is written.
+  auto expect_refused = [&](const std::string& journal_text, std::vector<std::string> parts) {
+    exl3::test::write_file(journal, journal_text);
+    parts.insert(parts.end(),
+                 {journal.string() + ": line 3:", "hint:", "--overwrite", partial.string()});
+    expect_error([&] { q::convert_model(src, out, o); }, parts);
+    EXPECT_EQ(read_bytes(journal), journal_text) << "a refused journal is left as it was";
+    EXPECT_FALSE(fs::exists(out / "config.json"));
+  };
+  expect_refused(with_line2(lines[2].substr(0, lines[2].size() / 2)), {"not a JSON record"});
+  expect_refused(with_line2("[1, 2]"), {"not a JSON object"});
+  expect_refused(edited([](nlohmann::json& j) { j["unit"] = "one"; }),
+                 {"'unit' must be an item index"});
+  expect_refused(edited([](nlohmann::json& j) { j["unit"] = 999; }),
+                 {"'unit' must be an item index"});
+  expect_refused(edited([](nlohmann::json& j) { j["name"] = "model.layers.9.mlp.gate_proj"; }),
+                 {"model.layers.9.mlp.gate_proj", entry["name"].get<std::string>()});
+  expect_refused(edited([](nlohmann::json& j) { j["bits"] = "two"; }), {"wrong type"});
+  expect_refused(edited([](nlohmann::json& j) { j["bytes"] = j["bytes"].get<uint64_t>() + 1; }),
+                 {unit1.string(), "bytes, the journal recorded"});
+  // A truncated staged file, then one of the recorded size with an unreadable header, then none.
+  exl3::test::write_file(unit1, unit1_bytes.substr(0, unit1_bytes.size() - 8));
+  expect_refused(join(lines), {unit1.string(), "bytes, the journal recorded"});
+  std::string garbled = unit1_bytes;
+  for (size_t i = 0; i < 8; ++i) garbled[i] = '\xff';
+  exl3::test::write_file(unit1, garbled);
+  expect_refused(join(lines), {"staged file of", "damaged", unit1.string()});
+  fs::remove(unit1);
+  expect_refused(join(lines), {unit1.string(), "missing"});
+  exl3::test::write_file(unit1, unit1_bytes);
+
+  // Journals from before "file" / "bytes" were recorded still resume; a torn last line (no
+  // newline) is dropped, its item redone, and the next entry starts on a line of its own.
+  std::vector<std::string> old_format = lines;
+  for (size_t i = 1; i < old_format.size(); ++i) {
+    auto j = nlohmann::json::parse(old_format[i]);
+    j.erase("file");
+    j.erase("bytes");
+    old_format[i] = j.dump();
+  }
+  exl3::test::write_file(journal, join(old_format) + R"({"unit": 3, "name": "mod)");
+  o.stop_after = 1;
+  expect_error([&] { q::convert_model(src, out, o); }, {"stopped after 1"});
+  const auto resumed = journal_lines(out);
+  ASSERT_EQ(resumed.size(), 5u);
+  for (const auto& l : resumed) EXPECT_TRUE(nlohmann::json::accept(l)) << l;
+  EXPECT_EQ(nlohmann::json::parse(resumed[4])["unit"], 3);
+
+  // --overwrite discards a damaged journal and converts from the start.
+  exl3::test::write_file(journal, with_line2("{\"unit\": 1, \"na"));
+  expect_error([&] { q::convert_model(src, out, o); }, {journal.string(), "line 3", "--overwrite"});
+  o.stop_after = -1;
+  o.overwrite = true;
+  const auto r = q::convert_model(src, out, o);
+  EXPECT_EQ(r.resumed, 0);
+  EXPECT_EQ(r.converted, r.tensors);
+  EXPECT_TRUE(fs::exists(out / "config.json"));
+  EXPECT_FALSE(fs::exists(partial));
 }
 
 // ---- plans (no encoding) -----------------------------------------------------------------------
@@ -366,7 +482,7 @@ TEST(ConvertPlan, Glm4MoeDenseLeadSharedExpertsRouterBias) {
   EXPECT_EQ(bias->out_dtype, exl3::DType::kF16);  // stored F32 -> F16
   const auto* qp = find_item(p, "model.layers.1.self_attn.q_proj");
   ASSERT_NE(qp, nullptr);
-  EXPECT_EQ(qp->bias, "model.layers.1.self_attn.q_proj.bias");  // GLM attention bias
+  EXPECT_EQ(qp->bias, "model.layers.1.self_attn.q_proj.bias");               // GLM attention bias
   EXPECT_EQ(find_item(p, "model.layers.1.self_attn.q_proj.bias"), nullptr);  // not copied apart
   EXPECT_EQ(p.items.back().name, "lm_head");
   EXPECT_EQ(p.items.front().name, "model.embed_tokens.weight");
@@ -391,7 +507,8 @@ TEST(ConvertPlan, HeadBitsSixteenAndDtypes) {
   EXPECT_EQ(head->kind, q::PlanItem::Kind::kPlain);
   EXPECT_EQ(head->out_dtype, exl3::DType::kF16);  // fp32 -> fp16
   EXPECT_EQ(find_item(p, "model.norm.weight")->out_dtype, exl3::DType::kF16);
-  EXPECT_EQ(find_item(p, "model.layers.1.self_attn.k_proj")->bias, "model.layers.1.self_attn.k_proj.bias");
+  EXPECT_EQ(find_item(p, "model.layers.1.self_attn.k_proj")->bias,
+            "model.layers.1.self_attn.k_proj.bias");
 
   spec.tie_word_embeddings = true;
   spec.dtype = exl3::DType::kBF16;
@@ -455,7 +572,8 @@ TEST(BitAllocation, NeverExceedsAndIsMaximal) {
     const int layers = 1 + trial % 7;
     std::vector<q::AllocGroup> g;
     for (int l = 0; l < layers; ++l) {
-      for (int r = 0; r < 3; ++r) g.push_back({fmt::format("{}.{}", l, r), l, r, size(rng) * 16384});
+      for (int r = 0; r < 3; ++r)
+        g.push_back({fmt::format("{}.{}", l, r), l, r, size(rng) * 16384});
     }
     const double t = target(rng);
     const auto k = q::allocate_bits(g, layers, t);
@@ -466,7 +584,8 @@ TEST(BitAllocation, NeverExceedsAndIsMaximal) {
     for (const auto& x : g) total += static_cast<double>(x.weights);
     for (size_t i = 0; i < g.size(); ++i) {
       if (k[i] == static_cast<int>(std::floor(t)) && k[i] < 8) {
-        EXPECT_GT(avg + static_cast<double>(g[i].weights) / total, t - 1e-12) << "group " << g[i].id << " still fits";
+        EXPECT_GT(avg + static_cast<double>(g[i].weights) / total, t - 1e-12)
+            << "group " << g[i].id << " still fits";
       }
     }
   }
@@ -478,7 +597,9 @@ struct BadInput : ::testing::Test {
   TempDir tmp;
   fs::path src = tmp / "hf", out = tmp / "out";
   void SetUp() override { exl3::write_synthetic_hf_model(src, tiny_moe(7)); }
-  q::ConvertResult run(double bits = 2.0) { return q::convert_model(src, out, fast_options(bits, 1)); }
+  q::ConvertResult run(double bits = 2.0) {
+    return q::convert_model(src, out, fast_options(bits, 1));
+  }
   // Nothing half-written may look complete.
   void TearDown() override { EXPECT_FALSE(fs::exists(out / "config.json")); }
 };
@@ -498,20 +619,25 @@ TEST_F(BadInput, MissingConfigOrWeights) {
   exl3::write_synthetic_hf_model(src, tiny_moe(7));
   fs::remove(src / "model.safetensors");
   expect_error([&] { run(); }, {src.string(), "no safetensors"});
-  expect_error([&] { q::convert_model(tmp / "nope", out, fast_options(2.0, 1)); }, {"nope", "not a folder"});
+  expect_error([&] { q::convert_model(tmp / "nope", out, fast_options(2.0, 1)); },
+               {"nope", "not a folder"});
 }
 
 TEST_F(BadInput, UnknownArchitectureListsSupported) {
   edit_config(src, [](nlohmann::json& j) { j["architectures"] = {"MistralForCausalLM"}; });
-  expect_error([&] { run(); }, {"MistralForCausalLM", "not supported", "LlamaForCausalLM", "Qwen3MoeForCausalLM",
-                                "Glm4MoeForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"});
+  expect_error([&] { run(); },
+               {"MistralForCausalLM", "not supported", "LlamaForCausalLM", "Qwen3MoeForCausalLM",
+                "Glm4MoeForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"});
 }
 
 TEST_F(BadInput, MissingTensorNamed) {
-  rewrite_model(src, [](const std::string& n, auto&, auto&, auto&) { return n != "model.layers.0.mlp.experts.1.up_proj.weight"; });
+  rewrite_model(src, [](const std::string& n, auto&, auto&, auto&) {
+    return n != "model.layers.0.mlp.experts.1.up_proj.weight";
+  });
   expect_error([&] { run(); }, {"missing weights", "model.layers.0.mlp.experts.1.up_proj.weight"});
   exl3::write_synthetic_hf_model(src, tiny_moe(7));
-  rewrite_model(src, [](const std::string& n, auto&, auto&, auto&) { return n != "lm_head.weight"; });
+  rewrite_model(src,
+                [](const std::string& n, auto&, auto&, auto&) { return n != "lm_head.weight"; });
   expect_error([&] { run(); }, {"lm_head.weight", "tie_word_embeddings"});
 }
 
@@ -525,7 +651,8 @@ TEST_F(BadInput, NonFiniteWeightNamedWithIndex) {
     }
     return true;
   });
-  expect_error([&] { run(); }, {"model.layers.0.self_attn.k_proj.weight", "[3, 5]", "nan", "finite"});
+  expect_error([&] { run(); },
+               {"model.layers.0.self_attn.k_proj.weight", "[3, 5]", "nan", "finite"});
   EXPECT_TRUE(fs::exists(out / q::kPartialDir));  // the copied tensors before it stay resumable
 }
 
@@ -534,21 +661,26 @@ TEST_F(BadInput, ShapesThatCannotBeHandled) {
     if (n == "model.layers.0.self_attn.q_proj.weight") shape = {2, 64, 128};
     return true;
   });
-  expect_error([&] { run(); }, {"model.layers.0.self_attn.q_proj.weight", "cannot be handled", "2, 64, 128"});
+  expect_error([&] { run(); },
+               {"model.layers.0.self_attn.q_proj.weight", "cannot be handled", "2, 64, 128"});
 
   exl3::write_synthetic_hf_model(src, tiny_moe(7));
-  rewrite_model(src, [](const std::string& n, exl3::DType& dt, std::vector<int64_t>& shape, std::vector<std::byte>& d) {
-    if (n == "model.layers.0.mlp.experts.0.gate_proj.weight") {  // stands in for a fused expert tensor
+  rewrite_model(src, [](const std::string& n, exl3::DType& dt, std::vector<int64_t>& shape,
+                        std::vector<std::byte>& d) {
+    if (n ==
+        "model.layers.0.mlp.experts.0.gate_proj.weight") {  // stands in for a fused expert tensor
       shape = {2, 64, 128};
       (void)dt;
       (void)d;
     }
     return true;
   });
-  expect_error([&] { run(); }, {"model.layers.0.mlp.experts.0.gate_proj.weight", "cannot be handled"});
+  expect_error([&] { run(); },
+               {"model.layers.0.mlp.experts.0.gate_proj.weight", "cannot be handled"});
 
   exl3::write_synthetic_hf_model(src, tiny_moe(7));
-  rewrite_model(src, [](const std::string& n, exl3::DType& dt, std::vector<int64_t>& shape, std::vector<std::byte>& d) {
+  rewrite_model(src, [](const std::string& n, exl3::DType& dt, std::vector<int64_t>& shape,
+                        std::vector<std::byte>& d) {
     if (n == "model.layers.0.self_attn.v_proj.weight") {
       dt = exl3::DType::kF8E4M3;
       shape = {64, 256};  // same byte count as [64, 128] BF16
@@ -556,7 +688,8 @@ TEST_F(BadInput, ShapesThatCannotBeHandled) {
     }
     return true;
   });
-  expect_error([&] { run(); }, {"model.layers.0.self_attn.v_proj.weight", "F8_E4M3", "not supported"});
+  expect_error([&] { run(); },
+               {"model.layers.0.self_attn.v_proj.weight", "F8_E4M3", "not supported"});
 }
 
 TEST_F(BadInput, OutputFolderHoldsDifferentModel) {
@@ -566,7 +699,9 @@ TEST_F(BadInput, OutputFolderHoldsDifferentModel) {
   EXPECT_EQ(read_bytes(out / "config.json"), R"({"architectures": ["LlamaForCausalLM"]})");
   fs::remove(out / "config.json");
   expect_error([&] { q::convert_model(src, src, fast_options(2.0, 1)); }, {"source folder"});
-  edit_config(src, [](nlohmann::json& j) { j["quantization_config"] = {{"quant_method", "exl3"}}; });
+  edit_config(src, [](nlohmann::json& j) {
+    j["quantization_config"] = {{"quant_method", "exl3"}};
+  });
   expect_error([&] { run(); }, {"already an EXL3 model"});
 }
 
@@ -576,7 +711,8 @@ TEST_F(BadInput, PartialRunWithOtherSettings) {
   expect_error([&] { q::convert_model(src, out, o); }, {"stopped after 1"});
   o.bits = 3.0;
   o.seed = 9;
-  expect_error([&] { q::convert_model(src, out, o); }, {"different settings", "bits 2.0 (now 3.0)", "seed 1 (now 9)", "--overwrite"});
+  expect_error([&] { q::convert_model(src, out, o); },
+               {"different settings", "bits 2.0 (now 3.0)", "seed 1 (now 9)", "--overwrite"});
   o.overwrite = true;  // discards the foreign partial run and starts over
   expect_error([&] { q::convert_model(src, out, o); }, {"stopped after 1"});
   EXPECT_EQ(journal_lines(out).size(), 2u);

@@ -6,6 +6,10 @@
 //     and yarn RoPE, GLM's grouped sigmoid router and shared experts);
 //   - incremental decode through the paged KV cache equals one full forward pass.
 #include <cstdio>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -32,7 +36,8 @@ struct Reference {
 Reference load_reference(const std::filesystem::path& model) {
   const auto store = TensorStore::open(model / "reference_logits.safetensors");
   Reference r;
-  for (const int64_t id : copy_tensor<int64_t>(store.at("input_ids"))) r.ids.push_back(static_cast<int32_t>(id));
+  for (const int64_t id : copy_tensor<int64_t>(store.at("input_ids")))
+    r.ids.push_back(static_cast<int32_t>(id));
   r.fp64 = read_as_double(store.at("hf_dequant_fp64.logits"));
   r.exl3 = read_as_double(store.at("exl3.logits"));
   r.vocab = store.at("hf_dequant_fp64.logits").info->shape[2];
@@ -54,8 +59,9 @@ TEST(Conformance, TinyQwen3MoeMatchesHfDequantFp64) {
   ASSERT_EQ(logits.size(), ref.fp64.size());
   const double vs_fp64 = exl3::test::rel_l2(logits, ref.fp64);
   const double vs_exl3 = exl3::test::rel_l2(logits, ref.exl3);
-  std::printf("tiny-qwen3moe-exl3 fp32 CPU forward: rel-L2 vs hf_dequant_fp64 %.3e, vs exl3.logits %.3e\n",
-              vs_fp64, vs_exl3);
+  std::printf(
+      "tiny-qwen3moe-exl3 fp32 CPU forward: rel-L2 vs hf_dequant_fp64 %.3e, vs exl3.logits %.3e\n",
+      vs_fp64, vs_exl3);
   RecordProperty("rel_l2_vs_hf_dequant_fp64", fmt::format("{:.3e}", vs_fp64));
   RecordProperty("rel_l2_vs_exl3", fmt::format("{:.3e}", vs_exl3));
   EXPECT_LE(vs_fp64, 1e-4);
@@ -64,7 +70,8 @@ TEST(Conformance, TinyQwen3MoeMatchesHfDequantFp64) {
   for (size_t t = 0; t < ref.ids.size(); ++t) {
     const auto v = static_cast<size_t>(ref.vocab);
     const int ours = argmax(std::span<const float>(logits).subspan(t * v, v));
-    EXPECT_EQ(ours, argmax_row(std::span<const double>(ref.fp64).subspan(t * v, v))) << "position " << t;
+    EXPECT_EQ(ours, argmax_row(std::span<const double>(ref.fp64).subspan(t * v, v)))
+        << "position " << t;
     agree_exl3 += ours == argmax_row(std::span<const double>(ref.exl3).subspan(t * v, v)) ? 1 : 0;
   }
   std::printf("top-1 agreement with exl3.logits: %d/16\n", agree_exl3);
@@ -73,8 +80,8 @@ TEST(Conformance, TinyQwen3MoeMatchesHfDequantFp64) {
 
 // Prefill n tokens, then decode one at a time, with pages smaller than the sequence: the logits
 // of every position equal one pass over all tokens.
-void expect_decode_equals_full(const std::filesystem::path& model, const std::vector<int32_t>& ids, int64_t prefill,
-                               int64_t page_size) {
+void expect_decode_equals_full(const std::filesystem::path& model, const std::vector<int32_t>& ids,
+                               int64_t prefill, int64_t page_size) {
   EngineOptions eo;
   eo.page_size = page_size;
   eo.cache_tokens = 4 * static_cast<int64_t>(ids.size());
@@ -91,14 +98,16 @@ void expect_decode_equals_full(const std::filesystem::path& model, const std::ve
   EXPECT_EQ(engine->sequence_length(seq), static_cast<int64_t>(ids.size()));
   ASSERT_EQ(inc.size(), full.size());
   const double err = exl3::test::rel_l2(inc, full);
-  std::printf("%s: incremental (prefill %lld, pages of %lld) vs full rel-L2 %.3e\n", model.filename().c_str(),
-              static_cast<long long>(prefill), static_cast<long long>(page_size), err);
+  std::printf("%s: incremental (prefill %lld, pages of %lld) vs full rel-L2 %.3e\n",
+              model.filename().c_str(), static_cast<long long>(prefill),
+              static_cast<long long>(page_size), err);
   EXPECT_LE(err, 1e-5);
   // kLast is the last row of kAll.
   engine->drop_sequence(seq);
   const auto seq2 = engine->new_sequence();
   const auto last = engine->forward(seq2, ids, LogitsMode::kLast);
-  EXPECT_LE(exl3::test::rel_l2(last, std::span<const float>(full).last(static_cast<size_t>(vocab))), 1e-6);
+  EXPECT_LE(exl3::test::rel_l2(last, std::span<const float>(full).last(static_cast<size_t>(vocab))),
+            1e-6);
 }
 
 TEST(Decode, IncrementalEqualsFullTinyQwen3Moe) {
@@ -138,17 +147,27 @@ TEST_P(ArchTest, MatchesFp64ReferenceAndDecodes) {
 
 const ArchCase kArchCases[] = {
     {"llama_tied", HfArch::kLlama, nlohmann::json::object(), true},
-    {"llama3_rope", HfArch::kLlama,
+    {"llama3_rope",
+     HfArch::kLlama,
      {{"rope_scaling",
-       {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+       {{"rope_type", "llama3"},
+        {"factor", 8.0},
+        {"low_freq_factor", 1.0},
+        {"high_freq_factor", 4.0},
         {"original_max_position_embeddings", 64}}}},
      false},
     {"qwen2_bias", HfArch::kQwen2, nlohmann::json::object(), false},
-    {"qwen3_yarn", HfArch::kQwen3,
-     {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}}}}, false},
+    {"qwen3_yarn",
+     HfArch::kQwen3,
+     {{"rope_scaling",
+       {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}}}},
+     false},
     {"qwen3moe", HfArch::kQwen3Moe, nlohmann::json::object(), false},
     {"glm4moe_grouped", HfArch::kGlm4Moe, {{"n_group", 2}, {"topk_group", 1}}, false},
-    {"glm4moe_linear_rope", HfArch::kGlm4Moe, {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}, false},
+    {"glm4moe_linear_rope",
+     HfArch::kGlm4Moe,
+     {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}},
+     false},
     {"qwen3moe_plain_experts", HfArch::kQwen3Moe, nlohmann::json::object(), false, true},
     {"glm4moe_plain_experts", HfArch::kGlm4Moe, {{"n_group", 2}, {"topk_group", 1}}, false, true},
 };
@@ -213,8 +232,9 @@ TEST(Engine, MissingTensorsFailClearly) {
   }
   // A layer whose experts are partly EXL3 and partly plain weights fails, naming a tensor.
   write_synthetic_hf_model(tmp / "mixed", SyntheticHfSpec{.arch = HfArch::kQwen3Moe});
-  test::exl3_experts(tmp / "mixed", 5, nlohmann::json::object(),
-                     [](const std::string& p) { return p.find(".experts.1.") != std::string::npos; });
+  test::exl3_experts(tmp / "mixed", 5, nlohmann::json::object(), [](const std::string& p) {
+    return p.find(".experts.1.") != std::string::npos;
+  });
   try {
     (void)load_engine(tmp / "mixed");
     ADD_FAILURE();
@@ -248,7 +268,8 @@ TEST(Engine, ForwardBatchEqualsSeparateForwards) {
   eo.page_size = 4;
   eo.cache_tokens = 64;
   auto engine = load_engine(test::tiny_model(dir), eo);
-  const std::vector<int32_t> a = {11, 12, 13, 14, 15}, b = {21, 22, 23}, c = {31, 32, 33, 34, 35, 36};
+  const std::vector<int32_t> a = {11, 12, 13, 14, 15}, b = {21, 22, 23},
+                             c = {31, 32, 33, 34, 35, 36};
   // Reference: separate sequences, separate calls.
   auto ref_of = [&](const std::vector<int32_t>& ids, size_t split) {
     const auto s = engine->new_sequence();
@@ -265,7 +286,8 @@ TEST(Engine, ForwardBatchEqualsSeparateForwards) {
   const int64_t before = engine->free_cache_tokens();
   // Invalid: a repeated sequence, a bad id, more tokens than the pool holds.
   const std::vector<int32_t> bad = {1, 100000}, huge(80, 5);
-  std::vector<Engine::BatchEntry> dup = {{sa, std::span(a).subspan(4)}, {sa, std::span(b).subspan(2)}};
+  std::vector<Engine::BatchEntry> dup = {{sa, std::span(a).subspan(4)},
+                                         {sa, std::span(b).subspan(2)}};
   EXPECT_THROW(engine->forward_batch(dup), Error);
   std::vector<Engine::BatchEntry> ids = {{sb, std::span(b).subspan(2)}, {sc, bad}};
   EXPECT_THROW(engine->forward_batch(ids), Error);
@@ -315,6 +337,60 @@ TEST(Generate, GreedyIsDeterministicAndStops) {
   go.sampling = {0.9f, 0.95f, 1234};
   EXPECT_EQ(generate(*engine, prompt, go).tokens, generate(*engine, prompt, go).tokens);
   EXPECT_EQ(engine->free_cache_tokens(), 4096);  // every sequence was dropped
+}
+
+// The message of the exl3::Error that fn() must throw.
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no exl3::Error thrown";
+  return {};
+}
+
+// generate() refuses, before running anything, a prompt + max_new_tokens past the model's
+// max_position_embeddings, so every caller (not only `exl3 generate`) is protected.
+TEST(Generate, RefusesPastMaxPositionEmbeddings) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = test::tiny_model(dir);
+  auto j = nlohmann::json::parse(exl3::test::read_file(model / "config.json"));
+  j["max_position_embeddings"] = 8;
+  const auto ckpt = Checkpoint::from_store(TensorStore::open(model),
+                                           parse_model_config(j.dump(), "tiny/config.json"), model);
+  auto engine = load_engine(ckpt);
+  ASSERT_EQ(engine->spec().max_position_embeddings, 8);
+  const std::vector<int32_t> prompt = {40, 41, 42, 43, 44};
+  GenerateOptions go;
+  go.max_new_tokens = 3;  // 5 + 3 = 8 positions: fits
+  EXPECT_EQ(generate(*engine, prompt, go).tokens.size(), 3u);
+  int calls = 0;
+  auto count = [&](int32_t) { return ++calls > 0; };
+  go.max_new_tokens = 4;
+  EXPECT_THAT(error_of([&] { (void)generate(*engine, prompt, go, count); }),
+              ::testing::AllOf(
+                  HasSubstr("generate: a 5-token prompt + 4 new tokens exceed"),
+                  HasSubstr("max_position_embeddings 8 (" + (model / "config.json").string() + ")"),
+                  HasSubstr("hint: lower max_new_tokens to at most 3")));
+  go.max_new_tokens = std::numeric_limits<int64_t>::max();  // no overflow in the comparison
+  EXPECT_THAT(error_of([&] { (void)generate(*engine, prompt, go, count); }), HasSubstr("exceed"));
+  const std::vector<int32_t> long_prompt(9, 40);
+  go.max_new_tokens = 0;
+  EXPECT_THAT(error_of([&] { (void)generate(*engine, long_prompt, go, count); }),
+              HasSubstr("hint: shorten the prompt to fewer than 8 tokens"));
+  EXPECT_EQ(calls, 0);                           // nothing was generated
+  EXPECT_EQ(engine->free_cache_tokens(), 4096);  // and no sequence was left behind
+
+  // check_context_length alone: the boundary, and no limit when the config gives none.
+  ModelSpec spec = engine->spec();
+  EXPECT_NO_THROW(check_context_length(spec, 8, 0));
+  EXPECT_NO_THROW(check_context_length(spec, 1, 7));
+  EXPECT_THAT(error_of([&] { check_context_length(spec, 1, 8, "exl3 generate", "-n"); }),
+              ::testing::AllOf(HasSubstr("exl3 generate: a 1-token prompt + 8 new tokens"),
+                               HasSubstr("lower -n to at most 7")));
+  spec.max_position_embeddings = 0;
+  EXPECT_NO_THROW(check_context_length(spec, 1'000'000, std::numeric_limits<int64_t>::max()));
 }
 
 }  // namespace

@@ -186,6 +186,34 @@ TEST(GenerateCli, ChatWithoutTemplateFailsClearly) {
 
 // --tp N runs N ranks; the logits equal --tp 1's, and a TP that cuts an EXL3 block is refused
 // with the sizes that work.
+// A prompt + --max-tokens past the model's max_position_embeddings is refused before the model
+// is loaded (exit 1, both numbers and the limit named, the largest -n that fits as the hint),
+// instead of generating at positions the model was never trained for.
+TEST(GenerateCli, RefusesPastMaxPositionEmbeddings) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = exl3::runtime::test::tiny_model(dir);
+  const int64_t max_pos =
+      json::parse(exl3::test::read_file(model / "config.json"))["max_position_embeddings"]
+          .get<int64_t>();
+  ASSERT_EQ(max_pos, 4096);
+  const std::string prompt = "Once upon a time";
+  const auto p = static_cast<int64_t>(exl3::Tokenizer::load(model).encode(prompt, true).size());
+  for (const int64_t n : {max_pos - p + 1, max_pos, int64_t{9223372036854775807}}) {
+    // Bounded: without the check this would generate thousands of tokens.
+    const auto r = run_cli(fmt::format("generate {} --prompt '{}' -n {}", q(model), prompt, n),
+                           "timeout -k 5 120");
+    EXPECT_EQ(r.code, 1) << r.out;
+    EXPECT_THAT(r.out, HasSubstr(fmt::format(
+                           "exl3: error: generate: a {}-token prompt + {} new tokens exceed the "
+                           "model's max_position_embeddings 4096 ({})",
+                           p, n, (model / "config.json").string())));
+    EXPECT_THAT(r.out, HasSubstr(fmt::format(
+                           "hint: lower --max-tokens / -n to at most {}, or shorten the prompt",
+                           max_pos - p)));
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("[prompt:")));  // nothing was generated
+  }
+}
+
 TEST(LogitsCli, TensorParallelEqualsSingleRank) {
   EXL3_REQUIRE_CONFORMANCE(dir);
   const auto model = exl3::runtime::test::tiny_model(dir);

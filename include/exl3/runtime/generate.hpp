@@ -15,6 +15,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "exl3/runtime/engine.hpp"
@@ -22,8 +23,8 @@
 namespace exl3::runtime {
 
 struct SamplingOptions {
-  float temperature = 0.0f;         // 0 = greedy
-  float top_p = 1.0f;               // (0, 1]; 1 = off
+  float temperature = 0.0f;  // 0 = greedy
+  float top_p = 1.0f;        // (0, 1]; 1 = off
   uint64_t seed = 0;
   int64_t top_k = 0;                // >= 0; 0 = off
   float min_p = 0.0f;               // [0, 1]; 0 = off
@@ -68,9 +69,19 @@ struct GenerateResult {
   double decode_tokens_per_second() const;
 };
 
+// Throws exl3::Error when `prompt_tokens` + `max_new_tokens` exceed the model's
+// max_position_embeddings (when its config gives one), naming both numbers and the limit: the
+// model was not trained for positions past it. `what` names the request in the message (e.g.
+// "generate"); `new_tokens_option` is how the caller's user sets max_new_tokens (e.g. "-n").
+void check_context_length(const ModelSpec& spec, int64_t prompt_tokens, int64_t max_new_tokens,
+                          std::string_view what = "generate",
+                          std::string_view new_tokens_option = "max_new_tokens");
+
 // Prefills `prompt` (non-empty) into a fresh sequence in one pass, then samples and decodes one
 // token at a time until a stop token, max_new_tokens or on_token returning false. on_token is
-// called with every generated token (not the stop token) as soon as it is sampled.
+// called with every generated token (not the stop token) as soon as it is sampled. Refuses
+// (check_context_length) a prompt + max_new_tokens beyond the model's max_position_embeddings
+// before running anything.
 GenerateResult generate(Engine& engine, std::span<const int32_t> prompt,
                         const GenerateOptions& opts,
                         const std::function<bool(int32_t)>& on_token = {});
