@@ -8,6 +8,7 @@
 #include <ctime>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -30,7 +31,8 @@ Runner add_serve(CLI::App& app, Common&) {
   struct Opts {
     std::string model, host = "127.0.0.1", device = "cpu", model_name, chat_format;
     int port = 8000, max_seqs = 8, max_queue = 32, tp = 1, max_connections = 512;
-    double read_timeout = 30, write_timeout = 30;
+    double read_timeout = 30, write_timeout = 30, drain_timeout = 30;
+    std::string api_key;
     size_t max_body_mib = 8;
     int64_t cache_tokens = 16384, max_context = 0, step_tokens = 256, page_size = 32;
     bool quiet = false;
@@ -103,6 +105,18 @@ Runner add_serve(CLI::App& app, Common&) {
                  "Largest request body in MiB, chunked uploads included (413 past it)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  app.add_option("--api-key", o->api_key,
+                 "Require 'Authorization: Bearer KEY' on every /v1/ request (401 otherwise; "
+                 "/health stays open). "
+                 "Default: $EXL3_API_KEY when set, else no key")
+      ->envname("EXL3_API_KEY");
+  app.add_option("--drain-timeout", o->drain_timeout,
+                 "On SIGTERM, seconds to let queued and running requests finish (new ones get 503) "
+                 "before the "
+                 "rest are cancelled; 0 stops at once. SIGINT (Ctrl-C) or a second signal always "
+                 "stops at once")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   app.add_flag("--quiet,-q", o->quiet, "Do not log each request to stderr");
   app.footer(
       "Serves the OpenAI API over HTTP: POST /v1/completions, POST /v1/chat/completions "
@@ -112,7 +126,9 @@ Runner add_serve(CLI::App& app, Common&) {
       "chunks\n"
       "of new ones. Requests beyond --max-seqs wait in a queue of --max-queue; beyond that the "
       "server\n"
-      "answers 503. Ctrl-C (SIGINT) or SIGTERM stops it cleanly.\n\n"
+      "answers 503. SIGTERM drains (running requests finish, new ones get 503, see "
+      "--drain-timeout);\n"
+      "Ctrl-C (SIGINT) stops at once, cancelling what runs.\n\n"
       "Examples:\n"
       "  exl3 serve ./Qwen3-8B-exl3 --port 8000\n"
       "  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\\n"
@@ -155,6 +171,7 @@ Runner add_serve(CLI::App& app, Common&) {
     so.scheduler.max_context = o->max_context;
     so.scheduler.step_tokens = o->step_tokens;
     so.max_connections = o->max_connections;
+    so.api_key = o->api_key;
     so.max_body_bytes = o->max_body_mib << 20;
     so.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(o->read_timeout * 1000.0));
     so.write_timeout = std::chrono::milliseconds(static_cast<int64_t>(o->write_timeout * 1000.0));
@@ -191,12 +208,32 @@ Runner add_serve(CLI::App& app, Common&) {
 
     std::atomic<bool> done{false};
     std::thread watcher([&] {
-      const timespec tick{0, 200'000'000};
+      // SIGTERM drains (a deploy's rolling restart), SIGINT stops; a signal during the drain, or
+      // its deadline, stops at once.
+      const timespec tick{0, 100'000'000};
+      std::optional<std::chrono::steady_clock::time_point> drain_until;
       while (!done) {
         const int sig = sigtimedwait(&signals, nullptr, &tick);
+        const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+        if (sig == SIGTERM && !drain_until && o->drain_timeout > 0) {
+          fmt::print(stderr,
+                     "exl3 serve: SIGTERM received, draining: new requests get 503, running ones "
+                     "have up to {} s\n",
+                     o->drain_timeout);
+          server.begin_drain();
+          drain_until = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(o->drain_timeout * 1000.0));
+          continue;
+        }
         if (sig == SIGINT || sig == SIGTERM) {
-          fmt::print(stderr, "exl3 serve: {} received, stopping\n",
-                     sig == SIGINT ? "SIGINT" : "SIGTERM");
+          fmt::print(stderr, "exl3 serve: {} received, stopping\n", name);
+          server.stop();
+          return;
+        }
+        if (drain_until && (server.idle() || std::chrono::steady_clock::now() >= *drain_until)) {
+          fmt::print(
+              stderr, "exl3 serve: {}, stopping\n",
+              server.idle() ? "drained" : "drain timeout reached, cancelling what still runs");
           server.stop();
           return;
         }

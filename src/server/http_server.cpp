@@ -23,10 +23,13 @@ namespace {
 constexpr auto kHeartbeat = std::chrono::seconds(2);  // SSE comment while nothing else is sent
 
 std::string status_type(int status) {
-  return status >= 500 ? "server_error" : status == 404 ? "not_found_error" : "invalid_request_error";
+  return status >= 500   ? "server_error"
+         : status == 404 ? "not_found_error"
+                         : "invalid_request_error";
 }
 
-ApiError api_error(int status, std::string message, std::string type, std::string code = {}, std::string param = {}) {
+ApiError api_error(int status, std::string message, std::string type, std::string code = {},
+                   std::string param = {}) {
   return {status, std::move(message), std::move(type), std::move(param), std::move(code)};
 }
 
@@ -46,8 +49,11 @@ http::Response json_response(const json& j) {
 // A completion answered in one piece once its generation ends.
 class WholeReply final : public http::LateReply {
  public:
-  WholeReply(ResponseMeta meta, std::shared_ptr<RequestStream> s) : meta_(std::move(meta)), stream_(std::move(s)) {}
-  void subscribe(std::function<void()> notify) override { stream_->set_listener(std::move(notify)); }
+  WholeReply(ResponseMeta meta, std::shared_ptr<RequestStream> s)
+      : meta_(std::move(meta)), stream_(std::move(s)) {}
+  void subscribe(std::function<void()> notify) override {
+    stream_->set_listener(std::move(notify));
+  }
   std::optional<http::Response> stream_head() override { return std::nullopt; }
   Update poll() override {
     Update out;
@@ -56,12 +62,13 @@ class WholeReply final : public http::LateReply {
     if (!u.finished) return out;
     out.done = true;
     if (u.reason == FinishReason::kError) {
-      out.whole = error_response(api_error(500, fmt::format("generation failed: {}", u.error), "server_error"));
+      out.whole = error_response(
+          api_error(500, fmt::format("generation failed: {}", u.error), "server_error"));
     } else if (u.reason == FinishReason::kCancelled) {
       out.whole = error_response(api_error(503, u.error, "server_error", "server_shutting_down"));
     } else {
-      out.whole = json_response(
-          completion_response(meta_, text_, finish_reason_name(u.reason), u.prompt_tokens, u.completion_tokens));
+      out.whole = json_response(completion_response(meta_, text_, finish_reason_name(u.reason),
+                                                    u.prompt_tokens, u.completion_tokens));
     }
     return out;
   }
@@ -78,7 +85,9 @@ class EventStreamReply final : public http::LateReply {
  public:
   EventStreamReply(ResponseMeta meta, std::shared_ptr<RequestStream> s, bool include_usage)
       : meta_(std::move(meta)), stream_(std::move(s)), include_usage_(include_usage) {}
-  void subscribe(std::function<void()> notify) override { stream_->set_listener(std::move(notify)); }
+  void subscribe(std::function<void()> notify) override {
+    stream_->set_listener(std::move(notify));
+  }
   std::optional<http::Response> stream_head() override {
     http::Response head;
     head.content_type = "text/event-stream";
@@ -100,7 +109,8 @@ class EventStreamReply final : public http::LateReply {
         s += sse_event(api_error(status, u.error, "server_error").to_json());
       } else {
         s += sse_event(stream_chunk(meta_, "", finish_reason_name(u.reason)));
-        if (include_usage_) s += sse_event(usage_chunk(meta_, u.prompt_tokens, u.completion_tokens));
+        if (include_usage_)
+          s += sse_event(usage_chunk(meta_, u.prompt_tokens, u.completion_tokens));
       }
       s += "data: [DONE]\n\n";
       out.done = true;
@@ -126,11 +136,17 @@ class EventStreamReply final : public http::LateReply {
 
 struct HttpServer::Impl {
   Impl(runtime::Engine& e, Tokenizer t, ServerOptions o)
-      : engine(e), tok(std::move(t)), opts(std::move(o)), sched(engine, tok, opts.scheduler),
+      : engine(e),
+        tok(std::move(t)),
+        opts(std::move(o)),
+        sched(engine, tok, opts.scheduler),
         created(static_cast<int64_t>(std::time(nullptr))),
-        transport(limits(opts), [this](const http::Request& q) { return handle(q); },
-                  [](int status, std::string msg) { return error_response(api_error(status, std::move(msg), status_type(status))); },
-                  access_log(opts)) {
+        transport(
+            limits(opts), [this](const http::Request& q) { return handle(q); },
+            [](int status, std::string msg) {
+              return error_response(api_error(status, std::move(msg), status_type(status)));
+            },
+            access_log(opts)) {
     try {
       chat = ChatTemplate::for_tokenizer(tok, opts.chat_format);
       if (!chat->end_of_turn().empty()) chat_end = tok.token_to_id(chat->end_of_turn());
@@ -152,7 +168,7 @@ struct HttpServer::Impl {
   static http::AccessLog access_log(const ServerOptions& o) {
     if (!o.log) return {};
     return [log = o.log](const http::Request& q, int status, double ms) {
-      log(fmt::format("{} {} {} {:.0f} ms", q.method, q.path, status, ms));
+      log(fmt::format("{} {} {} {:.0f} ms {}", q.method, q.path, status, ms, q.id));
     };
   }
 
@@ -165,11 +181,12 @@ struct HttpServer::Impl {
   std::string chat_error;
   int64_t created;
   std::atomic<uint64_t> next_id{1};
-  std::atomic<bool> stopping{false};
+  std::atomic<bool> stopping{false}, draining{false};
   http::Transport transport;  // last: its handler threads use everything above
 
   http::Reply handle(const http::Request& q);
   http::Reply generate(const http::Request& q, Endpoint ep);
+  bool authorized(const http::Request& q) const;
   std::optional<ApiError> build(const CompletionRequest& r, GenerationRequest& g);
   json model_object() const {
     return {{"id", opts.model_name},
@@ -180,7 +197,9 @@ struct HttpServer::Impl {
   }
   json health() const {
     const auto s = sched.stats();
-    return {{"status", stopping ? "stopping" : "ok"},
+    return {{"status", stopping   ? "stopping"
+                       : draining ? "draining"
+                                  : "ok"},
             {"model", opts.model_name},
             {"device", std::string(runtime::device_name(engine.device()))},
             {"running", s.running},
@@ -206,11 +225,17 @@ HttpServer::HttpServer(runtime::Engine& engine, Tokenizer tokenizer, ServerOptio
   std::signal(SIGPIPE, SIG_IGN);
 }
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+  stop();
+}
 
-int HttpServer::bind(const std::string& host, int port) { return impl_->transport.bind(host, port); }
+int HttpServer::bind(const std::string& host, int port) {
+  return impl_->transport.bind(host, port);
+}
 
-void HttpServer::run() { impl_->transport.run(); }
+void HttpServer::run() {
+  impl_->transport.run();
+}
 
 void HttpServer::stop() {
   impl_->stopping = true;
@@ -220,20 +245,42 @@ void HttpServer::stop() {
   impl_->transport.stop();
 }
 
-SchedulerStats HttpServer::stats() const { return impl_->sched.stats(); }
+void HttpServer::begin_drain() {
+  impl_->draining = true;
+}
+
+bool HttpServer::idle() const {
+  const auto s = impl_->sched.stats();
+  return s.running == 0 && s.queued == 0;
+}
+
+SchedulerStats HttpServer::stats() const {
+  return impl_->sched.stats();
+}
 
 std::string HttpServer::chat_status() const {
-  return impl_->chat ? std::string(chat_format_name(impl_->chat->format())) : "none (" + impl_->chat_error + ")";
+  return impl_->chat ? std::string(chat_format_name(impl_->chat->format()))
+                     : "none (" + impl_->chat_error + ")";
 }
 
 http::Reply HttpServer::Impl::handle(const http::Request& q) {
   auto wrong_method = [&](const char* allow) {
-    auto r = error_response(api_error(405, fmt::format("{} {} is not allowed; use {}", q.method, q.path, allow),
-                                      "invalid_request_error", "method_not_allowed"));
+    auto r = error_response(
+        api_error(405, fmt::format("{} {} is not allowed; use {}", q.method, q.path, allow),
+                  "invalid_request_error", "method_not_allowed"));
     r.headers.emplace_back("Allow", allow);
     return r;
   };
   const std::string& p = q.path;
+  if (!opts.api_key.empty() && p.rfind("/v1/", 0) == 0 && !authorized(q)) {
+    auto r = error_response(
+        api_error(401,
+                  "a valid API key is required: send the header 'Authorization: Bearer <key>' "
+                  "with the key this server was started with (--api-key)",
+                  "invalid_request_error", "invalid_api_key"));
+    r.headers.emplace_back("WWW-Authenticate", "Bearer");
+    return r;
+  }
   if (p == "/v1/completions" || p == "/v1/chat/completions") {
     if (q.method != "POST") return wrong_method("POST");
     return generate(q, p == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat);
@@ -242,27 +289,33 @@ http::Reply HttpServer::Impl::handle(const http::Request& q) {
   if (p == "/v1/models" || p == "/health" || one_model) {
     if (q.method != "GET") return wrong_method("GET");
     if (p == "/health") return json_response(health());
-    if (!one_model) return json_response({{"object", "list"}, {"data", json::array({model_object()})}});
+    if (!one_model)
+      return json_response({{"object", "list"}, {"data", json::array({model_object()})}});
     const std::string id = p.substr(11);
     if (id != opts.model_name) {
-      return error_response(api_error(
-          404, fmt::format("the model '{}' does not exist; this server serves '{}'", id, opts.model_name),
-          "not_found_error", "model_not_found"));
+      return error_response(
+          api_error(404,
+                    fmt::format("the model '{}' does not exist; this server serves '{}'", id,
+                                opts.model_name),
+                    "not_found_error", "model_not_found"));
     }
     return json_response(model_object());
   }
-  return error_response(api_error(404,
-                                  fmt::format("no route for {} {}; this server offers POST /v1/completions, POST "
-                                              "/v1/chat/completions, GET /v1/models and GET /health",
-                                              q.method, q.path),
-                                  "not_found_error"));
+  return error_response(
+      api_error(404,
+                fmt::format("no route for {} {}; this server offers POST /v1/completions, POST "
+                            "/v1/chat/completions, GET /v1/models and GET /health",
+                            q.method, q.path),
+                "not_found_error"));
 }
 
 std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, GenerationRequest& g) {
   if (!r.model.empty() && r.model != opts.model_name) {
-    return api_error(404, fmt::format("the model '{}' does not exist; this server serves '{}' (GET /v1/models)",
-                                      r.model, opts.model_name),
-                     "not_found_error", "model_not_found", "model");
+    return api_error(
+        404,
+        fmt::format("the model '{}' does not exist; this server serves '{}' (GET /v1/models)",
+                    r.model, opts.model_name),
+        "not_found_error", "model_not_found", "model");
   }
   g.stop_tokens = opts.stop_tokens;
   try {
@@ -279,7 +332,8 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
       g.prompt = tok.encode(r.prompt_text, true);
     }
   } catch (const Error& e) {
-    return api_error(400, e.what(), "invalid_request_error", "", r.endpoint == Endpoint::kChat ? "messages" : "prompt");
+    return api_error(400, e.what(), "invalid_request_error", "",
+                     r.endpoint == Endpoint::kChat ? "messages" : "prompt");
   }
   if (r.ignore_eos) g.stop_tokens.clear();
   const auto prompt_len = static_cast<int64_t>(g.prompt.size());
@@ -287,10 +341,13 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
   if (r.max_tokens) {
     g.max_tokens = *r.max_tokens;
   } else if (room < 1) {
-    return api_error(400, fmt::format("the prompt has {} tokens; this server's context is {} tokens, which leaves "
-                                      "no room for a completion; hint: shorten the prompt",
-                                      prompt_len, sched.max_context()),
-                     "invalid_request_error", "context_length_exceeded", r.endpoint == Endpoint::kChat ? "messages" : "prompt");
+    return api_error(
+        400,
+        fmt::format("the prompt has {} tokens; this server's context is {} tokens, which leaves "
+                    "no room for a completion; hint: shorten the prompt",
+                    prompt_len, sched.max_context()),
+        "invalid_request_error", "context_length_exceeded",
+        r.endpoint == Endpoint::kChat ? "messages" : "prompt");
   } else {
     // OpenAI's defaults: 16 tokens for completions, the rest of the context for chat.
     g.max_tokens = r.endpoint == Endpoint::kCompletions ? std::min<int64_t>(16, room) : room;
@@ -305,7 +362,25 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
   return std::nullopt;
 }
 
+bool HttpServer::Impl::authorized(const http::Request& q) const {
+  const std::string got = q.header("Authorization");
+  const std::string want = "Bearer " + opts.api_key;
+  // Compared in time independent of where they differ, so the key cannot be guessed byte by byte.
+  unsigned char diff = got.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff |= static_cast<unsigned char>(want[i] ^ (i < got.size() ? got[i] : 0));
+  }
+  return diff == 0;
+}
+
 http::Reply HttpServer::Impl::generate(const http::Request& req, Endpoint ep) {
+  if (draining || stopping) {
+    return error_response(
+        api_error(503,
+                  "the server is shutting down and takes no new requests; retry on another "
+                  "instance",
+                  "server_error", "server_shutting_down"));
+  }
   auto parsed = parse_completion_request(req.body, ep);
   if (const auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
   const auto& r = std::get<CompletionRequest>(parsed);
@@ -318,7 +393,8 @@ http::Reply HttpServer::Impl::generate(const http::Request& req, Endpoint ep) {
       case Scheduler::Refusal::kInvalid:
         return error_response(api_error(400, sub.message, "invalid_request_error", "", "prompt"));
       case Scheduler::Refusal::kTooLong:
-        return error_response(api_error(400, sub.message, "invalid_request_error", "context_length_exceeded",
+        return error_response(api_error(400, sub.message, "invalid_request_error",
+                                        "context_length_exceeded",
                                         r.max_tokens ? "max_tokens" : "prompt"));
       case Scheduler::Refusal::kQueueFull: {
         auto res = error_response(api_error(503, sub.message, "server_error", "server_overloaded"));
@@ -331,11 +407,13 @@ http::Reply HttpServer::Impl::generate(const http::Request& req, Endpoint ep) {
   }
   ResponseMeta meta;
   meta.endpoint = ep;
-  meta.id = fmt::format("{}-{:016x}", ep == Endpoint::kChat ? "chatcmpl" : "cmpl",
-                        next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(created));
+  meta.id =
+      fmt::format("{}-{:016x}", ep == Endpoint::kChat ? "chatcmpl" : "cmpl",
+                  next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(created));
   meta.created = static_cast<int64_t>(std::time(nullptr));
   meta.model = opts.model_name;
-  if (r.stream) return std::make_shared<EventStreamReply>(std::move(meta), sub.stream, r.include_usage);
+  if (r.stream)
+    return std::make_shared<EventStreamReply>(std::move(meta), sub.stream, r.include_usage);
   return std::make_shared<WholeReply>(std::move(meta), sub.stream);
 }
 

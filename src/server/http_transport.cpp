@@ -42,6 +42,14 @@ std::string Request::header(std::string_view name) const {
   return {};
 }
 
+bool valid_request_id(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == ':' ||
+           c == '-';
+  });
+}
+
 struct Transport::Impl {
   Impl(Limits l, Handler h, ErrorBody e, AccessLog a)
       : limits(l),
@@ -61,6 +69,8 @@ struct Transport::Impl {
   std::atomic<int> refusing{0};  // connections being answered 503 over the cap
   std::atomic<int> busy{0};      // sessions with a late reply in flight
   std::atomic<bool> stopping{false};
+  std::atomic<uint64_t> next_id{1};
+  const uint64_t id_salt = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
   net::io_context ioc;
   tcp::acceptor acceptor;
   net::steady_timer retry;  // backs off when accept fails (e.g. out of file descriptors)
@@ -94,6 +104,7 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void read() {
     if (t_.stopping) return close();
+    req_ = Request{};
     parser_.emplace();
     parser_->body_limit(t_.limits.max_body_bytes);
     parser_->header_limit(static_cast<uint32_t>(t_.limits.max_header_bytes));
@@ -163,6 +174,14 @@ class Session : public std::enable_shared_from_this<Session> {
     for (const auto& f : msg)
       req_.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     started_ = Clock::now();
+    req_.id = req_.header("X-Request-Id");
+    if (!valid_request_id(req_.id)) {
+      char id[32];
+      std::snprintf(id, sizeof id, "req-%016llx",
+                    static_cast<unsigned long long>(
+                        (t_.next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull) ^ t_.id_salt));
+      req_.id = id;
+    }
 
     Reply reply;
     try {
@@ -205,6 +224,7 @@ class Session : public std::enable_shared_from_this<Session> {
         static_cast<bhttp::status>(head.status), version_);
     res->set(bhttp::field::server, "exl3");
     res->set(bhttp::field::content_type, head.content_type);
+    if (!req_.id.empty()) res->set("X-Request-Id", req_.id);
     for (const auto& [k, v] : head.headers) res->set(k, v);
     chunked_ = version_ >= 11;
     if (chunked_) {
@@ -282,6 +302,7 @@ class Session : public std::enable_shared_from_this<Session> {
         static_cast<bhttp::status>(r.status), version_ ? version_ : 11);
     res->set(bhttp::field::server, "exl3");
     res->set(bhttp::field::content_type, r.content_type);
+    if (!req_.id.empty()) res->set("X-Request-Id", req_.id);
     for (const auto& [k, v] : r.headers) res->set(k, v);
     res->body() = std::move(r.body);
     res->keep_alive(keep_alive_ && !close_after && !t_.stopping);

@@ -34,9 +34,16 @@ struct Request {
   std::string path;    // the target without its query string
   std::string body;
   std::vector<std::pair<std::string, std::string>> headers;
+  // The request's id: the client's X-Request-Id when it is 1..128 characters of [A-Za-z0-9._:-],
+  // else one the transport makes up. Every response carries it back as X-Request-Id, and the
+  // access log names it, so a client's report can be matched to the server's log line.
+  std::string id;
   // The first header of that name (case-insensitive), or "".
   std::string header(std::string_view name) const;
 };
+
+// Whether `id` is usable as a request id as given (see Request::id).
+bool valid_request_id(std::string_view id);
 
 struct Response {
   int status = 200;

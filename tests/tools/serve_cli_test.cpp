@@ -1,5 +1,6 @@
 // `exl3 serve` through the binary: --help teaches, and a real process on a free port answers
-// /health and a completion, then stops cleanly (exit 0) on SIGTERM.
+// /health and a completion, then drains on SIGTERM (the running request finishes, new ones get
+// 503) and exits 0.
 #include <httplib.h>
 #include <signal.h>
 #include <spawn.h>
@@ -27,9 +28,9 @@ TEST(ServeCli, HelpTeaches) {
   EXPECT_THAT(run_cli("--help").out, HasSubstr("serve"));
   const auto h = run_cli("serve --help");
   EXPECT_EQ(h.code, 0);
-  for (const char* s : {"MODEL", "--host", "--port", "--device", "--max-seqs", "--max-queue", "--cache-tokens",
-                        "--model-name", "--chat-format", "Examples:", "curl", "/v1/chat/completions", "503",
-                        "SIGTERM"}) {
+  for (const char* s : {"MODEL", "--host", "--port", "--device", "--max-seqs", "--max-queue",
+                        "--cache-tokens", "--model-name", "--chat-format", "Examples:", "curl",
+                        "/v1/chat/completions", "503", "SIGTERM"}) {
     EXPECT_THAT(h.out, HasSubstr(s));
   }
 }
@@ -45,17 +46,18 @@ TEST(ServeCli, ServesAndStopsOnSigterm) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   const std::string model = (conf / "models" / "tiny-qwen3moe-exl3").string();
   const char* override_path = std::getenv("EXL3_CLI");
-  const std::string bin = override_path != nullptr && *override_path != '\0' ? override_path : EXL3_CLI_PATH;
+  const std::string bin =
+      override_path != nullptr && *override_path != '\0' ? override_path : EXL3_CLI_PATH;
   int out[2];
   ASSERT_EQ(pipe(out), 0);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&fa, out[0]);
-  std::string a0 = bin, a1 = "--threads", a2 = "2", a3 = "serve", a4 = model, a5 = "--port", a6 = "0", a7 = "--model-name",
-              a8 = "tiny", a9 = "--quiet";
-  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data(), a6.data(), a7.data(), a8.data(),
-                  a9.data(), nullptr};
+  std::string a0 = bin, a1 = "--threads", a2 = "2", a3 = "serve", a4 = model, a5 = "--port",
+              a6 = "0", a7 = "--model-name", a8 = "tiny", a9 = "--quiet";
+  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data(),
+                  a6.data(), a7.data(), a8.data(), a9.data(), nullptr};
   pid_t pid = -1;
   ASSERT_EQ(posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv, environ), 0);
   posix_spawn_file_actions_destroy(&fa);
@@ -105,15 +107,51 @@ TEST(ServeCli, ServesAndStopsOnSigterm) {
   auto h = c.Get("/health");
   ASSERT_TRUE(h);
   EXPECT_EQ(json::parse(h->body)["model"], "tiny");
-  auto r = c.Post("/v1/completions", R"({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 4})", "application/json");
+  auto r = c.Post("/v1/completions", R"({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 4})",
+                  "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
 
-  const int status = finish();
+  // SIGTERM drains: a request running at that moment still completes, a new one gets 503, and
+  // the process exits once idle.
+  int long_status = -1;
+  std::string long_finish;
+  std::thread long_request([&] {
+    httplib::Client lc("127.0.0.1", port);
+    lc.set_read_timeout(60, 0);
+    auto lr = lc.Post(
+        "/v1/completions",
+        R"({"prompt": [5, 6, 7], "max_tokens": 2000, "ignore_eos": true, "temperature": 0})",
+        "application/json");
+    if (lr) {
+      long_status = lr->status;
+      long_finish = json::parse(lr->body, nullptr, false).value("choices", json::array()).dump();
+    }
+  });
+  bool running = false;
+  for (int i = 0; i < 400 && !running; ++i) {
+    auto hh = c.Get("/health");
+    running = hh && json::parse(hh->body)["running"] == 1;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(running);
+  kill(pid, SIGTERM);
+  bool refused = false;
+  for (int i = 0; i < 200 && !refused; ++i) {
+    auto nr = c.Post("/v1/completions", R"({"prompt": [5], "max_tokens": 1})", "application/json");
+    refused = nr && nr->status == 503 && nr->body.find("server_shutting_down") != std::string::npos;
+    if (!refused) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(refused) << "no 503 while draining";
+  long_request.join();
+  EXPECT_EQ(long_status, 200);
+  EXPECT_THAT(long_finish, HasSubstr("length"));
+
+  const int status = finish();  // already exiting; a second SIGTERM would only stop it sooner
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
   char buf[512];
   ssize_t n;
   while ((n = read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
   close(out[0]);
-  EXPECT_THAT(text, HasSubstr("exl3 serve: stopped (1 completed"));
+  EXPECT_THAT(text, HasSubstr("exl3 serve: stopped (2 completed"));
 }

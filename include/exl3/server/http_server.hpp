@@ -46,6 +46,9 @@ struct ServerOptions {
   std::chrono::milliseconds read_timeout{30'000};   // to receive one whole request (else: closed)
   std::chrono::milliseconds write_timeout{30'000};  // for each write to the client
   int http_threads = 4;  // threads running request handlers (never blocked on a socket)
+  // Non-empty: every /v1/ request must carry `Authorization: Bearer <api_key>` (else 401);
+  // /health stays open for load balancers.
+  std::string api_key;
   // Called once per answered request ("POST /v1/completions 200 12 ms"); empty = silent.
   std::function<void(const std::string&)> log;
 };
@@ -68,6 +71,12 @@ class HttpServer {
   // Cancels every request (clients waiting get 503), stops accepting, gives those answers up to a
   // second to go out and makes run() return. Thread-safe, idempotent.
   void stop();
+  // Graceful shutdown, first half: new completions are refused with 503 (code
+  // server_shutting_down) and /health says "draining", while queued and running ones go on.
+  // The caller stops once idle() or its deadline passes. Thread-safe.
+  void begin_drain();
+  // No request is queued or running.
+  bool idle() const;
 
   SchedulerStats stats() const;
   // The chat format in use, or why /v1/chat/completions is unavailable.

@@ -1,0 +1,134 @@
+// Operating the server: the API key, request ids in responses and logs, and the graceful drain
+// (new requests refused while running ones finish), on the real server over loopback.
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "exl3/server/http_server.hpp"
+#include "server_test_util.hpp"
+#include "test_support.hpp"
+
+using namespace exl3;
+using namespace exl3::server;
+using namespace exl3::server::test;
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+namespace {
+
+ServerOptions options() {
+  ServerOptions o;
+  o.model_name = "tiny";
+  o.scheduler.max_seqs = 4;
+  o.scheduler.max_queue = 8;
+  return o;
+}
+
+constexpr const char* kBody = R"({"prompt": [5, 6], "max_tokens": 2})";
+
+}  // namespace
+
+TEST(HttpOps, ApiKeyGuardsV1AndLeavesHealthOpen) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto o = options();
+  o.api_key = "sekrit-123";
+  LiveServer s(tiny_model(conf), o);
+  auto c = s.client();
+  auto r = c->Post("/v1/completions", kBody, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(r->get_header_value("WWW-Authenticate"), "Bearer");
+  for (const char* wrong :
+       {"Bearer sekrit-12", "Bearer sekrit-1234", "sekrit-123", "Bearer SEKRIT-123", "Basic x"}) {
+    r = c->Post("/v1/completions", httplib::Headers{{"Authorization", wrong}}, kBody,
+                "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401) << wrong;
+  }
+  r = c->Get("/v1/models");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  r = c->Post("/v1/completions", httplib::Headers{{"Authorization", "Bearer sekrit-123"}}, kBody,
+              "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(s.health()["status"], "ok");  // no key needed
+}
+
+TEST(HttpOps, EveryResponseCarriesTheRequestIdTheLogNames) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto o = options();
+  std::mutex mu;
+  std::vector<std::string> lines;
+  o.log = [&](const std::string& line) {
+    std::lock_guard lk(mu);
+    lines.push_back(line);
+  };
+  LiveServer s(tiny_model(conf), o);
+  auto c = s.client();
+  // A usable client id comes back as given; an unusable one is replaced.
+  auto r = c->Post("/v1/completions", httplib::Headers{{"X-Request-Id", "trace-42.a:b_c"}}, kBody,
+                   "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->get_header_value("X-Request-Id"), "trace-42.a:b_c");
+  r = c->Get("/health", httplib::Headers{{"X-Request-Id", "has space"}});
+  ASSERT_TRUE(r);
+  const std::string made = r->get_header_value("X-Request-Id");
+  EXPECT_THAT(made, ::testing::StartsWith("req-"));
+  r = c->Get("/nowhere");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  const std::string other = r->get_header_value("X-Request-Id");
+  EXPECT_THAT(other, ::testing::StartsWith("req-"));
+  EXPECT_NE(other, made);
+  // The access log line follows the response; give it a moment.
+  for (int i = 0; i < 200; ++i) {
+    {
+      std::lock_guard lk(mu);
+      if (lines.size() >= 3) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::lock_guard lk(mu);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_THAT(lines[0], HasSubstr("POST /v1/completions 200"));
+  EXPECT_THAT(lines[0], HasSubstr("trace-42.a:b_c"));
+  EXPECT_THAT(lines[1], HasSubstr(made));
+  EXPECT_THAT(lines[2], HasSubstr("GET /nowhere 404"));
+}
+
+TEST(HttpOps, DrainRefusesNewRequestsAndFinishesRunningOnes) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  LiveServer s(tiny_model(conf), options());
+  EXPECT_TRUE(s.server().idle());
+  std::atomic<int> status{-1};
+  std::string finish;
+  std::thread long_request([&] {
+    auto r = s.client(60)->Post("/v1/completions",
+                                R"({"prompt": [5, 6, 7], "max_tokens": 1500, "ignore_eos": true})",
+                                "application/json");
+    if (r) {
+      finish = json::parse(r->body)["choices"][0]["finish_reason"].get<std::string>();
+      status = r->status;
+    }
+  });
+  ASSERT_TRUE(s.wait_health([](const json& h) { return h["running"] == 1; }));
+  s.server().begin_drain();
+  EXPECT_FALSE(s.server().idle());
+  EXPECT_EQ(s.health()["status"], "draining");
+  auto r = s.client()->Post("/v1/completions", kBody, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 503);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "server_shutting_down");
+  long_request.join();
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(finish, "length");
+  EXPECT_TRUE(s.server().idle());
+}
