@@ -12,6 +12,7 @@
 #include "exl3/error.hpp"
 #include "exl3/server/openai.hpp"
 #include "http_transport.hpp"
+#include "metrics.hpp"
 
 namespace exl3::server {
 
@@ -286,9 +287,16 @@ http::Reply HttpServer::Impl::handle(const http::Request& q) {
     return generate(q, p == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat);
   }
   const bool one_model = p.rfind("/v1/models/", 0) == 0 && p.size() > 11;
-  if (p == "/v1/models" || p == "/health" || one_model) {
+  if (p == "/v1/models" || p == "/health" || p == "/metrics" || one_model) {
     if (q.method != "GET") return wrong_method("GET");
     if (p == "/health") return json_response(health());
+    if (p == "/metrics") {
+      http::Response m;
+      m.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      m.body = prometheus_metrics(
+          {sched.stats(), transport.open_connections(), opts.max_connections, draining});
+      return m;
+    }
     if (!one_model)
       return json_response({{"object", "list"}, {"data", json::array({model_object()})}});
     const std::string id = p.substr(11);
@@ -304,7 +312,7 @@ http::Reply HttpServer::Impl::handle(const http::Request& q) {
   return error_response(
       api_error(404,
                 fmt::format("no route for {} {}; this server offers POST /v1/completions, POST "
-                            "/v1/chat/completions, GET /v1/models and GET /health",
+                            "/v1/chat/completions, GET /v1/models, GET /health and GET /metrics",
                             q.method, q.path),
                 "not_found_error"));
 }

@@ -13,12 +13,27 @@ namespace exl3::server {
 
 std::string_view finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-    case FinishReason::kError: return "error";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
   }
   return "error";
+}
+
+void LatencyHistogram::observe(double seconds) {
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    if (seconds <= bounds[i]) {
+      ++buckets[i];
+      break;
+    }
+  }
+  ++count;
+  sum += seconds;
 }
 
 // ---- RequestStream -----------------------------------------------------------------------------
@@ -81,7 +96,10 @@ void RequestStream::finish(FinishReason reason, std::string_view text, std::stri
 
 struct Scheduler::Active {
   Active(GenerationRequest r, std::shared_ptr<RequestStream> s, const Tokenizer& tok)
-      : req(std::move(r)), stream(std::move(s)), sampler(req.sampling), decoder(tok, /*skip_special=*/true),
+      : req(std::move(r)),
+        stream(std::move(s)),
+        sampler(req.sampling),
+        decoder(tok, /*skip_special=*/true),
         matcher(req.stop_strings) {
     if (req.sampling.repetition_penalty != 1.0f) history = req.prompt;
   }
@@ -92,12 +110,13 @@ struct Scheduler::Active {
   StreamDecoder decoder;
   StopStringMatcher matcher;
   runtime::Engine::SeqId seq = -1;
-  int64_t reserved = 0;   // KV tokens set aside for prompt + max_tokens
-  size_t prefilled = 0;   // prompt tokens already in the KV cache
-  int64_t generated = 0;  // tokens sampled
-  int32_t next = -1;      // the last sampled token: the input of the next decode step
+  int64_t reserved = 0;          // KV tokens set aside for prompt + max_tokens
+  size_t prefilled = 0;          // prompt tokens already in the KV cache
+  int64_t generated = 0;         // tokens sampled
+  int32_t next = -1;             // the last sampled token: the input of the next decode step
   std::vector<int32_t> history;  // prompt + sampled tokens, kept for a repetition penalty only
-  bool done = false;      // finished: retire() drops the sequence, then tells the client
+  std::chrono::steady_clock::time_point submitted, last_token;  // for the latency metrics
+  bool done = false;  // finished: retire() drops the sequence, then tells the client
   FinishReason reason = FinishReason::kStop;
   std::string error;
 
@@ -120,7 +139,8 @@ Scheduler::Scheduler(runtime::Engine& engine, Tokenizer tokenizer, const Schedul
   if (opts.max_seqs < 1) fail("server: max_seqs {} must be at least 1", opts.max_seqs);
   if (opts.max_queue < 1) fail("server: max_queue {} must be at least 1", opts.max_queue);
   if (opts.step_tokens < 1) fail("server: step_tokens {} must be at least 1", opts.step_tokens);
-  if (opts.max_context < 0) fail("server: max_context {} is negative (0 = the model's)", opts.max_context);
+  if (opts.max_context < 0)
+    fail("server: max_context {} is negative (0 = the model's)", opts.max_context);
   // The page size, measured rather than assumed: one token of a fresh sequence takes one page.
   const auto probe = engine_.new_sequence();
   page_tokens_ = std::max<int64_t>(1, engine_.cache_tokens_needed(probe, 1));
@@ -130,23 +150,28 @@ Scheduler::Scheduler(runtime::Engine& engine, Tokenizer tokenizer, const Schedul
   max_context_ = model_ctx > 0 ? std::min(model_ctx, cache_tokens_) : cache_tokens_;
   if (opts.max_context > 0) {
     if (opts.max_context > cache_tokens_) {
-      fail("server: max_context {} exceeds the KV cache of {} tokens; hint: raise --cache-tokens to at "
-           "least the context",
-           opts.max_context, cache_tokens_);
+      fail(
+          "server: max_context {} exceeds the KV cache of {} tokens; hint: raise --cache-tokens to "
+          "at "
+          "least the context",
+          opts.max_context, cache_tokens_);
     }
     if (model_ctx > 0 && opts.max_context > model_ctx) {
-      fail("server: max_context {} exceeds the model's max_position_embeddings {} ({})", opts.max_context,
-           model_ctx, engine_.spec().label);
+      fail("server: max_context {} exceeds the model's max_position_embeddings {} ({})",
+           opts.max_context, model_ctx, engine_.spec().label);
     }
     max_context_ = opts.max_context;
   }
-  if (max_context_ < 2) fail("server: a context of {} tokens leaves no room for a prompt and a reply", max_context_);
+  if (max_context_ < 2)
+    fail("server: a context of {} tokens leaves no room for a prompt and a reply", max_context_);
   stats_.cache_tokens = stats_.free_cache_tokens = cache_tokens_;
   stats_.max_context = max_context_;
   worker_ = std::thread([this] { run(); });
 }
 
-Scheduler::~Scheduler() { shutdown(); }
+Scheduler::~Scheduler() {
+  shutdown();
+}
 
 void Scheduler::shutdown() {
   {
@@ -170,16 +195,19 @@ int64_t Scheduler::pages_for(int64_t tokens) const {
 
 Scheduler::Submitted Scheduler::submit(GenerationRequest req) {
   auto refuse = [](Refusal r, std::string msg) { return Submitted{nullptr, r, std::move(msg)}; };
-  if (req.prompt.empty()) return refuse(Refusal::kInvalid, "the prompt is empty (it encodes to no tokens)");
+  if (req.prompt.empty())
+    return refuse(Refusal::kInvalid, "the prompt is empty (it encodes to no tokens)");
   const int64_t vocab = engine_.spec().vocab_size;
   for (size_t i = 0; i < req.prompt.size(); ++i) {
     if (req.prompt[i] < 0 || req.prompt[i] >= vocab) {
-      return refuse(Refusal::kInvalid, fmt::format("prompt token id {} at index {} is outside the vocabulary 0..{}",
-                                                   req.prompt[i], i, vocab - 1));
+      return refuse(Refusal::kInvalid,
+                    fmt::format("prompt token id {} at index {} is outside the vocabulary 0..{}",
+                                req.prompt[i], i, vocab - 1));
     }
   }
   if (req.max_tokens <= 0) {
-    return refuse(Refusal::kInvalid, fmt::format("max_tokens {} must be at least 1", req.max_tokens));
+    return refuse(Refusal::kInvalid,
+                  fmt::format("max_tokens {} must be at least 1", req.max_tokens));
   }
   for (const auto& s : req.stop_strings) {
     if (s.empty()) return refuse(Refusal::kInvalid, "a stop string is empty");
@@ -192,10 +220,13 @@ Scheduler::Submitted Scheduler::submit(GenerationRequest req) {
   const auto prompt_len = static_cast<int64_t>(req.prompt.size());
   // Compared without adding: prompt + max_tokens overflows for a max_tokens near 2^63.
   if (prompt_len > max_context_ || req.max_tokens > max_context_ - prompt_len) {
-    return refuse(Refusal::kTooLong,
-                  fmt::format("the prompt has {} tokens and max_tokens is {}: together they exceed this server's "
-                              "context of {} tokens; hint: shorten the prompt or set max_tokens to at most {}",
-                              prompt_len, req.max_tokens, max_context_, std::max<int64_t>(0, max_context_ - prompt_len)));
+    return refuse(
+        Refusal::kTooLong,
+        fmt::format(
+            "the prompt has {} tokens and max_tokens is {}: together they exceed this server's "
+            "context of {} tokens; hint: shorten the prompt or set max_tokens to at most {}",
+            prompt_len, req.max_tokens, max_context_,
+            std::max<int64_t>(0, max_context_ - prompt_len)));
   }
   auto stream = std::make_shared<RequestStream>();
   stream->pending_.prompt_tokens = prompt_len;
@@ -205,12 +236,14 @@ Scheduler::Submitted Scheduler::submit(GenerationRequest req) {
     // Free run slots count as room too: the worker admits queued requests only between steps, so
     // a burst arriving during one would otherwise be refused with slots idle.
     if (static_cast<int64_t>(queue_.size()) + stats_.running >= opts_.max_queue + opts_.max_seqs) {
-      return refuse(Refusal::kQueueFull,
-                    fmt::format("the server is busy: {} requests are waiting and {} are running (limits "
-                                "--max-queue {}, --max-seqs {}); retry later",
-                                queue_.size(), stats_.running, opts_.max_queue, opts_.max_seqs));
+      ++stats_.refused_queue_full;
+      return refuse(
+          Refusal::kQueueFull,
+          fmt::format("the server is busy: {} requests are waiting and {} are running (limits "
+                      "--max-queue {}, --max-seqs {}); retry later",
+                      queue_.size(), stats_.running, opts_.max_queue, opts_.max_seqs));
     }
-    queue_.push_back({std::move(req), stream});
+    queue_.push_back({std::move(req), stream, std::chrono::steady_clock::now()});
   }
   cv_.notify_all();
   return {stream, std::nullopt, {}};
@@ -225,7 +258,8 @@ void Scheduler::run() {
       if (stop_) break;
     }
     for (auto& a : running) {
-      if (!a->done && a->stream->cancelled()) a->end(FinishReason::kCancelled, "the request was cancelled");
+      if (!a->done && a->stream->cancelled())
+        a->end(FinishReason::kCancelled, "the request was cancelled");
     }
     retire(running);
     admit(running);
@@ -236,7 +270,8 @@ void Scheduler::run() {
   for (auto& a : running) a->end(FinishReason::kCancelled, "the server is shutting down");
   retire(running);
   std::lock_guard lk(mu_);
-  for (auto& p : queue_) p.stream->finish(FinishReason::kCancelled, "", "the server is shutting down", 0);
+  for (auto& p : queue_)
+    p.stream->finish(FinishReason::kCancelled, "", "the server is shutting down", 0);
   queue_.clear();
 }
 
@@ -257,7 +292,9 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& running) {
     const int64_t need = pages_for(static_cast<int64_t>(p.req.prompt.size()) + p.req.max_tokens);
     if (need > cache_tokens_ - reserved_) break;
     auto a = std::make_unique<Active>(std::move(p.req), std::move(p.stream), tokenizer_);
+    a->submitted = p.submitted;
     queue_.pop_front();
+    stats_.prompt_tokens += static_cast<int64_t>(a->req.prompt.size());
     a->seq = engine_.new_sequence();
     a->reserved = need;
     reserved_ += need;
@@ -283,8 +320,10 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
     if (a->done || a->decoding()) continue;
     const int64_t left = static_cast<int64_t>(a->req.prompt.size() - a->prefilled);
     const int64_t n = std::min(left, budget);
-    batch.push_back({a->seq, std::span<const int32_t>(a->req.prompt).subspan(a->prefilled, static_cast<size_t>(n)),
-                     runtime::LogitsMode::kLast});
+    batch.push_back(
+        {a->seq,
+         std::span<const int32_t>(a->req.prompt).subspan(a->prefilled, static_cast<size_t>(n)),
+         runtime::LogitsMode::kLast});
     who.push_back(a.get());
     fed.push_back(n);
     budget -= n;
@@ -321,11 +360,23 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
 
 void Scheduler::accept_token(Active& a, int32_t tok) {
   ++a.generated;
+  {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard lk(mu_);
+    ++stats_.generation_tokens;
+    if (a.generated == 1) {
+      stats_.time_to_first_token.observe(std::chrono::duration<double>(now - a.submitted).count());
+    } else {
+      stats_.inter_token_latency.observe(std::chrono::duration<double>(now - a.last_token).count());
+    }
+    a.last_token = now;
+  }
   auto finish = [&](FinishReason reason, const std::string& text, int32_t token) {
     a.stream->publish(text, token, a.generated);
     a.end(reason);
   };
-  if (std::find(a.req.stop_tokens.begin(), a.req.stop_tokens.end(), tok) != a.req.stop_tokens.end()) {
+  if (std::find(a.req.stop_tokens.begin(), a.req.stop_tokens.end(), tok) !=
+      a.req.stop_tokens.end()) {
     finish(FinishReason::kStop, a.tail(), tok);
     return;
   }

@@ -132,3 +132,56 @@ TEST(HttpOps, DrainRefusesNewRequestsAndFinishesRunningOnes) {
   EXPECT_EQ(finish, "length");
   EXPECT_TRUE(s.server().idle());
 }
+
+namespace {
+
+// The value of one sample line `name{labels} value` (or `name value`) of a Prometheus body.
+double sample(const std::string& body, const std::string& series) {
+  const auto at = body.find("\n" + series + " ");
+  if (at == std::string::npos) return -1.0;
+  return std::stod(body.substr(at + series.size() + 2));
+}
+
+}  // namespace
+
+TEST(HttpOps, MetricsCountRequestsTokensAndLatencies) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  LiveServer s(tiny_model(conf), options());
+  auto c = s.client();
+  auto r =
+      c->Post("/v1/completions", R"({"prompt": [5, 6, 7], "max_tokens": 5, "ignore_eos": true})",
+              "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  r = c->Post("/v1/completions", R"({"prompt": [9, 10], "max_tokens": 3, "ignore_eos": true})",
+              "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  ASSERT_TRUE(s.wait_health([](const json& h) { return h["completed"] == 2; }));
+  auto m = c->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  EXPECT_THAT(m->get_header_value("Content-Type"), HasSubstr("text/plain; version=0.0.4"));
+  const std::string b = "\n" + m->body;
+  EXPECT_EQ(sample(b, "exl3_requests_total{outcome=\"completed\"}"), 2.0);
+  EXPECT_EQ(sample(b, "exl3_requests_running"), 0.0);
+  EXPECT_EQ(sample(b, "exl3_prompt_tokens_total"), 5.0);
+  EXPECT_EQ(sample(b, "exl3_generation_tokens_total"), 8.0);
+  // One first token per request, the other tokens are gaps; +Inf equals the count.
+  EXPECT_EQ(sample(b, "exl3_time_to_first_token_seconds_count"), 2.0);
+  EXPECT_EQ(sample(b, "exl3_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), 2.0);
+  EXPECT_EQ(sample(b, "exl3_inter_token_latency_seconds_count"), 6.0);
+  EXPECT_GT(sample(b, "exl3_inter_token_latency_seconds_sum"), 0.0);
+  EXPECT_EQ(sample(b, "exl3_kv_cache_usage_ratio"), 0.0);
+  EXPECT_GE(sample(b, "exl3_http_connections"), 1.0);
+  EXPECT_THAT(b, HasSubstr("# TYPE exl3_time_to_first_token_seconds histogram"));
+  // Buckets are cumulative: never decreasing.
+  double last = 0.0;
+  for (size_t at = b.find("exl3_inter_token_latency_seconds_bucket"); at != std::string::npos;
+       at = b.find("exl3_inter_token_latency_seconds_bucket", at + 1)) {
+    const double v = std::stod(b.substr(b.find(' ', at) + 1));
+    EXPECT_GE(v, last);
+    last = v;
+  }
+  EXPECT_EQ(last, 6.0);
+}

@@ -103,16 +103,35 @@ struct SchedulerOptions {
   int64_t step_tokens = 256;  // tokens per forward_batch step (decodes + prefill chunks)
 };
 
+// A latency histogram as Prometheus exposes one: cumulative counts per upper bound, sum, count.
+struct LatencyHistogram {
+  std::vector<double> bounds;    // upper bounds in seconds, increasing (+Inf implied)
+  std::vector<int64_t> buckets;  // observations <= bounds[i], one per bound (not cumulative)
+  int64_t count = 0;             // all observations (the +Inf bucket)
+  double sum = 0.0;              // seconds
+  explicit LatencyHistogram(std::vector<double> b = {})
+      : bounds(std::move(b)), buckets(bounds.size(), 0) {}
+  void observe(double seconds);
+};
+
 struct SchedulerStats {
   int64_t running = 0;
   int64_t queued = 0;
   int64_t cache_tokens = 0;       // KV pool capacity
   int64_t free_cache_tokens = 0;  // not held by any sequence (after the last step)
   int64_t max_context = 0;
-  int64_t completed = 0;  // finished with stop / length
-  int64_t cancelled = 0;  // dropped because the client went away
-  int64_t failed = 0;     // finished with an engine error
-  int64_t steps = 0;      // forward_batch calls
+  int64_t completed = 0;           // finished with stop / length
+  int64_t cancelled = 0;           // dropped because the client went away
+  int64_t failed = 0;              // finished with an engine error
+  int64_t steps = 0;               // forward_batch calls
+  int64_t refused_queue_full = 0;  // submit() answered kQueueFull
+  int64_t prompt_tokens = 0;       // of admitted requests
+  int64_t generation_tokens = 0;   // sampled (a final stop token included)
+  // Time to first token: from submit() to the first sampled token (queueing and prefill).
+  LatencyHistogram time_to_first_token{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
+  // Inter-token latency: between one request's consecutive sampled tokens.
+  LatencyHistogram inter_token_latency{
+      {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
 };
 
 class Scheduler {
@@ -149,6 +168,7 @@ class Scheduler {
   struct Pending {
     GenerationRequest req;
     std::shared_ptr<RequestStream> stream;
+    std::chrono::steady_clock::time_point submitted;
   };
   struct Active;
 
