@@ -322,6 +322,13 @@ class Loader {
         } else {
           fail("{}: {}.pattern: expected {{\"Regex\": ...}} or {{\"String\": ...}}", file_, where);
         }
+      } else if (type == "Digits") {
+        // tokenizers splits off characters for which Rust's char::is_numeric holds (general
+        // categories Nd, Nl, No: \p{N}), each on its own or runs of them together: the same as
+        // an isolating Split on \p{N} or \p{N}+ (SmolLM2's pre-tokenizer starts with it).
+        const bool individual = flag(s, "individual_digits", false, where);
+        t_.splits.emplace_back(individual ? "\\p{N}" : "\\p{N}+", tok::Regex::Syntax::kOniguruma,
+                               file_ + ": " + where);
       } else if (type == "ByteLevel") {
         if (flag(s, "add_prefix_space", true, where))
           unsupported(where + ".add_prefix_space", "ByteLevel add_prefix_space=true");
@@ -332,7 +339,7 @@ class Loader {
         byte_level = true;
       } else {
         unsupported(where, "pre-tokenizer '" + (type.empty() ? s.dump() : type) +
-                               "' (supported: Split, ByteLevel)");
+                               "' (supported: Split, Digits, ByteLevel)");
       }
     }
     if (!byte_level)

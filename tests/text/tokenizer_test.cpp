@@ -74,6 +74,14 @@ TEST(Tokenizer, Qwen2StyleMatchesReference) {
   check_golden(load_style("qwen2_style"), "qwen2_style", false);
 }
 
+TEST(Tokenizer, DigitsPreTokenizerMatchesReference) {
+  // SmolLM2's pre-tokenizer shape: Sequence[Digits, ByteLevel(use_regex)], digits one by one and
+  // in runs, with "11" / "22" merges so the two differ; ASCII, Arabic-Indic, fullwidth, fraction,
+  // Roman-numeral and superscript digits (data/make_digits_golden.py).
+  check_golden(load_style("digits_style"), "digits_style", false);
+  check_golden(load_style("digits_grouped_style"), "digits_grouped_style", false);
+}
+
 TEST(Tokenizer, Llama3StyleMatchesReference) {
   // Split(Llama-3 regex) + ByteLevel, no normalizer, ignore_merges, BOS template, "a b" merges.
   check_golden(load_style("llama3_style"), "llama3_style", true);
