@@ -20,7 +20,8 @@
 // Supported tokenizer.json: model BPE (merges as "a b" strings or ["a", "b"] pairs; unk_token,
 // fuse_unk, ignore_merges; no dropout, byte_fallback or subword prefix/suffix); normalizer null,
 // NFC or a Sequence of NFC; pre_tokenizer ByteLevel (add_prefix_space=false) optionally preceded by
-// Split(Regex|String, behavior Isolated, invert false) steps in a Sequence; decoder ByteLevel;
+// Split(Regex|String, behavior Isolated, invert false) and Digits (individual_digits true or false:
+// an isolating split on \p{N} or \p{N}+) steps in a Sequence; decoder ByteLevel;
 // post_processor null, ByteLevel, TemplateProcessing (single), or a Sequence of those. Anything
 // else (WordPiece/Unigram/WordLevel models, other normalizers, pre-tokenizers or decoders) fails at
 // load with an exl3::Error naming the file and the feature: exl3 never tokenizes differently in
