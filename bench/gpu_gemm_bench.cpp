@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "exl3/cuda/bench_timer.hpp"
@@ -31,10 +31,11 @@ namespace tr = exl3::trellis;
 
 namespace {
 
-#define CK(expr)                                                                                       \
-  do {                                                                                                 \
-    cudaError_t e_ = (expr);                                                                           \
-    if (e_ != cudaSuccess) throw std::runtime_error(fmt::format("{}: {}", #expr, cudaGetErrorString(e_))); \
+#define CK(expr)                                                                      \
+  do {                                                                                \
+    cudaError_t e_ = (expr);                                                          \
+    if (e_ != cudaSuccess)                                                            \
+      throw std::runtime_error(fmt::format("{}: {}", #expr, cudaGetErrorString(e_))); \
   } while (0)
 
 std::vector<int64_t> parse_list(const std::string& s) {
@@ -66,44 +67,56 @@ void fill_normal_16(void* d, size_t count, bool bf16, uint64_t seed, float scale
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd;
   std::vector<uint16_t> h(count);
-  for (auto& v : h) v = bf16 ? tr::float_to_bf16(scale * nd(rng)) : tr::float_to_half(scale * nd(rng));
+  for (auto& v : h)
+    v = bf16 ? tr::float_to_bf16(scale * nd(rng)) : tr::float_to_half(scale * nd(rng));
   CK(cudaMemcpy(d, h.data(), count * 2, cudaMemcpyHostToDevice));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"EXL3 GEMM benchmark: exl3 CUDA linear vs cuBLAS BF16 and copy bandwidth (same run)"};
+  CLI::App app{
+      "EXL3 GEMM benchmark: exl3 CUDA linear vs cuBLAS BF16 and copy bandwidth (same run)"};
   std::string shapes_s = "4096x4096,6144x2048,2048x6144,8192x28672", bits_s = "2,3,4,5,6,8",
               m_s = "1,2,4,8,16,32,64,128,256,1024,4096", cb_s = "mcg", json_path;
   int reps = 30;
   int64_t mma_max_m = 128, gemv_max_m = exl3::cuda::LinearOptions{}.gemv_max_m;
-  app.add_option("--shapes", shapes_s, "Comma list of KxN (in x out features)")->capture_default_str();
+  app.add_option("--shapes", shapes_s, "Comma list of KxN (in x out features)")
+      ->capture_default_str();
   app.add_option("--bits", bits_s, "Comma list of K")->capture_default_str();
   app.add_option("--m", m_s, "Comma list of row counts")->capture_default_str();
   app.add_option("--codebook", cb_s, "3inst | mcg | mul1")->capture_default_str();
-  app.add_option("--reps", reps, "Timed repetitions per case (median reported)")->capture_default_str();
-  app.add_option("--gemv-max-m", gemv_max_m, "Largest m on the swap-AB GEMV path (0 = off)")->capture_default_str();
+  app.add_option("--reps", reps, "Timed repetitions per case (median reported)")
+      ->capture_default_str();
+  app.add_option("--gemv-max-m", gemv_max_m, "Largest m on the swap-AB GEMV path (0 = off)")
+      ->capture_default_str();
   app.add_option("--mma-max-m", mma_max_m, "Largest m on the tensor-core paths (above: cuBLAS)")
       ->capture_default_str();
   app.add_option("--json", json_path, "Write all results to this JSON file");
   std::string had_shape = "8192x8192";
   bool had_only = false;
-  app.add_option("--hadamard", had_shape, "ROWSxCOLS for the hadamard128_rows benchmark (empty = skip)")
+  app.add_option("--hadamard", had_shape,
+                 "ROWSxCOLS for the hadamard128_rows benchmark (empty = skip)")
       ->capture_default_str();
   app.add_flag("--hadamard-only", had_only, "Run only the Hadamard benchmark");
   CLI11_PARSE(app, argc, argv);
-  const auto cb = cb_s == "mul1" ? tr::Codebook::kMul1 : cb_s == "3inst" ? tr::Codebook::k3Inst : tr::Codebook::kMcg;
+  const auto cb = cb_s == "mul1"    ? tr::Codebook::kMul1
+                  : cb_s == "3inst" ? tr::Codebook::k3Inst
+                                    : tr::Codebook::kMcg;
 
   try {
     cudaDeviceProp prop{};
     CK(cudaGetDeviceProperties(&prop, 0));
     exl3::cuda::GpuTimer tm;
     const double copy_gbs = tm.copy_bandwidth_gbs();
-    fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name, prop.multiProcessorCount,
-               copy_gbs);
-    nlohmann::json out = {{"device", prop.name}, {"sms", prop.multiProcessorCount}, {"copy_gbs", copy_gbs},
-                          {"codebook", cb_s}, {"reps", reps}, {"cases", nlohmann::json::array()},
+    fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name,
+               prop.multiProcessorCount, copy_gbs);
+    nlohmann::json out = {{"device", prop.name},
+                          {"sms", prop.multiProcessorCount},
+                          {"copy_gbs", copy_gbs},
+                          {"codebook", cb_s},
+                          {"reps", reps},
+                          {"cases", nlohmann::json::array()},
                           {"hadamard", nlohmann::json::array()}};
     if (!had_shape.empty()) {
       // hadamard128_rows with pre and post scales, each dtype pair that the linear paths use.
@@ -115,21 +128,30 @@ int main(int argc, char** argv) {
       void* hs = dalloc(static_cast<size_t>(hc) * 2);
       fill_normal_16(hx, static_cast<size_t>(hr * hc) * 2, false, 5);
       fill_normal_16(hs, static_cast<size_t>(hc), false, 6);
-      const std::pair<DType, DType> pairs[] = {{DType::kF16, DType::kF16}, {DType::kBF16, DType::kF16},
-                                               {DType::kF32, DType::kF32}, {DType::kF32, DType::kBF16}};
+      const std::pair<DType, DType> pairs[] = {{DType::kF16, DType::kF16},
+                                               {DType::kBF16, DType::kF16},
+                                               {DType::kF32, DType::kF32},
+                                               {DType::kF32, DType::kBF16}};
       const char* names[] = {"f16", "bf16", "f32"};
       for (const auto& [ti, to] : pairs) {
         const double us = tm.median_us(reps, [&](int) {
           CK(exl3::cuda::hadamard128_rows(hx, ti, hy, to, hr, hc, static_cast<const uint16_t*>(hs),
                                           static_cast<const uint16_t*>(hs), tm.stream()));
         });
-        const double bytes = static_cast<double>(hr * hc) * static_cast<double>(exl3::cuda::dtype_size(ti) +
-                                                                                exl3::cuda::dtype_size(to));
+        const double bytes =
+            static_cast<double>(hr * hc) *
+            static_cast<double>(exl3::cuda::dtype_size(ti) + exl3::cuda::dtype_size(to));
         const double gbs = bytes / (us * 1e-6) / 1e9;
-        fmt::print("hadamard128_rows {}x{} {}->{} (suh, svh): {:.1f} us  {:.0f} GB/s  {:.1f}% copy\n", hr, hc,
-                   names[static_cast<int>(ti)], names[static_cast<int>(to)], us, gbs, 100.0 * gbs / copy_gbs);
-        out["hadamard"].push_back({{"rows", hr}, {"cols", hc}, {"in", names[static_cast<int>(ti)]},
-                                   {"out", names[static_cast<int>(to)]}, {"us", us}, {"gbs", gbs},
+        fmt::print(
+            "hadamard128_rows {}x{} {}->{} (suh, svh): {:.1f} us  {:.0f} GB/s  {:.1f}% copy\n", hr,
+            hc, names[static_cast<int>(ti)], names[static_cast<int>(to)], us, gbs,
+            100.0 * gbs / copy_gbs);
+        out["hadamard"].push_back({{"rows", hr},
+                                   {"cols", hc},
+                                   {"in", names[static_cast<int>(ti)]},
+                                   {"out", names[static_cast<int>(to)]},
+                                   {"us", us},
+                                   {"gbs", gbs},
                                    {"pct_copy", 100.0 * gbs / copy_gbs}});
       }
       CK(cudaFree(hx));
@@ -141,7 +163,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     cublasHandle_t cublas;
-    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS)
+      throw std::runtime_error("cublasCreate failed");
     cublasSetStream(cublas, tm.stream());
     const auto ms = parse_list(m_s);
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
@@ -153,7 +176,8 @@ int main(int argc, char** argv) {
              size_t q = shapes_s.find(',', p);
              if (q == std::string::npos) q = shapes_s.size();
              const auto t = shapes_s.substr(p, q - p);
-             v.emplace_back(std::stoll(t.substr(0, t.find('x'))), std::stoll(t.substr(t.find('x') + 1)));
+             v.emplace_back(std::stoll(t.substr(0, t.find('x'))),
+                            std::stoll(t.substr(t.find('x') + 1)));
              p = q + 1;
            }
            return v;
@@ -176,9 +200,10 @@ int main(int argc, char** argv) {
       for (int64_t m : ms) {
         const float alpha = 1.0f, beta = 0.0f;
         cublas_us[m] = tm.median_us(reps, [&](int r) {
-          cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-                       &alpha, wb[r % nb_bf16], CUDA_R_16BF, static_cast<int>(n), xb, CUDA_R_16BF, static_cast<int>(k),
-                       &beta, yb, CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                       static_cast<int>(k), &alpha, wb[r % nb_bf16], CUDA_R_16BF,
+                       static_cast<int>(n), xb, CUDA_R_16BF, static_cast<int>(k), &beta, yb,
+                       CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         });
       }
       for (auto* p : wb) CK(cudaFree(p));
@@ -198,9 +223,9 @@ int main(int argc, char** argv) {
           for (auto& w : trellis) w = static_cast<uint16_t>(rng());
           for (auto& v : suh) v = tr::float_to_half(((rng() & 1) ? -1.f : 1.f) * mag(rng));
           for (auto& v : svh) v = tr::float_to_half(((rng() & 1) ? -1.f : 1.f) * mag(rng));
-          layers.push_back(std::make_unique<exl3::cuda::Exl3LinearCuda>("bench", trellis.data(), k, n,
-                                                                        static_cast<int>(K), cb, suh.data(),
-                                                                        svh.data(), nullptr, opts));
+          layers.push_back(std::make_unique<exl3::cuda::Exl3LinearCuda>(
+              "bench", trellis.data(), k, n, static_cast<int>(K), cb, suh.data(), svh.data(),
+              nullptr, opts));
         }
         const size_t ws_bytes = layers[0]->workspace_bytes();
         void* ws = dalloc(ws_bytes);
@@ -210,25 +235,38 @@ int main(int argc, char** argv) {
           for (int i = 0; i < nb; ++i) {
             cudaGraph_t g;
             CK(cudaStreamBeginCapture(tm.stream(), cudaStreamCaptureModeThreadLocal));
-            CK(layers[i]->run(xh, exl3::cuda::DType::kF16, yb, exl3::cuda::DType::kF16, m, ws, ws_bytes, tm.stream()));
+            CK(layers[i]->run(xh, exl3::cuda::DType::kF16, yb, exl3::cuda::DType::kF16, m, ws,
+                              ws_bytes, tm.stream()));
             CK(cudaStreamEndCapture(tm.stream(), &g));
             CK(cudaGraphInstantiate(&graphs[i], g, 0));
             CK(cudaGraphDestroy(g));
           }
-          const double us = tm.median_us(reps, [&](int r) { CK(cudaGraphLaunch(graphs[r % nb], tm.stream())); });
+          const double us =
+              tm.median_us(reps, [&](int r) { CK(cudaGraphLaunch(graphs[r % nb], tm.stream())); });
           for (auto g : graphs) CK(cudaGraphExecDestroy(g));
-          const double bytes = static_cast<double>(tbytes) + 2.0 * (k + n) + 2.0 * m * k + 2.0 * m * n;
+          const double bytes =
+              static_cast<double>(tbytes) + 2.0 * (k + n) + 2.0 * m * k + 2.0 * m * n;
           const double gbs = bytes / (us * 1e-6) / 1e9;
           const char* path = exl3::cuda::path_name(layers[0]->path_for(m));
           const int splits = layers[0]->splits_for(m);
           const double vs_cublas = cublas_us[m] / us;
-          fmt::print("{:>5}x{:<5} K={} m={:<5} {:>9.1f} us  {:>6.0f} GB/s  {:>5.1f}% copy  {:>5.2f}x cuBLAS ({:.1f} us)  "
-                     "[{} split {}]\n",
-                     k, n, K, m, us, gbs, 100.0 * gbs / copy_gbs, vs_cublas, cublas_us[m], path, splits);
-          out["cases"].push_back({{"k", k}, {"n", n}, {"bits", K}, {"m", m}, {"us", us}, {"gbs", gbs},
-                                  {"pct_copy", 100.0 * gbs / copy_gbs}, {"cublas_bf16_us", cublas_us[m]},
-                                  {"speedup_vs_cublas", vs_cublas}, {"path", path},
-                                  {"split_k", splits}, {"weight_sets", nb}});
+          fmt::print(
+              "{:>5}x{:<5} K={} m={:<5} {:>9.1f} us  {:>6.0f} GB/s  {:>5.1f}% copy  {:>5.2f}x "
+              "cuBLAS ({:.1f} us)  "
+              "[{} split {}]\n",
+              k, n, K, m, us, gbs, 100.0 * gbs / copy_gbs, vs_cublas, cublas_us[m], path, splits);
+          out["cases"].push_back({{"k", k},
+                                  {"n", n},
+                                  {"bits", K},
+                                  {"m", m},
+                                  {"us", us},
+                                  {"gbs", gbs},
+                                  {"pct_copy", 100.0 * gbs / copy_gbs},
+                                  {"cublas_bf16_us", cublas_us[m]},
+                                  {"speedup_vs_cublas", vs_cublas},
+                                  {"path", path},
+                                  {"split_k", splits},
+                                  {"weight_sets", nb}});
         }
         CK(cudaFree(ws));
       }

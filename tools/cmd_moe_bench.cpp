@@ -35,7 +35,8 @@ struct MoeBenchOptions {
   std::string geometry = "glm52";
   int64_t hidden = 0, intermediate = 0;
   int experts = 0, top_k = 0;
-  std::string tiers = "3", layout = "shared_h", m_list = "1,2,4,8,16,32,64,256,1024,3072", json_path;
+  std::string tiers = "3", layout = "shared_h", m_list = "1,2,4,8,16,32,64,256,1024,3072",
+              json_path;
   int reps = 20;
   int64_t capacity = 0;
   uint64_t seed = 1;
@@ -103,8 +104,8 @@ struct HostLayer {
   moe::MoeLayerWeights w;
 };
 
-std::unique_ptr<HostLayer> make_layer(int64_t H, int64_t I, const std::vector<int>& bits, bool shared_h,
-                                      uint64_t seed) {
+std::unique_ptr<HostLayer> make_layer(int64_t H, int64_t I, const std::vector<int>& bits,
+                                      bool shared_h, uint64_t seed) {
   auto L = std::make_unique<HostLayer>();
   auto& w = L->w;
   const int E = static_cast<int>(bits.size());
@@ -144,10 +145,12 @@ std::unique_ptr<HostLayer> make_layer(int64_t H, int64_t I, const std::vector<in
       pw.in_features = in;
       pw.out_features = out;
       const int64_t hrow = shared_h ? 0 : e;
-      const auto& hs = p == 0 ? w.rotations.gate_suh : (p == 1 ? w.rotations.up_suh : w.rotations.down_svh);
+      const auto& hs =
+          p == 0 ? w.rotations.gate_suh : (p == 1 ? w.rotations.up_suh : w.rotations.down_svh);
       const std::span<const uint16_t> hside(hs.data() + hrow * H, static_cast<size_t>(H));
-      const std::span<const uint16_t> iside(w.rotations.intermediate.data() + (static_cast<int64_t>(e) * 3 + p) * I,
-                                            static_cast<size_t>(I));
+      const std::span<const uint16_t> iside(
+          w.rotations.intermediate.data() + (static_cast<int64_t>(e) * 3 + p) * I,
+          static_cast<size_t>(I));
       pw.suh = p < 2 ? hside : iside;
       pw.svh = p < 2 ? iside : hside;
     }
@@ -204,7 +207,8 @@ int run_moe_bench(const MoeBenchOptions& o) {
   if (o.intermediate > 0) I = o.intermediate;
   if (o.experts > 0) E = o.experts;
   if (o.top_k > 0) k = o.top_k;
-  if (o.layout != "shared_h" && o.layout != "per_expert") fail("--layout '{}': shared_h or per_expert", o.layout);
+  if (o.layout != "shared_h" && o.layout != "per_expert")
+    fail("--layout '{}': shared_h or per_expert", o.layout);
   const bool shared_h = o.layout == "shared_h";
   const auto bits = parse_tiers(o.tiers, E);
   const auto ms = parse_int_list(o.m_list, "--m");
@@ -216,10 +220,10 @@ int run_moe_bench(const MoeBenchOptions& o) {
   ck(cudaGetDeviceProperties(&prop, 0), "no CUDA device (moe-bench runs on a GPU)");
   cuda::GpuTimer tm;
   const double copy_gbs = tm.copy_bandwidth_gbs();
-  fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name, prop.multiProcessorCount,
-             copy_gbs);
-  fmt::print("geometry: H={} I={} E={} top-{} tiers {} layout {} capacity {}\n", H, I, E, k, o.tiers, o.layout,
-             capacity);
+  fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name,
+             prop.multiProcessorCount, copy_gbs);
+  fmt::print("geometry: H={} I={} E={} top-{} tiers {} layout {} capacity {}\n", H, I, E, k,
+             o.tiers, o.layout, capacity);
 
   // Layer copies so consecutive replays do not find the experts in L2.
   auto host = make_layer(H, I, bits, shared_h, o.seed);
@@ -228,21 +232,26 @@ int run_moe_bench(const MoeBenchOptions& o) {
   cuda::MoeOptions mo = cuda::moe_options_from_env({});
   mo.capacity = capacity;
   std::vector<std::unique_ptr<cuda::MoeLayerCuda>> layers;
-  for (int i = 0; i < copies; ++i) layers.push_back(std::make_unique<cuda::MoeLayerCuda>(host->w, k, mo));
+  for (int i = 0; i < copies; ++i)
+    layers.push_back(std::make_unique<cuda::MoeLayerCuda>(host->w, k, mo));
   const auto& L0 = *layers[0];
   const size_t arena_bytes = L0.arena_bytes();
   void* arena = dalloc(arena_bytes);
-  fmt::print("layer: {:.1f} MiB of trellis x {} copies; arena {:.1f} MiB (decode m <= {}, prefill chunk {}); "
-             "decode split-K {}/{}\n",
-             static_cast<double>(layer_bytes) / (1 << 20), copies, static_cast<double>(arena_bytes) / (1 << 20),
-             mo.decode_max_m, L0.prefill_chunk(), L0.decode_splits().first, L0.decode_splits().second);
+  fmt::print(
+      "layer: {:.1f} MiB of trellis x {} copies; arena {:.1f} MiB (decode m <= {}, prefill chunk "
+      "{}); "
+      "decode split-K {}/{}\n",
+      static_cast<double>(layer_bytes) / (1 << 20), copies,
+      static_cast<double>(arena_bytes) / (1 << 20), mo.decode_max_m, L0.prefill_chunk(),
+      L0.decode_splits().first, L0.decode_splits().second);
 
   // Expert bytes as stored (trellis + its rotation vectors) for the touched-bytes figure.
   std::vector<double> expert_bytes(static_cast<size_t>(E));
   for (int e = 0; e < E; ++e) {
     const auto& ex = host->w.experts[static_cast<size_t>(e)];
     expert_bytes[static_cast<size_t>(e)] =
-        2.0 * static_cast<double>(ex.gate.trellis.size() + ex.up.trellis.size() + ex.down.trellis.size()) +
+        2.0 * static_cast<double>(ex.gate.trellis.size() + ex.up.trellis.size() +
+                                  ex.down.trellis.size()) +
         2.0 * 3 * static_cast<double>(I) + (shared_h ? 0.0 : 2.0 * 3 * static_cast<double>(H));
   }
 
@@ -287,7 +296,8 @@ int run_moe_bench(const MoeBenchOptions& o) {
         cudaGraph_t g;
         ck(cudaStreamBeginCapture(tm.stream(), cudaStreamCaptureModeThreadLocal), "capture");
         ck(layers[static_cast<size_t>(i)]->run(x, cuda::DType::kBF16, d_ids[static_cast<size_t>(s)],
-                                               d_w[static_cast<size_t>(s)], out, m, arena, arena_bytes, tm.stream()),
+                                               d_w[static_cast<size_t>(s)], out, m, arena,
+                                               arena_bytes, tm.stream()),
            "MoE run");
         ck(cudaStreamEndCapture(tm.stream(), &g), "capture");
         cudaGraphExec_t ge;
@@ -360,16 +370,17 @@ int run_moe_bench(const MoeBenchOptions& o) {
         auto& G = gs[static_cast<size_t>(s)];
         const int groups = static_cast<int>(G.n.size());
         cublasStatus_t st = cublasGemmGroupedBatchedEx(
-            cublas, ops.data(), ops.data(), G.m1.data(), G.n.data(), G.k1.data(), one.data(), G.d_a1, CUDA_R_16BF,
-            G.lda1.data(), G.d_b1, CUDA_R_16BF, G.ldb1.data(), zero.data(), G.d_c1, CUDA_R_16BF, G.ldc1.data(), groups,
-            gsize.data(), CUBLAS_COMPUTE_32F);
+            cublas, ops.data(), ops.data(), G.m1.data(), G.n.data(), G.k1.data(), one.data(),
+            G.d_a1, CUDA_R_16BF, G.lda1.data(), G.d_b1, CUDA_R_16BF, G.ldb1.data(), zero.data(),
+            G.d_c1, CUDA_R_16BF, G.ldc1.data(), groups, gsize.data(), CUBLAS_COMPUTE_32F);
         if (st == CUBLAS_STATUS_SUCCESS) {
-          st = cublasGemmGroupedBatchedEx(cublas, ops.data(), ops.data(), G.m2.data(), G.n.data(), G.k2.data(),
-                                          one.data(), G.d_a2, CUDA_R_16BF, G.lda2.data(), G.d_b2, CUDA_R_16BF,
-                                          G.ldb2.data(), zero.data(), G.d_c2, CUDA_R_16BF, G.ldc2.data(), groups,
-                                          gsize.data(), CUBLAS_COMPUTE_32F);
+          st = cublasGemmGroupedBatchedEx(
+              cublas, ops.data(), ops.data(), G.m2.data(), G.n.data(), G.k2.data(), one.data(),
+              G.d_a2, CUDA_R_16BF, G.lda2.data(), G.d_b2, CUDA_R_16BF, G.ldb2.data(), zero.data(),
+              G.d_c2, CUDA_R_16BF, G.ldc2.data(), groups, gsize.data(), CUBLAS_COMPUTE_32F);
         }
-        if (st != CUBLAS_STATUS_SUCCESS) fail("moe-bench: cublasGemmGroupedBatchedEx failed ({})", static_cast<int>(st));
+        if (st != CUBLAS_STATUS_SUCCESS)
+          fail("moe-bench: cublasGemmGroupedBatchedEx failed ({})", static_cast<int>(st));
       };
       base_us = tm.median_us(o.reps, [&](int r) { gemms(r % kRouteSets); });
       for (auto& G : gs) {
@@ -383,15 +394,22 @@ int run_moe_bench(const MoeBenchOptions& o) {
     for (auto* p : d_w) cudaFree(p);
 
     const char* plan = cuda::moe_plan_name(L0.plan_for(m));
-    const char* tier_mode = L0.tiers().size() <= 1 ? "uniform" : (L0.tier_passes(L0.plan_for(m)) ? "passes" : "grid");
-    fmt::print("m={:<5} {:>9.1f} us  {:>6.0f} GB/s  {:>5.1f}% copy  [{}, {}]", m, us, gbs, 100.0 * gbs / copy_gbs, plan,
-               tier_mode);
+    const char* tier_mode =
+        L0.tiers().size() <= 1 ? "uniform" : (L0.tier_passes(L0.plan_for(m)) ? "passes" : "grid");
+    fmt::print("m={:<5} {:>9.1f} us  {:>6.0f} GB/s  {:>5.1f}% copy  [{}, {}]", m, us, gbs,
+               100.0 * gbs / copy_gbs, plan, tier_mode);
     if (o.baseline) fmt::print("  BF16 grouped {:>9.1f} us  ratio {:.2f}x", base_us, us / base_us);
     fmt::print("\n");
-    cases.push_back({{"m", m}, {"us", us}, {"touched_bytes", touched}, {"gbs", gbs},
-                     {"pct_copy", 100.0 * gbs / copy_gbs}, {"plan", plan}, {"tiers_mode", tier_mode},
-                     {"bf16_grouped_us", o.baseline ? nlohmann::json(base_us) : nlohmann::json(nullptr)},
-                     {"ratio_vs_bf16", o.baseline ? nlohmann::json(us / base_us) : nlohmann::json(nullptr)}});
+    cases.push_back(
+        {{"m", m},
+         {"us", us},
+         {"touched_bytes", touched},
+         {"gbs", gbs},
+         {"pct_copy", 100.0 * gbs / copy_gbs},
+         {"plan", plan},
+         {"tiers_mode", tier_mode},
+         {"bf16_grouped_us", o.baseline ? nlohmann::json(base_us) : nlohmann::json(nullptr)},
+         {"ratio_vs_bf16", o.baseline ? nlohmann::json(us / base_us) : nlohmann::json(nullptr)}});
   }
   if (cublas != nullptr) cublasDestroy(cublas);
   cudaFree(w1);
@@ -401,11 +419,23 @@ int run_moe_bench(const MoeBenchOptions& o) {
   cudaFree(arena);
   if (!o.json_path.empty()) {
     const nlohmann::json doc = {
-        {"device", prop.name}, {"sms", prop.multiProcessorCount}, {"copy_gbs", copy_gbs}, {"hidden", H},
-        {"intermediate", I}, {"experts", E}, {"top_k", k}, {"tiers", o.tiers}, {"layout", o.layout},
-        {"capacity", capacity}, {"arena_bytes", arena_bytes}, {"prefill_chunk", L0.prefill_chunk()},
-        {"decode_max_m", mo.decode_max_m}, {"layer_trellis_bytes", layer_bytes}, {"reps", o.reps},
-        {"synthetic", "random trellis bits (every pattern is valid), not a quantized model"}, {"cases", cases}};
+        {"device", prop.name},
+        {"sms", prop.multiProcessorCount},
+        {"copy_gbs", copy_gbs},
+        {"hidden", H},
+        {"intermediate", I},
+        {"experts", E},
+        {"top_k", k},
+        {"tiers", o.tiers},
+        {"layout", o.layout},
+        {"capacity", capacity},
+        {"arena_bytes", arena_bytes},
+        {"prefill_chunk", L0.prefill_chunk()},
+        {"decode_max_m", mo.decode_max_m},
+        {"layer_trellis_bytes", layer_bytes},
+        {"reps", o.reps},
+        {"synthetic", "random trellis bits (every pattern is valid), not a quantized model"},
+        {"cases", cases}};
     write_file_atomic(o.json_path, doc.dump(2) + "\n");
   }
   return 0;
@@ -420,12 +450,15 @@ Runner add_moe_bench(CLI::App& app, Common& /*common*/) {
   app.description(
       "Benchmark the fused CUDA MoE layer at a model's per-rank geometry (GPU only).\n\n"
       "Weights are synthetic: random trellis bits (every bit pattern is a valid trellis), so no\n"
-      "model or conversion is needed. Each case reports the median time of a CUDA-graph replay, the\n"
+      "model or conversion is needed. Each case reports the median time of a CUDA-graph replay, "
+      "the\n"
       "bandwidth over the bytes of the distinct experts the routes touch as % of the device copy\n"
-      "bandwidth (measured in the same run), and a BF16 baseline: cuBLAS grouped GEMMs on the same\n"
+      "bandwidth (measured in the same run), and a BF16 baseline: cuBLAS grouped GEMMs on the "
+      "same\n"
       "routes (inputs pre-gathered, activation omitted: a lower bound for BF16).\n\n"
       "Examples:\n"
-      "  exl3 moe-bench                                   GLM-5.2 per-rank (H=6144, I=512, E=256, top-8), K3\n"
+      "  exl3 moe-bench                                   GLM-5.2 per-rank (H=6144, I=512, E=256, "
+      "top-8), K3\n"
       "  exl3 moe-bench --tiers 3:148,4:108               mixed K3/K4 tiers in one grid\n"
       "  exl3 moe-bench --geometry qwen3-30b-a3b --tiers 4 --m 1,8,64 --json q.json");
   app.add_option("--geometry", o->geometry, "glm52 | qwen3-30b-a3b")->capture_default_str();
@@ -433,8 +466,10 @@ Runner add_moe_bench(CLI::App& app, Common& /*common*/) {
   app.add_option("--intermediate", o->intermediate, "Override the per-rank intermediate size I");
   app.add_option("--experts", o->experts, "Override the expert count E");
   app.add_option("--top-k", o->top_k, "Override top-k");
-  app.add_option("--tiers", o->tiers, "K for all experts (3) or K:count pairs (3:148,4:108)")->capture_default_str();
-  app.add_option("--layout", o->layout, "shared_h (shared_h_v1) | per_expert (per_expert_v1)")->capture_default_str();
+  app.add_option("--tiers", o->tiers, "K for all experts (3) or K:count pairs (3:148,4:108)")
+      ->capture_default_str();
+  app.add_option("--layout", o->layout, "shared_h (shared_h_v1) | per_expert (per_expert_v1)")
+      ->capture_default_str();
   app.add_option("--m", o->m_list, "Comma list of token counts")->capture_default_str();
   app.add_option("--capacity", o->capacity, "Plan capacity (default: the largest --m)");
   app.add_option("--reps", o->reps, "Timed replays per case (median)")->capture_default_str();

@@ -49,7 +49,9 @@ double GpuTimer::copy_bandwidth_gbs() {
   ck(cudaMalloc(&a, bytes), "allocating the copy buffers");
   ck(cudaMalloc(&b, bytes), "allocating the copy buffers");
   ck(cudaMemset(a, 1, bytes), "filling");
-  const double us = median_us(10, [&](int) { ck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream_), "copy"); });
+  const double us = median_us(10, [&](int) {
+    ck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
+  });
   cudaFree(a);
   cudaFree(b);
   return 2.0 * static_cast<double>(bytes) / (us * 1e-6) / 1e9;

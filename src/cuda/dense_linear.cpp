@@ -27,8 +27,9 @@ cudaDataType_t cuda_type(DType t) {
 
 }  // namespace
 
-DenseLinearCuda::DenseLinearCuda(std::string name, const void* weight, DType wtype, int64_t in_features,
-                                 int64_t out_features, const float* bias, int64_t max_m, bool fp32_weights)
+DenseLinearCuda::DenseLinearCuda(std::string name, const void* weight, DType wtype,
+                                 int64_t in_features, int64_t out_features, const float* bias,
+                                 int64_t max_m, bool fp32_weights)
     : name_(std::move(name)), in_(in_features), out_(out_features), max_m_(max_m), wtype_(wtype) {
   if (in_ <= 0 || out_ <= 0 || max_m_ <= 0) {
     fail("CUDA dense linear '{}': bad shape {} -> {} or max_m {}", name_, in_, out_, max_m_);
@@ -40,24 +41,28 @@ DenseLinearCuda::DenseLinearCuda(std::string name, const void* weight, DType wty
     widened.resize(n);
     const auto* w16 = static_cast<const uint16_t*>(weight);
     for (size_t i = 0; i < n; ++i) {
-      widened[i] = wtype_ == DType::kF16 ? trellis::half_to_float(w16[i]) : trellis::bf16_to_float(w16[i]);
+      widened[i] =
+          wtype_ == DType::kF16 ? trellis::half_to_float(w16[i]) : trellis::bf16_to_float(w16[i]);
     }
     src = widened.data();
     wtype_ = DType::kF32;
   }
   const size_t bytes = n * dtype_size(wtype_);
-  if (cudaMalloc(&d_w_, bytes) != cudaSuccess || cudaMemcpy(d_w_, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+  if (cudaMalloc(&d_w_, bytes) != cudaSuccess ||
+      cudaMemcpy(d_w_, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
     fail("CUDA dense linear '{}': uploading {} bytes of weights failed: {}", name_, bytes,
          cudaGetErrorString(cudaGetLastError()));
   }
   if (bias != nullptr) {
     if (cudaMalloc(&d_bias_, static_cast<size_t>(out_) * 4) != cudaSuccess ||
-        cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice) != cudaSuccess) {
+        cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice) !=
+            cudaSuccess) {
       fail("CUDA dense linear '{}': uploading the bias failed", name_);
     }
   }
   cublasHandle_t h = nullptr;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) fail("CUDA dense linear '{}': cublasCreate failed", name_);
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+    fail("CUDA dense linear '{}': cublasCreate failed", name_);
   cublas_ = h;
 }
 
@@ -68,7 +73,8 @@ DenseLinearCuda::~DenseLinearCuda() {
 }
 
 size_t DenseLinearCuda::device_bytes() const {
-  return static_cast<size_t>(in_ * out_) * dtype_size(wtype_) + (d_bias_ ? static_cast<size_t>(out_) * 4 : 0);
+  return static_cast<size_t>(in_ * out_) * dtype_size(wtype_) +
+         (d_bias_ ? static_cast<size_t>(out_) * 4 : 0);
 }
 
 size_t DenseLinearCuda::workspace_bytes() const {
@@ -76,8 +82,8 @@ size_t DenseLinearCuda::workspace_bytes() const {
   return x16 + kCublasWorkspace;
 }
 
-cudaError_t DenseLinearCuda::run(const float* x, float* y, int64_t m, void* workspace, size_t workspace_size,
-                                 cudaStream_t stream) const {
+cudaError_t DenseLinearCuda::run(const float* x, float* y, int64_t m, void* workspace,
+                                 size_t workspace_size, cudaStream_t stream) const {
   if (m <= 0 || m > max_m_ || workspace_size < workspace_bytes()) return cudaErrorInvalidValue;
   auto* base = static_cast<char*>(workspace);
   const void* xin = x;
@@ -96,10 +102,10 @@ cudaError_t DenseLinearCuda::run(const float* x, float* y, int64_t m, void* work
   // Row-major y[m, out] = x[m, in] W^T is column-major Y^T[out, m] = (W as [in, out])^T X^T.
   const float alpha = 1.0f, beta = 0.0f;
   const cudaDataType_t t = cuda_type(wtype_);
-  const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
-                                         static_cast<int>(in_), &alpha, d_w_, t, static_cast<int>(in_), xin, t,
-                                         static_cast<int>(in_), &beta, y, CUDA_R_32F, static_cast<int>(out_),
-                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  const cublasStatus_t st = cublasGemmEx(
+      h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
+      static_cast<int>(in_), &alpha, d_w_, t, static_cast<int>(in_), xin, t, static_cast<int>(in_),
+      &beta, y, CUDA_R_32F, static_cast<int>(out_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
   if (d_bias_ != nullptr) return add_bias(y, d_bias_, m, out_, stream);
   return cudaGetLastError();

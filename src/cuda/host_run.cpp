@@ -22,7 +22,8 @@ using DevicePtr = std::unique_ptr<void, DeviceFree>;
 DevicePtr device_alloc(size_t bytes, const char* what) {
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
-  if (e != cudaSuccess) fail("CUDA: allocating {} ({} bytes): {}", what, bytes, cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    fail("CUDA: allocating {} ({} bytes): {}", what, bytes, cudaGetErrorString(e));
   return DevicePtr(p);
 }
 
@@ -41,15 +42,18 @@ std::string device_name() {
 
 std::vector<float> linear_forward_host(const Exl3LinearCuda& layer, const float* x, int64_t m) {
   if (m < 1 || m > layer.options().max_m) {
-    fail("CUDA linear: {} rows outside 1..{} (raise LinearOptions::max_m)", m, layer.options().max_m);
+    fail("CUDA linear: {} rows outside 1..{} (raise LinearOptions::max_m)", m,
+         layer.options().max_m);
   }
-  const size_t xin = static_cast<size_t>(m * layer.in_features()), yout = static_cast<size_t>(m * layer.out_features());
+  const size_t xin = static_cast<size_t>(m * layer.in_features()),
+               yout = static_cast<size_t>(m * layer.out_features());
   const size_t ws_bytes = layer.workspace_bytes();
   auto dx = device_alloc(xin * 4, "input");
   auto dy = device_alloc(yout * 4, "output");
   auto ws = device_alloc(ws_bytes, "workspace");
   check(cudaMemcpy(dx.get(), x, xin * 4, cudaMemcpyHostToDevice), "copying input");
-  check(layer.run(dx.get(), DType::kF32, dy.get(), DType::kF32, m, ws.get(), ws_bytes, nullptr), "running linear");
+  check(layer.run(dx.get(), DType::kF32, dy.get(), DType::kF32, m, ws.get(), ws_bytes, nullptr),
+        "running linear");
   check(cudaDeviceSynchronize(), "running linear");
   std::vector<float> y(yout);
   check(cudaMemcpy(y.data(), dy.get(), yout * 4, cudaMemcpyDeviceToHost), "copying output");

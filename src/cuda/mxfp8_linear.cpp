@@ -22,7 +22,9 @@ namespace {
 constexpr size_t kAlign = 256;
 constexpr size_t kCublasWorkspace = 32u << 20;
 
-size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+size_t align_up(size_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
 
 void check(cudaError_t e, const std::string& what, const std::string& layer) {
   if (e != cudaSuccess) fail("CUDA MXFP8 linear '{}': {}: {}", layer, what, cudaGetErrorString(e));
@@ -30,7 +32,8 @@ void check(cudaError_t e, const std::string& what, const std::string& layer) {
 
 int sm_count() {
   int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (cudaGetDevice(&dev) == cudaSuccess)
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   return sms;
 }
 
@@ -50,8 +53,8 @@ int plan_splits(int64_t k, int64_t n) {
 
 // The checkpoint planes in the tiled layout. offset(row, col) = tile base + a row part + a column
 // part (mxfp8_tiles.hpp), so both parts are tabulated once from the layout function itself.
-void tile_planes(const uint8_t* values, const uint8_t* scales, int64_t k, int64_t n, std::vector<uint8_t>& tv,
-                 std::vector<uint8_t>& ts) {
+void tile_planes(const uint8_t* values, const uint8_t* scales, int64_t k, int64_t n,
+                 std::vector<uint8_t>& tv, std::vector<uint8_t>& ts) {
   const int64_t kb = k / 32, rows = (n + 15) / 16 * 16;
   tv.assign(static_cast<size_t>(rows * k), 0);
   ts.assign(static_cast<size_t>(rows * kb), 0);
@@ -61,7 +64,8 @@ void tile_planes(const uint8_t* values, const uint8_t* scales, int64_t k, int64_
   for (int64_t row = 0; row < n; ++row) {
     const uint8_t* src = values + row * k;
     for (int64_t b = 0; b < kb; ++b) {
-      uint8_t* dst = tv.data() + ((row / 16) * kb + b) * detail::kMxfp8TileBytes + row_part[row % 16];
+      uint8_t* dst =
+          tv.data() + ((row / 16) * kb + b) * detail::kMxfp8TileBytes + row_part[row % 16];
       for (int c = 0; c < 32; ++c) dst[col_part[c]] = src[b * 32 + c];
       ts[static_cast<size_t>(detail::mxfp8_tile_scale_offset(row, b, kb))] = scales[row * kb + b];
     }
@@ -85,7 +89,8 @@ Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas
     return at;
   };
   if (splits > 1 || (cublas && bias)) {
-    c.partial = reinterpret_cast<float*>(take(static_cast<size_t>(std::max(splits, 1)) * m * n * 4));
+    c.partial =
+        reinterpret_cast<float*>(take(static_cast<size_t>(std::max(splits, 1)) * m * n * 4));
   }
   if (cublas) {
     c.w_bf16 = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(k * n) * 2));
@@ -99,54 +104,70 @@ Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas
 
 const char* mxfp8_path_name(Mxfp8Path p) {
   switch (p) {
-    case Mxfp8Path::kGemv: return "gemv";
-    default: return "cublas";
+    case Mxfp8Path::kGemv:
+      return "gemv";
+    default:
+      return "cublas";
   }
 }
 
-Mxfp8LinearCuda::Mxfp8LinearCuda(const mxfp8::Weight& w, const std::vector<float>& bias, const Mxfp8Options& opts)
+Mxfp8LinearCuda::Mxfp8LinearCuda(const mxfp8::Weight& w, const std::vector<float>& bias,
+                                 const Mxfp8Options& opts)
     : name_(w.name()), in_(w.cols()), out_(w.rows()), opts_(opts) {
   if (!bias.empty() && static_cast<int64_t>(bias.size()) != out_) {
     fail("CUDA MXFP8 linear '{}': bias has {} values for {} outputs", name_, bias.size(), out_);
   }
   // An mxfp8::Weight's codes were checked when it was loaded, converted or built from planes.
-  init(w.name().c_str(), w.values(), w.scales(), bias.empty() ? nullptr : bias.data(), /*check_codes=*/false);
+  init(w.name().c_str(), w.values(), w.scales(), bias.empty() ? nullptr : bias.data(),
+       /*check_codes=*/false);
 }
 
-Mxfp8LinearCuda::Mxfp8LinearCuda(const char* name, const uint8_t* values, const uint8_t* scales, int64_t in_features,
-                                 int64_t out_features, const float* bias, const Mxfp8Options& opts)
+Mxfp8LinearCuda::Mxfp8LinearCuda(const char* name, const uint8_t* values, const uint8_t* scales,
+                                 int64_t in_features, int64_t out_features, const float* bias,
+                                 const Mxfp8Options& opts)
     : name_(name), in_(in_features), out_(out_features), opts_(opts) {
   init(name, values, scales, bias, /*check_codes=*/true);
 }
 
-void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_t* scales, const float* bias,
-                           bool check_codes) {
+void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_t* scales,
+                           const float* bias, bool check_codes) {
   if (in_ <= 0 || out_ <= 0 || in_ % 32 != 0) {
-    fail("CUDA MXFP8 linear '{}': {} -> {}: the input width must be a positive multiple of 32 and the output "
-         "positive",
-         name, in_, out_);
+    fail(
+        "CUDA MXFP8 linear '{}': {} -> {}: the input width must be a positive multiple of 32 and "
+        "the output "
+        "positive",
+        name, in_, out_);
   }
-  if (in_ > (1 << 30) || out_ > (1 << 30)) fail("CUDA MXFP8 linear '{}': {}x{} is too large", name, in_, out_);
+  if (in_ > (1 << 30) || out_ > (1 << 30))
+    fail("CUDA MXFP8 linear '{}': {}x{} is too large", name, in_, out_);
   if (opts_.max_m < 1 || opts_.gemv_max_m < 0 || opts_.gemv_max_m > detail::kMxfp8GemvMaxM) {
-    fail("CUDA MXFP8 linear '{}': max_m {} must be positive and gemv_max_m {} in 0..{}", name, opts_.max_m,
-         opts_.gemv_max_m, detail::kMxfp8GemvMaxM);
+    fail("CUDA MXFP8 linear '{}': max_m {} must be positive and gemv_max_m {} in 0..{}", name,
+         opts_.max_m, opts_.gemv_max_m, detail::kMxfp8GemvMaxM);
   }
   split_k_ = opts_.split_k > 0 ? opts_.split_k : plan_splits(in_, out_);
-  if (split_k_ > in_ / 32) fail("CUDA MXFP8 linear '{}': split_k {} exceeds the {} 32-wide blocks", name, split_k_, in_ / 32);
-  if (check_codes) mxfp8::check_planes(fmt::format("CUDA MXFP8 linear '{}'", name), values, scales, out_, in_);
+  if (split_k_ > in_ / 32)
+    fail("CUDA MXFP8 linear '{}': split_k {} exceeds the {} 32-wide blocks", name, split_k_,
+         in_ / 32);
+  if (check_codes)
+    mxfp8::check_planes(fmt::format("CUDA MXFP8 linear '{}'", name), values, scales, out_, in_);
   std::vector<uint8_t> tv, ts;
   tile_planes(values, scales, in_, out_, tv, ts);
   check(cudaMalloc(reinterpret_cast<void**>(&d_values_), tv.size()), "allocating values", name);
   check(cudaMalloc(reinterpret_cast<void**>(&d_scales_), ts.size()), "allocating scales", name);
-  check(cudaMemcpy(d_values_, tv.data(), tv.size(), cudaMemcpyHostToDevice), "uploading values", name);
-  check(cudaMemcpy(d_scales_, ts.data(), ts.size(), cudaMemcpyHostToDevice), "uploading scales", name);
+  check(cudaMemcpy(d_values_, tv.data(), tv.size(), cudaMemcpyHostToDevice), "uploading values",
+        name);
+  check(cudaMemcpy(d_scales_, ts.data(), ts.size(), cudaMemcpyHostToDevice), "uploading scales",
+        name);
   if (bias != nullptr) {
-    check(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4), "allocating bias", name);
-    check(cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice), "uploading bias", name);
+    check(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4),
+          "allocating bias", name);
+    check(cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice),
+          "uploading bias", name);
   }
   if (opts_.max_m > opts_.gemv_max_m) {
     cublasHandle_t h = nullptr;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) fail("CUDA MXFP8 linear '{}': cublasCreate failed", name);
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+      fail("CUDA MXFP8 linear '{}': cublasCreate failed", name);
     cublas_ = h;
   }
 }
@@ -162,10 +183,14 @@ Mxfp8Path Mxfp8LinearCuda::path_for(int64_t m) const {
   return m <= opts_.gemv_max_m ? Mxfp8Path::kGemv : Mxfp8Path::kCublas;
 }
 
-int Mxfp8LinearCuda::splits_for(int64_t m) const { return path_for(m) == Mxfp8Path::kGemv ? split_k_ : 1; }
+int Mxfp8LinearCuda::splits_for(int64_t m) const {
+  return path_for(m) == Mxfp8Path::kGemv ? split_k_ : 1;
+}
 
 size_t Mxfp8LinearCuda::workspace_bytes(int64_t m) const {
-  return carve(nullptr, m, in_, out_, splits_for(m), path_for(m) == Mxfp8Path::kCublas, d_bias_ != nullptr).bytes;
+  return carve(nullptr, m, in_, out_, splits_for(m), path_for(m) == Mxfp8Path::kCublas,
+               d_bias_ != nullptr)
+      .bytes;
 }
 
 size_t Mxfp8LinearCuda::workspace_bytes() const {
@@ -186,11 +211,14 @@ cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t
   if (out_type != DType::kF32 && out_type != DType::kBF16) return cudaErrorInvalidValue;
   const Mxfp8Path path = path_for(m);
   const int splits = splits_for(m);
-  const Carve ws = carve(workspace, m, in_, out_, splits, path == Mxfp8Path::kCublas, d_bias_ != nullptr);
-  if (ws.bytes > 0 && (workspace == nullptr || workspace_size < ws.bytes)) return cudaErrorInvalidValue;
+  const Carve ws =
+      carve(workspace, m, in_, out_, splits, path == Mxfp8Path::kCublas, d_bias_ != nullptr);
+  if (ws.bytes > 0 && (workspace == nullptr || workspace_size < ws.bytes))
+    return cudaErrorInvalidValue;
   cudaError_t e = cudaSuccess;
   if (path == Mxfp8Path::kGemv) {
-    e = detail::mxfp8_gemv(d_values_, d_scales_, x, m, in_, out_, splits, ws.partial, d_bias_, y, out_type, stream);
+    e = detail::mxfp8_gemv(d_values_, d_scales_, x, m, in_, out_, splits, ws.partial, d_bias_, y,
+                           out_type, stream);
     if (e != cudaSuccess || splits == 1) return e;
     return detail::mxfp8_reduce(ws.partial, splits, d_bias_, m, out_, y, out_type, stream);
   }
@@ -207,8 +235,9 @@ cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t
   const cudaDataType_t dt = via_partial || out_type == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   const float alpha = 1.0f, beta = 0.0f;
   const auto n = static_cast<int>(out_), mm = static_cast<int>(m), k = static_cast<int>(in_);
-  if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mm, k, &alpha, ws.w_bf16, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta,
-                   dst, dt, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+  if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mm, k, &alpha, ws.w_bf16, CUDA_R_16BF, k, x,
+                   CUDA_R_16BF, k, &beta, dst, dt, n, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
     return cudaErrorUnknown;
   }
   if (!via_partial) return cudaGetLastError();
@@ -222,9 +251,11 @@ Mxfp8Options mxfp8_options_from_env(Mxfp8Options base) {
 
 std::vector<float> mxfp8_forward_host(const Mxfp8LinearCuda& layer, const float* x, int64_t m) {
   if (m < 1 || m > layer.options().max_m) {
-    fail("CUDA MXFP8 linear: {} rows outside 1..{} (raise Mxfp8Options::max_m)", m, layer.options().max_m);
+    fail("CUDA MXFP8 linear: {} rows outside 1..{} (raise Mxfp8Options::max_m)", m,
+         layer.options().max_m);
   }
-  const size_t xin = static_cast<size_t>(m * layer.in_features()), yout = static_cast<size_t>(m * layer.out_features());
+  const size_t xin = static_cast<size_t>(m * layer.in_features()),
+               yout = static_cast<size_t>(m * layer.out_features());
   std::vector<uint16_t> xb(xin);
   for (size_t i = 0; i < xin; ++i) xb[i] = trellis::float_to_bf16(x[i]);
   struct Free {
@@ -232,18 +263,22 @@ std::vector<float> mxfp8_forward_host(const Mxfp8LinearCuda& layer, const float*
   };
   auto alloc = [](size_t bytes, const char* what) {
     void* p = nullptr;
-    check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), std::string("allocating ") + what, "host wrapper");
+    check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), std::string("allocating ") + what,
+          "host wrapper");
     return std::unique_ptr<void, Free>(p);
   };
   const size_t ws_bytes = layer.workspace_bytes(m);
   auto dx = alloc(xin * 2, "input");
   auto dy = alloc(yout * 4, "output");
   auto ws = alloc(ws_bytes, "workspace");
-  check(cudaMemcpy(dx.get(), xb.data(), xin * 2, cudaMemcpyHostToDevice), "copying input", "host wrapper");
-  check(layer.run(dx.get(), dy.get(), DType::kF32, m, ws.get(), ws_bytes, nullptr), "running", "host wrapper");
+  check(cudaMemcpy(dx.get(), xb.data(), xin * 2, cudaMemcpyHostToDevice), "copying input",
+        "host wrapper");
+  check(layer.run(dx.get(), dy.get(), DType::kF32, m, ws.get(), ws_bytes, nullptr), "running",
+        "host wrapper");
   check(cudaDeviceSynchronize(), "running", "host wrapper");
   std::vector<float> y(yout);
-  check(cudaMemcpy(y.data(), dy.get(), yout * 4, cudaMemcpyDeviceToHost), "copying output", "host wrapper");
+  check(cudaMemcpy(y.data(), dy.get(), yout * 4, cudaMemcpyDeviceToHost), "copying output",
+        "host wrapper");
   return y;
 }
 

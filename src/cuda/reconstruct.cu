@@ -12,8 +12,9 @@ namespace {
 namespace tr = exl3::trellis;
 
 template <int K, tr::Codebook CB>
-__global__ void reconstruct_kernel(const uint16_t* __restrict__ trellis, int64_t tiles_k, int64_t tiles_n,
-                                   int64_t out_features, uint16_t* __restrict__ out) {
+__global__ void reconstruct_kernel(const uint16_t* __restrict__ trellis, int64_t tiles_k,
+                                   int64_t tiles_n, int64_t out_features,
+                                   uint16_t* __restrict__ out) {
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (tile >= tiles_k * tiles_n) return;
   const int lane = threadIdx.x & 31;
@@ -27,8 +28,8 @@ __global__ void reconstruct_kernel(const uint16_t* __restrict__ trellis, int64_t
 }
 
 template <int K>
-cudaError_t launch_k(const uint16_t* t, int64_t tk, int64_t tn, int64_t out, tr::Codebook cb, uint16_t* o,
-                     cudaStream_t s) {
+cudaError_t launch_k(const uint16_t* t, int64_t tk, int64_t tn, int64_t out, tr::Codebook cb,
+                     uint16_t* o, cudaStream_t s) {
   constexpr int kWarps = 8;
   const int64_t blocks = (tk * tn + kWarps - 1) / kWarps;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
@@ -48,8 +49,8 @@ cudaError_t launch_k(const uint16_t* t, int64_t tk, int64_t tn, int64_t out, tr:
 
 }  // namespace
 
-cudaError_t reconstruct_w_hat(const uint16_t* d_trellis, int64_t in_features, int64_t out_features, int K,
-                              trellis::Codebook cb, uint16_t* d_out, cudaStream_t stream) {
+cudaError_t reconstruct_w_hat(const uint16_t* d_trellis, int64_t in_features, int64_t out_features,
+                              int K, trellis::Codebook cb, uint16_t* d_out, cudaStream_t stream) {
   if (in_features <= 0 || out_features <= 0 || in_features % 16 != 0 || out_features % 16 != 0) {
     return cudaErrorInvalidValue;
   }

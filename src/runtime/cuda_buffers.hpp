@@ -27,11 +27,13 @@ class DeviceBuffer {
   DeviceBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
     if (bytes > 0) check(cudaMalloc(&p_, bytes), "allocating " + what);
   }
-  DeviceBuffer(const void* host, size_t bytes, const std::string& what) : DeviceBuffer(bytes, what) {
+  DeviceBuffer(const void* host, size_t bytes, const std::string& what)
+      : DeviceBuffer(bytes, what) {
     if (bytes > 0) check(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice), "uploading " + what);
   }
   ~DeviceBuffer() { cudaFree(p_); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(bytes_, o.bytes_);
@@ -54,10 +56,14 @@ inline DeviceBuffer upload_floats(const std::vector<float>& v, const std::string
 
 inline cuda::DType cuda_dtype(exl3::DType t, const std::string& what) {
   switch (t) {
-    case exl3::DType::kF32: return cuda::DType::kF32;
-    case exl3::DType::kF16: return cuda::DType::kF16;
-    case exl3::DType::kBF16: return cuda::DType::kBF16;
-    default: fail("CUDA engine: {} is {}; expected F32, F16 or BF16", what, dtype_name(t));
+    case exl3::DType::kF32:
+      return cuda::DType::kF32;
+    case exl3::DType::kF16:
+      return cuda::DType::kF16;
+    case exl3::DType::kBF16:
+      return cuda::DType::kBF16;
+    default:
+      fail("CUDA engine: {} is {}; expected F32, F16 or BF16", what, dtype_name(t));
   }
 }
 

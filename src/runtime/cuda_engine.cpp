@@ -40,9 +40,9 @@
 #include "exl3/moe/weights.hpp"
 #include "exl3/runtime/linear.hpp"
 #include "exl3/runtime/nccl_communicator.hpp"
-#include "exl3/runtime/tp_linear.hpp"
 #include "exl3/runtime/overlay.hpp"
 #include "exl3/runtime/rope.hpp"
+#include "exl3/runtime/tp_linear.hpp"
 
 namespace exl3::runtime {
 namespace {
@@ -52,16 +52,16 @@ using SeqId = PagedKvCache::SeqId;
 
 // Scratch of one forward chunk (cap tokens), shared by every layer.
 struct Scratch {
-  DeviceBuffer x, h, y;            // [cap, hidden]
-  DeviceBuffer q, k, v, attn;      // [cap, widest q / kv / q]
-  DeviceBuffer g, u;               // [cap, widest intermediate]
-  DeviceBuffer router, ids, wts;   // [cap, E], [cap, k] x2
-  DeviceBuffer shared_out;         // [cap, hidden]
-  DeviceBuffer logits;             // [cap, stored vocab]; tensor parallel: [tp, cap, widest rank vocab]
-  DeviceBuffer logits_local;       // tensor parallel: this rank's [cap, widest rank vocab]
+  DeviceBuffer x, h, y;           // [cap, hidden]
+  DeviceBuffer q, k, v, attn;     // [cap, widest q / kv / q]
+  DeviceBuffer g, u;              // [cap, widest intermediate]
+  DeviceBuffer router, ids, wts;  // [cap, E], [cap, k] x2
+  DeviceBuffer shared_out;        // [cap, hidden]
+  DeviceBuffer logits;        // [cap, stored vocab]; tensor parallel: [tp, cap, widest rank vocab]
+  DeviceBuffer logits_local;  // tensor parallel: this rank's [cap, widest rank vocab]
   DeviceBuffer pad_in, pad_out;
-  DeviceBuffer ws;                 // linear workspace / MoE arena (never used at the same time)
-  DeviceBuffer meta;               // int32 step geometry
+  DeviceBuffer ws;    // linear workspace / MoE arena (never used at the same time)
+  DeviceBuffer meta;  // int32 step geometry
 };
 
 struct DenseMlpGpu {
@@ -81,7 +81,7 @@ struct AttnGpu {
   GqaAttentionSpec spec;
   GpuLinear q, k, v, o;
   DeviceBuffer q_norm, k_norm;
-  int rope = 0;  // index into the engine's RoPE tables
+  int rope = 0;                 // index into the engine's RoPE tables
   DeviceBuffer kcache, vcache;  // fp16 [pages * page_size, kv_heads * head_dim]
 };
 
@@ -118,7 +118,8 @@ struct Run {
 
 class CudaEngine final : public PagedEngine {
  public:
-  CudaEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts, const CudaRank* rank)
+  CudaEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts,
+             const CudaRank* rank)
       : ckpt_(ckpt), spec_(std::move(spec)), opts_(opts) {
     if (rank != nullptr) {
 #if defined(EXL3_HAVE_NCCL)
@@ -132,13 +133,16 @@ class CudaEngine final : public PagedEngine {
       fail("device cuda: no CUDA device is visible; hint: use --device cpu");
     }
     if (opts.page_size <= 0) fail("engine: page size {} must be positive", opts.page_size);
-    if (opts.cache_tokens <= 0) fail("engine: cache size {} tokens must be positive", opts.cache_tokens);
-    if (opts.max_batch_tokens <= 0) fail("engine: max batch tokens {} must be positive", opts.max_batch_tokens);
+    if (opts.cache_tokens <= 0)
+      fail("engine: cache size {} tokens must be positive", opts.cache_tokens);
+    if (opts.max_batch_tokens <= 0)
+      fail("engine: max batch tokens {} must be positive", opts.max_batch_tokens);
     cap_ = opts.max_batch_tokens;
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the stream");
     const int64_t pages = (opts.cache_tokens + opts.page_size - 1) / opts.page_size;
     max_seq_tokens_ = pages * opts.page_size;
-    if (spec_.max_position_embeddings > 0) max_seq_tokens_ = std::min(max_seq_tokens_, spec_.max_position_embeddings);
+    if (spec_.max_position_embeddings > 0)
+      max_seq_tokens_ = std::min(max_seq_tokens_, spec_.max_position_embeddings);
     max_pages_ = (max_seq_tokens_ + opts.page_size - 1) / opts.page_size;
     load_weights();
     std::vector<KvLayerShape> kv;
@@ -146,16 +150,20 @@ class CudaEngine final : public PagedEngine {
       const int64_t w = l.attn.spec.num_kv_heads * l.attn.spec.head_dim;
       kv.push_back({w, w});
     }
-    cache_ = std::make_unique<PagedKvCache>(std::move(kv), opts.page_size, pages, /*host_storage=*/false);
+    cache_ = std::make_unique<PagedKvCache>(std::move(kv), opts.page_size, pages,
+                                            /*host_storage=*/false);
     for (auto& l : layers_) {
-      const auto bytes = static_cast<size_t>(pages * opts.page_size * l.attn.spec.num_kv_heads * l.attn.spec.head_dim) * 2;
+      const auto bytes = static_cast<size_t>(pages * opts.page_size * l.attn.spec.num_kv_heads *
+                                             l.attn.spec.head_dim) *
+                         2;
       l.attn.kcache = DeviceBuffer(bytes, "the KV cache");
       l.attn.vcache = DeviceBuffer(bytes, "the KV cache");
       kv_bytes_ += 2 * bytes;
     }
     allocate_scratch();
     void* pinned = nullptr;
-    check(cudaMallocHost(&pinned, static_cast<size_t>(meta_capacity_) * 4), "allocating pinned memory");
+    check(cudaMallocHost(&pinned, static_cast<size_t>(meta_capacity_) * 4),
+          "allocating pinned memory");
     meta_host_ = static_cast<int32_t*>(pinned);
     if (!tp_ || tp_->rank == 0) {  // only rank 0 hands logits out
       check(cudaMallocHost(&pinned, s_.logits.bytes()), "allocating pinned memory");
@@ -170,10 +178,18 @@ class CudaEngine final : public PagedEngine {
     if (stream_) cudaStreamDestroy(stream_);
   }
 
-  const ModelSpec& spec() const override { return spec_; }
-  Device device() const override { return Device::kCuda; }
-  OverlayReport overlay_report() const override { return overlay_report_; }
-  std::optional<size_t> device_weight_bytes() const override { return weight_bytes_; }
+  const ModelSpec& spec() const override {
+    return spec_;
+  }
+  Device device() const override {
+    return Device::kCuda;
+  }
+  OverlayReport overlay_report() const override {
+    return overlay_report_;
+  }
+  std::optional<size_t> device_weight_bytes() const override {
+    return weight_bytes_;
+  }
 
   std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
     const BatchEntry e{seq, tokens, mode};
@@ -185,9 +201,11 @@ class CudaEngine final : public PagedEngine {
     for (const auto& e : batch) {
       const int64_t end = cache_->length(e.seq) + static_cast<int64_t>(e.tokens.size());
       if (end > max_seq_tokens_) {
-        fail("forward: sequence {} would hold {} tokens; this engine runs sequences of up to {} (the KV pool or the "
-             "model's max_position_embeddings); hint: raise --cache-tokens",
-             e.seq, end, max_seq_tokens_);
+        fail(
+            "forward: sequence {} would hold {} tokens; this engine runs sequences of up to {} "
+            "(the KV pool or the "
+            "model's max_position_embeddings); hint: raise --cache-tokens",
+            e.seq, end, max_seq_tokens_);
       }
     }
     std::vector<std::vector<float>> out(batch.size());
@@ -198,7 +216,8 @@ class CudaEngine final : public PagedEngine {
       const auto& e = batch[b];
       size_t done = 0;
       while (done < e.tokens.size()) {
-        const size_t len = std::min<size_t>(e.tokens.size() - done, static_cast<size_t>(cap_ - in_chunk));
+        const size_t len =
+            std::min<size_t>(e.tokens.size() - done, static_cast<size_t>(cap_ - in_chunk));
         Run r;
         r.entry = b;
         r.seq = e.seq;
@@ -228,10 +247,12 @@ class CudaEngine final : public PagedEngine {
     const auto& store = ckpt_.store();
     const int64_t hidden = spec_.hidden_size;
     const TensorRef* emb = store.find(spec_.embed_tokens);
-    if (emb == nullptr) fail("{}: tensor '{}' is missing", ckpt_.path().string(), spec_.embed_tokens);
-    if (emb->info->rank() != 2 || emb->info->shape[1] != hidden || emb->info->shape[0] < spec_.vocab_size) {
-      fail("{}: tensor '{}' is not [>= vocab_size {}, hidden_size {}]", ckpt_.path().string(), spec_.embed_tokens,
-           spec_.vocab_size, hidden);
+    if (emb == nullptr)
+      fail("{}: tensor '{}' is missing", ckpt_.path().string(), spec_.embed_tokens);
+    if (emb->info->rank() != 2 || emb->info->shape[1] != hidden ||
+        emb->info->shape[0] < spec_.vocab_size) {
+      fail("{}: tensor '{}' is not [>= vocab_size {}, hidden_size {}]", ckpt_.path().string(),
+           spec_.embed_tokens, spec_.vocab_size, hidden);
     }
     embed_type_ = cuda_dtype(emb->info->dtype, spec_.embed_tokens);
     {
@@ -246,26 +267,32 @@ class CudaEngine final : public PagedEngine {
       if (spec_.lm_head_tied) {
         head_ = GpuLinear::dense(store, spec_.embed_tokens, {}, cap_, false, v);
       } else {
-        head_ = rank_linear(tp_->plan->lm_head, 0, tp_->plan->lm_head.ranks[static_cast<size_t>(tp_->rank)].count);
+        head_ = rank_linear(tp_->plan->lm_head, 0,
+                            tp_->plan->lm_head.ranks[static_cast<size_t>(tp_->rank)].count);
       }
     } else if (spec_.lm_head_tied) {
       head_ = GpuLinear::dense(store, spec_.embed_tokens, {}, cap_, false);
     } else {
-      head_ = load_linear(spec_.lm_head, hidden, spec_.vocab_size);  // never overlaid; reported as kept
+      head_ =
+          load_linear(spec_.lm_head, hidden, spec_.vocab_size);  // never overlaid; reported as kept
     }
-    track(head_);  // weights, and its workspace / pads (an MXFP8 engine's linears need less than a BF16 head)
+    track(head_);  // weights, and its workspace / pads (an MXFP8 engine's linears need less than a
+                   // BF16 head)
     std::optional<moe::MoeLayout> layout;
     if (spec_.is_moe()) {
       layout = moe::read_moe_layout(ckpt_);
       if (!layout) {
-        fail("{}: config.json describes a MoE model but the checkpoint has no EXL3 experts; the CUDA engine runs "
-             "quantized experts only (hint: quantize the model with `exl3 quantize`, or use --device cpu)",
-             ckpt_.path().string());
+        fail(
+            "{}: config.json describes a MoE model but the checkpoint has no EXL3 experts; the "
+            "CUDA engine runs "
+            "quantized experts only (hint: quantize the model with `exl3 quantize`, or use "
+            "--device cpu)",
+            ckpt_.path().string());
       }
       // Plain experts run at any TP (each rank cuts its channels); rank-sliced ones only at theirs.
       if (layout->tp != 1 && layout->tp != tp_size()) {
-        fail("{}: the experts are sliced for TP {}, but the engine runs TP {}; hint: --tp {}", ckpt_.path().string(),
-             layout->tp, tp_size(), layout->tp);
+        fail("{}: the experts are sliced for TP {}, but the engine runs TP {}; hint: --tp {}",
+             ckpt_.path().string(), layout->tp, tp_size(), layout->tp);
       }
     }
     static const LoadProgressFn kSilent;
@@ -276,15 +303,20 @@ class CudaEngine final : public PagedEngine {
       const TpLayerPlan* lp = tp_ ? &tp_->plan->layers[li] : nullptr;
       LayerGpu l;
       l.input_norm = upload_floats(load_vector(store, ls.input_norm, hidden), ls.input_norm);
-      l.post_norm = upload_floats(load_vector(store, ls.post_attention_norm, hidden), ls.post_attention_norm);
-      load_attention(l.attn, std::get<GqaAttentionSpec>(ls.attention), lp ? &lp->attention : nullptr);
+      l.post_norm =
+          upload_floats(load_vector(store, ls.post_attention_norm, hidden), ls.post_attention_norm);
+      load_attention(l.attn, std::get<GqaAttentionSpec>(ls.attention),
+                     lp ? &lp->attention : nullptr);
       if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
-        l.mlp = lp ? load_dense_mlp(std::get<TpMlpPlan>(lp->mlp)) : load_dense_mlp(d->prefix, d->intermediate);
+        l.mlp = lp ? load_dense_mlp(std::get<TpMlpPlan>(lp->mlp))
+                   : load_dense_mlp(d->prefix, d->intermediate);
       } else {
         const auto& m = std::get<MoeSpec>(ls.mlp);
         if (!layout->has_layer(ls.index)) {
-          fail("{}: config.json makes layer {} a MoE layer, but the checkpoint has no experts for it",
-               ckpt_.path().string(), ls.index);
+          fail(
+              "{}: config.json makes layer {} a MoE layer, but the checkpoint has no experts for "
+              "it",
+              ckpt_.path().string(), ls.index);
         }
         l.mlp = load_moe(m, *layout, ls.index, lp ? &std::get<TpMoePlan>(lp->mlp) : nullptr);
       }
@@ -296,8 +328,10 @@ class CudaEngine final : public PagedEngine {
   void load_attention(AttnGpu& a, const GqaAttentionSpec& s, const TpAttentionPlan* ap) {
     const int64_t hidden = spec_.hidden_size;
     if (!cuda::attention_supports_head_dim(static_cast<int>(s.head_dim))) {
-      fail("{}: {} has head_dim {}; the CUDA attention kernels are built for 64 and 128 (hint: --device cpu)",
-           spec_.label, s.prefix, s.head_dim);
+      fail(
+          "{}: {} has head_dim {}; the CUDA attention kernels are built for 64 and 128 (hint: "
+          "--device cpu)",
+          spec_.label, s.prefix, s.head_dim);
     }
     a.spec = s;
     if (ap != nullptr) {
@@ -312,8 +346,10 @@ class CudaEngine final : public PagedEngine {
     const int64_t qw = a.spec.num_heads * s.head_dim, kvw = a.spec.num_kv_heads * s.head_dim;
     for (const GpuLinear* l : {&a.q, &a.k, &a.v, &a.o}) track(*l);
     if (s.qk_norm) {
-      a.q_norm = upload_floats(load_vector(ckpt_.store(), s.prefix + ".q_norm.weight", s.head_dim), "q_norm");
-      a.k_norm = upload_floats(load_vector(ckpt_.store(), s.prefix + ".k_norm.weight", s.head_dim), "k_norm");
+      a.q_norm = upload_floats(load_vector(ckpt_.store(), s.prefix + ".q_norm.weight", s.head_dim),
+                               "q_norm");
+      a.k_norm = upload_floats(load_vector(ckpt_.store(), s.prefix + ".k_norm.weight", s.head_dim),
+                               "k_norm");
     }
     a.rope = rope_table(s.rope);
     widest_q_ = std::max(widest_q_, qw);
@@ -327,12 +363,17 @@ class CudaEngine final : public PagedEngine {
     const Extent hq = ap.q_heads[r], hk = ap.kv_heads[r];
     const int64_t hd = s.head_dim, qpk = s.num_heads / s.num_kv_heads;
     bool maps = hq.count > 0 && hk.count > 0 && hq.count % hk.count == 0;
-    for (int64_t i = 0; maps && i < hq.count; ++i) maps = (hq.begin + i) / qpk - hk.begin == i / (hq.count / hk.count);
+    for (int64_t i = 0; maps && i < hq.count; ++i)
+      maps = (hq.begin + i) / qpk - hk.begin == i / (hq.count / hk.count);
     if (!maps) {
-      fail("{}: at TP {} rank {} holds q heads [{}, {}) and kv heads [{}, {}), a grouping the CUDA attention kernels "
-           "cannot run (each rank needs whole GQA groups, or a part of one); hint: a TP that divides the {} kv heads, "
-           "or a multiple of them that divides the {} q heads, or --device cpu",
-           s.prefix, tp_size(), r, hq.begin, hq.end(), hk.begin, hk.end(), s.num_kv_heads, s.num_heads);
+      fail(
+          "{}: at TP {} rank {} holds q heads [{}, {}) and kv heads [{}, {}), a grouping the CUDA "
+          "attention kernels "
+          "cannot run (each rank needs whole GQA groups, or a part of one); hint: a TP that "
+          "divides the {} kv heads, "
+          "or a multiple of them that divides the {} q heads, or --device cpu",
+          s.prefix, tp_size(), r, hq.begin, hq.end(), hk.begin, hk.end(), s.num_kv_heads,
+          s.num_heads);
     }
     a.spec.num_heads = hq.count;
     a.spec.num_kv_heads = hk.count;
@@ -346,16 +387,16 @@ class CudaEngine final : public PagedEngine {
   // goes up in its checkpoint tensor's dtype.
   GpuLinear rank_linear(const TpLinearPlan& p, int64_t out_offset, int64_t out) const {
     const TensorRef* ref = ckpt_.store().find(p.prefix + ".weight");
-    return GpuLinear::from_rank(RankLinear::slice(ckpt_, p, tp_->rank), p.prefix, out_offset, out, cap_,
-                                ref != nullptr ? ref->info->dtype : exl3::DType::kF32);
+    return GpuLinear::from_rank(RankLinear::slice(ckpt_, p, tp_->rank), p.prefix, out_offset, out,
+                                cap_, ref != nullptr ? ref->info->dtype : exl3::DType::kF32);
   }
 
   DenseMlpGpu load_dense_mlp(const TpMlpPlan& p) {
     const auto r = static_cast<size_t>(tp_->rank);
     const auto [gate, up, down] = mlp_linear_plans(ckpt_, p, spec_.hidden_size);
     const int64_t inter = p.ranks[r].count;
-    DenseMlpGpu m{rank_linear(gate, 0, inter), rank_linear(up, 0, inter), rank_linear(down, 0, spec_.hidden_size),
-                  inter};
+    DenseMlpGpu m{rank_linear(gate, 0, inter), rank_linear(up, 0, inter),
+                  rank_linear(down, 0, spec_.hidden_size), inter};
     for (const GpuLinear* l : {&m.gate, &m.up, &m.down}) track(*l);
     widest_inter_ = std::max(widest_inter_, inter);
     return m;
@@ -363,7 +404,8 @@ class CudaEngine final : public PagedEngine {
 
   DenseMlpGpu load_dense_mlp(const std::string& prefix, int64_t inter) {
     const int64_t hidden = spec_.hidden_size;
-    DenseMlpGpu m{load_linear(prefix + ".gate_proj", hidden, inter), load_linear(prefix + ".up_proj", hidden, inter),
+    DenseMlpGpu m{load_linear(prefix + ".gate_proj", hidden, inter),
+                  load_linear(prefix + ".up_proj", hidden, inter),
                   load_linear(prefix + ".down_proj", inter, hidden), inter};
     for (const GpuLinear* l : {&m.gate, &m.up, &m.down}) track(*l);
     widest_inter_ = std::max(widest_inter_, inter);
@@ -373,7 +415,8 @@ class CudaEngine final : public PagedEngine {
   MoeGpu load_moe(const MoeSpec& s, const moe::MoeLayout& layout, int layer, const TpMoePlan* p) {
     MoeGpu m;
     const auto& store = ckpt_.store();
-    m.router = GpuLinear::load(ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts, cap_, /*fp32=*/true);
+    m.router = GpuLinear::load(ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts, cap_,
+                               /*fp32=*/true);
     track(m.router);
     m.params.num_experts = static_cast<int>(s.num_experts);
     m.params.top_k = s.top_k;
@@ -383,12 +426,15 @@ class CudaEngine final : public PagedEngine {
     m.params.topk_group = s.topk_group;
     m.params.routed_scaling_factor = static_cast<float>(s.routed_scaling_factor);
     if (s.num_experts > 1024 || s.top_k > 32 || s.n_group > 32) {
-      fail("{}: {}: the GPU router handles up to 1024 experts, top-k 32 and 32 groups (this layer: {}, {}, {})",
-           spec_.label, s.prefix, s.num_experts, s.top_k, s.n_group);
+      fail(
+          "{}: {}: the GPU router handles up to 1024 experts, top-k 32 and 32 groups (this layer: "
+          "{}, {}, {})",
+          spec_.label, s.prefix, s.num_experts, s.top_k, s.n_group);
     }
     if (s.correction_bias) {
-      m.bias = upload_floats(load_vector(store, s.prefix + ".gate.e_score_correction_bias", s.num_experts),
-                             "e_score_correction_bias");
+      m.bias = upload_floats(
+          load_vector(store, s.prefix + ".gate.e_score_correction_bias", s.num_experts),
+          "e_score_correction_bias");
       m.params.correction_bias = m.bias.get<float>();
     }
     const int experts = static_cast<int>(s.num_experts);
@@ -400,19 +446,22 @@ class CudaEngine final : public PagedEngine {
       // Rank-sliced checkpoints: only this rank's `.rank{r}` tensors; plain ones: cut here.
       const Extent ext = p->ranks[static_cast<size_t>(tp_->rank)];
       if (ext.empty()) {
-        fail("{}: MoE layer {} has no intermediate channels for rank {} at TP {}; hint: use a smaller --tp",
-             ckpt_.path().string(), layer, tp_->rank, tp_size());
+        fail(
+            "{}: MoE layer {} has no intermediate channels for rank {} at TP {}; hint: use a "
+            "smaller --tp",
+            ckpt_.path().string(), layer, tp_->rank, tp_size());
       }
       inter = ext.count;
       w = p->rank_sliced ? moe::load_moe_layer(store, layout, layer, tp_->rank, tp_size(), experts)
-                         : slice_moe_layer(moe::load_moe_layer(store, layout, layer, 0, 1, experts), ext, tp_->rank,
-                                           tp_size());
+                         : slice_moe_layer(moe::load_moe_layer(store, layout, layer, 0, 1, experts),
+                                           ext, tp_->rank, tp_size());
     }
     if (w.hidden != spec_.hidden_size || w.intermediate != inter) {
-      fail("{}: MoE layer {} experts are {} -> {}, expected {} -> {} (config.json's hidden_size and "
-           "moe_intermediate_size{})",
-           ckpt_.path().string(), layer, w.hidden, w.intermediate, spec_.hidden_size, inter,
-           p ? fmt::format(", rank {} of TP {}", tp_->rank, tp_size()) : "");
+      fail(
+          "{}: MoE layer {} experts are {} -> {}, expected {} -> {} (config.json's hidden_size and "
+          "moe_intermediate_size{})",
+          ckpt_.path().string(), layer, w.hidden, w.intermediate, spec_.hidden_size, inter,
+          p ? fmt::format(", rank {} of TP {}", tp_->rank, tp_size()) : "");
     }
     cuda::MoeOptions mo;
     mo.capacity = cap_;
@@ -421,7 +470,9 @@ class CudaEngine final : public PagedEngine {
     ws_bytes_ = std::max(ws_bytes_, m.layer->arena_bytes());
     widest_experts_ = std::max<int64_t>(widest_experts_, s.num_experts);
     widest_topk_ = std::max<int64_t>(widest_topk_, s.top_k);
-    if (s.shared) m.shared = p ? load_dense_mlp(*p->shared) : load_dense_mlp(s.shared->prefix, s.shared->intermediate);
+    if (s.shared)
+      m.shared =
+          p ? load_dense_mlp(*p->shared) : load_dense_mlp(s.shared->prefix, s.shared->intermediate);
     return m;
   }
 
@@ -445,7 +496,8 @@ class CudaEngine final : public PagedEngine {
   int rope_table(const RopeSpec& r) {
     const RopeTable table(r);
     for (size_t i = 0; i < ropes_.size(); ++i) {
-      if (ropes_[i].inv_freq == table.inv_freq() && ropes_[i].factor == r.attention_factor) return static_cast<int>(i);
+      if (ropes_[i].inv_freq == table.inv_freq() && ropes_[i].factor == r.attention_factor)
+        return static_cast<int>(i);
     }
     const int64_t half = table.half();
     std::vector<float> cs(static_cast<size_t>(max_seq_tokens_ * 2 * half));
@@ -457,7 +509,9 @@ class CudaEngine final : public PagedEngine {
   }
 
   void allocate_scratch() {
-    const auto f = [&](int64_t width, const char* what) { return DeviceBuffer(static_cast<size_t>(cap_ * width) * 4, what); };
+    const auto f = [&](int64_t width, const char* what) {
+      return DeviceBuffer(static_cast<size_t>(cap_ * width) * 4, what);
+    };
     const int64_t hidden = spec_.hidden_size;
     s_.x = f(hidden, "activations");
     s_.h = f(hidden, "activations");
@@ -488,7 +542,8 @@ class CudaEngine final : public PagedEngine {
 
   // ---- one chunk --------------------------------------------------------------------------
 
-  void run_chunk(std::span<const BatchEntry> batch, std::vector<Run>& runs, std::vector<std::vector<float>>& out) {
+  void run_chunk(std::span<const BatchEntry> batch, std::vector<Run>& runs,
+                 std::vector<std::vector<float>>& out) {
     MetaLayout ml;
     ml.max_pages = max_pages_;
     ml.seqs = static_cast<int64_t>(runs.size());
@@ -524,21 +579,24 @@ class CudaEngine final : public PagedEngine {
         h[ml.ids() + t] = tokens[r.first + j];
         h[ml.pos() + t] = static_cast<int32_t>(r.start + static_cast<int64_t>(j));
         h[ml.seq_row() + t] = static_cast<int32_t>(i);
-        if (r.want_all || (r.want_last && j + 1 == r.len)) h[ml.row_index() + row++] = static_cast<int32_t>(t);
+        if (r.want_all || (r.want_last && j + 1 == r.len))
+          h[ml.row_index() + row++] = static_cast<int32_t>(t);
       }
       const auto pages = cache_->page_table(r.seq);
       int32_t* pt = h + ml.page_tables() + static_cast<int64_t>(i) * max_pages_;
       std::fill_n(pt, max_pages_, 0);
       std::copy(pages.begin(), pages.end(), pt);
     }
-    check(cudaMemcpyAsync(s_.meta.get(), meta_host_, static_cast<size_t>(ml.total()) * 4, cudaMemcpyHostToDevice, stream_),
+    check(cudaMemcpyAsync(s_.meta.get(), meta_host_, static_cast<size_t>(ml.total()) * 4,
+                          cudaMemcpyHostToDevice, stream_),
           "uploading the step");
     if (pure_decode && opts_.cuda_graphs) {
       launch_graph(ml);
     } else {
       forward_kernels(ml);
     }
-    const bool returns_logits = !tp_ || tp_->rank == 0;  // every rank has them; rank 0 hands them out
+    const bool returns_logits =
+        !tp_ || tp_->rank == 0;  // every rank has them; rank 0 hands them out
     if (ml.rows > 0 && returns_logits) {
       const int64_t vs = tp_ ? tp_size() * rank_vocab_ : head_.out();
       check(cudaMemcpyAsync(logits_host_, s_.logits.get(), static_cast<size_t>(ml.rows * vs) * 4,
@@ -571,13 +629,15 @@ class CudaEngine final : public PagedEngine {
     }
     tbb::parallel_for(size_t{0}, rows_out.size(), [&](size_t i) {
       if (!tp_) {
-        std::memcpy(rows_out[i].first, logits_host_ + rows_out[i].second * vs, static_cast<size_t>(vocab) * 4);
+        std::memcpy(rows_out[i].first, logits_host_ + rows_out[i].second * vs,
+                    static_cast<size_t>(vocab) * 4);
         return;
       }
       // Rank q's block holds its vocabulary rows [begin, begin + count) of every row.
       for (int q = 0; q < tp_size(); ++q) {
         const Extent e = tp_->plan->vocab[static_cast<size_t>(q)];
-        std::memcpy(rows_out[i].first + e.begin, logits_host_ + (q * ml.rows + rows_out[i].second) * rank_vocab_,
+        std::memcpy(rows_out[i].first + e.begin,
+                    logits_host_ + (q * ml.rows + rows_out[i].second) * rank_vocab_,
                     static_cast<size_t>(e.count) * 4);
       }
     });
@@ -587,7 +647,8 @@ class CudaEngine final : public PagedEngine {
     auto it = graphs_.find(ml.n);
     if (it == graphs_.end()) {
       cudaGraph_t graph = nullptr;
-      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capturing the decode step");
+      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+            "capturing the decode step");
       try {
         forward_kernels(ml);
       } catch (...) {
@@ -616,14 +677,19 @@ class CudaEngine final : public PagedEngine {
     void* ws = s_.ws.get();
     const size_t wsz = s_.ws.bytes();
     const float eps = static_cast<float>(spec_.rms_norm_eps);
-    check(cuda::embed_rows(embed_.get(), embed_type_, hidden, meta + ml.ids(), n, x, stream_), "embedding");
+    check(cuda::embed_rows(embed_.get(), embed_type_, hidden, meta + ml.ids(), n, x, stream_),
+          "embedding");
     const float* pending = nullptr;  // the last block's output, added to x by the next norm
     for (size_t li = 0; li < layers_.size(); ++li) {
       const LayerGpu& l = layers_[li];
-      check(cuda::add_rms_norm(x, pending, l.input_norm.get<float>(), nullptr, n, hidden, eps, hbuf, stream_), "norm");
+      check(cuda::add_rms_norm(x, pending, l.input_norm.get<float>(), nullptr, n, hidden, eps, hbuf,
+                               stream_),
+            "norm");
       attention(l.attn, ml, tm, hbuf, y, ws, wsz);
       all_reduce(y, n * hidden, "attention output");
-      check(cuda::add_rms_norm(x, y, l.post_norm.get<float>(), nullptr, n, hidden, eps, hbuf, stream_), "norm");
+      check(cuda::add_rms_norm(x, y, l.post_norm.get<float>(), nullptr, n, hidden, eps, hbuf,
+                               stream_),
+            "norm");
       if (const auto* d = std::get_if<DenseMlpGpu>(&l.mlp)) {
         dense_mlp(*d, hbuf, y, n, ws, wsz);
       } else {
@@ -633,8 +699,8 @@ class CudaEngine final : public PagedEngine {
       pending = y;
     }
     if (ml.rows == 0) return;
-    check(cuda::add_rms_norm(x, pending, final_norm_.get<float>(), meta + ml.row_index(), ml.rows, hidden, eps, hbuf,
-                             stream_),
+    check(cuda::add_rms_norm(x, pending, final_norm_.get<float>(), meta + ml.row_index(), ml.rows,
+                             hidden, eps, hbuf, stream_),
           "final norm");
     if (!tp_) {
       head_.run(hbuf, s_.logits.get<float>(), ml.rows, ws, wsz, pads_, stream_);
@@ -643,25 +709,30 @@ class CudaEngine final : public PagedEngine {
 #if defined(EXL3_HAVE_NCCL)
     // Each rank's [rows, its vocabulary] block, gathered as [tp, rows, widest rank vocabulary].
     head_.run(hbuf, s_.logits_local.get<float>(), ml.rows, ws, wsz, pads_, stream_);
-    const std::string err = tp_->comm->all_gather_device(s_.logits_local.get<float>(), s_.logits.get<float>(),
-                                                         static_cast<size_t>(ml.rows * rank_vocab_), stream_);
+    const std::string err =
+        tp_->comm->all_gather_device(s_.logits_local.get<float>(), s_.logits.get<float>(),
+                                     static_cast<size_t>(ml.rows * rank_vocab_), stream_);
     if (!err.empty()) fail("tensor parallel rank {}: logits: {}", tp_->rank, err);
 #endif
   }
 
   // Sums the ranks' partial outputs (row-parallel linears) in place; nothing at TP 1.
-  void all_reduce([[maybe_unused]] float* data, [[maybe_unused]] int64_t count, [[maybe_unused]] const char* what) {
+  void all_reduce([[maybe_unused]] float* data, [[maybe_unused]] int64_t count,
+                  [[maybe_unused]] const char* what) {
 #if defined(EXL3_HAVE_NCCL)
     if (!tp_) return;
-    const std::string err = tp_->comm->all_reduce_sum_device(data, static_cast<size_t>(count), stream_);
+    const std::string err =
+        tp_->comm->all_reduce_sum_device(data, static_cast<size_t>(count), stream_);
     if (!err.empty()) fail("tensor parallel rank {}: {}: {}", tp_->rank, what, err);
 #endif
   }
 
-  int tp_size() const { return tp_ ? tp_->plan->tp : 1; }
+  int tp_size() const {
+    return tp_ ? tp_->plan->tp : 1;
+  }
 
-  void attention(const AttnGpu& a, const MetaLayout& ml, const cuda::TokenMeta& tm, const float* h, float* out,
-                 void* ws, size_t wsz) {
+  void attention(const AttnGpu& a, const MetaLayout& ml, const cuda::TokenMeta& tm, const float* h,
+                 float* out, void* ws, size_t wsz) {
     const int64_t n = ml.n;
     const auto& s = a.spec;
     float* q = s_.q.get<float>();
@@ -676,20 +747,23 @@ class CudaEngine final : public PagedEngine {
     const cuda::AttnShape shape{static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
                                 static_cast<int>(s.head_dim), static_cast<int>(s.rope.half())};
     check(cuda::qk_norm_rope_store(q, k, v, a.q_norm.get<float>(), a.k_norm.get<float>(),
-                                   static_cast<float>(spec_.rms_norm_eps), ropes_[static_cast<size_t>(a.rope)].table.get<float>(),
-                                   tm, n, shape, kv, stream_),
+                                   static_cast<float>(spec_.rms_norm_eps),
+                                   ropes_[static_cast<size_t>(a.rope)].table.get<float>(), tm, n,
+                                   shape, kv, stream_),
           "rope");
     float* attn = s_.attn.get<float>();
     const auto scale = static_cast<float>(s.scale);
-    check(cuda::attention_decode(q, meta + ml.decode_list(), ml.decode, tm, shape, scale, kv, attn, stream_),
+    check(cuda::attention_decode(q, meta + ml.decode_list(), ml.decode, tm, shape, scale, kv, attn,
+                                 stream_),
           "attention (decode)");
-    check(cuda::attention_prefill(q, meta + ml.tile_first(), meta + ml.tile_len(), ml.tiles, tm, shape, scale, kv, attn,
-                                  stream_),
+    check(cuda::attention_prefill(q, meta + ml.tile_first(), meta + ml.tile_len(), ml.tiles, tm,
+                                  shape, scale, kv, attn, stream_),
           "attention (prefill)");
     a.o.run(attn, out, n, ws, wsz, pads_, stream_);
   }
 
-  void dense_mlp(const DenseMlpGpu& m, const float* h, float* out, int64_t n, void* ws, size_t wsz) {
+  void dense_mlp(const DenseMlpGpu& m, const float* h, float* out, int64_t n, void* ws,
+                 size_t wsz) {
     float* g = s_.g.get<float>();
     float* u = s_.u.get<float>();
     m.gate.run(h, g, n, ws, wsz, pads_, stream_);
@@ -744,8 +818,8 @@ class CudaEngine final : public PagedEngine {
 
 }  // namespace
 
-std::unique_ptr<Engine> make_cuda_engine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts,
-                                         const CudaRank* rank) {
+std::unique_ptr<Engine> make_cuda_engine(const Checkpoint& ckpt, ModelSpec spec,
+                                         const EngineOptions& opts, const CudaRank* rank) {
   return std::make_unique<CudaEngine>(ckpt, std::move(spec), opts, rank);
 }
 

@@ -107,10 +107,15 @@ class RankThreads {
 // captured graph replayed several times (what a decode step's collectives cost inside its graph).
 class CollectiveTimer {
  public:
-  CollectiveTimer(NcclCommunicator& c, size_t n, size_t gather, size_t ranks) : c_(c), n_(n), gather_(gather) {
+  CollectiveTimer(NcclCommunicator& c, size_t n, size_t gather, size_t ranks)
+      : c_(c), n_(n), gather_(gather) {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
-    check(cudaMalloc(reinterpret_cast<void**>(&data_), std::max<size_t>({n, gather, 1}) * sizeof(float)), "allocating");
-    check(cudaMalloc(reinterpret_cast<void**>(&gathered_), std::max<size_t>(gather * ranks, 1) * sizeof(float)), "allocating");
+    check(cudaMalloc(reinterpret_cast<void**>(&data_),
+                     std::max<size_t>({n, gather, 1}) * sizeof(float)),
+          "allocating");
+    check(cudaMalloc(reinterpret_cast<void**>(&gathered_),
+                     std::max<size_t>(gather * ranks, 1) * sizeof(float)),
+          "allocating");
     check(cudaMemsetAsync(data_, 0, std::max(n, gather) * sizeof(float), stream_), "clearing");
     check(cudaEventCreate(&start_), "creating an event");
     check(cudaEventCreate(&stop_), "creating an event");
@@ -130,7 +135,8 @@ class CollectiveTimer {
     cudaGraph_t graph = nullptr;
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capturing");
     std::string err;
-    for (size_t i = 0; i < reduces && err.empty(); ++i) err = c_.all_reduce_sum_device(data_, n_, stream_);
+    for (size_t i = 0; i < reduces && err.empty(); ++i)
+      err = c_.all_reduce_sum_device(data_, n_, stream_);
     if (err.empty() && gather_ > 0) err = c_.all_gather_device(data_, gathered_, gather_, stream_);
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     if (!err.empty()) {
@@ -168,7 +174,8 @@ class CollectiveTimer {
 
 class CudaTpEngine final : public Engine {
  public:
-  CudaTpEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts) : spec_(std::move(spec)) {
+  CudaTpEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts)
+      : spec_(std::move(spec)) {
     const int tp = opts.tp;
     std::vector<int> devices;
     for (int r = 0; r < tp; ++r) devices.push_back(r);
@@ -184,7 +191,8 @@ class CudaTpEngine final : public Engine {
           [&](int r) {
             const auto ur = static_cast<size_t>(r);
             const cudaError_t e = cudaSetDevice(comms_[ur]->device());
-            if (e != cudaSuccess) fail("tensor parallel: selecting GPU {}: {}", r, cudaGetErrorString(e));
+            if (e != cudaSuccess)
+              fail("tensor parallel: selecting GPU {}: {}", r, cudaGetErrorString(e));
             const CudaRank rank{&plan_, r, comms_[ur].get()};
             ranks_[ur] = make_cuda_engine(ckpt, spec_, opts, &rank);
           },
@@ -204,7 +212,8 @@ class CudaTpEngine final : public Engine {
     usable();
     const SeqId id = ranks_[0]->new_sequence();
     for (size_t r = 1; r < ranks_.size(); ++r) {
-      if (ranks_[r]->new_sequence() != id) fail("tensor parallel: rank {} KV cache lost step with rank 0", r);
+      if (ranks_[r]->new_sequence() != id)
+        fail("tensor parallel: rank {} KV cache lost step with rank 0", r);
     }
     return id;
   }
@@ -288,8 +297,10 @@ class CudaTpEngine final : public Engine {
 
   void usable() const {
     if (broken_) {
-      fail("tensor parallel: a rank failed during an earlier step and the NCCL group was aborted; the engine must be "
-           "loaded again");
+      fail(
+          "tensor parallel: a rank failed during an earlier step and the NCCL group was aborted; "
+          "the engine must be "
+          "loaded again");
     }
   }
 
@@ -303,7 +314,8 @@ class CudaTpEngine final : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> make_cuda_tp_engine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts) {
+std::unique_ptr<Engine> make_cuda_tp_engine(const Checkpoint& ckpt, ModelSpec spec,
+                                            const EngineOptions& opts) {
   return std::make_unique<CudaTpEngine>(ckpt, std::move(spec), opts);
 }
 

@@ -40,20 +40,21 @@ class GpuLinear {
   // (routers). cap: the most rows run() gets. Non-EXL3 linears go through the CPU engine's
   // Linear::load with `overlay` and `report`, so both engines check, convert (same MXFP8 codec)
   // and report exactly alike; an MXFP8 result is uploaded as Mxfp8LinearCuda.
-  static GpuLinear load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out, int64_t cap,
-                        bool fp32_weights = false, const OverlayDecision& overlay = {},
+  static GpuLinear load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out,
+                        int64_t cap, bool fp32_weights = false, const OverlayDecision& overlay = {},
                         OverlayReport* report = nullptr);
   // An unquantized [out, in] matrix tensor (also the tied embedding as the head); `rows`, when
   // not empty, keeps only those output rows (a rank's vocabulary).
-  static GpuLinear dense(const TensorStore& store, const std::string& tensor, const std::vector<float>& bias,
-                         int64_t cap, bool fp32_weights, Extent rows = {});
+  static GpuLinear dense(const TensorStore& store, const std::string& tensor,
+                         const std::vector<float>& bias, int64_t cap, bool fp32_weights,
+                         Extent rows = {});
   // One rank's slice (not empty: the CUDA TP engine refuses plans that leave a rank without
   // heads or channels). out_offset: the first output column this rank keeps of the slice (k/v
   // slices that cover whole blocks around the rank's heads); out(): `out` columns from there.
   // An unquantized slice (fp32 on the host) goes up in `stored`, the checkpoint tensor's dtype,
   // so a rank computes with the same weights as the unsliced engine.
-  static GpuLinear from_rank(const RankLinear& r, const std::string& name, int64_t out_offset, int64_t out,
-                             int64_t cap, exl3::DType stored = exl3::DType::kF32);
+  static GpuLinear from_rank(const RankLinear& r, const std::string& name, int64_t out_offset,
+                             int64_t out, int64_t cap, exl3::DType stored = exl3::DType::kF32);
 
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
@@ -65,7 +66,8 @@ class GpuLinear {
   size_t workspace_bytes() const;
 
   // y[m, out] = x[m, in] (both fp32, packed rows).
-  void run(const float* x, float* y, int64_t m, void* ws, size_t ws_size, const Pads& pads, cudaStream_t stream) const;
+  void run(const float* x, float* y, int64_t m, void* ws, size_t ws_size, const Pads& pads,
+           cudaStream_t stream) const;
 
  private:
   // The EXL3 linear `v` (stored dims) on the device, as name_.

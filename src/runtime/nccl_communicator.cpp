@@ -5,8 +5,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -76,15 +76,24 @@ NcclCommunicator::~NcclCommunicator() {
   if (c != nullptr) ncclCommDestroy(c);
 }
 
-int NcclCommunicator::size() const { return static_cast<int>(group_->devices.size()); }
-int NcclCommunicator::device() const { return group_->devices[static_cast<size_t>(rank_)]; }
-bool NcclCommunicator::aborted() const { return group_->aborted.load(); }
+int NcclCommunicator::size() const {
+  return static_cast<int>(group_->devices.size());
+}
+int NcclCommunicator::device() const {
+  return group_->devices[static_cast<size_t>(rank_)];
+}
+bool NcclCommunicator::aborted() const {
+  return group_->aborted.load();
+}
 
-void NcclCommunicator::abort() noexcept { group_->abort_all(); }
+void NcclCommunicator::abort() noexcept {
+  group_->abort_all();
+}
 
 void NcclCommunicator::stage(size_t floats) {
   check_cuda(cudaSetDevice(device()), "selecting the rank's device");
-  if (stream_ == nullptr) check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
+  if (stream_ == nullptr)
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
   if (floats <= staging_floats_) return;
   if (staging_ != nullptr) cudaFree(staging_);
   staging_ = nullptr;
@@ -93,17 +102,20 @@ void NcclCommunicator::stage(size_t floats) {
   staging_floats_ = floats;
 }
 
-std::string NcclCommunicator::all_reduce_sum_device(float* data, size_t count, cudaStream_t stream) {
+std::string NcclCommunicator::all_reduce_sum_device(float* data, size_t count,
+                                                    cudaStream_t stream) {
   if (aborted()) return "the rank group was aborted (another rank failed)";
-  return nccl_message(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, group_->comms[static_cast<size_t>(rank_)],
-                                    stream),
+  return nccl_message(ncclAllReduce(data, data, count, ncclFloat32, ncclSum,
+                                    group_->comms[static_cast<size_t>(rank_)], stream),
                       "all-reduce");
 }
 
-std::string NcclCommunicator::all_gather_device(const float* send, float* recv, size_t count, cudaStream_t stream) {
+std::string NcclCommunicator::all_gather_device(const float* send, float* recv, size_t count,
+                                                cudaStream_t stream) {
   if (aborted()) return "the rank group was aborted (another rank failed)";
-  return nccl_message(
-      ncclAllGather(send, recv, count, ncclFloat32, group_->comms[static_cast<size_t>(rank_)], stream), "all-gather");
+  return nccl_message(ncclAllGather(send, recv, count, ncclFloat32,
+                                    group_->comms[static_cast<size_t>(rank_)], stream),
+                      "all-gather");
 }
 
 void NcclCommunicator::wait(cudaStream_t stream, const std::string& what) {
@@ -112,8 +124,11 @@ void NcclCommunicator::wait(cudaStream_t stream, const std::string& what) {
   while (true) {
     const cudaError_t e = cudaStreamQuery(stream);
     if (e == cudaSuccess) return;
-    if (e != cudaErrorNotReady) fail("tensor parallel rank {}: {}: {}", rank_, what, cudaGetErrorString(e));
-    if (aborted()) fail("tensor parallel rank {}: {}: another rank failed and the rank group was aborted", rank_, what);
+    if (e != cudaErrorNotReady)
+      fail("tensor parallel rank {}: {}: {}", rank_, what, cudaGetErrorString(e));
+    if (aborted())
+      fail("tensor parallel rank {}: {}: another rank failed and the rank group was aborted", rank_,
+           what);
     ncclComm_t c = group_->comms[static_cast<size_t>(rank_)];
     ncclResult_t async = ncclSuccess;
     if (c != nullptr && ncclCommGetAsyncError(c, &async) == ncclSuccess && async != ncclSuccess &&
@@ -135,28 +150,35 @@ void NcclCommunicator::all_gather(std::span<const float> send, std::span<float> 
   stage(std::max<size_t>(total, static_cast<size_t>(size()) * 2));
   const auto mine = static_cast<uint64_t>(n);
   auto* counts = reinterpret_cast<uint64_t*>(staging_);
-  check_cuda(cudaMemcpyAsync(counts + rank_, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream_), "staging");
-  const auto r = ncclAllGather(counts + rank_, counts, 1, ncclUint64, group_->comms[static_cast<size_t>(rank_)], stream_);
-  if (r != ncclSuccess) fail("tensor parallel rank {}: all-gather of the counts: {}", rank_, ncclGetErrorString(r));
+  check_cuda(cudaMemcpyAsync(counts + rank_, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream_),
+             "staging");
+  const auto r = ncclAllGather(counts + rank_, counts, 1, ncclUint64,
+                               group_->comms[static_cast<size_t>(rank_)], stream_);
+  if (r != ncclSuccess)
+    fail("tensor parallel rank {}: all-gather of the counts: {}", rank_, ncclGetErrorString(r));
   std::vector<uint64_t> all(static_cast<size_t>(size()));
-  check_cuda(cudaMemcpyAsync(all.data(), counts, all.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_),
+  check_cuda(cudaMemcpyAsync(all.data(), counts, all.size() * sizeof(uint64_t),
+                             cudaMemcpyDeviceToHost, stream_),
              "reading the counts");
   wait(stream_, "all-gather");
   for (int q = 0; q < size(); ++q) {
     if (all[static_cast<size_t>(q)] != mine) {
-      fail("tensor parallel: all_gather counts differ: rank {} sends {}, rank {} sends {}", rank_, mine, q,
-           all[static_cast<size_t>(q)]);
+      fail("tensor parallel: all_gather counts differ: rank {} sends {}, rank {} sends {}", rank_,
+           mine, q, all[static_cast<size_t>(q)]);
     }
   }
   if (recv.size() != total) {
-    fail("tensor parallel rank {}: all_gather receive buffer holds {} floats, expected {}", rank_, recv.size(), total);
+    fail("tensor parallel rank {}: all_gather receive buffer holds {} floats, expected {}", rank_,
+         recv.size(), total);
   }
   if (n == 0) return;
-  check_cuda(cudaMemcpyAsync(staging_ + rank_ * n, send.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_),
+  check_cuda(cudaMemcpyAsync(staging_ + rank_ * n, send.data(), n * sizeof(float),
+                             cudaMemcpyHostToDevice, stream_),
              "staging");
   const std::string err = all_gather_device(staging_ + rank_ * n, staging_, n, stream_);
   if (!err.empty()) fail("tensor parallel rank {}: {}", rank_, err);
-  check_cuda(cudaMemcpyAsync(recv.data(), staging_, total * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+  check_cuda(cudaMemcpyAsync(recv.data(), staging_, total * sizeof(float), cudaMemcpyDeviceToHost,
+                             stream_),
              "reading the gathered data");
   wait(stream_, "all-gather");
 }
@@ -179,12 +201,15 @@ std::vector<std::unique_ptr<NcclCommunicator>> make_nccl_group(const std::vector
   if (devices.empty()) fail("tensor parallel: no devices given");
   for (size_t i = 0; i < devices.size(); ++i) {
     if (devices[i] < 0 || devices[i] >= visible) {
-      fail("tensor parallel: rank {} needs CUDA device {}, but {} device(s) are visible; hint: --tp at most {} here "
-           "(CUDA_VISIBLE_DEVICES selects which)",
-           i, devices[i], visible, visible);
+      fail(
+          "tensor parallel: rank {} needs CUDA device {}, but {} device(s) are visible; hint: --tp "
+          "at most {} here "
+          "(CUDA_VISIBLE_DEVICES selects which)",
+          i, devices[i], visible, visible);
     }
     for (size_t j = 0; j < i; ++j) {
-      if (devices[j] == devices[i]) fail("tensor parallel: ranks {} and {} both name device {}", j, i, devices[i]);
+      if (devices[j] == devices[i])
+        fail("tensor parallel: ranks {} and {} both name device {}", j, i, devices[i]);
     }
   }
   // Connect every channel at creation rather than on first use: the engine's first use of a
@@ -193,14 +218,18 @@ std::vector<std::unique_ptr<NcclCommunicator>> make_nccl_group(const std::vector
   auto state = std::make_shared<NcclGroupState>();
   state->devices = devices;
   state->comms.assign(devices.size(), nullptr);
-  const ncclResult_t r = ncclCommInitAll(state->comms.data(), static_cast<int>(devices.size()), devices.data());
+  const ncclResult_t r =
+      ncclCommInitAll(state->comms.data(), static_cast<int>(devices.size()), devices.data());
   if (r != ncclSuccess) {
-    fail("tensor parallel: creating the NCCL communicators over {} GPU(s) failed: {}; hint: NCCL_DEBUG=WARN prints "
-         "why",
-         devices.size(), ncclGetErrorString(r));
+    fail(
+        "tensor parallel: creating the NCCL communicators over {} GPU(s) failed: {}; hint: "
+        "NCCL_DEBUG=WARN prints "
+        "why",
+        devices.size(), ncclGetErrorString(r));
   }
   std::vector<std::unique_ptr<NcclCommunicator>> out;
-  for (size_t i = 0; i < devices.size(); ++i) out.push_back(std::make_unique<NcclCommunicator>(state, static_cast<int>(i)));
+  for (size_t i = 0; i < devices.size(); ++i)
+    out.push_back(std::make_unique<NcclCommunicator>(state, static_cast<int>(i)));
   return out;
 }
 

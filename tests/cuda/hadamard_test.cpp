@@ -18,7 +18,9 @@ namespace {
 namespace tr = exl3::trellis;
 using exl3::cuda::DType;
 
-size_t esize(DType t) { return t == DType::kF32 ? 4 : 2; }
+size_t esize(DType t) {
+  return t == DType::kF32 ? 4 : 2;
+}
 
 // Host bytes of `v` in dtype t, and back to float.
 std::vector<char> encode(const std::vector<float>& v, DType t) {
@@ -57,10 +59,13 @@ TEST(CudaHadamard, RowsMatchFp64AllDtypesAndScales) {
             std::vector<float> x(static_cast<size_t>(rows * cols));
             for (auto& v : x) v = nd(rng);
             const auto xb = encode(x, in);
-            for (size_t i = 0; i < x.size(); ++i) x[i] = decode_one(xb.data() + i * esize(in), in);  // as stored
+            for (size_t i = 0; i < x.size(); ++i)
+              x[i] = decode_one(xb.data() + i * esize(in), in);  // as stored
             std::vector<uint16_t> pre(static_cast<size_t>(cols)), post(static_cast<size_t>(cols));
-            for (auto& v : pre) v = tr::float_to_half((rng() & 1 ? -1.f : 1.f) * (0.5f + 0.5f * std::fabs(nd(rng))));
-            for (auto& v : post) v = tr::float_to_half((rng() & 1 ? -1.f : 1.f) * (0.5f + 0.5f * std::fabs(nd(rng))));
+            for (auto& v : pre)
+              v = tr::float_to_half((rng() & 1 ? -1.f : 1.f) * (0.5f + 0.5f * std::fabs(nd(rng))));
+            for (auto& v : post)
+              v = tr::float_to_half((rng() & 1 ? -1.f : 1.f) * (0.5f + 0.5f * std::fabs(nd(rng))));
 
             std::vector<double> ref(x.size());
             for (int64_t r = 0; r < rows; ++r) {
@@ -71,7 +76,8 @@ TEST(CudaHadamard, RowsMatchFp64AllDtypesAndScales) {
                 }
                 tr::had128_inplace(chunk);
                 for (int j = 0; j < 128; ++j) {
-                  ref[r * cols + c0 + j] = chunk[j] * (scaled ? tr::half_to_float(post[c0 + j]) : 1.0);
+                  ref[r * cols + c0 + j] =
+                      chunk[j] * (scaled ? tr::half_to_float(post[c0 + j]) : 1.0);
                 }
               }
             }
@@ -86,7 +92,8 @@ TEST(CudaHadamard, RowsMatchFp64AllDtypesAndScales) {
             EXL3_CUDA_OK(cudaMemcpy(dpre, pre.data(), pre.size() * 2, cudaMemcpyHostToDevice));
             EXL3_CUDA_OK(cudaMemcpy(dpost, post.data(), post.size() * 2, cudaMemcpyHostToDevice));
             EXL3_CUDA_OK(cudaMemset(dy, 0xFF, x.size() * esize(out)));  // NaN poison
-            EXL3_CUDA_OK(exl3::cuda::hadamard128_rows(dx, in, dy, out, rows, cols, scaled ? dpre : nullptr,
+            EXL3_CUDA_OK(exl3::cuda::hadamard128_rows(dx, in, dy, out, rows, cols,
+                                                      scaled ? dpre : nullptr,
                                                       scaled ? dpost : nullptr, nullptr));
             EXL3_CUDA_OK(cudaDeviceSynchronize());
             std::vector<char> yb(x.size() * esize(out));
@@ -98,8 +105,9 @@ TEST(CudaHadamard, RowsMatchFp64AllDtypesAndScales) {
               den += ref[i] * ref[i];
             }
             const double tol = out == DType::kBF16 ? 8e-3 : (out == DType::kF16 ? 1e-3 : 1e-6);
-            EXPECT_LE(std::sqrt(num / den), tol) << rows << "x" << cols << " in " << static_cast<int>(in) << " out "
-                                                 << static_cast<int>(out) << " scaled " << scaled;
+            EXPECT_LE(std::sqrt(num / den), tol)
+                << rows << "x" << cols << " in " << static_cast<int>(in) << " out "
+                << static_cast<int>(out) << " scaled " << scaled;
             cudaFree(dx);
             cudaFree(dy);
             cudaFree(dpre);
@@ -114,11 +122,14 @@ TEST(CudaHadamard, RowsMatchFp64AllDtypesAndScales) {
 TEST(CudaHadamard, RejectsBadShapes) {
   EXL3_REQUIRE_GPU();
   float buf[4];
-  EXPECT_EQ(exl3::cuda::hadamard128_rows(buf, DType::kF32, buf, DType::kF32, 1, 100, nullptr, nullptr, nullptr),
+  EXPECT_EQ(exl3::cuda::hadamard128_rows(buf, DType::kF32, buf, DType::kF32, 1, 100, nullptr,
+                                         nullptr, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(exl3::cuda::hadamard128_rows(buf, DType::kF32, buf, DType::kF32, 0, 128, nullptr, nullptr, nullptr),
+  EXPECT_EQ(exl3::cuda::hadamard128_rows(buf, DType::kF32, buf, DType::kF32, 0, 128, nullptr,
+                                         nullptr, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(exl3::cuda::hadamard128_rows(nullptr, DType::kF32, buf, DType::kF32, 1, 128, nullptr, nullptr, nullptr),
+  EXPECT_EQ(exl3::cuda::hadamard128_rows(nullptr, DType::kF32, buf, DType::kF32, 1, 128, nullptr,
+                                         nullptr, nullptr),
             cudaErrorInvalidValue);
 }
 

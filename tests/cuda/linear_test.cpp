@@ -27,12 +27,15 @@ struct Layer {
   tr::Codebook cb;
   std::vector<uint16_t> trellis, suh, svh;
   std::vector<float> bias;
-  Layer(int64_t i, int64_t o, int k, tr::Codebook c, bool with_bias, std::mt19937_64& rng) : in(i), out(o), K(k), cb(c) {
+  Layer(int64_t i, int64_t o, int k, tr::Codebook c, bool with_bias, std::mt19937_64& rng)
+      : in(i), out(o), K(k), cb(c) {
     trellis.resize(static_cast<size_t>(in / 16 * (out / 16) * 16 * K));
     for (auto& w : trellis) w = static_cast<uint16_t>(rng());
     std::uniform_real_distribution<float> mag(0.05f, 1.0f);
-    for (int64_t j = 0; j < in; ++j) suh.push_back(tr::float_to_half(((rng() & 1) ? -1.f : 1.f) * mag(rng) * 0.2f));
-    for (int64_t j = 0; j < out; ++j) svh.push_back(tr::float_to_half(((rng() & 1) ? -1.f : 1.f) * mag(rng)));
+    for (int64_t j = 0; j < in; ++j)
+      suh.push_back(tr::float_to_half(((rng() & 1) ? -1.f : 1.f) * mag(rng) * 0.2f));
+    for (int64_t j = 0; j < out; ++j)
+      svh.push_back(tr::float_to_half(((rng() & 1) ? -1.f : 1.f) * mag(rng)));
     if (with_bias) {
       std::normal_distribution<float> nd;
       for (int64_t j = 0; j < out; ++j) bias.push_back(nd(rng));
@@ -50,7 +53,9 @@ struct DevBuf {
   T* p = nullptr;
   size_t n = 0;
   explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
+    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)) !=
+        cudaSuccess)
+      p = nullptr;
   }
   ~DevBuf() { cudaFree(p); }
   DevBuf(const DevBuf&) = delete;
@@ -58,11 +63,12 @@ struct DevBuf {
 };
 
 // Runs the GPU layer on fp16 (or bf16) x and returns y as float (output dtype f16 or f32).
-std::vector<float> run_gpu(const Exl3LinearCuda& L, const std::vector<uint16_t>& x_bits, DType in_type, int64_t m,
-                           DType out_type, void* ws, size_t ws_bytes) {
+std::vector<float> run_gpu(const Exl3LinearCuda& L, const std::vector<uint16_t>& x_bits,
+                           DType in_type, int64_t m, DType out_type, void* ws, size_t ws_bytes) {
   DevBuf<uint16_t> dx(x_bits.size());
   DevBuf<char> dy(static_cast<size_t>(m * L.out_features()) * exl3::cuda::dtype_size(out_type));
-  EXPECT_EQ(cudaMemcpy(dx.p, x_bits.data(), x_bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(dx.p, x_bits.data(), x_bits.size() * 2, cudaMemcpyHostToDevice),
+            cudaSuccess);
   EXPECT_EQ(cudaMemset(dy.p, 0xFF, dy.n), cudaSuccess);  // poison: NaN in every dtype
   EXPECT_EQ(L.run(dx.p, in_type, dy.p, out_type, m, ws, ws_bytes, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -81,16 +87,19 @@ std::vector<float> run_gpu(const Exl3LinearCuda& L, const std::vector<uint16_t>&
   return y;
 }
 
-std::vector<uint16_t> random_x(int64_t m, int64_t k, bool bf16, std::mt19937_64& rng, float scale = 1.0f) {
+std::vector<uint16_t> random_x(int64_t m, int64_t k, bool bf16, std::mt19937_64& rng,
+                               float scale = 1.0f) {
   std::normal_distribution<float> nd;
   std::vector<uint16_t> x(static_cast<size_t>(m * k));
-  for (auto& v : x) v = bf16 ? tr::float_to_bf16(scale * nd(rng)) : tr::float_to_half(scale * nd(rng));
+  for (auto& v : x)
+    v = bf16 ? tr::float_to_bf16(scale * nd(rng)) : tr::float_to_half(scale * nd(rng));
   return x;
 }
 
 std::vector<float> cpu_ref(const Layer& L, const std::vector<uint16_t>& x, bool bf16, int64_t m) {
   std::vector<float> y(static_cast<size_t>(m * L.out));
-  exl3::cpu::linear_forward(L.view(), x.data(), bf16 ? exl3::cpu::ActDType::kBF16 : exl3::cpu::ActDType::kF16, m,
+  exl3::cpu::linear_forward(L.view(), x.data(),
+                            bf16 ? exl3::cpu::ActDType::kBF16 : exl3::cpu::ActDType::kF16, m,
                             y.data());
   return y;
 }
@@ -102,9 +111,7 @@ const tr::Codebook kAllCb[] = {tr::Codebook::k3Inst, tr::Codebook::kMcg, tr::Cod
 TEST(CudaLinear, MatchesCpuAllBitsCodebooksAndM) {
   EXL3_REQUIRE_GPU();
   auto rng = exl3::test::make_rng();
-  const struct {
-    int64_t in, out;
-  } shapes[] = {{128, 128}, {256, 384}, {512, 256}};
+  const struct { int64_t in, out; } shapes[] = {{128, 128}, {256, 384}, {512, 256}};
   exl3::cuda::LinearOptions opts;
   opts.max_m = 1025;  // 1024 (fp16) and 1025 (bf16) take the folded cuBLAS path
   opts.gemv_max_m = 32;
@@ -119,11 +126,13 @@ TEST(CudaLinear, MatchesCpuAllBitsCodebooksAndM) {
           const bool bf16 = (m % 2) == 1;
           const auto x = random_x(m, sh.in, bf16, rng);
           const auto ref = cpu_ref(L, x, bf16, m);
-          const auto y = run_gpu(gpu, x, bf16 ? DType::kBF16 : DType::kF16, m, DType::kF16, ws.p, ws.n);
-          const double err = exl3::test::rel_l2(std::span<const float>(y), std::span<const float>(ref));
-          EXPECT_LE(err, bf16 ? 8e-3 : 1e-3) << sh.in << "x" << sh.out << " K=" << K << " cb="
-                                             << tr::codebook_name(cb) << " m=" << m
-                                             << " " << exl3::cuda::path_name(gpu.path_for(m));
+          const auto y =
+              run_gpu(gpu, x, bf16 ? DType::kBF16 : DType::kF16, m, DType::kF16, ws.p, ws.n);
+          const double err =
+              exl3::test::rel_l2(std::span<const float>(y), std::span<const float>(ref));
+          EXPECT_LE(err, bf16 ? 8e-3 : 1e-3)
+              << sh.in << "x" << sh.out << " K=" << K << " cb=" << tr::codebook_name(cb)
+              << " m=" << m << " " << exl3::cuda::path_name(gpu.path_for(m));
         }
       }
     }
@@ -145,13 +154,14 @@ TEST(CudaLinear, Fp32OutputAndRangeGuard) {
 }
 
 // Rows must come out bit-identical whatever they are batched with, within each small-m path.
-void expect_batch_invariant(const exl3::cuda::Exl3LinearCuda& gpu, int64_t in, int64_t out, int64_t m,
-                            std::initializer_list<int64_t> subs, std::mt19937_64& rng) {
+void expect_batch_invariant(const exl3::cuda::Exl3LinearCuda& gpu, int64_t in, int64_t out,
+                            int64_t m, std::initializer_list<int64_t> subs, std::mt19937_64& rng) {
   DevBuf<char> ws(gpu.workspace_bytes());
   const auto x = random_x(m, in, false, rng);
   const auto all = run_gpu(gpu, x, DType::kF16, m, DType::kF32, ws.p, ws.n);
   for (int64_t sub : subs) {
-    ASSERT_EQ(gpu.path_for(sub), gpu.path_for(m)) << "sub-batch " << sub << " left the path under test";
+    ASSERT_EQ(gpu.path_for(sub), gpu.path_for(m))
+        << "sub-batch " << sub << " left the path under test";
     for (int64_t r0 = 0; r0 + sub <= m; r0 += 7) {
       std::vector<uint16_t> part(x.begin() + r0 * in, x.begin() + (r0 + sub) * in);
       const auto y = run_gpu(gpu, part, DType::kF16, sub, DType::kF32, ws.p, ws.n);
@@ -159,8 +169,8 @@ void expect_batch_invariant(const exl3::cuda::Exl3LinearCuda& gpu, int64_t in, i
         uint32_t a, b;
         std::memcpy(&a, &y[i], 4);
         std::memcpy(&b, &all[r0 * out + i], 4);
-        ASSERT_EQ(a, b) << exl3::cuda::path_name(gpu.path_for(m)) << ": row " << r0 + i / out << " batched "
-                        << sub << " vs " << m;
+        ASSERT_EQ(a, b) << exl3::cuda::path_name(gpu.path_for(m)) << ": row " << r0 + i / out
+                        << " batched " << sub << " vs " << m;
       }
     }
   }
@@ -233,10 +243,14 @@ TEST(CudaLinear, RejectsBadArguments) {
   const auto gpu = L.gpu(opts);
   DevBuf<char> ws(gpu.workspace_bytes());
   DevBuf<uint16_t> x(16 * 128), y(16 * 128);
-  EXPECT_EQ(gpu.run(x.p, DType::kF16, y.p, DType::kF16, 9, ws.p, ws.n, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(gpu.run(x.p, DType::kF16, y.p, DType::kF16, 0, ws.p, ws.n, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(gpu.run(x.p, DType::kF16, y.p, DType::kF16, 4, ws.p, 16, nullptr), cudaErrorInvalidValue);
-  EXPECT_THROW(Exl3LinearCuda("bad", L.trellis.data(), 128, 128, 9, L.cb, L.suh.data(), L.svh.data(), nullptr),
+  EXPECT_EQ(gpu.run(x.p, DType::kF16, y.p, DType::kF16, 9, ws.p, ws.n, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(gpu.run(x.p, DType::kF16, y.p, DType::kF16, 0, ws.p, ws.n, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(gpu.run(x.p, DType::kF16, y.p, DType::kF16, 4, ws.p, 16, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_THROW(Exl3LinearCuda("bad", L.trellis.data(), 128, 128, 9, L.cb, L.suh.data(),
+                              L.svh.data(), nullptr),
                exl3::Error);
 }
 
@@ -244,7 +258,8 @@ TEST(CudaLinear, GoldenGemmVectors) {
   EXL3_REQUIRE_GPU();
   EXL3_REQUIRE_CONFORMANCE(dir);
   for (const char* cbn : {"3inst", "mcg", "mul1"}) {
-    const auto ckpt = exl3::Checkpoint::open(dir / "tensors" / fmt::format("exl3_public_{}.safetensors", cbn));
+    const auto ckpt =
+        exl3::Checkpoint::open(dir / "tensors" / fmt::format("exl3_public_{}.safetensors", cbn));
     for (int K = 1; K <= 8; ++K) {
       const std::string name = fmt::format("cb_{}.k{}", cbn, K);
       const auto data = exl3::Exl3LinearData::load(ckpt, name + ".layer");
@@ -254,7 +269,8 @@ TEST(CudaLinear, GoldenGemmVectors) {
       const int64_t m = static_cast<int64_t>(x.size()) / 256;
       const auto y = run_gpu(gpu, x, DType::kF16, m, DType::kF16, ws.p, ws.n);
       const auto ref = exl3::read_as_double(ckpt.store().at(name + ".expected.y_fp64"));
-      EXPECT_LE(exl3::test::rel_l2(std::span<const float>(y), std::span<const double>(ref)), 1e-3) << name;
+      EXPECT_LE(exl3::test::rel_l2(std::span<const float>(y), std::span<const double>(ref)), 1e-3)
+          << name;
     }
   }
 }

@@ -34,7 +34,8 @@ struct DevBuf {
   T* p = nullptr;
   size_t n = 0;
   explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T) + 16) != cudaSuccess) p = nullptr;
+    if (cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T) + 16) != cudaSuccess)
+      p = nullptr;
   }
   ~DevBuf() { cudaFree(p); }
   DevBuf(const DevBuf&) = delete;
@@ -48,8 +49,9 @@ struct Fixture {
 };
 
 // A one-layer synthetic checkpoint (layer 1), loaded for rank 0.
-std::unique_ptr<Fixture> make_layer(moe::RotationLayout layout, std::vector<int> expert_bits, int bits, int experts,
-                                    int tp = 1, int64_t H = 256, int64_t I = 256) {
+std::unique_ptr<Fixture> make_layer(moe::RotationLayout layout, std::vector<int> expert_bits,
+                                    int bits, int experts, int tp = 1, int64_t H = 256,
+                                    int64_t I = 256) {
   auto f = std::make_unique<Fixture>();
   moe::SyntheticMoeSpec spec;
   spec.hidden_size = H;
@@ -128,12 +130,14 @@ std::vector<float> run_gpu(const MoeLayerCuda& L, const std::vector<float>& x, c
     ok(cudaMemcpy(again.data(), dout.p, again.size() * 4, cudaMemcpyDeviceToHost));
     ok(cudaGraphExecDestroy(*replay));
     ok(cudaStreamDestroy(s));
-    if (std::memcmp(again.data(), out.data(), out.size() * 4) != 0) exl3::fail("graph replay != eager at m={}", m);
+    if (std::memcmp(again.data(), out.data(), out.size() * 4) != 0)
+      exl3::fail("graph replay != eager at m={}", m);
   }
   return out;
 }
 
-void expect_matches(const Fixture& f, const MoeOptions& opts, const std::vector<int64_t>& ms, const char* what) {
+void expect_matches(const Fixture& f, const MoeOptions& opts, const std::vector<int64_t>& ms,
+                    const char* what) {
   auto rng = exl3::test::make_rng();
   const MoeLayerCuda L(f.w, f.top_k, opts);
   for (int64_t m : ms) {
@@ -174,7 +178,8 @@ TEST(CudaMoe, MixedK3K4TiersBothLayouts) {
   for (auto layout : {moe::RotationLayout::kPerExpert, moe::RotationLayout::kSharedH}) {
     const auto f = make_layer(layout, {3, 4, 4, 3, 3, 4, 3, 4}, 3, 8);
     // One grid with a per-block K switch, per-K passes, and the planner's choice by plan.
-    for (const auto tiers : {MoeOptions::Tiers::kGrid, MoeOptions::Tiers::kPasses, MoeOptions::Tiers::kAuto}) {
+    for (const auto tiers :
+         {MoeOptions::Tiers::kGrid, MoeOptions::Tiers::kPasses, MoeOptions::Tiers::kAuto}) {
       auto o = opts_for(3072, 1000);
       o.tiers = tiers;
       const MoeLayerCuda L(f->w, f->top_k, o);
@@ -189,8 +194,10 @@ TEST(CudaMoe, MixedK3K4TiersBothLayouts) {
 TEST(CudaMoe, RankSlicedTp2Rank0AndPlainCheckpoint) {
   EXL3_REQUIRE_GPU();
   // Rank 0 of a TP-2 slice (I_loc = 128) and a plain exllamav3-style layer.
-  expect_matches(*make_layer(moe::RotationLayout::kSharedH, {}, 3, 8, 2), opts_for(64), {1, 5, 64}, "tp2 rank0");
-  expect_matches(*make_layer(moe::RotationLayout::kPlain, {}, 4, 4), opts_for(64), {1, 5, 64}, "plain");
+  expect_matches(*make_layer(moe::RotationLayout::kSharedH, {}, 3, 8, 2), opts_for(64), {1, 5, 64},
+                 "tp2 rank0");
+  expect_matches(*make_layer(moe::RotationLayout::kPlain, {}, 4, 4), opts_for(64), {1, 5, 64},
+                 "plain");
 }
 
 TEST(CudaMoe, PrefillChunksAndLargerGeometry) {
@@ -220,12 +227,14 @@ TEST(CudaMoe, RoutesFromSoftmaxAndSigmoidGroupedRouters) {
     gr.topk_group = 1;
     gr.routed_scaling_factor = 2.5f;
     gr.correction_bias = bias;
-    for (const auto& r : {moe::route_softmax(logits, m, 8, sr), moe::route_sigmoid_grouped(logits, m, 8, gr)}) {
+    for (const auto& r :
+         {moe::route_softmax(logits, m, 8, sr), moe::route_sigmoid_grouped(logits, m, 8, gr)}) {
       const auto x = random_x(m * f->w.hidden, rng);
       std::vector<float> ref(x.size());
       moe::moe_forward(f->w, r, x.data(), m, ref.data());
       const auto got = run_gpu(L, x, r);
-      EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3) << "m=" << m;
+      EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3)
+          << "m=" << m;
     }
   }
 }
@@ -247,7 +256,8 @@ TEST(CudaMoe, AllRoutesOnOneExpertAndIdleExperts) {
     std::vector<float> ref(x.size());
     moe::moe_forward(f->w, r, x.data(), m, ref.data());
     const auto got = run_gpu(L, x, r);
-    EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3) << "m=" << m;
+    EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3)
+        << "m=" << m;
   }
 }
 
@@ -267,7 +277,8 @@ TEST(CudaMoe, InvalidIdsContributeNothing) {
     std::vector<float> ref(x.size());
     moe::moe_forward(f->w, valid, x.data(), m, ref.data());
     const auto got = run_gpu(L, x, r);
-    EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3) << "m=" << m;
+    EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3)
+        << "m=" << m;
   }
 }
 
@@ -283,7 +294,8 @@ TEST(CudaMoe, GraphReplayBitIdenticalAtEveryDecodeM) {
     EXPECT_NO_THROW(run_gpu(L, random_x(m * f->w.hidden, rng), r, &g)) << "m=" << m;
   }
   cudaGraphExec_t g;
-  EXPECT_NO_THROW(run_gpu(L, random_x(96 * f->w.hidden, rng), random_routes(96, 2, 8, rng), &g)) << "prefill";
+  EXPECT_NO_THROW(run_gpu(L, random_x(96 * f->w.hidden, rng), random_routes(96, 2, 8, rng), &g))
+      << "prefill";
 }
 
 TEST(CudaMoe, RunRejectsMOutsideThePlan) {
@@ -293,9 +305,12 @@ TEST(CudaMoe, RunRejectsMOutsideThePlan) {
   DevBuf<char> arena(L.arena_bytes());
   DevBuf<float> buf(1 << 16);
   DevBuf<int32_t> ids(64);
-  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 17, arena.p, arena.n, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 0, arena.p, arena.n, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 4, arena.p, arena.n - 1, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 17, arena.p, arena.n, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 0, arena.p, arena.n, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 4, arena.p, arena.n - 1, nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST(CudaMoe, OptionsFailClosed) {
@@ -303,7 +318,8 @@ TEST(CudaMoe, OptionsFailClosed) {
   const auto f = make_layer(moe::RotationLayout::kSharedH, {}, 3, 8);
   EXPECT_THAT(exl3::test::error_of([&] { MoeLayerCuda L(f->w, 2, MoeOptions{}); }),
               testing::HasSubstr("refusing to guess a capacity"));
-  EXPECT_THAT(exl3::test::error_of([&] { MoeLayerCuda L(f->w, 9, opts_for(4)); }), testing::HasSubstr("top_k 9"));
+  EXPECT_THAT(exl3::test::error_of([&] { MoeLayerCuda L(f->w, 9, opts_for(4)); }),
+              testing::HasSubstr("top_k 9"));
 }
 
 TEST(CudaMoeOptions, EnvironmentOverridesAreValidated) {

@@ -8,13 +8,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
-#include "cuda_check.hpp"
 #include "cuda/mxfp8_tiles.hpp"
+#include "cuda_check.hpp"
 #include "exl3/cuda/mxfp8.hpp"
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
@@ -33,7 +33,9 @@ struct DevBuf {
   T* p = nullptr;
   size_t n = 0;
   explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
+    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)) !=
+        cudaSuccess)
+      p = nullptr;
   }
   ~DevBuf() { cudaFree(p); }
   DevBuf(const DevBuf&) = delete;
@@ -66,7 +68,8 @@ Problem make_problem(std::mt19937_64& rng, int64_t in, int64_t out, bool bias) {
 }
 
 // x [m, in]: bf16 bits and the same values as fp32.
-void make_x(std::mt19937_64& rng, int64_t m, int64_t in, std::vector<uint16_t>& bits, std::vector<float>& f) {
+void make_x(std::mt19937_64& rng, int64_t m, int64_t in, std::vector<uint16_t>& bits,
+            std::vector<float>& f) {
   std::normal_distribution<float> nd;
   bits.resize(static_cast<size_t>(m * in));
   f.resize(bits.size());
@@ -78,7 +81,8 @@ void make_x(std::mt19937_64& rng, int64_t m, int64_t in, std::vector<uint16_t>& 
   }
 }
 
-std::vector<float> run_gpu(const Mxfp8LinearCuda& L, const std::vector<uint16_t>& x, int64_t m, DType out_type) {
+std::vector<float> run_gpu(const Mxfp8LinearCuda& L, const std::vector<uint16_t>& x, int64_t m,
+                           DType out_type) {
   const size_t ws_bytes = L.workspace_bytes();
   DevBuf<char> ws(ws_bytes);
   DevBuf<uint16_t> dx(x.size());
@@ -122,8 +126,10 @@ TEST(Mxfp8Cuda, MatchesTheCpuReferenceOnEveryPath) {
   auto rng = exl3::test::make_rng();
   // 200 outputs: a ragged last row tile; 256 -> 128 and 128 -> 256: fewer 32-input blocks per
   // row than the GEMV has warps (the engine test models' shared-expert MLP).
-  for (const auto& [in, out, bias] : {std::tuple{int64_t{1024}, int64_t{200}, false}, std::tuple{int64_t{1024}, int64_t{200}, true},
-                                      std::tuple{int64_t{256}, int64_t{128}, false}, std::tuple{int64_t{128}, int64_t{256}, true}}) {
+  for (const auto& [in, out, bias] : {std::tuple{int64_t{1024}, int64_t{200}, false},
+                                      std::tuple{int64_t{1024}, int64_t{200}, true},
+                                      std::tuple{int64_t{256}, int64_t{128}, false},
+                                      std::tuple{int64_t{128}, int64_t{256}, true}}) {
     const auto P = make_problem(rng, in, out, bias);
     for (int64_t gemv_max_m : {int64_t{64}, int64_t{16}}) {
       Mxfp8Options o;
@@ -142,8 +148,8 @@ TEST(Mxfp8Cuda, MatchesTheCpuReferenceOnEveryPath) {
           const double err = exl3::test::rel_l2(y, ref);
           // fp32: summation order only; bf16 output: one rounding (2^-9 relative).
           EXPECT_LT(err, t == DType::kF32 ? 2e-6 : 4e-3)
-              << in << "x" << out << " m=" << m << " path=" << exl3::cuda::mxfp8_path_name(L.path_for(m))
-              << " bias=" << bias;
+              << in << "x" << out << " m=" << m
+              << " path=" << exl3::cuda::mxfp8_path_name(L.path_for(m)) << " bias=" << bias;
         }
       }
     }
@@ -162,10 +168,13 @@ TEST(Mxfp8Cuda, SubnormalCodesAndExtremeRangesStayExact) {
     int code_lo, code_hi, scale_lo, scale_hi;
     float x_scale;
   };
-  for (const Case& c : {Case{"subnormal codes", 1, 7, 127, 127, 1.0f}, Case{"tiny scales", 0, 126, 100, 110, 1.0f},
-                        Case{"huge scales", 0, 126, 170, 187, 1.0f}, Case{"tiny activations", 0, 126, 120, 130, 0x1p-40f},
-                        Case{"huge activations", 0, 126, 100, 110, 0x1p60f}}) {
-    std::uniform_int_distribution<int> code(c.code_lo, c.code_hi), sign(0, 1), sc(c.scale_lo, c.scale_hi);
+  for (const Case& c :
+       {Case{"subnormal codes", 1, 7, 127, 127, 1.0f}, Case{"tiny scales", 0, 126, 100, 110, 1.0f},
+        Case{"huge scales", 0, 126, 170, 187, 1.0f},
+        Case{"tiny activations", 0, 126, 120, 130, 0x1p-40f},
+        Case{"huge activations", 0, 126, 100, 110, 0x1p60f}}) {
+    std::uniform_int_distribution<int> code(c.code_lo, c.code_hi), sign(0, 1),
+        sc(c.scale_lo, c.scale_hi);
     std::vector<uint8_t> v(static_cast<size_t>(in * out)), s(static_cast<size_t>(in / 32 * out));
     for (auto& b : v) b = static_cast<uint8_t>(code(rng) | (sign(rng) << 7));
     for (auto& b : s) b = static_cast<uint8_t>(sc(rng));
@@ -208,7 +217,8 @@ TEST(Mxfp8Cuda, RowsAreBatchInvariantOnTheGemv) {
   const auto y64 = run_gpu(L, xb, 64, DType::kF32);
   for (int64_t m : {1, 2, 3, 5, 8, 9, 13, 16, 17, 32, 40, 63}) {
     ASSERT_EQ(L.path_for(m), Mxfp8Path::kGemv);
-    const auto y = run_gpu(L, std::vector<uint16_t>(xb.begin(), xb.begin() + m * P.in), m, DType::kF32);
+    const auto y =
+        run_gpu(L, std::vector<uint16_t>(xb.begin(), xb.begin() + m * P.in), m, DType::kF32);
     ASSERT_EQ(std::memcmp(y.data(), y64.data(), y.size() * 4), 0) << "gemv m=" << m;
   }
 }
@@ -303,7 +313,8 @@ TEST(Mxfp8Cuda, ErrorPaths) {
 TEST(Mxfp8Tiles, LayoutIsAPermutation) {
   for (int64_t k : {32, 96, 4096}) {
     const int64_t n = 40, kb = k / 32, rows = 48;
-    std::vector<int> hits(static_cast<size_t>(rows * k), 0), shits(static_cast<size_t>(rows * kb), 0);
+    std::vector<int> hits(static_cast<size_t>(rows * k), 0),
+        shits(static_cast<size_t>(rows * kb), 0);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < k; ++c) {
         const int64_t off = exl3::cuda::detail::mxfp8_tile_value_offset(r, c, kb);
@@ -311,7 +322,8 @@ TEST(Mxfp8Tiles, LayoutIsAPermutation) {
         ASSERT_LT(off, rows * k);
         ++hits[static_cast<size_t>(off)];
       }
-      for (int64_t b = 0; b < kb; ++b) ++shits[static_cast<size_t>(exl3::cuda::detail::mxfp8_tile_scale_offset(r, b, kb))];
+      for (int64_t b = 0; b < kb; ++b)
+        ++shits[static_cast<size_t>(exl3::cuda::detail::mxfp8_tile_scale_offset(r, b, kb))];
     }
     for (int h : hits) ASSERT_EQ(h, 1) << "k=" << k;
     for (int h : shits) ASSERT_EQ(h, 1) << "k=" << k;

@@ -28,13 +28,16 @@ namespace tr = exl3::trellis;
 using exl3::cuda::encode_tiles_cuda;
 using exl3::cuda::encode_tiles_cuda_workspace;
 
-constexpr tr::Codebook kCodebooks[] = {tr::Codebook::k3Inst, tr::Codebook::kMcg, tr::Codebook::kMul1};
+constexpr tr::Codebook kCodebooks[] = {tr::Codebook::k3Inst, tr::Codebook::kMcg,
+                                       tr::Codebook::kMul1};
 
 template <typename T>
 struct DevBuf {
   T* p = nullptr;
   explicit DevBuf(size_t count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
+    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)) !=
+        cudaSuccess)
+      p = nullptr;
   }
   ~DevBuf() { (void)cudaFree(p); }
   DevBuf(const DevBuf&) = delete;
@@ -50,11 +53,14 @@ std::vector<float> gaussian_tiles(std::mt19937_64& rng, int64_t n, tr::Codebook 
 
 double tile_mse(const float* a, const float* b) {
   double s = 0.0;
-  for (int i = 0; i < tr::kTileSize; ++i) s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+  for (int i = 0; i < tr::kTileSize; ++i)
+    s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
   return s / tr::kTileSize;
 }
 
-int tiles_for(int K) { return K == 1 ? 16 : (K == 2 ? 48 : 96); }
+int tiles_for(int K) {
+  return K == 1 ? 16 : (K == 2 ? 48 : 96);
+}
 
 // Runs the device encoder on host tiles with poisoned outputs. `flight` sets the workspace (tiles
 // in flight; fewer than n makes blocks loop over several tiles). Returns false on a CUDA error
@@ -76,22 +82,28 @@ bool run_device(const std::vector<float>& tiles, int64_t n, int K, tr::Codebook 
   };
   std::vector<uint16_t> poison(elems, state_poison);
   if (!ok(cudaMemcpy(d_tiles.p, tiles.data(), elems * 4, cudaMemcpyHostToDevice), "upload") ||
-      !ok(cudaMemcpy(d_states.p, poison.data(), elems * 2, cudaMemcpyHostToDevice), "poison states") ||
+      !ok(cudaMemcpy(d_states.p, poison.data(), elems * 2, cudaMemcpyHostToDevice),
+          "poison states") ||
       !ok(cudaMemset(d_dec.p, 0xFF, elems * 4), "poison decoded (NaN)") ||
-      !ok(encode_tiles_cuda(d_tiles.p, n, K, cb, d_states.p, decoded != nullptr ? d_dec.p : nullptr, d_ws.p, ws_bytes,
-                            nullptr),
+      !ok(encode_tiles_cuda(d_tiles.p, n, K, cb, d_states.p, decoded != nullptr ? d_dec.p : nullptr,
+                            d_ws.p, ws_bytes, nullptr),
           "encode_tiles_cuda") ||
       !ok(cudaDeviceSynchronize(), "encoder run")) {
     return false;
   }
   uint32_t failures = 1;
-  if (!ok(exl3::cuda::encode_tiles_cuda_failures(d_ws.p, &failures, nullptr), "failure count")) return false;
+  if (!ok(exl3::cuda::encode_tiles_cuda_failures(d_ws.p, &failures, nullptr), "failure count"))
+    return false;
   EXPECT_EQ(failures, 0u) << "K=" << K << ": traced paths that do not close";
   states.resize(elems);
-  if (!ok(cudaMemcpy(states.data(), d_states.p, elems * 2, cudaMemcpyDeviceToHost), "download states")) return false;
+  if (!ok(cudaMemcpy(states.data(), d_states.p, elems * 2, cudaMemcpyDeviceToHost),
+          "download states"))
+    return false;
   if (decoded != nullptr) {
     decoded->resize(elems);
-    if (!ok(cudaMemcpy(decoded->data(), d_dec.p, elems * 4, cudaMemcpyDeviceToHost), "download decoded")) return false;
+    if (!ok(cudaMemcpy(decoded->data(), d_dec.p, elems * 4, cudaMemcpyDeviceToHost),
+            "download decoded"))
+      return false;
   }
   return true;
 }
@@ -113,7 +125,8 @@ TEST(CudaViterbi, MatchesCpuEncoderEveryKAndCodebook) {
       int identical_tiles = 0;
       for (int t = 0; t < n; ++t) {
         const size_t o = static_cast<size_t>(t) * tr::kTileSize;
-        ASSERT_TRUE(tr::is_tail_biting(got.data() + o, K)) << "K=" << K << " " << tr::codebook_name(cb) << " tile " << t;
+        ASSERT_TRUE(tr::is_tail_biting(got.data() + o, K))
+            << "K=" << K << " " << tr::codebook_name(cb) << " tile " << t;
         for (int p = 0; p < tr::kTileSize; ++p) {
           ASSERT_EQ(got_dec[o + p], tr::decode(got[o + p], cb))  // also: no NaN poison left
               << "K=" << K << " " << tr::codebook_name(cb) << " tile " << t << " position " << p;
@@ -123,10 +136,13 @@ TEST(CudaViterbi, MatchesCpuEncoderEveryKAndCodebook) {
         sum_got += eg;
         sum_want += ew;
         EXPECT_TRUE(std::abs(eg - ew) <= 0.01 * ew || std::abs(eg - ew) <= 1e-6)
-            << "K=" << K << " " << tr::codebook_name(cb) << " tile " << t << ": gpu mse " << eg << " cpu " << ew;
-        identical_tiles += std::memcmp(got.data() + o, want.data() + o, tr::kTileSize * 2) == 0 ? 1 : 0;
+            << "K=" << K << " " << tr::codebook_name(cb) << " tile " << t << ": gpu mse " << eg
+            << " cpu " << ew;
+        identical_tiles +=
+            std::memcmp(got.data() + o, want.data() + o, tr::kTileSize * 2) == 0 ? 1 : 0;
       }
-      EXPECT_NEAR(sum_got / n, sum_want / n, 0.01 * sum_want / n) << "K=" << K << " " << tr::codebook_name(cb);
+      EXPECT_NEAR(sum_got / n, sum_want / n, 0.01 * sum_want / n)
+          << "K=" << K << " " << tr::codebook_name(cb);
       if (cpu_fma) {
         // Same fp32 FMA costs, same tie order: the same path, bit for bit.
         EXPECT_EQ(identical_tiles, n) << "K=" << K << " " << tr::codebook_name(cb)
@@ -161,13 +177,15 @@ TEST(CudaViterbi, RecoversExactlyDecodableTiles) {
     for (tr::Codebook cb : kCodebooks) {
       const int n = K == 1 ? 4 : 16;
       std::vector<float> target(static_cast<size_t>(n) * tr::kTileSize);
-      std::vector<uint16_t> symbols(tr::kTileSize), packed(tr::tile_words16(K)), truth(tr::kTileSize);
+      std::vector<uint16_t> symbols(tr::kTileSize), packed(tr::tile_words16(K)),
+          truth(tr::kTileSize);
       for (int t = 0; t < n; ++t) {
         for (auto& s : symbols) s = static_cast<uint16_t>(rng() & ((1u << K) - 1u));
         tr::pack_tile(symbols.data(), K, packed.data());
         tr::unpack_tile(packed.data(), K, truth.data());
         ASSERT_TRUE(tr::is_tail_biting(truth.data(), K));
-        for (int p = 0; p < tr::kTileSize; ++p) target[t * tr::kTileSize + p] = tr::decode(truth[p], cb);
+        for (int p = 0; p < tr::kTileSize; ++p)
+          target[t * tr::kTileSize + p] = tr::decode(truth[p], cb);
       }
       std::vector<uint16_t> states;
       std::vector<float> decoded;
@@ -191,7 +209,8 @@ TEST(CudaViterbi, HostWrappersMatchTheDevicePath) {
     std::vector<uint16_t> dev, host(tiles.size()), on(tiles.size());
     std::vector<float> dev_dec, host_dec(tiles.size(), std::numeric_limits<float>::quiet_NaN());
     ASSERT_TRUE(run_device(tiles, n, K, tr::Codebook::kMul1, n, 0xFFFF, dev, &dev_dec));
-    exl3::cuda::encode_tiles_cuda_host(tiles.data(), n, K, tr::Codebook::kMul1, host.data(), host_dec.data());
+    exl3::cuda::encode_tiles_cuda_host(tiles.data(), n, K, tr::Codebook::kMul1, host.data(),
+                                       host_dec.data());
     q::encode_tiles_on(q::Device::kCuda, tiles.data(), n, K, tr::Codebook::kMul1, on.data());
     EXPECT_EQ(host, dev) << "K=" << K;
     EXPECT_EQ(host_dec, dev_dec) << "K=" << K;
@@ -209,16 +228,21 @@ TEST(CudaViterbi, RejectsBadArguments) {
   ASSERT_NE(ws.p, nullptr);
   EXL3_CUDA_OK(cudaMemset(tiles.p, 0, tr::kTileSize * 4));
   for (int K : {0, 9}) {
-    EXPECT_EQ(encode_tiles_cuda(tiles.p, 1, K, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes, nullptr),
+    EXPECT_EQ(encode_tiles_cuda(tiles.p, 1, K, tr::Codebook::kMcg, states.p, nullptr, ws.p,
+                                ws_bytes, nullptr),
               cudaErrorInvalidValue);
   }
-  EXPECT_EQ(encode_tiles_cuda(tiles.p, -1, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes, nullptr),
+  EXPECT_EQ(encode_tiles_cuda(tiles.p, -1, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes,
+                              nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(encode_tiles_cuda(tiles.p, 1, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes - 1, nullptr),
+  EXPECT_EQ(encode_tiles_cuda(tiles.p, 1, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p,
+                              ws_bytes - 1, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(encode_tiles_cuda(nullptr, 1, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes, nullptr),
+  EXPECT_EQ(encode_tiles_cuda(nullptr, 1, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes,
+                              nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(encode_tiles_cuda(tiles.p, 0, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes, nullptr),
+  EXPECT_EQ(encode_tiles_cuda(tiles.p, 0, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes,
+                              nullptr),
             cudaSuccess);
   EXL3_CUDA_OK(cudaDeviceSynchronize());
   EXL3_CUDA_OK(cudaGetLastError());
@@ -235,7 +259,8 @@ TEST(CudaViterbi, ThroughputReport) {
     EXPECT_GT(tps, 0.0);
     std::printf("[ viterbi ] K=%d mcg: %.0f tiles/s (%d tiles, %lld resident)\n", K, tps, n,
                 static_cast<long long>(resident));
-    RecordProperty("tiles_per_second_K" + std::to_string(K), std::to_string(static_cast<int64_t>(tps)));
+    RecordProperty("tiles_per_second_K" + std::to_string(K),
+                   std::to_string(static_cast<int64_t>(tps)));
   }
 }
 

@@ -20,8 +20,9 @@ class DenseLinearCuda {
  public:
   // weight: host [out, in] in `wtype` (f16/bf16/f32); bias: host fp32 [out] or null. Throws
   // exl3::Error naming `name` on CUDA/cuBLAS failures.
-  DenseLinearCuda(std::string name, const void* weight, DType wtype, int64_t in_features, int64_t out_features,
-                  const float* bias, int64_t max_m, bool fp32_weights = false);
+  DenseLinearCuda(std::string name, const void* weight, DType wtype, int64_t in_features,
+                  int64_t out_features, const float* bias, int64_t max_m,
+                  bool fp32_weights = false);
   ~DenseLinearCuda();
   DenseLinearCuda(const DenseLinearCuda&) = delete;
   DenseLinearCuda& operator=(const DenseLinearCuda&) = delete;

@@ -9,7 +9,8 @@
 //             3INST/MCG weights as their unrounded two-half sum (<= 2^-11 relative per weight
 //             from the fp16-rounded W_hat; MUL1 exact). Rows are batch-invariant bit for bit
 //             for every m on this path.
-//   kMma    : gemv_max_m < m <= mma_max_m. Prologue (suh, input rotation, per-row power-of-two range guard ->
+//   kMma    : gemv_max_m < m <= mma_max_m. Prologue (suh, input rotation, per-row power-of-two
+//   range guard ->
 //             fp16 x'), a tensor-core kernel that decodes each 16x16 trellis tile straight into
 //             mma.m16n8k16 B fragments once for up to 64 rows, split-K partials in fp32, then an
 //             epilogue that sums the partials in a fixed order, rotates, scales and adds bias.
@@ -42,10 +43,10 @@ enum class DType : uint8_t { kF16, kBF16, kF32 };
 enum class LinearPath : uint8_t { kGemv, kMma, kCublas };
 
 struct LinearOptions {
-  int64_t max_m = 4096;      // largest batch the workspace is sized for
-  int64_t gemv_max_m = 16;   // m up to this uses the swap-AB GEMV (0 = never)
-  int64_t mma_max_m = 128;   // m above this uses the cuBLAS path (crossover measured on H200)
-  int split_k = 0;           // 0 = planned from (k, n) and the SM count
+  int64_t max_m = 4096;     // largest batch the workspace is sized for
+  int64_t gemv_max_m = 16;  // m up to this uses the swap-AB GEMV (0 = never)
+  int64_t mma_max_m = 128;  // m above this uses the cuBLAS path (crossover measured on H200)
+  int split_k = 0;          // 0 = planned from (k, n) and the SM count
 };
 
 // "gemv" | "mma" | "cublas".
@@ -61,9 +62,9 @@ class Exl3LinearCuda {
   Exl3LinearCuda(const Exl3LinearData& data, const LinearOptions& opts = {});
   // Raw form (host pointers; trellis int16 bits [in/16, out/16, 16K], suh/svh fp16 bits, bias
   // fp32 or null). `name` labels errors.
-  Exl3LinearCuda(const char* name, const uint16_t* trellis, int64_t in_features, int64_t out_features, int K,
-                 trellis::Codebook cb, const uint16_t* suh, const uint16_t* svh, const float* bias,
-                 const LinearOptions& opts = {});
+  Exl3LinearCuda(const char* name, const uint16_t* trellis, int64_t in_features,
+                 int64_t out_features, int K, trellis::Codebook cb, const uint16_t* suh,
+                 const uint16_t* svh, const float* bias, const LinearOptions& opts = {});
   ~Exl3LinearCuda();
   Exl3LinearCuda(const Exl3LinearCuda&) = delete;
   Exl3LinearCuda& operator=(const Exl3LinearCuda&) = delete;
@@ -72,7 +73,7 @@ class Exl3LinearCuda {
   int64_t out_features() const { return out_; }
   int bits() const { return K_; }
   trellis::Codebook codebook() const { return cb_; }
-  int split_k() const { return split_k_; }        // tensor-core path
+  int split_k() const { return split_k_; }  // tensor-core path
   int gemv_split_k() const { return gemv_split_k_; }
   // Split-K slices run() uses at this m (1 on the cuBLAS path).
   int splits_for(int64_t m) const;

@@ -12,15 +12,24 @@ namespace exl3::trellis {
 template <typename R, typename F>
 R with_bits(int K, R invalid, F&& f) {
   switch (K) {
-    case 1: return std::forward<F>(f)(std::integral_constant<int, 1>{});
-    case 2: return std::forward<F>(f)(std::integral_constant<int, 2>{});
-    case 3: return std::forward<F>(f)(std::integral_constant<int, 3>{});
-    case 4: return std::forward<F>(f)(std::integral_constant<int, 4>{});
-    case 5: return std::forward<F>(f)(std::integral_constant<int, 5>{});
-    case 6: return std::forward<F>(f)(std::integral_constant<int, 6>{});
-    case 7: return std::forward<F>(f)(std::integral_constant<int, 7>{});
-    case 8: return std::forward<F>(f)(std::integral_constant<int, 8>{});
-    default: return invalid;
+    case 1:
+      return std::forward<F>(f)(std::integral_constant<int, 1>{});
+    case 2:
+      return std::forward<F>(f)(std::integral_constant<int, 2>{});
+    case 3:
+      return std::forward<F>(f)(std::integral_constant<int, 3>{});
+    case 4:
+      return std::forward<F>(f)(std::integral_constant<int, 4>{});
+    case 5:
+      return std::forward<F>(f)(std::integral_constant<int, 5>{});
+    case 6:
+      return std::forward<F>(f)(std::integral_constant<int, 6>{});
+    case 7:
+      return std::forward<F>(f)(std::integral_constant<int, 7>{});
+    case 8:
+      return std::forward<F>(f)(std::integral_constant<int, 8>{});
+    default:
+      return invalid;
   }
 }
 
