@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/cuda/bench_timer.hpp"
+#include "exl3/cuda/check.hpp"
 #include "exl3/cuda/hadamard.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/format/safetensors.hpp"
@@ -30,13 +31,6 @@
 namespace tr = exl3::trellis;
 
 namespace {
-
-#define CK(expr)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (expr);                                                          \
-    if (e_ != cudaSuccess)                                                            \
-      throw std::runtime_error(fmt::format("{}: {}", #expr, cudaGetErrorString(e_))); \
-  } while (0)
 
 std::vector<int64_t> parse_list(const std::string& s) {
   std::vector<int64_t> v;
@@ -52,7 +46,7 @@ std::vector<int64_t> parse_list(const std::string& s) {
 
 void* dalloc(size_t bytes) {
   void* p = nullptr;
-  CK(cudaMalloc(&p, bytes));
+  EXL3_CUDA_CHECK(cudaMalloc(&p, bytes));
   return p;
 }
 
@@ -60,7 +54,7 @@ void fill_random(void* d, size_t bytes, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<uint64_t> h((bytes + 7) / 8);
   for (auto& v : h) v = rng();
-  CK(cudaMemcpy(d, h.data(), bytes, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(cudaMemcpy(d, h.data(), bytes, cudaMemcpyHostToDevice));
 }
 
 void fill_normal_16(void* d, size_t count, bool bf16, uint64_t seed, float scale = 1.0f) {
@@ -69,7 +63,7 @@ void fill_normal_16(void* d, size_t count, bool bf16, uint64_t seed, float scale
   std::vector<uint16_t> h(count);
   for (auto& v : h)
     v = bf16 ? tr::float_to_bf16(scale * nd(rng)) : tr::float_to_half(scale * nd(rng));
-  CK(cudaMemcpy(d, h.data(), count * 2, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(cudaMemcpy(d, h.data(), count * 2, cudaMemcpyHostToDevice));
 }
 
 }  // namespace
@@ -106,7 +100,7 @@ int main(int argc, char** argv) {
 
   try {
     cudaDeviceProp prop{};
-    CK(cudaGetDeviceProperties(&prop, 0));
+    EXL3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     exl3::cuda::GpuTimer tm;
     const double copy_gbs = tm.copy_bandwidth_gbs();
     fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name,
@@ -135,8 +129,9 @@ int main(int argc, char** argv) {
       const char* names[] = {"f16", "bf16", "f32"};
       for (const auto& [ti, to] : pairs) {
         const double us = tm.median_us(reps, [&](int) {
-          CK(exl3::cuda::hadamard128_rows(hx, ti, hy, to, hr, hc, static_cast<const uint16_t*>(hs),
-                                          static_cast<const uint16_t*>(hs), tm.stream()));
+          EXL3_CUDA_CHECK(
+              exl3::cuda::hadamard128_rows(hx, ti, hy, to, hr, hc, static_cast<const uint16_t*>(hs),
+                                           static_cast<const uint16_t*>(hs), tm.stream()));
         });
         const double bytes =
             static_cast<double>(hr * hc) *
@@ -154,18 +149,17 @@ int main(int argc, char** argv) {
                                    {"gbs", gbs},
                                    {"pct_copy", 100.0 * gbs / copy_gbs}});
       }
-      CK(cudaFree(hx));
-      CK(cudaFree(hy));
-      CK(cudaFree(hs));
+      EXL3_CUDA_CHECK(cudaFree(hx));
+      EXL3_CUDA_CHECK(cudaFree(hy));
+      EXL3_CUDA_CHECK(cudaFree(hs));
     }
     if (had_only) {
       if (!json_path.empty()) exl3::write_file_atomic(json_path, out.dump(2) + "\n");
       return 0;
     }
     cublasHandle_t cublas;
-    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS)
-      throw std::runtime_error("cublasCreate failed");
-    cublasSetStream(cublas, tm.stream());
+    EXL3_CUDA_CHECK(cublasCreate(&cublas));
+    EXL3_CUDA_CHECK(cublasSetStream(cublas, tm.stream()));
     const auto ms = parse_list(m_s);
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
 
@@ -200,13 +194,14 @@ int main(int argc, char** argv) {
       for (int64_t m : ms) {
         const float alpha = 1.0f, beta = 0.0f;
         cublas_us[m] = tm.median_us(reps, [&](int r) {
-          cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                       static_cast<int>(k), &alpha, wb[r % nb_bf16], CUDA_R_16BF,
-                       static_cast<int>(n), xb, CUDA_R_16BF, static_cast<int>(k), &beta, yb,
-                       CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          EXL3_CUDA_CHECK(cublasGemmEx(
+              cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+              static_cast<int>(k), &alpha, wb[r % nb_bf16], CUDA_R_16BF, static_cast<int>(n), xb,
+              CUDA_R_16BF, static_cast<int>(k), &beta, yb, CUDA_R_16BF, static_cast<int>(n),
+              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         });
       }
-      for (auto* p : wb) CK(cudaFree(p));
+      for (auto* p : wb) EXL3_CUDA_CHECK(cudaFree(p));
 
       for (int64_t K : parse_list(bits_s)) {
         const size_t tbytes = static_cast<size_t>(k / 16 * (n / 16) * 16 * K) * 2;
@@ -234,16 +229,16 @@ int main(int argc, char** argv) {
           std::vector<cudaGraphExec_t> graphs(nb);
           for (int i = 0; i < nb; ++i) {
             cudaGraph_t g;
-            CK(cudaStreamBeginCapture(tm.stream(), cudaStreamCaptureModeThreadLocal));
-            CK(layers[i]->run(xh, exl3::cuda::DType::kF16, yb, exl3::cuda::DType::kF16, m, ws,
-                              ws_bytes, tm.stream()));
-            CK(cudaStreamEndCapture(tm.stream(), &g));
-            CK(cudaGraphInstantiate(&graphs[i], g, 0));
-            CK(cudaGraphDestroy(g));
+            EXL3_CUDA_CHECK(cudaStreamBeginCapture(tm.stream(), cudaStreamCaptureModeThreadLocal));
+            EXL3_CUDA_CHECK(layers[i]->run(xh, exl3::cuda::DType::kF16, yb, exl3::cuda::DType::kF16,
+                                           m, ws, ws_bytes, tm.stream()));
+            EXL3_CUDA_CHECK(cudaStreamEndCapture(tm.stream(), &g));
+            EXL3_CUDA_CHECK(cudaGraphInstantiate(&graphs[i], g, 0));
+            EXL3_CUDA_CHECK(cudaGraphDestroy(g));
           }
-          const double us =
-              tm.median_us(reps, [&](int r) { CK(cudaGraphLaunch(graphs[r % nb], tm.stream())); });
-          for (auto g : graphs) CK(cudaGraphExecDestroy(g));
+          const double us = tm.median_us(
+              reps, [&](int r) { EXL3_CUDA_CHECK(cudaGraphLaunch(graphs[r % nb], tm.stream())); });
+          for (auto g : graphs) EXL3_CUDA_CHECK(cudaGraphExecDestroy(g));
           const double bytes =
               static_cast<double>(tbytes) + 2.0 * (k + n) + 2.0 * m * k + 2.0 * m * n;
           const double gbs = bytes / (us * 1e-6) / 1e9;
@@ -268,11 +263,11 @@ int main(int argc, char** argv) {
                                   {"split_k", splits},
                                   {"weight_sets", nb}});
         }
-        CK(cudaFree(ws));
+        EXL3_CUDA_CHECK(cudaFree(ws));
       }
-      CK(cudaFree(xb));
-      CK(cudaFree(xh));
-      CK(cudaFree(yb));
+      EXL3_CUDA_CHECK(cudaFree(xb));
+      EXL3_CUDA_CHECK(cudaFree(xh));
+      EXL3_CUDA_CHECK(cudaFree(yb));
     }
     cublasDestroy(cublas);
     if (!json_path.empty()) exl3::write_file_atomic(json_path, out.dump(2) + "\n");

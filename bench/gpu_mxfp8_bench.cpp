@@ -24,18 +24,12 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/cuda/bench_timer.hpp"
+#include "exl3/cuda/check.hpp"
 #include "exl3/cuda/mxfp8.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/trellis/half.hpp"
 
 namespace {
-
-#define CK(expr)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (expr);                                                          \
-    if (e_ != cudaSuccess)                                                            \
-      throw std::runtime_error(fmt::format("{}: {}", #expr, cudaGetErrorString(e_))); \
-  } while (0)
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> v;
@@ -51,7 +45,7 @@ std::vector<std::string> split(const std::string& s) {
 
 void* dalloc(size_t bytes) {
   void* p = nullptr;
-  CK(cudaMalloc(&p, bytes));
+  EXL3_CUDA_CHECK(cudaMalloc(&p, bytes));
   return p;
 }
 
@@ -97,7 +91,7 @@ int main(int argc, char** argv) {
 
   try {
     cudaDeviceProp prop{};
-    CK(cudaGetDeviceProperties(&prop, 0));
+    EXL3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     exl3::cuda::GpuTimer tm;
     const double copy_gbs = tm.copy_bandwidth_gbs();
     fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name,
@@ -113,9 +107,8 @@ int main(int argc, char** argv) {
     for (const auto& t : split(m_s)) ms.push_back(std::stoll(t));
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
     cublasHandle_t cublas;
-    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS)
-      throw std::runtime_error("cublasCreate failed");
-    cublasSetStream(cublas, tm.stream());
+    EXL3_CUDA_CHECK(cublasCreate(&cublas));
+    EXL3_CUDA_CHECK(cublasSetStream(cublas, tm.stream()));
 
     for (const auto& shape : split(shapes_s)) {
       const int64_t k = std::stoll(shape.substr(0, shape.find('x'))),
@@ -131,7 +124,7 @@ int main(int argc, char** argv) {
         for (int i = 0; i < nb16; ++i) {
           for (auto& v : h) v = exl3::trellis::float_to_bf16(nd(rng));
           wb.emplace_back(dalloc(wbytes));
-          CK(cudaMemcpy(wb.back().get(), h.data(), wbytes, cudaMemcpyHostToDevice));
+          EXL3_CUDA_CHECK(cudaMemcpy(wb.back().get(), h.data(), wbytes, cudaMemcpyHostToDevice));
         }
       }
       DevPtr x(dalloc(static_cast<size_t>(max_m * k) * 2)),
@@ -140,20 +133,17 @@ int main(int argc, char** argv) {
         std::normal_distribution<float> nd;
         std::vector<uint16_t> h(static_cast<size_t>(max_m * k));
         for (auto& v : h) v = exl3::trellis::float_to_bf16(nd(rng));
-        CK(cudaMemcpy(x.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+        EXL3_CUDA_CHECK(cudaMemcpy(x.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice));
       }
       std::map<int64_t, double> cublas_us;
       for (int64_t m : ms) {
         const float alpha = 1.0f, beta = 0.0f;
         cublas_us[m] = tm.median_us(reps, [&](int r) {
-          if (cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
-                           static_cast<int>(m), static_cast<int>(k), &alpha,
-                           wb[static_cast<size_t>(r % nb16)].get(), CUDA_R_16BF,
-                           static_cast<int>(k), x.get(), CUDA_R_16BF, static_cast<int>(k), &beta,
-                           y.get(), CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F,
-                           CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
-            throw std::runtime_error("cublasGemmEx failed");
-          }
+          EXL3_CUDA_CHECK(cublasGemmEx(
+              cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+              static_cast<int>(k), &alpha, wb[static_cast<size_t>(r % nb16)].get(), CUDA_R_16BF,
+              static_cast<int>(k), x.get(), CUDA_R_16BF, static_cast<int>(k), &beta, y.get(),
+              CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         });
       }
       wb.clear();
@@ -191,8 +181,8 @@ int main(int argc, char** argv) {
       const auto time_layers =
           [&](const std::vector<std::unique_ptr<exl3::cuda::Mxfp8LinearCuda>>& ls, int64_t m) {
             return tm.median_us(reps, [&](int r) {
-              CK(ls[static_cast<size_t>(r % nb8)]->run(x.get(), y.get(), exl3::cuda::DType::kBF16,
-                                                       m, ws.get(), ws_bytes, tm.stream()));
+              EXL3_CUDA_CHECK(ls[static_cast<size_t>(r % nb8)]->run(
+                  x.get(), y.get(), exl3::cuda::DType::kBF16, m, ws.get(), ws_bytes, tm.stream()));
             });
           };
       fmt::print(

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "exl3/cuda/bench_timer.hpp"
+#include "exl3/cuda/check.hpp"
 #include "exl3/cuda/moe.hpp"
 #include "exl3/moe/weights.hpp"
 #include "exl3/trellis/half.hpp"
@@ -94,10 +95,6 @@ std::vector<int> parse_tiers(const std::string& s, int experts) {
   return bits;
 }
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("moe-bench: {}: {}", what, cudaGetErrorString(e));
-}
-
 // A synthetic layer in host memory: random trellis words (every pattern decodes), random-sign
 // rotation vectors with |v| in [0.5, 1].
 struct HostLayer {
@@ -160,14 +157,15 @@ std::unique_ptr<HostLayer> make_layer(int64_t H, int64_t I, const std::vector<in
 
 void* dalloc(size_t bytes) {
   void* p = nullptr;
-  ck(cudaMalloc(&p, bytes), "cudaMalloc");
+  EXL3_CUDA_CHECK(cudaMalloc(&p, bytes), "moe-bench: cudaMalloc");
   return p;
 }
 
 template <typename T>
 T* upload(const std::vector<T>& v) {
   auto* p = static_cast<T*>(dalloc(v.size() * sizeof(T)));
-  ck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  EXL3_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
+                  "moe-bench: upload");
   return p;
 }
 
@@ -217,7 +215,8 @@ int run_moe_bench(const MoeBenchOptions& o) {
   if (max_m > capacity) fail("--m {} exceeds --capacity {}", max_m, capacity);
 
   cudaDeviceProp prop{};
-  ck(cudaGetDeviceProperties(&prop, 0), "no CUDA device (moe-bench runs on a GPU)");
+  EXL3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0),
+                  "moe-bench: no CUDA device (moe-bench runs on a GPU)");
   cuda::GpuTimer tm;
   const double copy_gbs = tm.copy_bandwidth_gbs();
   fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name,
@@ -259,12 +258,13 @@ int run_moe_bench(const MoeBenchOptions& o) {
   cublasHandle_t cublas = nullptr;
   void *w1 = nullptr, *w2 = nullptr;
   if (o.baseline) {
-    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) fail("moe-bench: cublasCreate failed");
-    cublasSetStream(cublas, tm.stream());
+    EXL3_CUDA_CHECK(cublasCreate(&cublas), "moe-bench");
+    EXL3_CUDA_CHECK(cublasSetStream(cublas, tm.stream()), "moe-bench");
     w1 = dalloc(static_cast<size_t>(E) * H * 2 * I * 2);
     w2 = dalloc(static_cast<size_t>(E) * I * H * 2);
-    ck(cudaMemset(w1, 0x3C, static_cast<size_t>(E) * H * 2 * I * 2), "fill");
-    ck(cudaMemset(w2, 0x3C, static_cast<size_t>(E) * I * H * 2), "fill");
+    EXL3_CUDA_CHECK(cudaMemset(w1, 0x3C, static_cast<size_t>(E) * H * 2 * I * 2),
+                    "moe-bench: fill");
+    EXL3_CUDA_CHECK(cudaMemset(w2, 0x3C, static_cast<size_t>(E) * I * H * 2), "moe-bench: fill");
   }
 
   std::mt19937_64 rng(o.seed + 17);
@@ -294,20 +294,22 @@ int run_moe_bench(const MoeBenchOptions& o) {
     for (int i = 0; i < copies; ++i) {
       for (int s = 0; s < kRouteSets; ++s) {
         cudaGraph_t g;
-        ck(cudaStreamBeginCapture(tm.stream(), cudaStreamCaptureModeThreadLocal), "capture");
-        ck(layers[static_cast<size_t>(i)]->run(x, cuda::DType::kBF16, d_ids[static_cast<size_t>(s)],
-                                               d_w[static_cast<size_t>(s)], out, m, arena,
-                                               arena_bytes, tm.stream()),
-           "MoE run");
-        ck(cudaStreamEndCapture(tm.stream(), &g), "capture");
+        EXL3_CUDA_CHECK(cudaStreamBeginCapture(tm.stream(), cudaStreamCaptureModeThreadLocal),
+                        "moe-bench: capture");
+        EXL3_CUDA_CHECK(layers[static_cast<size_t>(i)]->run(
+                            x, cuda::DType::kBF16, d_ids[static_cast<size_t>(s)],
+                            d_w[static_cast<size_t>(s)], out, m, arena, arena_bytes, tm.stream()),
+                        "moe-bench: MoE run");
+        EXL3_CUDA_CHECK(cudaStreamEndCapture(tm.stream(), &g), "moe-bench: capture");
         cudaGraphExec_t ge;
-        ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-        ck(cudaGraphDestroy(g), "graph");
+        EXL3_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0), "moe-bench: instantiate");
+        EXL3_CUDA_CHECK(cudaGraphDestroy(g), "moe-bench: graph");
         graphs.push_back(ge);
       }
     }
     const double us = tm.median_us(o.reps, [&](int r) {
-      ck(cudaGraphLaunch(graphs[static_cast<size_t>(r) % graphs.size()], tm.stream()), "replay");
+      EXL3_CUDA_CHECK(cudaGraphLaunch(graphs[static_cast<size_t>(r) % graphs.size()], tm.stream()),
+                      "moe-bench: replay");
     });
     for (auto g : graphs) cudaGraphExecDestroy(g);
     const double gbs = touched / (us * 1e-6) / 1e9;
@@ -320,8 +322,8 @@ int run_moe_bench(const MoeBenchOptions& o) {
       void* xg = dalloc(static_cast<size_t>(R * H) * 2);
       void* c1 = dalloc(static_cast<size_t>(R * 2 * I) * 2);
       void* c2 = dalloc(static_cast<size_t>(R * H) * 2);
-      ck(cudaMemset(xg, 0x3C, static_cast<size_t>(R * H) * 2), "fill");
-      ck(cudaMemset(c1, 0x3C, static_cast<size_t>(R * 2 * I) * 2), "fill");
+      EXL3_CUDA_CHECK(cudaMemset(xg, 0x3C, static_cast<size_t>(R * H) * 2), "moe-bench: fill");
+      EXL3_CUDA_CHECK(cudaMemset(c1, 0x3C, static_cast<size_t>(R * 2 * I) * 2), "moe-bench: fill");
       struct Grouped {
         std::vector<int> m1, n, k1, lda1, ldb1, ldc1, m2, k2, lda2, ldb2, ldc2;
         std::vector<void*> a1, b1, a2, b2;
@@ -369,18 +371,18 @@ int run_moe_bench(const MoeBenchOptions& o) {
       auto gemms = [&](int s) {
         auto& G = gs[static_cast<size_t>(s)];
         const int groups = static_cast<int>(G.n.size());
-        cublasStatus_t st = cublasGemmGroupedBatchedEx(
-            cublas, ops.data(), ops.data(), G.m1.data(), G.n.data(), G.k1.data(), one.data(),
-            G.d_a1, CUDA_R_16BF, G.lda1.data(), G.d_b1, CUDA_R_16BF, G.ldb1.data(), zero.data(),
-            G.d_c1, CUDA_R_16BF, G.ldc1.data(), groups, gsize.data(), CUBLAS_COMPUTE_32F);
-        if (st == CUBLAS_STATUS_SUCCESS) {
-          st = cublasGemmGroupedBatchedEx(
-              cublas, ops.data(), ops.data(), G.m2.data(), G.n.data(), G.k2.data(), one.data(),
-              G.d_a2, CUDA_R_16BF, G.lda2.data(), G.d_b2, CUDA_R_16BF, G.ldb2.data(), zero.data(),
-              G.d_c2, CUDA_R_16BF, G.ldc2.data(), groups, gsize.data(), CUBLAS_COMPUTE_32F);
-        }
-        if (st != CUBLAS_STATUS_SUCCESS)
-          fail("moe-bench: cublasGemmGroupedBatchedEx failed ({})", static_cast<int>(st));
+        EXL3_CUDA_CHECK(
+            cublasGemmGroupedBatchedEx(
+                cublas, ops.data(), ops.data(), G.m1.data(), G.n.data(), G.k1.data(), one.data(),
+                G.d_a1, CUDA_R_16BF, G.lda1.data(), G.d_b1, CUDA_R_16BF, G.ldb1.data(), zero.data(),
+                G.d_c1, CUDA_R_16BF, G.ldc1.data(), groups, gsize.data(), CUBLAS_COMPUTE_32F),
+            "moe-bench: BF16 baseline FC1");
+        EXL3_CUDA_CHECK(
+            cublasGemmGroupedBatchedEx(
+                cublas, ops.data(), ops.data(), G.m2.data(), G.n.data(), G.k2.data(), one.data(),
+                G.d_a2, CUDA_R_16BF, G.lda2.data(), G.d_b2, CUDA_R_16BF, G.ldb2.data(), zero.data(),
+                G.d_c2, CUDA_R_16BF, G.ldc2.data(), groups, gsize.data(), CUBLAS_COMPUTE_32F),
+            "moe-bench: BF16 baseline FC2");
       };
       base_us = tm.median_us(o.reps, [&](int r) { gemms(r % kRouteSets); });
       for (auto& G : gs) {

@@ -7,6 +7,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "exl3/cuda/check.hpp"
 #include "exl3/cuda/model_ops.hpp"
 #include "exl3/error.hpp"
 #include "exl3/trellis/half.hpp"
@@ -48,21 +49,21 @@ DenseLinearCuda::DenseLinearCuda(std::string name, const void* weight, DType wty
     wtype_ = DType::kF32;
   }
   const size_t bytes = n * dtype_size(wtype_);
-  if (cudaMalloc(&d_w_, bytes) != cudaSuccess ||
-      cudaMemcpy(d_w_, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-    fail("CUDA dense linear '{}': uploading {} bytes of weights failed: {}", name_, bytes,
-         cudaGetErrorString(cudaGetLastError()));
-  }
+  const auto where = [&](const char* what) {
+    return fmt::format("CUDA dense linear '{}': {} ({} bytes of weights)", name_, what, bytes);
+  };
+  EXL3_CUDA_CHECK(cudaMalloc(&d_w_, bytes), where("allocating the weights"));
+  EXL3_CUDA_CHECK(cudaMemcpy(d_w_, src, bytes, cudaMemcpyHostToDevice),
+                  where("uploading the weights"));
   if (bias != nullptr) {
-    if (cudaMalloc(&d_bias_, static_cast<size_t>(out_) * 4) != cudaSuccess ||
-        cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice) !=
-            cudaSuccess) {
-      fail("CUDA dense linear '{}': uploading the bias failed", name_);
-    }
+    EXL3_CUDA_CHECK(cudaMalloc(&d_bias_, static_cast<size_t>(out_) * 4),
+                    where("allocating the bias"));
+    EXL3_CUDA_CHECK(
+        cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice),
+        where("uploading the bias"));
   }
   cublasHandle_t h = nullptr;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
-    fail("CUDA dense linear '{}': cublasCreate failed", name_);
+  EXL3_CUDA_CHECK(cublasCreate(&h), where("creating the cuBLAS handle"));
   cublas_ = h;
 }
 

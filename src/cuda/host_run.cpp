@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/check.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/cuda/reconstruct.hpp"
 #include "exl3/error.hpp"
@@ -21,14 +22,9 @@ using DevicePtr = std::unique_ptr<void, DeviceFree>;
 
 DevicePtr device_alloc(size_t bytes, const char* what) {
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
-  if (e != cudaSuccess)
-    fail("CUDA: allocating {} ({} bytes): {}", what, bytes, cudaGetErrorString(e));
+  EXL3_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes),
+                  fmt::format("CUDA: allocating {} ({} bytes)", what, bytes));
   return DevicePtr(p);
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("CUDA: {}: {}", what, cudaGetErrorString(e));
 }
 
 }  // namespace
@@ -36,7 +32,7 @@ void check(cudaError_t e, const char* what) {
 std::string device_name() {
   if (device_count() == 0) fail("no CUDA device found; run with --device cpu");
   cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "reading device properties");
+  EXL3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0), "CUDA: reading device properties");
   return prop.name;
 }
 
@@ -51,12 +47,14 @@ std::vector<float> linear_forward_host(const Exl3LinearCuda& layer, const float*
   auto dx = device_alloc(xin * 4, "input");
   auto dy = device_alloc(yout * 4, "output");
   auto ws = device_alloc(ws_bytes, "workspace");
-  check(cudaMemcpy(dx.get(), x, xin * 4, cudaMemcpyHostToDevice), "copying input");
-  check(layer.run(dx.get(), DType::kF32, dy.get(), DType::kF32, m, ws.get(), ws_bytes, nullptr),
-        "running linear");
-  check(cudaDeviceSynchronize(), "running linear");
+  EXL3_CUDA_CHECK(cudaMemcpy(dx.get(), x, xin * 4, cudaMemcpyHostToDevice), "CUDA: copying input");
+  EXL3_CUDA_CHECK(
+      layer.run(dx.get(), DType::kF32, dy.get(), DType::kF32, m, ws.get(), ws_bytes, nullptr),
+      "CUDA: running linear");
+  EXL3_CUDA_CHECK(cudaDeviceSynchronize(), "CUDA: running linear");
   std::vector<float> y(yout);
-  check(cudaMemcpy(y.data(), dy.get(), yout * 4, cudaMemcpyDeviceToHost), "copying output");
+  EXL3_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), yout * 4, cudaMemcpyDeviceToHost),
+                  "CUDA: copying output");
   return y;
 }
 

@@ -9,6 +9,7 @@
 #include <cublas_v2.h>
 
 #include "cuda/kernels.hpp"
+#include "exl3/cuda/check.hpp"
 #include "exl3/cuda/reconstruct.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -24,10 +25,6 @@ constexpr size_t kCublasWorkspace = 32u << 20;  // cuBLAS's recommended workspac
 
 size_t align_up(size_t v) {
   return (v + kAlign - 1) / kAlign * kAlign;
-}
-
-void check(cudaError_t e, const std::string& what, const char* layer) {
-  if (e != cudaSuccess) fail("CUDA linear '{}': {}: {}", layer, what, cudaGetErrorString(e));
 }
 
 // Sub-buffers of the caller's workspace for one run.
@@ -168,29 +165,31 @@ void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint1
     fail("CUDA linear '{}': split_k {} exceeds the {} k-tiles", name, split_k_, in_ / 16);
 
   const size_t tbytes = static_cast<size_t>(in_ / 16 * (out_ / 16) * 16 * K_) * 2;
-  check(cudaMalloc(reinterpret_cast<void**>(&d_trellis_), tbytes), "allocating trellis", name);
-  check(cudaMalloc(reinterpret_cast<void**>(&d_suh_), static_cast<size_t>(in_) * 2),
-        "allocating suh", name);
-  check(cudaMalloc(reinterpret_cast<void**>(&d_svh_), static_cast<size_t>(out_) * 2),
-        "allocating svh", name);
-  check(cudaMemcpy(d_trellis_, trellis, tbytes, cudaMemcpyHostToDevice), "uploading trellis", name);
-  check(cudaMemcpy(d_suh_, suh, static_cast<size_t>(in_) * 2, cudaMemcpyHostToDevice),
-        "uploading suh", name);
-  check(cudaMemcpy(d_svh_, svh, static_cast<size_t>(out_) * 2, cudaMemcpyHostToDevice),
-        "uploading svh", name);
+  EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_trellis_), tbytes),
+                  fmt::format("CUDA linear '{}': allocating trellis", name));
+  EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_suh_), static_cast<size_t>(in_) * 2),
+                  fmt::format("CUDA linear '{}': allocating suh", name));
+  EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_svh_), static_cast<size_t>(out_) * 2),
+                  fmt::format("CUDA linear '{}': allocating svh", name));
+  EXL3_CUDA_CHECK(cudaMemcpy(d_trellis_, trellis, tbytes, cudaMemcpyHostToDevice),
+                  fmt::format("CUDA linear '{}': uploading trellis", name));
+  EXL3_CUDA_CHECK(cudaMemcpy(d_suh_, suh, static_cast<size_t>(in_) * 2, cudaMemcpyHostToDevice),
+                  fmt::format("CUDA linear '{}': uploading suh", name));
+  EXL3_CUDA_CHECK(cudaMemcpy(d_svh_, svh, static_cast<size_t>(out_) * 2, cudaMemcpyHostToDevice),
+                  fmt::format("CUDA linear '{}': uploading svh", name));
   if (bias != nullptr) {
-    check(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4),
-          "allocating bias", name);
-    check(cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice),
-          "uploading bias", name);
+    EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4),
+                    fmt::format("CUDA linear '{}': allocating bias", name));
+    EXL3_CUDA_CHECK(
+        cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice),
+        fmt::format("CUDA linear '{}': uploading bias", name));
   }
   if (opts_.max_m > opts_.mma_max_m) {
     cublasHandle_t h = nullptr;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
-      fail("CUDA linear '{}': cublasCreate failed", name);
+    EXL3_CUDA_CHECK(cublasCreate(&h), fmt::format("CUDA linear '{}'", name));
     cublas_ = h;
-    check(detail::reconstruct_folded_prepare(K_, cb_), "preparing the folded reconstruct kernel",
-          name);
+    EXL3_CUDA_CHECK(detail::reconstruct_folded_prepare(K_, cb_),
+                    fmt::format("CUDA linear '{}': preparing the folded reconstruct kernel", name));
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include "cuda/env_option.hpp"
 #include "cuda/moe_kernels.hpp"
+#include "exl3/cuda/check.hpp"
 #include "exl3/error.hpp"
 #include "exl3/moe/weights.hpp"
 #include "exl3/trellis/bitstream.hpp"
@@ -22,10 +23,6 @@ constexpr int kPrefillGroup = 32;  // slots per prefill group (the GEMV's 4 x 8-
 
 size_t align_up(size_t v) {
   return (v + kAlign - 1) / kAlign * kAlign;
-}
-
-void check(cudaError_t e, const std::string& what) {
-  if (e != cudaSuccess) fail("CUDA MoE: {}: {}", what, cudaGetErrorString(e));
 }
 
 // Split-K so that about 8 blocks (32 warps) per SM are launched: each warp's k-chain is a serial
@@ -172,8 +169,9 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
   }
 
   int dev = 0, sms = 132;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "querying SMs");
+  EXL3_CUDA_CHECK(cudaGetDevice(&dev), "CUDA MoE: cudaGetDevice");
+  EXL3_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                  "CUDA MoE: querying SMs");
   sms_ = sms;
   split1_ = plan_splits(2 * (I_ / 128) * k_, H_ / 16, sms);
   split2_ = plan_splits((H_ / 128) * k_, I_ / 16, sms);
@@ -202,7 +200,7 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
   for (const auto& e : w.experts) {
     for (const auto* p : {&e.gate, &e.up, &e.down}) slab_bytes += align_up(p->trellis.size() * 2);
   }
-  check(cudaMalloc(&slab_, slab_bytes), "allocating the trellis slab");
+  EXL3_CUDA_CHECK(cudaMalloc(&slab_, slab_bytes), "CUDA MoE: allocating the trellis slab");
   std::vector<const void*> ptrs(3 * static_cast<size_t>(E_));
   std::vector<int8_t> bits(3 * static_cast<size_t>(E_));
   size_t off = 0;
@@ -218,16 +216,18 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
              moe::proj_name(moe::kProjs[p]), pw.in_features, pw.out_features, pw.bits, in, out);
       }
       char* dst = static_cast<char*>(slab_) + off;
-      check(cudaMemcpy(dst, pw.trellis.data(), pw.trellis.size() * 2, cudaMemcpyHostToDevice),
-            "uploading trellis");
+      EXL3_CUDA_CHECK(
+          cudaMemcpy(dst, pw.trellis.data(), pw.trellis.size() * 2, cudaMemcpyHostToDevice),
+          "CUDA MoE: uploading trellis");
       ptrs[static_cast<size_t>(p) * E_ + e] = dst;
       bits[static_cast<size_t>(p) * E_ + e] = static_cast<int8_t>(pw.bits);
       off += align_up(pw.trellis.size() * 2);
     }
   }
   auto upload = [&](void** dst, const void* src, size_t bytes, const char* what) {
-    check(cudaMalloc(dst, bytes), std::string("allocating ") + what);
-    check(cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice), std::string("uploading ") + what);
+    EXL3_CUDA_CHECK(cudaMalloc(dst, bytes), "CUDA MoE: " + std::string("allocating ") + what);
+    EXL3_CUDA_CHECK(cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice),
+                    "CUDA MoE: " + std::string("uploading ") + what);
     device_bytes_ += bytes;
   };
   device_bytes_ = slab_bytes;

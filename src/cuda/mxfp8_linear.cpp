@@ -11,6 +11,7 @@
 #include "cuda/env_option.hpp"
 #include "cuda/mxfp8_kernels.hpp"
 #include "cuda/mxfp8_tiles.hpp"
+#include "exl3/cuda/check.hpp"
 #include "exl3/cuda/reconstruct.hpp"
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
@@ -24,10 +25,6 @@ constexpr size_t kCublasWorkspace = 32u << 20;
 
 size_t align_up(size_t v) {
   return (v + kAlign - 1) / kAlign * kAlign;
-}
-
-void check(cudaError_t e, const std::string& what, const std::string& layer) {
-  if (e != cudaSuccess) fail("CUDA MXFP8 linear '{}': {}: {}", layer, what, cudaGetErrorString(e));
 }
 
 int sm_count() {
@@ -152,22 +149,24 @@ void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_
     mxfp8::check_planes(fmt::format("CUDA MXFP8 linear '{}'", name), values, scales, out_, in_);
   std::vector<uint8_t> tv, ts;
   tile_planes(values, scales, in_, out_, tv, ts);
-  check(cudaMalloc(reinterpret_cast<void**>(&d_values_), tv.size()), "allocating values", name);
-  check(cudaMalloc(reinterpret_cast<void**>(&d_scales_), ts.size()), "allocating scales", name);
-  check(cudaMemcpy(d_values_, tv.data(), tv.size(), cudaMemcpyHostToDevice), "uploading values",
-        name);
-  check(cudaMemcpy(d_scales_, ts.data(), ts.size(), cudaMemcpyHostToDevice), "uploading scales",
-        name);
+  EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_values_), tv.size()),
+                  fmt::format("CUDA MXFP8 linear '{}': allocating values", name));
+  EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_scales_), ts.size()),
+                  fmt::format("CUDA MXFP8 linear '{}': allocating scales", name));
+  EXL3_CUDA_CHECK(cudaMemcpy(d_values_, tv.data(), tv.size(), cudaMemcpyHostToDevice),
+                  fmt::format("CUDA MXFP8 linear '{}': uploading values", name));
+  EXL3_CUDA_CHECK(cudaMemcpy(d_scales_, ts.data(), ts.size(), cudaMemcpyHostToDevice),
+                  fmt::format("CUDA MXFP8 linear '{}': uploading scales", name));
   if (bias != nullptr) {
-    check(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4),
-          "allocating bias", name);
-    check(cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice),
-          "uploading bias", name);
+    EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4),
+                    fmt::format("CUDA MXFP8 linear '{}': allocating bias", name));
+    EXL3_CUDA_CHECK(
+        cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice),
+        fmt::format("CUDA MXFP8 linear '{}': uploading bias", name));
   }
   if (opts_.max_m > opts_.gemv_max_m) {
     cublasHandle_t h = nullptr;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
-      fail("CUDA MXFP8 linear '{}': cublasCreate failed", name);
+    EXL3_CUDA_CHECK(cublasCreate(&h), fmt::format("CUDA MXFP8 linear '{}'", name));
     cublas_ = h;
   }
 }
@@ -263,22 +262,22 @@ std::vector<float> mxfp8_forward_host(const Mxfp8LinearCuda& layer, const float*
   };
   auto alloc = [](size_t bytes, const char* what) {
     void* p = nullptr;
-    check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), std::string("allocating ") + what,
-          "host wrapper");
+    EXL3_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes),
+                    "CUDA MXFP8 linear (host wrapper): " + std::string("allocating ") + what);
     return std::unique_ptr<void, Free>(p);
   };
   const size_t ws_bytes = layer.workspace_bytes(m);
   auto dx = alloc(xin * 2, "input");
   auto dy = alloc(yout * 4, "output");
   auto ws = alloc(ws_bytes, "workspace");
-  check(cudaMemcpy(dx.get(), xb.data(), xin * 2, cudaMemcpyHostToDevice), "copying input",
-        "host wrapper");
-  check(layer.run(dx.get(), dy.get(), DType::kF32, m, ws.get(), ws_bytes, nullptr), "running",
-        "host wrapper");
-  check(cudaDeviceSynchronize(), "running", "host wrapper");
+  EXL3_CUDA_CHECK(cudaMemcpy(dx.get(), xb.data(), xin * 2, cudaMemcpyHostToDevice),
+                  "CUDA MXFP8 linear (host wrapper): copying input");
+  EXL3_CUDA_CHECK(layer.run(dx.get(), dy.get(), DType::kF32, m, ws.get(), ws_bytes, nullptr),
+                  "CUDA MXFP8 linear (host wrapper): running");
+  EXL3_CUDA_CHECK(cudaDeviceSynchronize(), "CUDA MXFP8 linear (host wrapper): running");
   std::vector<float> y(yout);
-  check(cudaMemcpy(y.data(), dy.get(), yout * 4, cudaMemcpyDeviceToHost), "copying output",
-        "host wrapper");
+  EXL3_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), yout * 4, cudaMemcpyDeviceToHost),
+                  "CUDA MXFP8 linear (host wrapper): copying output");
   return y;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "exl3/cuda/check.hpp"
 #include "exl3/cuda/viterbi.hpp"
 #include "exl3/error.hpp"
 #include "exl3/trellis/bitstream.hpp"
@@ -18,15 +19,12 @@ namespace tr = exl3::trellis;
 constexpr size_t kMaxScratch = size_t{2} << 30;    // back-pointer scratch cap (2 GiB)
 constexpr int64_t kChunkTiles = int64_t{1} << 16;  // tiles per upload (64 Ki tiles = 16 MiB fp32)
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("CUDA encode_tiles: {}: {}", what, cudaGetErrorString(e));
-}
-
 // Owns one device allocation.
 struct DeviceBuffer {
   void* p = nullptr;
   DeviceBuffer(size_t bytes, const char* what) {
-    check(cudaMalloc(&p, std::max<size_t>(bytes, 1)), what);
+    EXL3_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 1)),
+                    std::string("CUDA encode_tiles: ") + what);
   }
   ~DeviceBuffer() { (void)cudaFree(p); }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -76,26 +74,27 @@ void encode_tiles_cuda_host(const float* tiles, int64_t n, int K, trellis::Codeb
   for (int64_t first = 0; first < n; first += chunk) {
     const int64_t m = std::min(chunk, n - first);
     const size_t elems = static_cast<size_t>(m) * tile_bytes;
-    check(cudaMemcpy(d_tiles.p, tiles + first * tr::kTileSize, elems * sizeof(float),
-                     cudaMemcpyHostToDevice),
-          "uploading tiles");
-    check(encode_tiles_cuda(d_tiles.as<float>(), m, K, cb, d_states.as<uint16_t>(),
-                            decoded != nullptr ? d_decoded.as<float>() : nullptr, d_ws.p, ws_bytes,
-                            nullptr),
-          "launching the encoder");
+    EXL3_CUDA_CHECK(cudaMemcpy(d_tiles.p, tiles + first * tr::kTileSize, elems * sizeof(float),
+                               cudaMemcpyHostToDevice),
+                    "CUDA encode_tiles: uploading tiles");
+    EXL3_CUDA_CHECK(encode_tiles_cuda(d_tiles.as<float>(), m, K, cb, d_states.as<uint16_t>(),
+                                      decoded != nullptr ? d_decoded.as<float>() : nullptr, d_ws.p,
+                                      ws_bytes, nullptr),
+                    "CUDA encode_tiles: launching the encoder");
     uint32_t failures = 0;
-    check(encode_tiles_cuda_failures(d_ws.p, &failures, nullptr), "running the encoder");
+    EXL3_CUDA_CHECK(encode_tiles_cuda_failures(d_ws.p, &failures, nullptr),
+                    "CUDA encode_tiles: running the encoder");
     if (failures != 0) {
       fail("CUDA encode_tiles: internal error, {} of {} traced paths are not tail-biting (K={})",
            failures, m, K);
     }
-    check(cudaMemcpy(states + first * tr::kTileSize, d_states.p, elems * sizeof(uint16_t),
-                     cudaMemcpyDeviceToHost),
-          "downloading states");
+    EXL3_CUDA_CHECK(cudaMemcpy(states + first * tr::kTileSize, d_states.p, elems * sizeof(uint16_t),
+                               cudaMemcpyDeviceToHost),
+                    "CUDA encode_tiles: downloading states");
     if (decoded != nullptr) {
-      check(cudaMemcpy(decoded + first * tr::kTileSize, d_decoded.p, elems * sizeof(float),
-                       cudaMemcpyDeviceToHost),
-            "downloading decoded values");
+      EXL3_CUDA_CHECK(cudaMemcpy(decoded + first * tr::kTileSize, d_decoded.p,
+                                 elems * sizeof(float), cudaMemcpyDeviceToHost),
+                      "CUDA encode_tiles: downloading decoded values");
     }
   }
 }
@@ -113,12 +112,13 @@ double encode_tiles_cuda_tiles_per_second(int K, trellis::Codebook cb, int n) {
   DeviceBuffer d_tiles(host.size() * sizeof(float), "allocating tiles");
   DeviceBuffer d_states(host.size() * sizeof(uint16_t), "allocating states");
   DeviceBuffer d_ws(ws_bytes, "allocating the back-pointer workspace");
-  check(cudaMemcpy(d_tiles.p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
-        "uploading tiles");
+  EXL3_CUDA_CHECK(
+      cudaMemcpy(d_tiles.p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
+      "CUDA encode_tiles: uploading tiles");
 
   cudaEvent_t start = nullptr, stop = nullptr;
-  check(cudaEventCreate(&start), "creating an event");
-  check(cudaEventCreate(&stop), "creating an event");
+  EXL3_CUDA_CHECK(cudaEventCreate(&start), "CUDA encode_tiles: creating an event");
+  EXL3_CUDA_CHECK(cudaEventCreate(&stop), "CUDA encode_tiles: creating an event");
   auto run = [&] {
     return encode_tiles_cuda(d_tiles.as<float>(), n, K, cb, d_states.as<uint16_t>(), nullptr,
                              d_ws.p, ws_bytes, nullptr);
@@ -133,7 +133,7 @@ double encode_tiles_cuda_tiles_per_second(int K, trellis::Codebook cb, int n) {
   if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, start, stop);
   (void)cudaEventDestroy(start);
   (void)cudaEventDestroy(stop);
-  check(e, "timing the encoder");
+  EXL3_CUDA_CHECK(e, "CUDA encode_tiles: timing the encoder");
   return ms > 0.0f ? static_cast<double>(n) / (static_cast<double>(ms) * 1e-3) : 0.0;
 }
 

@@ -1,4 +1,4 @@
-// Device-memory helpers of the CUDA runtime (internal): a checked call, an owning device
+// Device-memory helpers of the CUDA runtime (internal): an owning device
 // buffer, uploads, and the dtype mapping between checkpoint tensors and the CUDA kernels.
 #pragma once
 
@@ -10,26 +10,24 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/check.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
 
 namespace exl3::runtime {
 
-inline void check(cudaError_t e, const std::string& what) {
-  if (e != cudaSuccess) fail("CUDA engine: {}: {}", what, cudaGetErrorString(e));
-}
-
 // One device allocation, freed with the owner.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
-    if (bytes > 0) check(cudaMalloc(&p_, bytes), "allocating " + what);
+    if (bytes > 0) EXL3_CUDA_CHECK(cudaMalloc(&p_, bytes), "allocating " + what);
   }
   DeviceBuffer(const void* host, size_t bytes, const std::string& what)
       : DeviceBuffer(bytes, what) {
-    if (bytes > 0) check(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice), "uploading " + what);
+    if (bytes > 0)
+      EXL3_CUDA_CHECK(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice), "uploading " + what);
   }
   ~DeviceBuffer() { cudaFree(p_); }
   DeviceBuffer(DeviceBuffer&& o) noexcept

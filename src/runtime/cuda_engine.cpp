@@ -138,7 +138,8 @@ class CudaEngine final : public PagedEngine {
     if (opts.max_batch_tokens <= 0)
       fail("engine: max batch tokens {} must be positive", opts.max_batch_tokens);
     cap_ = opts.max_batch_tokens;
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating the stream");
+    EXL3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                    "creating the stream");
     const int64_t pages = (opts.cache_tokens + opts.page_size - 1) / opts.page_size;
     max_seq_tokens_ = pages * opts.page_size;
     if (spec_.max_position_embeddings > 0)
@@ -162,11 +163,11 @@ class CudaEngine final : public PagedEngine {
     }
     allocate_scratch();
     void* pinned = nullptr;
-    check(cudaMallocHost(&pinned, static_cast<size_t>(meta_capacity_) * 4),
-          "allocating pinned memory");
+    EXL3_CUDA_CHECK(cudaMallocHost(&pinned, static_cast<size_t>(meta_capacity_) * 4),
+                    "allocating pinned memory");
     meta_host_ = static_cast<int32_t*>(pinned);
     if (!tp_ || tp_->rank == 0) {  // only rank 0 hands logits out
-      check(cudaMallocHost(&pinned, s_.logits.bytes()), "allocating pinned memory");
+      EXL3_CUDA_CHECK(cudaMallocHost(&pinned, s_.logits.bytes()), "allocating pinned memory");
       logits_host_ = static_cast<float*>(pinned);
     }
   }
@@ -587,9 +588,9 @@ class CudaEngine final : public PagedEngine {
       std::fill_n(pt, max_pages_, 0);
       std::copy(pages.begin(), pages.end(), pt);
     }
-    check(cudaMemcpyAsync(s_.meta.get(), meta_host_, static_cast<size_t>(ml.total()) * 4,
-                          cudaMemcpyHostToDevice, stream_),
-          "uploading the step");
+    EXL3_CUDA_CHECK(cudaMemcpyAsync(s_.meta.get(), meta_host_, static_cast<size_t>(ml.total()) * 4,
+                                    cudaMemcpyHostToDevice, stream_),
+                    "uploading the step");
     if (pure_decode && opts_.cuda_graphs) {
       launch_graph(ml);
     } else {
@@ -599,18 +600,19 @@ class CudaEngine final : public PagedEngine {
         !tp_ || tp_->rank == 0;  // every rank has them; rank 0 hands them out
     if (ml.rows > 0 && returns_logits) {
       const int64_t vs = tp_ ? tp_size() * rank_vocab_ : head_.out();
-      check(cudaMemcpyAsync(logits_host_, s_.logits.get(), static_cast<size_t>(ml.rows * vs) * 4,
-                            cudaMemcpyDeviceToHost, stream_),
-            "reading the logits");
+      EXL3_CUDA_CHECK(
+          cudaMemcpyAsync(logits_host_, s_.logits.get(), static_cast<size_t>(ml.rows * vs) * 4,
+                          cudaMemcpyDeviceToHost, stream_),
+          "reading the logits");
     }
 #if defined(EXL3_HAVE_NCCL)
     if (tp_) {
       tp_->comm->wait(stream_, "running the forward pass");
     } else {
-      check(cudaStreamSynchronize(stream_), "running the forward pass");
+      EXL3_CUDA_CHECK(cudaStreamSynchronize(stream_), "running the forward pass");
     }
 #else
-    check(cudaStreamSynchronize(stream_), "running the forward pass");
+    EXL3_CUDA_CHECK(cudaStreamSynchronize(stream_), "running the forward pass");
 #endif
     // Hand each run's rows to its entry (vocab columns only: the head may be padded). A decode
     // step of 64 sequences returns 64 vocab-wide rows (39 MB for a 152k vocabulary), so the
@@ -647,8 +649,8 @@ class CudaEngine final : public PagedEngine {
     auto it = graphs_.find(ml.n);
     if (it == graphs_.end()) {
       cudaGraph_t graph = nullptr;
-      check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
-            "capturing the decode step");
+      EXL3_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                      "capturing the decode step");
       try {
         forward_kernels(ml);
       } catch (...) {
@@ -656,14 +658,14 @@ class CudaEngine final : public PagedEngine {
         if (graph) cudaGraphDestroy(graph);
         throw;
       }
-      check(cudaStreamEndCapture(stream_, &graph), "capturing the decode step");
+      EXL3_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph), "capturing the decode step");
       cudaGraphExec_t exec = nullptr;
-      const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+      const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
       cudaGraphDestroy(graph);
-      check(e, "instantiating the decode graph");
+      EXL3_CUDA_CHECK(instantiated, "instantiating the decode graph");
       it = graphs_.emplace(ml.n, exec).first;
     }
-    check(cudaGraphLaunch(it->second, stream_), "replaying the decode graph");
+    EXL3_CUDA_CHECK(cudaGraphLaunch(it->second, stream_), "replaying the decode graph");
   }
 
   // Every kernel of one chunk, in stream order (no host sync, no allocation).
@@ -677,19 +679,20 @@ class CudaEngine final : public PagedEngine {
     void* ws = s_.ws.get();
     const size_t wsz = s_.ws.bytes();
     const float eps = static_cast<float>(spec_.rms_norm_eps);
-    check(cuda::embed_rows(embed_.get(), embed_type_, hidden, meta + ml.ids(), n, x, stream_),
-          "embedding");
+    EXL3_CUDA_CHECK(
+        cuda::embed_rows(embed_.get(), embed_type_, hidden, meta + ml.ids(), n, x, stream_),
+        "embedding");
     const float* pending = nullptr;  // the last block's output, added to x by the next norm
     for (size_t li = 0; li < layers_.size(); ++li) {
       const LayerGpu& l = layers_[li];
-      check(cuda::add_rms_norm(x, pending, l.input_norm.get<float>(), nullptr, n, hidden, eps, hbuf,
-                               stream_),
-            "norm");
+      EXL3_CUDA_CHECK(cuda::add_rms_norm(x, pending, l.input_norm.get<float>(), nullptr, n, hidden,
+                                         eps, hbuf, stream_),
+                      "norm");
       attention(l.attn, ml, tm, hbuf, y, ws, wsz);
       all_reduce(y, n * hidden, "attention output");
-      check(cuda::add_rms_norm(x, y, l.post_norm.get<float>(), nullptr, n, hidden, eps, hbuf,
-                               stream_),
-            "norm");
+      EXL3_CUDA_CHECK(cuda::add_rms_norm(x, y, l.post_norm.get<float>(), nullptr, n, hidden, eps,
+                                         hbuf, stream_),
+                      "norm");
       if (const auto* d = std::get_if<DenseMlpGpu>(&l.mlp)) {
         dense_mlp(*d, hbuf, y, n, ws, wsz);
       } else {
@@ -699,9 +702,9 @@ class CudaEngine final : public PagedEngine {
       pending = y;
     }
     if (ml.rows == 0) return;
-    check(cuda::add_rms_norm(x, pending, final_norm_.get<float>(), meta + ml.row_index(), ml.rows,
-                             hidden, eps, hbuf, stream_),
-          "final norm");
+    EXL3_CUDA_CHECK(cuda::add_rms_norm(x, pending, final_norm_.get<float>(), meta + ml.row_index(),
+                                       ml.rows, hidden, eps, hbuf, stream_),
+                    "final norm");
     if (!tp_) {
       head_.run(hbuf, s_.logits.get<float>(), ml.rows, ws, wsz, pads_, stream_);
       return;
@@ -746,19 +749,19 @@ class CudaEngine final : public PagedEngine {
                      static_cast<int32_t>(max_pages_), static_cast<int32_t>(cache_->page_size())};
     const cuda::AttnShape shape{static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
                                 static_cast<int>(s.head_dim), static_cast<int>(s.rope.half())};
-    check(cuda::qk_norm_rope_store(q, k, v, a.q_norm.get<float>(), a.k_norm.get<float>(),
-                                   static_cast<float>(spec_.rms_norm_eps),
-                                   ropes_[static_cast<size_t>(a.rope)].table.get<float>(), tm, n,
-                                   shape, kv, stream_),
-          "rope");
+    EXL3_CUDA_CHECK(cuda::qk_norm_rope_store(q, k, v, a.q_norm.get<float>(), a.k_norm.get<float>(),
+                                             static_cast<float>(spec_.rms_norm_eps),
+                                             ropes_[static_cast<size_t>(a.rope)].table.get<float>(),
+                                             tm, n, shape, kv, stream_),
+                    "rope");
     float* attn = s_.attn.get<float>();
     const auto scale = static_cast<float>(s.scale);
-    check(cuda::attention_decode(q, meta + ml.decode_list(), ml.decode, tm, shape, scale, kv, attn,
-                                 stream_),
-          "attention (decode)");
-    check(cuda::attention_prefill(q, meta + ml.tile_first(), meta + ml.tile_len(), ml.tiles, tm,
-                                  shape, scale, kv, attn, stream_),
-          "attention (prefill)");
+    EXL3_CUDA_CHECK(cuda::attention_decode(q, meta + ml.decode_list(), ml.decode, tm, shape, scale,
+                                           kv, attn, stream_),
+                    "attention (decode)");
+    EXL3_CUDA_CHECK(cuda::attention_prefill(q, meta + ml.tile_first(), meta + ml.tile_len(),
+                                            ml.tiles, tm, shape, scale, kv, attn, stream_),
+                    "attention (prefill)");
     a.o.run(attn, out, n, ws, wsz, pads_, stream_);
   }
 
@@ -768,7 +771,7 @@ class CudaEngine final : public PagedEngine {
     float* u = s_.u.get<float>();
     m.gate.run(h, g, n, ws, wsz, pads_, stream_);
     m.up.run(h, u, n, ws, wsz, pads_, stream_);
-    check(cuda::silu_mul(g, u, n * m.inter, stream_), "SiLU");
+    EXL3_CUDA_CHECK(cuda::silu_mul(g, u, n * m.inter, stream_), "SiLU");
     m.down.run(g, out, n, ws, wsz, pads_, stream_);
   }
 
@@ -777,12 +780,12 @@ class CudaEngine final : public PagedEngine {
     m.router.run(h, logits, n, ws, wsz, pads_, stream_);
     auto* ids = s_.ids.get<int32_t>();
     auto* wts = s_.wts.get<float>();
-    check(cuda::route_topk(logits, n, m.params, ids, wts, stream_), "routing");
-    check(m.layer->run(h, DType::kF32, ids, wts, out, n, ws, wsz, stream_), "MoE layer");
+    EXL3_CUDA_CHECK(cuda::route_topk(logits, n, m.params, ids, wts, stream_), "routing");
+    EXL3_CUDA_CHECK(m.layer->run(h, DType::kF32, ids, wts, out, n, ws, wsz, stream_), "MoE layer");
     if (m.shared) {
       float* so = s_.shared_out.get<float>();
       dense_mlp(*m.shared, h, so, n, ws, wsz);
-      check(cuda::add_inplace(out, so, n * spec_.hidden_size, stream_), "shared experts");
+      EXL3_CUDA_CHECK(cuda::add_inplace(out, so, n * spec_.hidden_size, stream_), "shared experts");
     }
   }
 

@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_engine.hpp"
+#include "exl3/cuda/check.hpp"
 #include "exl3/error.hpp"
 #include "exl3/runtime/nccl_communicator.hpp"
 #include "exl3/runtime/tp_plan.hpp"
@@ -109,16 +110,18 @@ class CollectiveTimer {
  public:
   CollectiveTimer(NcclCommunicator& c, size_t n, size_t gather, size_t ranks)
       : c_(c), n_(n), gather_(gather) {
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
-    check(cudaMalloc(reinterpret_cast<void**>(&data_),
-                     std::max<size_t>({n, gather, 1}) * sizeof(float)),
-          "allocating");
-    check(cudaMalloc(reinterpret_cast<void**>(&gathered_),
-                     std::max<size_t>(gather * ranks, 1) * sizeof(float)),
-          "allocating");
-    check(cudaMemsetAsync(data_, 0, std::max(n, gather) * sizeof(float), stream_), "clearing");
-    check(cudaEventCreate(&start_), "creating an event");
-    check(cudaEventCreate(&stop_), "creating an event");
+    EXL3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                    "timing the collectives: creating a stream");
+    EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_),
+                               std::max<size_t>({n, gather, 1}) * sizeof(float)),
+                    "timing the collectives: allocating");
+    EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&gathered_),
+                               std::max<size_t>(gather * ranks, 1) * sizeof(float)),
+                    "timing the collectives: allocating");
+    EXL3_CUDA_CHECK(cudaMemsetAsync(data_, 0, std::max(n, gather) * sizeof(float), stream_),
+                    "timing the collectives: clearing");
+    EXL3_CUDA_CHECK(cudaEventCreate(&start_), "timing the collectives: creating an event");
+    EXL3_CUDA_CHECK(cudaEventCreate(&stop_), "timing the collectives: creating an event");
   }
   ~CollectiveTimer() {
     if (exec_) cudaGraphExecDestroy(exec_);
@@ -133,7 +136,8 @@ class CollectiveTimer {
 
   double seconds(size_t reduces) {
     cudaGraph_t graph = nullptr;
-    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capturing");
+    EXL3_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                    "timing the collectives: capturing");
     std::string err;
     for (size_t i = 0; i < reduces && err.empty(); ++i)
       err = c_.all_reduce_sum_device(data_, n_, stream_);
@@ -143,26 +147,25 @@ class CollectiveTimer {
       if (graph) cudaGraphDestroy(graph);
       fail("timing the collectives: {}", err);
     }
-    check(end, "capturing");
+    EXL3_CUDA_CHECK(end, "timing the collectives: capturing");
     const cudaError_t inst = cudaGraphInstantiate(&exec_, graph, 0);
     cudaGraphDestroy(graph);
-    check(inst, "instantiating");
+    EXL3_CUDA_CHECK(inst, "timing the collectives: instantiating");
     constexpr int kReps = 20;
-    check(cudaGraphLaunch(exec_, stream_), "warming up");  // NCCL sets up its connections here
+    EXL3_CUDA_CHECK(cudaGraphLaunch(exec_, stream_),
+                    "timing the collectives: warming up");  // NCCL sets up its connections here
     c_.wait(stream_, "timing the collectives");
-    check(cudaEventRecord(start_, stream_), "timing");
-    for (int i = 0; i < kReps; ++i) check(cudaGraphLaunch(exec_, stream_), "timing");
-    check(cudaEventRecord(stop_, stream_), "timing");
+    EXL3_CUDA_CHECK(cudaEventRecord(start_, stream_), "timing the collectives: timing");
+    for (int i = 0; i < kReps; ++i)
+      EXL3_CUDA_CHECK(cudaGraphLaunch(exec_, stream_), "timing the collectives: timing");
+    EXL3_CUDA_CHECK(cudaEventRecord(stop_, stream_), "timing the collectives: timing");
     c_.wait(stream_, "timing the collectives");
     float ms = 0.0f;
-    check(cudaEventElapsedTime(&ms, start_, stop_), "timing");
+    EXL3_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_), "timing the collectives: timing");
     return ms * 1e-3 / kReps;
   }
 
  private:
-  static void check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) fail("timing the collectives: {}: {}", what, cudaGetErrorString(e));
-  }
   NcclCommunicator& c_;
   size_t n_, gather_;
   cudaStream_t stream_ = nullptr;
@@ -190,9 +193,8 @@ class CudaTpEngine final : public Engine {
       threads_->run(
           [&](int r) {
             const auto ur = static_cast<size_t>(r);
-            const cudaError_t e = cudaSetDevice(comms_[ur]->device());
-            if (e != cudaSuccess)
-              fail("tensor parallel: selecting GPU {}: {}", r, cudaGetErrorString(e));
+            EXL3_CUDA_CHECK(cudaSetDevice(comms_[ur]->device()),
+                            fmt::format("tensor parallel: selecting GPU {}", r));
             const CudaRank rank{&plan_, r, comms_[ur].get()};
             ranks_[ur] = make_cuda_engine(ckpt, spec_, opts, &rank);
           },

@@ -164,37 +164,42 @@ void GpuLinear::run(const float* x, float* y, int64_t m, void* ws, size_t ws_siz
                     cudaStream_t stream) const {
   if (mx_) {
     if (m < 1 || m > mx_->options().max_m || ws == nullptr || ws_size < mx_x_bytes_) {
-      check(cudaErrorInvalidValue,
-            fmt::format("{} ({} rows, {} workspace bytes)", name_, m, ws_size));
+      fail(
+          "{} ({} rows, {} workspace bytes): the MXFP8 linear takes 1..{} rows and at least {} "
+          "workspace bytes",
+          name_, m, ws_size, mx_->options().max_m, mx_x_bytes_);
     }
     auto* xb = static_cast<char*>(ws);
-    check(cuda::convert_rows(x, in_, xb, cuda::DType::kBF16, in_, m, in_, stream),
-          name_ + " (BF16 input)");
-    check(mx_->run(xb, y, cuda::DType::kF32, m, xb + mx_x_bytes_, ws_size - mx_x_bytes_, stream),
-          name_);
+    EXL3_CUDA_CHECK(cuda::convert_rows(x, in_, xb, cuda::DType::kBF16, in_, m, in_, stream),
+                    name_ + " (BF16 input)");
+    EXL3_CUDA_CHECK(
+        mx_->run(xb, y, cuda::DType::kF32, m, xb + mx_x_bytes_, ws_size - mx_x_bytes_, stream),
+        name_);
     return;
   }
   if (dense_) {
-    check(dense_->run(x, y, m, ws, ws_size, stream), name_);
+    EXL3_CUDA_CHECK(dense_->run(x, y, m, ws, ws_size, stream), name_);
     return;
   }
   const float* xin = x;
   if (stored_in_ != in_) {  // zero-pad the input columns
-    check(cudaMemsetAsync(pads.in, 0, static_cast<size_t>(m * stored_in_) * 4, stream),
-          name_ + " (pad)");
-    check(cudaMemcpy2DAsync(pads.in, static_cast<size_t>(stored_in_) * 4, x,
-                            static_cast<size_t>(in_) * 4, static_cast<size_t>(in_) * 4,
-                            static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
-          name_ + " (pad)");
+    EXL3_CUDA_CHECK(cudaMemsetAsync(pads.in, 0, static_cast<size_t>(m * stored_in_) * 4, stream),
+                    name_ + " (pad)");
+    EXL3_CUDA_CHECK(cudaMemcpy2DAsync(pads.in, static_cast<size_t>(stored_in_) * 4, x,
+                                      static_cast<size_t>(in_) * 4, static_cast<size_t>(in_) * 4,
+                                      static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
+                    name_ + " (pad)");
     xin = pads.in;
   }
   float* yout = stored_out_ != out_ ? pads.out : y;
-  check(exl3_->run(xin, cuda::DType::kF32, yout, cuda::DType::kF32, m, ws, ws_size, stream), name_);
+  EXL3_CUDA_CHECK(
+      exl3_->run(xin, cuda::DType::kF32, yout, cuda::DType::kF32, m, ws, ws_size, stream), name_);
   if (yout != y) {
-    check(cudaMemcpy2DAsync(y, static_cast<size_t>(out_) * 4, yout + out_offset_,
-                            static_cast<size_t>(stored_out_) * 4, static_cast<size_t>(out_) * 4,
-                            static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
-          name_ + " (trim)");
+    EXL3_CUDA_CHECK(
+        cudaMemcpy2DAsync(y, static_cast<size_t>(out_) * 4, yout + out_offset_,
+                          static_cast<size_t>(stored_out_) * 4, static_cast<size_t>(out_) * 4,
+                          static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
+        name_ + " (trim)");
   }
 }
 

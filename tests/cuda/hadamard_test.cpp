@@ -7,10 +7,10 @@
 
 #include <gtest/gtest.h>
 
-#include "cuda_check.hpp"
 #include "exl3/cuda/hadamard.hpp"
 #include "exl3/trellis/hadamard.hpp"
 #include "exl3/trellis/half.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -84,20 +84,21 @@ TEST(CudaHadamard, RowsMatchFp64AllDtypesAndScales) {
 
             void *dx, *dy;
             uint16_t *dpre, *dpost;
-            EXL3_CUDA_OK(cudaMalloc(&dx, xb.size()));
-            EXL3_CUDA_OK(cudaMalloc(&dy, x.size() * esize(out)));
-            EXL3_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&dpre), pre.size() * 2));
-            EXL3_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&dpost), post.size() * 2));
-            EXL3_CUDA_OK(cudaMemcpy(dx, xb.data(), xb.size(), cudaMemcpyHostToDevice));
-            EXL3_CUDA_OK(cudaMemcpy(dpre, pre.data(), pre.size() * 2, cudaMemcpyHostToDevice));
-            EXL3_CUDA_OK(cudaMemcpy(dpost, post.data(), post.size() * 2, cudaMemcpyHostToDevice));
-            EXL3_CUDA_OK(cudaMemset(dy, 0xFF, x.size() * esize(out)));  // NaN poison
-            EXL3_CUDA_OK(exl3::cuda::hadamard128_rows(dx, in, dy, out, rows, cols,
-                                                      scaled ? dpre : nullptr,
-                                                      scaled ? dpost : nullptr, nullptr));
-            EXL3_CUDA_OK(cudaDeviceSynchronize());
+            EXL3_CUDA_CHECK(cudaMalloc(&dx, xb.size()));
+            EXL3_CUDA_CHECK(cudaMalloc(&dy, x.size() * esize(out)));
+            EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dpre), pre.size() * 2));
+            EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dpost), post.size() * 2));
+            EXL3_CUDA_CHECK(cudaMemcpy(dx, xb.data(), xb.size(), cudaMemcpyHostToDevice));
+            EXL3_CUDA_CHECK(cudaMemcpy(dpre, pre.data(), pre.size() * 2, cudaMemcpyHostToDevice));
+            EXL3_CUDA_CHECK(
+                cudaMemcpy(dpost, post.data(), post.size() * 2, cudaMemcpyHostToDevice));
+            EXL3_CUDA_CHECK(cudaMemset(dy, 0xFF, x.size() * esize(out)));  // NaN poison
+            EXL3_CUDA_CHECK(exl3::cuda::hadamard128_rows(dx, in, dy, out, rows, cols,
+                                                         scaled ? dpre : nullptr,
+                                                         scaled ? dpost : nullptr, nullptr));
+            EXL3_CUDA_CHECK(cudaDeviceSynchronize());
             std::vector<char> yb(x.size() * esize(out));
-            EXL3_CUDA_OK(cudaMemcpy(yb.data(), dy, yb.size(), cudaMemcpyDeviceToHost));
+            EXL3_CUDA_CHECK(cudaMemcpy(yb.data(), dy, yb.size(), cudaMemcpyDeviceToHost));
             double num = 0, den = 0;
             for (size_t i = 0; i < x.size(); ++i) {
               const double d = decode_one(yb.data() + i * esize(out), out) - ref[i];

@@ -7,12 +7,12 @@
 
 #include <fmt/format.h>
 
-#include "cuda_check.hpp"
 #include "exl3/cpu/linear.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/trellis/half.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace tr = exl3::trellis;
@@ -213,23 +213,23 @@ TEST(CudaLinear, GraphReplayEqualsEager) {
 
     DevBuf<uint16_t> dx(x.size());
     DevBuf<float> dy(static_cast<size_t>(m * 512));
-    EXL3_CUDA_OK(cudaMemcpy(dx.p, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-    EXL3_CUDA_OK(cudaMemset(dy.p, 0xFF, dy.n * 4));
+    EXL3_CUDA_CHECK(cudaMemcpy(dx.p, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    EXL3_CUDA_CHECK(cudaMemset(dy.p, 0xFF, dy.n * 4));
     cudaStream_t s;
-    EXL3_CUDA_OK(cudaStreamCreate(&s));
+    EXL3_CUDA_CHECK(cudaStreamCreate(&s));
     cudaGraph_t graph;
-    EXL3_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    EXL3_CUDA_OK(gpu.run(dx.p, DType::kF16, dy.p, DType::kF32, m, ws.p, ws.n, s));
-    EXL3_CUDA_OK(cudaStreamEndCapture(s, &graph));
+    EXL3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXL3_CUDA_CHECK(gpu.run(dx.p, DType::kF16, dy.p, DType::kF32, m, ws.p, ws.n, s));
+    EXL3_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     cudaGraphExec_t exec;
-    EXL3_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 2; ++rep) EXL3_CUDA_OK(cudaGraphLaunch(exec, s));
-    EXL3_CUDA_OK(cudaStreamSynchronize(s));
+    EXL3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; ++rep) EXL3_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
     std::vector<float> replay(dy.n);
-    EXL3_CUDA_OK(cudaMemcpy(replay.data(), dy.p, dy.n * 4, cudaMemcpyDeviceToHost));
-    EXL3_CUDA_OK(cudaGraphExecDestroy(exec));
-    EXL3_CUDA_OK(cudaGraphDestroy(graph));
-    EXL3_CUDA_OK(cudaStreamDestroy(s));
+    EXL3_CUDA_CHECK(cudaMemcpy(replay.data(), dy.p, dy.n * 4, cudaMemcpyDeviceToHost));
+    EXL3_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    EXL3_CUDA_CHECK(cudaGraphDestroy(graph));
+    EXL3_CUDA_CHECK(cudaStreamDestroy(s));
     ASSERT_EQ(std::memcmp(replay.data(), eager.data(), eager.size() * 4), 0) << "m=" << m;
   }
 }

@@ -12,7 +12,6 @@
 #include <gtest/gtest.h>
 
 #include "../format/format_test_util.hpp"
-#include "cuda_check.hpp"
 #include "exl3/cuda/moe.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -20,6 +19,7 @@
 #include "exl3/moe/router.hpp"
 #include "exl3/moe/synthetic.hpp"
 #include "exl3/moe/weights.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -102,34 +102,31 @@ std::vector<float> run_gpu(const MoeLayerCuda& L, const std::vector<float>& x, c
   DevBuf<int32_t> dids(r.ids.size());
   DevBuf<char> arena(L.arena_bytes());
   std::vector<float> out(static_cast<size_t>(m * H));
-  auto ok = [](cudaError_t e) {
-    if (e != cudaSuccess) exl3::fail("CUDA: {}", cudaGetErrorString(e));
-  };
-  ok(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-  ok(cudaMemcpy(dids.p, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
-  ok(cudaMemcpy(dw.p, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
-  ok(cudaMemset(dout.p, 0xFF, dout.n * 4));  // NaN poison
-  ok(cudaMemset(arena.p, 0xFF, arena.n));
-  ok(L.run(dx.p, DType::kF32, dids.p, dw.p, dout.p, m, arena.p, arena.n, nullptr));
-  ok(cudaDeviceSynchronize());
-  ok(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost));
+  EXL3_CUDA_CHECK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(cudaMemcpy(dids.p, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(cudaMemcpy(dw.p, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(cudaMemset(dout.p, 0xFF, dout.n * 4));  // NaN poison
+  EXL3_CUDA_CHECK(cudaMemset(arena.p, 0xFF, arena.n));
+  EXL3_CUDA_CHECK(L.run(dx.p, DType::kF32, dids.p, dw.p, dout.p, m, arena.p, arena.n, nullptr));
+  EXL3_CUDA_CHECK(cudaDeviceSynchronize());
+  EXL3_CUDA_CHECK(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost));
   if (replay != nullptr) {
     // Capture the same call, poison, replay twice: must equal the eager result bit for bit.
     cudaStream_t s;
-    ok(cudaStreamCreate(&s));
+    EXL3_CUDA_CHECK(cudaStreamCreate(&s));
     cudaGraph_t g;
-    ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    ok(L.run(dx.p, DType::kF32, dids.p, dw.p, dout.p, m, arena.p, arena.n, s));
-    ok(cudaStreamEndCapture(s, &g));
-    ok(cudaGraphInstantiate(replay, g, 0));
-    ok(cudaGraphDestroy(g));
-    ok(cudaMemset(dout.p, 0xFF, dout.n * 4));
-    for (int i = 0; i < 2; ++i) ok(cudaGraphLaunch(*replay, s));
-    ok(cudaStreamSynchronize(s));
+    EXL3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXL3_CUDA_CHECK(L.run(dx.p, DType::kF32, dids.p, dw.p, dout.p, m, arena.p, arena.n, s));
+    EXL3_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    EXL3_CUDA_CHECK(cudaGraphInstantiate(replay, g, 0));
+    EXL3_CUDA_CHECK(cudaGraphDestroy(g));
+    EXL3_CUDA_CHECK(cudaMemset(dout.p, 0xFF, dout.n * 4));
+    for (int i = 0; i < 2; ++i) EXL3_CUDA_CHECK(cudaGraphLaunch(*replay, s));
+    EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
     std::vector<float> again(out.size());
-    ok(cudaMemcpy(again.data(), dout.p, again.size() * 4, cudaMemcpyDeviceToHost));
-    ok(cudaGraphExecDestroy(*replay));
-    ok(cudaStreamDestroy(s));
+    EXL3_CUDA_CHECK(cudaMemcpy(again.data(), dout.p, again.size() * 4, cudaMemcpyDeviceToHost));
+    EXL3_CUDA_CHECK(cudaGraphExecDestroy(*replay));
+    EXL3_CUDA_CHECK(cudaStreamDestroy(s));
     if (std::memcmp(again.data(), out.data(), out.size() * 4) != 0)
       exl3::fail("graph replay != eager at m={}", m);
   }

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "cuda/mxfp8_tiles.hpp"
-#include "cuda_check.hpp"
 #include "exl3/cuda/mxfp8.hpp"
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
 #include "exl3/trellis/half.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -236,27 +236,27 @@ TEST(Mxfp8Cuda, GraphReplayEqualsEager) {
     DevBuf<uint16_t> dx(xb.size());
     DevBuf<float> dy(static_cast<size_t>(m * P.out));
     DevBuf<char> ws(L.workspace_bytes());
-    EXL3_CUDA_OK(cudaMemcpy(dx.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
-    EXL3_CUDA_OK(cudaMemset(dy.p, 0xFF, dy.n * 4));
+    EXL3_CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+    EXL3_CUDA_CHECK(cudaMemset(dy.p, 0xFF, dy.n * 4));
     cudaStream_t s;
-    EXL3_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    EXL3_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     // Warm once outside capture (cuBLAS picks and loads its kernel), then capture.
-    EXL3_CUDA_OK(L.run(dx.p, dy.p, DType::kF32, m, ws.p, ws.n, s));
-    EXL3_CUDA_OK(cudaStreamSynchronize(s));
-    EXL3_CUDA_OK(cudaMemset(dy.p, 0xFF, dy.n * 4));
+    EXL3_CUDA_CHECK(L.run(dx.p, dy.p, DType::kF32, m, ws.p, ws.n, s));
+    EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
+    EXL3_CUDA_CHECK(cudaMemset(dy.p, 0xFF, dy.n * 4));
     cudaGraph_t graph;
-    EXL3_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    EXL3_CUDA_OK(L.run(dx.p, dy.p, DType::kF32, m, ws.p, ws.n, s));
-    EXL3_CUDA_OK(cudaStreamEndCapture(s, &graph));
+    EXL3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXL3_CUDA_CHECK(L.run(dx.p, dy.p, DType::kF32, m, ws.p, ws.n, s));
+    EXL3_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     cudaGraphExec_t exec;
-    EXL3_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 2; ++rep) EXL3_CUDA_OK(cudaGraphLaunch(exec, s));
-    EXL3_CUDA_OK(cudaStreamSynchronize(s));
+    EXL3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; ++rep) EXL3_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
     std::vector<float> replay(dy.n);
-    EXL3_CUDA_OK(cudaMemcpy(replay.data(), dy.p, dy.n * 4, cudaMemcpyDeviceToHost));
-    EXL3_CUDA_OK(cudaGraphExecDestroy(exec));
-    EXL3_CUDA_OK(cudaGraphDestroy(graph));
-    EXL3_CUDA_OK(cudaStreamDestroy(s));
+    EXL3_CUDA_CHECK(cudaMemcpy(replay.data(), dy.p, dy.n * 4, cudaMemcpyDeviceToHost));
+    EXL3_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    EXL3_CUDA_CHECK(cudaGraphDestroy(graph));
+    EXL3_CUDA_CHECK(cudaStreamDestroy(s));
     ASSERT_EQ(std::memcmp(replay.data(), eager.data(), eager.size() * 4), 0) << "m=" << m;
   }
 }
@@ -305,7 +305,7 @@ TEST(Mxfp8Cuda, ErrorPaths) {
     EXPECT_EQ(L.run(dx.p, dy.p, DType::kF32, 64, ws.p, 1, nullptr), cudaErrorInvalidValue);
   }
   EXPECT_THROW(exl3::cuda::mxfp8_forward_host(L, std::vector<float>(64).data(), 100), exl3::Error);
-  EXL3_CUDA_OK(cudaGetLastError());
+  EXL3_CUDA_CHECK(cudaGetLastError());
 }
 
 // The tiled layout is a permutation of the code and scale planes (every source byte lands on its

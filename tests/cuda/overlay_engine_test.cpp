@@ -18,11 +18,11 @@
 #include "../../src/runtime/cuda_buffers.hpp"
 #include "../../src/runtime/gpu_linear.hpp"
 #include "../runtime/runtime_test_util.hpp"
-#include "cuda_check.hpp"
 #include "exl3/error.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/linear.hpp"
 #include "exl3/trellis/half.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace exl3::runtime {
@@ -45,9 +45,10 @@ std::vector<float> run_linear(const GpuLinear& l, const std::vector<float>& x, i
   DeviceBuffer dx(x.data(), x.size() * 4, "x"), dy(static_cast<size_t>(m * l.out()) * 4, "y"),
       ws(ws_bytes, "ws");
   l.run(dx.get<float>(), dy.get<float>(), m, ws.get(), ws.bytes(), {}, nullptr);
-  check(cudaDeviceSynchronize(), "test linear");
+  EXL3_CUDA_CHECK(cudaDeviceSynchronize(), "test linear");
   std::vector<float> y(static_cast<size_t>(m * l.out()));
-  check(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), "test linear");
+  EXL3_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost),
+                  "test linear");
   return y;
 }
 

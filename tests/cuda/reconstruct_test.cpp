@@ -1,8 +1,8 @@
 // GPU reconstruct vs the CPU reference, bit for bit, on random trellis words, every K x codebook.
 #include <vector>
 
-#include "cuda_check.hpp"
 #include "exl3/cpu/linear.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace tr = exl3::trellis;
@@ -21,16 +21,16 @@ TEST(CudaReconstruct, MatchesCpuBitExact) {
       const auto expect = exl3::cpu::reconstruct_w_hat(v);
 
       uint16_t *d_t = nullptr, *d_o = nullptr;
-      EXL3_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_t), trellis.size() * 2));
-      EXL3_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_o), expect.size() * 2));
-      EXL3_CUDA_OK(cudaMemset(d_o, 0xFF, expect.size() * 2));  // poison (fp16 NaN)
-      EXL3_CUDA_OK(cudaMemcpy(d_t, trellis.data(), trellis.size() * 2, cudaMemcpyHostToDevice));
-      EXL3_CUDA_OK(exl3::cuda::reconstruct_w_hat(d_t, in, out, K, cb, d_o, nullptr));
-      EXL3_CUDA_OK(cudaDeviceSynchronize());
+      EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_t), trellis.size() * 2));
+      EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_o), expect.size() * 2));
+      EXL3_CUDA_CHECK(cudaMemset(d_o, 0xFF, expect.size() * 2));  // poison (fp16 NaN)
+      EXL3_CUDA_CHECK(cudaMemcpy(d_t, trellis.data(), trellis.size() * 2, cudaMemcpyHostToDevice));
+      EXL3_CUDA_CHECK(exl3::cuda::reconstruct_w_hat(d_t, in, out, K, cb, d_o, nullptr));
+      EXL3_CUDA_CHECK(cudaDeviceSynchronize());
       std::vector<uint16_t> got(expect.size());
-      EXL3_CUDA_OK(cudaMemcpy(got.data(), d_o, got.size() * 2, cudaMemcpyDeviceToHost));
-      EXL3_CUDA_OK(cudaFree(d_t));
-      EXL3_CUDA_OK(cudaFree(d_o));
+      EXL3_CUDA_CHECK(cudaMemcpy(got.data(), d_o, got.size() * 2, cudaMemcpyDeviceToHost));
+      EXL3_CUDA_CHECK(cudaFree(d_t));
+      EXL3_CUDA_CHECK(cudaFree(d_o));
       ASSERT_EQ(got, expect) << "K=" << K << " cb=" << tr::codebook_name(cb);
     }
   }

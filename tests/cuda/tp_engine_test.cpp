@@ -13,11 +13,11 @@
 
 #include "../runtime/runtime_test_util.hpp"
 #include "../runtime/tp_test_util.hpp"
-#include "cuda_check.hpp"
 #include "exl3/error.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
 #include "exl3/runtime/nccl_communicator.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace exl3::runtime {

@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "cuda_check.hpp"
 #include "exl3/cuda/viterbi.hpp"
 #include "exl3/error.hpp"
 #include "exl3/quant/encode.hpp"
 #include "exl3/quant/viterbi.hpp"
 #include "exl3/trellis/bitstream.hpp"
 #include "exl3/trellis/codebook.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -63,9 +63,8 @@ int tiles_for(int K) {
 }
 
 // Runs the device encoder on host tiles with poisoned outputs. `flight` sets the workspace (tiles
-// in flight; fewer than n makes blocks loop over several tiles). Returns false on a CUDA error
-// (already reported through ADD_FAILURE).
-bool run_device(const std::vector<float>& tiles, int64_t n, int K, tr::Codebook cb, int64_t flight,
+// in flight; fewer than n makes blocks loop over several tiles). A CUDA error throws exl3::Error.
+void run_device(const std::vector<float>& tiles, int64_t n, int K, tr::Codebook cb, int64_t flight,
                 uint16_t state_poison, std::vector<uint16_t>& states, std::vector<float>* decoded) {
   const size_t elems = static_cast<size_t>(n) * tr::kTileSize;
   DevBuf<float> d_tiles(elems), d_dec(elems);
@@ -74,38 +73,25 @@ bool run_device(const std::vector<float>& tiles, int64_t n, int K, tr::Codebook 
   DevBuf<unsigned char> d_ws(ws_bytes);
   if (d_tiles.p == nullptr || d_dec.p == nullptr || d_states.p == nullptr || d_ws.p == nullptr) {
     ADD_FAILURE() << "cudaMalloc failed";
-    return false;
+    return;
   }
-  auto ok = [](cudaError_t e, const char* what) {
-    if (e != cudaSuccess) ADD_FAILURE() << what << ": " << cudaGetErrorString(e);
-    return e == cudaSuccess;
-  };
   std::vector<uint16_t> poison(elems, state_poison);
-  if (!ok(cudaMemcpy(d_tiles.p, tiles.data(), elems * 4, cudaMemcpyHostToDevice), "upload") ||
-      !ok(cudaMemcpy(d_states.p, poison.data(), elems * 2, cudaMemcpyHostToDevice),
-          "poison states") ||
-      !ok(cudaMemset(d_dec.p, 0xFF, elems * 4), "poison decoded (NaN)") ||
-      !ok(encode_tiles_cuda(d_tiles.p, n, K, cb, d_states.p, decoded != nullptr ? d_dec.p : nullptr,
-                            d_ws.p, ws_bytes, nullptr),
-          "encode_tiles_cuda") ||
-      !ok(cudaDeviceSynchronize(), "encoder run")) {
-    return false;
-  }
+  EXL3_CUDA_CHECK(cudaMemcpy(d_tiles.p, tiles.data(), elems * 4, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(cudaMemcpy(d_states.p, poison.data(), elems * 2, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(cudaMemset(d_dec.p, 0xFF, elems * 4));  // poison decoded (NaN)
+  EXL3_CUDA_CHECK(encode_tiles_cuda(d_tiles.p, n, K, cb, d_states.p,
+                                    decoded != nullptr ? d_dec.p : nullptr, d_ws.p, ws_bytes,
+                                    nullptr));
+  EXL3_CUDA_CHECK(cudaDeviceSynchronize());
   uint32_t failures = 1;
-  if (!ok(exl3::cuda::encode_tiles_cuda_failures(d_ws.p, &failures, nullptr), "failure count"))
-    return false;
+  EXL3_CUDA_CHECK(exl3::cuda::encode_tiles_cuda_failures(d_ws.p, &failures, nullptr));
   EXPECT_EQ(failures, 0u) << "K=" << K << ": traced paths that do not close";
   states.resize(elems);
-  if (!ok(cudaMemcpy(states.data(), d_states.p, elems * 2, cudaMemcpyDeviceToHost),
-          "download states"))
-    return false;
+  EXL3_CUDA_CHECK(cudaMemcpy(states.data(), d_states.p, elems * 2, cudaMemcpyDeviceToHost));
   if (decoded != nullptr) {
     decoded->resize(elems);
-    if (!ok(cudaMemcpy(decoded->data(), d_dec.p, elems * 4, cudaMemcpyDeviceToHost),
-            "download decoded"))
-      return false;
+    EXL3_CUDA_CHECK(cudaMemcpy(decoded->data(), d_dec.p, elems * 4, cudaMemcpyDeviceToHost));
   }
-  return true;
 }
 
 TEST(CudaViterbi, MatchesCpuEncoderEveryKAndCodebook) {
@@ -118,7 +104,7 @@ TEST(CudaViterbi, MatchesCpuEncoderEveryKAndCodebook) {
       const auto tiles = gaussian_tiles(rng, n, cb);
       std::vector<uint16_t> got, want(tiles.size());
       std::vector<float> got_dec, want_dec(tiles.size());
-      ASSERT_TRUE(run_device(tiles, n, K, cb, n, 0xFFFF, got, &got_dec));
+      run_device(tiles, n, K, cb, n, 0xFFFF, got, &got_dec);
       q::encode_tiles(tiles.data(), n, K, cb, want.data(), want_dec.data());
 
       double sum_got = 0.0, sum_want = 0.0;
@@ -162,9 +148,9 @@ TEST(CudaViterbi, DeterministicAcrossPoisonsAndWorkspaceSizes) {
     const auto tiles = gaussian_tiles(rng, n, tr::Codebook::kMcg);
     std::vector<uint16_t> a, b, c;
     std::vector<float> da;
-    ASSERT_TRUE(run_device(tiles, n, K, tr::Codebook::kMcg, n, 0xFFFF, a, &da));
-    ASSERT_TRUE(run_device(tiles, n, K, tr::Codebook::kMcg, 3, 0x0000, b, nullptr));
-    ASSERT_TRUE(run_device(tiles, n, K, tr::Codebook::kMcg, 1, 0x5A5A, c, nullptr));
+    run_device(tiles, n, K, tr::Codebook::kMcg, n, 0xFFFF, a, &da);
+    run_device(tiles, n, K, tr::Codebook::kMcg, 3, 0x0000, b, nullptr);
+    run_device(tiles, n, K, tr::Codebook::kMcg, 1, 0x5A5A, c, nullptr);
     EXPECT_EQ(a, b) << "K=" << K;
     EXPECT_EQ(a, c) << "K=" << K;
   }
@@ -189,7 +175,7 @@ TEST(CudaViterbi, RecoversExactlyDecodableTiles) {
       }
       std::vector<uint16_t> states;
       std::vector<float> decoded;
-      ASSERT_TRUE(run_device(target, n, K, cb, n, 0xFFFF, states, &decoded));
+      run_device(target, n, K, cb, n, 0xFFFF, states, &decoded);
       for (int t = 0; t < n; ++t) {
         const size_t o = static_cast<size_t>(t) * tr::kTileSize;
         EXPECT_EQ(tile_mse(decoded.data() + o, target.data() + o), 0.0)
@@ -208,7 +194,7 @@ TEST(CudaViterbi, HostWrappersMatchTheDevicePath) {
     const auto tiles = gaussian_tiles(rng, n, tr::Codebook::kMul1);
     std::vector<uint16_t> dev, host(tiles.size()), on(tiles.size());
     std::vector<float> dev_dec, host_dec(tiles.size(), std::numeric_limits<float>::quiet_NaN());
-    ASSERT_TRUE(run_device(tiles, n, K, tr::Codebook::kMul1, n, 0xFFFF, dev, &dev_dec));
+    run_device(tiles, n, K, tr::Codebook::kMul1, n, 0xFFFF, dev, &dev_dec);
     exl3::cuda::encode_tiles_cuda_host(tiles.data(), n, K, tr::Codebook::kMul1, host.data(),
                                        host_dec.data());
     q::encode_tiles_on(q::Device::kCuda, tiles.data(), n, K, tr::Codebook::kMul1, on.data());
@@ -226,7 +212,7 @@ TEST(CudaViterbi, RejectsBadArguments) {
   const size_t ws_bytes = encode_tiles_cuda_workspace(1, 8);
   DevBuf<unsigned char> ws(ws_bytes);
   ASSERT_NE(ws.p, nullptr);
-  EXL3_CUDA_OK(cudaMemset(tiles.p, 0, tr::kTileSize * 4));
+  EXL3_CUDA_CHECK(cudaMemset(tiles.p, 0, tr::kTileSize * 4));
   for (int K : {0, 9}) {
     EXPECT_EQ(encode_tiles_cuda(tiles.p, 1, K, tr::Codebook::kMcg, states.p, nullptr, ws.p,
                                 ws_bytes, nullptr),
@@ -244,8 +230,8 @@ TEST(CudaViterbi, RejectsBadArguments) {
   EXPECT_EQ(encode_tiles_cuda(tiles.p, 0, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes,
                               nullptr),
             cudaSuccess);
-  EXL3_CUDA_OK(cudaDeviceSynchronize());
-  EXL3_CUDA_OK(cudaGetLastError());
+  EXL3_CUDA_CHECK(cudaDeviceSynchronize());
+  EXL3_CUDA_CHECK(cudaGetLastError());
 }
 
 // Not a pass/fail benchmark: records tiles/s per K (MCG) so runs leave a trace in the test log.
