@@ -7,7 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
-#include "exl3/cuda/linear.hpp"
+#include "exl3/cuda/dtype.hpp"
 #include "exl3/trellis/codebook.hpp"
 
 namespace exl3::cuda::detail {

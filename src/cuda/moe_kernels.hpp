@@ -9,7 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/moe_args.hpp"
-#include "exl3/cuda/linear.hpp"
+#include "exl3/cuda/dtype.hpp"
 #include "exl3/trellis/codebook.hpp"
 
 namespace exl3::cuda::detail {

@@ -31,6 +31,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/dtype.hpp"
 #include "exl3/trellis/codebook.hpp"
 
 namespace exl3 {
@@ -39,7 +40,6 @@ class Exl3LinearData;
 
 namespace exl3::cuda {
 
-enum class DType : uint8_t { kF16, kBF16, kF32 };
 enum class LinearPath : uint8_t { kGemv, kMma, kCublas };
 
 struct LinearOptions {
@@ -51,9 +51,6 @@ struct LinearOptions {
 
 // "gemv" | "mma" | "cublas".
 const char* path_name(LinearPath p);
-
-// Bytes of one element of `t`.
-size_t dtype_size(DType t);
 
 class Exl3LinearCuda {
  public:
