@@ -23,6 +23,7 @@
 
 #include "exl3/cuda/bench_timer.hpp"
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/hadamard.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/format/safetensors.hpp"
@@ -44,10 +45,8 @@ std::vector<int64_t> parse_list(const std::string& s) {
   return v;
 }
 
-void* dalloc(size_t bytes) {
-  void* p = nullptr;
-  EXL3_CUDA_CHECK(cudaMalloc(&p, bytes));
-  return p;
+exl3::cuda::DeviceBuffer dalloc(size_t bytes) {
+  return exl3::cuda::DeviceBuffer(bytes, "a benchmark buffer");
 }
 
 void fill_random(void* d, size_t bytes, uint64_t seed) {
@@ -117,11 +116,11 @@ int main(int argc, char** argv) {
       const int64_t hr = std::stoll(had_shape.substr(0, had_shape.find('x')));
       const int64_t hc = std::stoll(had_shape.substr(had_shape.find('x') + 1));
       using exl3::cuda::DType;
-      void* hx = dalloc(static_cast<size_t>(hr * hc) * 4);
-      void* hy = dalloc(static_cast<size_t>(hr * hc) * 4);
-      void* hs = dalloc(static_cast<size_t>(hc) * 2);
-      fill_normal_16(hx, static_cast<size_t>(hr * hc) * 2, false, 5);
-      fill_normal_16(hs, static_cast<size_t>(hc), false, 6);
+      const auto hx = dalloc(static_cast<size_t>(hr * hc) * 4);
+      const auto hy = dalloc(static_cast<size_t>(hr * hc) * 4);
+      const auto hs = dalloc(static_cast<size_t>(hc) * 2);
+      fill_normal_16(hx.get(), static_cast<size_t>(hr * hc) * 2, false, 5);
+      fill_normal_16(hs.get(), static_cast<size_t>(hc), false, 6);
       const std::pair<DType, DType> pairs[] = {{DType::kF16, DType::kF16},
                                                {DType::kBF16, DType::kF16},
                                                {DType::kF32, DType::kF32},
@@ -129,9 +128,9 @@ int main(int argc, char** argv) {
       const char* names[] = {"f16", "bf16", "f32"};
       for (const auto& [ti, to] : pairs) {
         const double us = tm.median_us(reps, [&](int) {
-          EXL3_CUDA_CHECK(
-              exl3::cuda::hadamard128_rows(hx, ti, hy, to, hr, hc, static_cast<const uint16_t*>(hs),
-                                           static_cast<const uint16_t*>(hs), tm.stream()));
+          EXL3_CUDA_CHECK(exl3::cuda::hadamard128_rows(hx.get(), ti, hy.get(), to, hr, hc,
+                                                       hs.as<const uint16_t>(),
+                                                       hs.as<const uint16_t>(), tm.stream()));
         });
         const double bytes =
             static_cast<double>(hr * hc) *
@@ -149,9 +148,6 @@ int main(int argc, char** argv) {
                                    {"gbs", gbs},
                                    {"pct_copy", 100.0 * gbs / copy_gbs}});
       }
-      EXL3_CUDA_CHECK(cudaFree(hx));
-      EXL3_CUDA_CHECK(cudaFree(hy));
-      EXL3_CUDA_CHECK(cudaFree(hs));
     }
     if (had_only) {
       if (!json_path.empty()) exl3::write_file_atomic(json_path, out.dump(2) + "\n");
@@ -180,28 +176,28 @@ int main(int argc, char** argv) {
       // cuBLAS BF16 baseline: rotate weights (>= 512 MiB in all) and inputs.
       const size_t wbytes = static_cast<size_t>(k * n) * 2;
       const int nb_bf16 = static_cast<int>(std::clamp<size_t>((512ull << 20) / wbytes + 1, 2, 8));
-      std::vector<void*> wb(nb_bf16);
+      std::vector<exl3::cuda::DeviceBuffer> wb;
       for (int i = 0; i < nb_bf16; ++i) {
-        wb[i] = dalloc(wbytes);
-        fill_normal_16(wb[i], static_cast<size_t>(k * n), true, 100 + i, 0.02f);
+        wb.push_back(dalloc(wbytes));
+        fill_normal_16(wb.back().get(), static_cast<size_t>(k * n), true, 100 + i, 0.02f);
       }
-      void* xb = dalloc(static_cast<size_t>(max_m * k) * 2);
-      void* xh = dalloc(static_cast<size_t>(max_m * k) * 2);
-      void* yb = dalloc(static_cast<size_t>(max_m * n) * 4);
-      fill_normal_16(xb, static_cast<size_t>(max_m * k), true, 7);
-      fill_normal_16(xh, static_cast<size_t>(max_m * k), false, 8);
+      const auto xb = dalloc(static_cast<size_t>(max_m * k) * 2);
+      const auto xh = dalloc(static_cast<size_t>(max_m * k) * 2);
+      const auto yb = dalloc(static_cast<size_t>(max_m * n) * 4);
+      fill_normal_16(xb.get(), static_cast<size_t>(max_m * k), true, 7);
+      fill_normal_16(xh.get(), static_cast<size_t>(max_m * k), false, 8);
       std::map<int64_t, double> cublas_us;
       for (int64_t m : ms) {
         const float alpha = 1.0f, beta = 0.0f;
         cublas_us[m] = tm.median_us(reps, [&](int r) {
           EXL3_CUDA_CHECK(cublasGemmEx(
               cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-              static_cast<int>(k), &alpha, wb[r % nb_bf16], CUDA_R_16BF, static_cast<int>(n), xb,
-              CUDA_R_16BF, static_cast<int>(k), &beta, yb, CUDA_R_16BF, static_cast<int>(n),
-              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+              static_cast<int>(k), &alpha, wb[r % nb_bf16].get(), CUDA_R_16BF, static_cast<int>(n),
+              xb.get(), CUDA_R_16BF, static_cast<int>(k), &beta, yb.get(), CUDA_R_16BF,
+              static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         });
       }
-      for (auto* p : wb) EXL3_CUDA_CHECK(cudaFree(p));
+      wb.clear();
 
       for (int64_t K : parse_list(bits_s)) {
         const size_t tbytes = static_cast<size_t>(k / 16 * (n / 16) * 16 * K) * 2;
@@ -223,15 +219,16 @@ int main(int argc, char** argv) {
               nullptr, opts));
         }
         const size_t ws_bytes = layers[0]->workspace_bytes();
-        void* ws = dalloc(ws_bytes);
+        const auto ws = dalloc(ws_bytes);
         for (int64_t m : ms) {
           // One graph per weight set, so each timed call is one replay.
           std::vector<cudaGraphExec_t> graphs(nb);
           for (int i = 0; i < nb; ++i) {
             cudaGraph_t g;
             EXL3_CUDA_CHECK(cudaStreamBeginCapture(tm.stream(), cudaStreamCaptureModeThreadLocal));
-            EXL3_CUDA_CHECK(layers[i]->run(xh, exl3::cuda::DType::kF16, yb, exl3::cuda::DType::kF16,
-                                           m, ws, ws_bytes, tm.stream()));
+            EXL3_CUDA_CHECK(layers[i]->run(xh.get(), exl3::cuda::DType::kF16, yb.get(),
+                                           exl3::cuda::DType::kF16, m, ws.get(), ws_bytes,
+                                           tm.stream()));
             EXL3_CUDA_CHECK(cudaStreamEndCapture(tm.stream(), &g));
             EXL3_CUDA_CHECK(cudaGraphInstantiate(&graphs[i], g, 0));
             EXL3_CUDA_CHECK(cudaGraphDestroy(g));
@@ -263,11 +260,7 @@ int main(int argc, char** argv) {
                                   {"split_k", splits},
                                   {"weight_sets", nb}});
         }
-        EXL3_CUDA_CHECK(cudaFree(ws));
       }
-      EXL3_CUDA_CHECK(cudaFree(xb));
-      EXL3_CUDA_CHECK(cudaFree(xh));
-      EXL3_CUDA_CHECK(cudaFree(yb));
     }
     cublasDestroy(cublas);
     if (!json_path.empty()) exl3::write_file_atomic(json_path, out.dump(2) + "\n");

@@ -25,6 +25,7 @@
 
 #include "exl3/cuda/bench_timer.hpp"
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/mxfp8.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/trellis/half.hpp"
@@ -43,16 +44,7 @@ std::vector<std::string> split(const std::string& s) {
   return v;
 }
 
-void* dalloc(size_t bytes) {
-  void* p = nullptr;
-  EXL3_CUDA_CHECK(cudaMalloc(&p, bytes));
-  return p;
-}
-
-struct DevFree {
-  void operator()(void* p) const { cudaFree(p); }
-};
-using DevPtr = std::unique_ptr<void, DevFree>;
+using exl3::cuda::DeviceBuffer;
 
 }  // namespace
 
@@ -117,18 +109,18 @@ int main(int argc, char** argv) {
       // BF16 baseline weights [n, k] (row-major, as the MXFP8 layer), rotated.
       const size_t wbytes = static_cast<size_t>(k * n) * 2;
       const int nb16 = static_cast<int>(std::clamp<size_t>((512ull << 20) / wbytes + 1, 2, 8));
-      std::vector<DevPtr> wb;
+      std::vector<DeviceBuffer> wb;
       {
         std::normal_distribution<float> nd(0.0f, 0.02f);
         std::vector<uint16_t> h(static_cast<size_t>(k * n));
         for (int i = 0; i < nb16; ++i) {
           for (auto& v : h) v = exl3::trellis::float_to_bf16(nd(rng));
-          wb.emplace_back(dalloc(wbytes));
+          wb.emplace_back(wbytes, "a BF16 baseline weight");
           EXL3_CUDA_CHECK(cudaMemcpy(wb.back().get(), h.data(), wbytes, cudaMemcpyHostToDevice));
         }
       }
-      DevPtr x(dalloc(static_cast<size_t>(max_m * k) * 2)),
-          y(dalloc(static_cast<size_t>(max_m * n) * 2));
+      const DeviceBuffer x(static_cast<size_t>(max_m * k) * 2, "the input"),
+          y(static_cast<size_t>(max_m * n) * 2, "the output");
       {
         std::normal_distribution<float> nd;
         std::vector<uint16_t> h(static_cast<size_t>(max_m * k));
@@ -177,7 +169,7 @@ int main(int argc, char** argv) {
       const size_t ws_bytes =
           std::max({layers.front()->workspace_bytes(), gemv_layers.front()->workspace_bytes(),
                     cublas_layers.front()->workspace_bytes()});
-      DevPtr ws(dalloc(std::max<size_t>(ws_bytes, 1)));
+      const DeviceBuffer ws(std::max<size_t>(ws_bytes, 1), "the workspace");
       const auto time_layers =
           [&](const std::vector<std::unique_ptr<exl3::cuda::Mxfp8LinearCuda>>& ls, int64_t m) {
             return tm.median_us(reps, [&](int r) {

@@ -23,6 +23,7 @@
 
 #include "exl3/cuda/bench_timer.hpp"
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/moe.hpp"
 #include "exl3/moe/weights.hpp"
 #include "exl3/trellis/half.hpp"
@@ -155,18 +156,9 @@ std::unique_ptr<HostLayer> make_layer(int64_t H, int64_t I, const std::vector<in
   return L;
 }
 
-void* dalloc(size_t bytes) {
-  void* p = nullptr;
-  EXL3_CUDA_CHECK(cudaMalloc(&p, bytes), "moe-bench: cudaMalloc");
-  return p;
-}
-
 template <typename T>
-T* upload(const std::vector<T>& v) {
-  auto* p = static_cast<T*>(dalloc(v.size() * sizeof(T)));
-  EXL3_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
-                  "moe-bench: upload");
-  return p;
+cuda::DeviceBuffer upload(const std::vector<T>& v) {
+  return cuda::DeviceBuffer::upload(v, "moe-bench data");
 }
 
 // One route set: k distinct uniformly random experts per token, positive weights summing to 1.
@@ -235,7 +227,7 @@ int run_moe_bench(const MoeBenchOptions& o) {
     layers.push_back(std::make_unique<cuda::MoeLayerCuda>(host->w, k, mo));
   const auto& L0 = *layers[0];
   const size_t arena_bytes = L0.arena_bytes();
-  void* arena = dalloc(arena_bytes);
+  const cuda::DeviceBuffer arena(arena_bytes, "the MoE arena");
   fmt::print(
       "layer: {:.1f} MiB of trellis x {} copies; arena {:.1f} MiB (decode m <= {}, prefill chunk "
       "{}); "
@@ -256,30 +248,31 @@ int run_moe_bench(const MoeBenchOptions& o) {
 
   // BF16 baseline weights: W1 [E][H, 2I] (gate | up), W2 [E][I, H]; constant bf16 0x3C3C.
   cublasHandle_t cublas = nullptr;
-  void *w1 = nullptr, *w2 = nullptr;
+  cuda::DeviceBuffer w1, w2;
   if (o.baseline) {
     EXL3_CUDA_CHECK(cublasCreate(&cublas), "moe-bench");
     EXL3_CUDA_CHECK(cublasSetStream(cublas, tm.stream()), "moe-bench");
-    w1 = dalloc(static_cast<size_t>(E) * H * 2 * I * 2);
-    w2 = dalloc(static_cast<size_t>(E) * I * H * 2);
-    EXL3_CUDA_CHECK(cudaMemset(w1, 0x3C, static_cast<size_t>(E) * H * 2 * I * 2),
+    w1 = cuda::DeviceBuffer(static_cast<size_t>(E) * H * 2 * I * 2, "the BF16 baseline's W1");
+    w2 = cuda::DeviceBuffer(static_cast<size_t>(E) * I * H * 2, "the BF16 baseline's W2");
+    EXL3_CUDA_CHECK(cudaMemset(w1.get(), 0x3C, static_cast<size_t>(E) * H * 2 * I * 2),
                     "moe-bench: fill");
-    EXL3_CUDA_CHECK(cudaMemset(w2, 0x3C, static_cast<size_t>(E) * I * H * 2), "moe-bench: fill");
+    EXL3_CUDA_CHECK(cudaMemset(w2.get(), 0x3C, static_cast<size_t>(E) * I * H * 2),
+                    "moe-bench: fill");
   }
 
   std::mt19937_64 rng(o.seed + 17);
   std::vector<uint16_t> xh(static_cast<size_t>(capacity * H));
   std::normal_distribution<float> nd;
   for (auto& v : xh) v = trellis::float_to_bf16(nd(rng));
-  auto* x = upload(xh);
-  auto* out = static_cast<float*>(dalloc(static_cast<size_t>(capacity * H) * 4));
+  const auto x = upload(xh);
+  const auto out =
+      cuda::DeviceBuffer::of<float>(static_cast<size_t>(capacity * H), "the MoE output");
 
   nlohmann::json cases = nlohmann::json::array();
   constexpr int kRouteSets = 4;
   for (int64_t m : ms) {
     std::vector<Routes> sets;
-    std::vector<int32_t*> d_ids;
-    std::vector<float*> d_w;
+    std::vector<cuda::DeviceBuffer> d_ids, d_w;
     double touched = 0.0;
     for (int s = 0; s < kRouteSets; ++s) {
       sets.push_back(random_routes(m, k, E, rng));
@@ -296,10 +289,12 @@ int run_moe_bench(const MoeBenchOptions& o) {
         cudaGraph_t g;
         EXL3_CUDA_CHECK(cudaStreamBeginCapture(tm.stream(), cudaStreamCaptureModeThreadLocal),
                         "moe-bench: capture");
-        EXL3_CUDA_CHECK(layers[static_cast<size_t>(i)]->run(
-                            x, cuda::DType::kBF16, d_ids[static_cast<size_t>(s)],
-                            d_w[static_cast<size_t>(s)], out, m, arena, arena_bytes, tm.stream()),
-                        "moe-bench: MoE run");
+        EXL3_CUDA_CHECK(
+            layers[static_cast<size_t>(i)]->run(
+                x.get(), cuda::DType::kBF16, d_ids[static_cast<size_t>(s)].as<int32_t>(),
+                d_w[static_cast<size_t>(s)].as<float>(), out.as<float>(), m, arena.get(),
+                arena_bytes, tm.stream()),
+            "moe-bench: MoE run");
         EXL3_CUDA_CHECK(cudaStreamEndCapture(tm.stream(), &g), "moe-bench: capture");
         cudaGraphExec_t ge;
         EXL3_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0), "moe-bench: instantiate");
@@ -319,16 +314,18 @@ int run_moe_bench(const MoeBenchOptions& o) {
     double base_us = 0.0;
     if (o.baseline) {
       const int64_t R = m * k;
-      void* xg = dalloc(static_cast<size_t>(R * H) * 2);
-      void* c1 = dalloc(static_cast<size_t>(R * 2 * I) * 2);
-      void* c2 = dalloc(static_cast<size_t>(R * H) * 2);
-      EXL3_CUDA_CHECK(cudaMemset(xg, 0x3C, static_cast<size_t>(R * H) * 2), "moe-bench: fill");
-      EXL3_CUDA_CHECK(cudaMemset(c1, 0x3C, static_cast<size_t>(R * 2 * I) * 2), "moe-bench: fill");
+      const cuda::DeviceBuffer xg(static_cast<size_t>(R * H) * 2, "the baseline's gathered input");
+      const cuda::DeviceBuffer c1(static_cast<size_t>(R * 2 * I) * 2, "the baseline's FC1 output");
+      const cuda::DeviceBuffer c2(static_cast<size_t>(R * H) * 2, "the baseline's FC2 output");
+      EXL3_CUDA_CHECK(cudaMemset(xg.get(), 0x3C, static_cast<size_t>(R * H) * 2),
+                      "moe-bench: fill");
+      EXL3_CUDA_CHECK(cudaMemset(c1.get(), 0x3C, static_cast<size_t>(R * 2 * I) * 2),
+                      "moe-bench: fill");
       struct Grouped {
         std::vector<int> m1, n, k1, lda1, ldb1, ldc1, m2, k2, lda2, ldb2, ldc2;
         std::vector<void*> a1, b1, a2, b2;
         std::vector<void*> c1, c2;
-        void **d_a1, **d_b1, **d_c1, **d_a2, **d_b2, **d_c2;
+        cuda::DeviceBuffer d_a1, d_b1, d_c1, d_a2, d_b2, d_c2;  // the pointer arrays
       };
       std::vector<Grouped> gs(kRouteSets);
       for (int s = 0; s < kRouteSets; ++s) {
@@ -345,17 +342,17 @@ int run_moe_bench(const MoeBenchOptions& o) {
           G.lda1.push_back(static_cast<int>(2 * I));
           G.ldb1.push_back(static_cast<int>(H));
           G.ldc1.push_back(static_cast<int>(2 * I));
-          G.a1.push_back(static_cast<char*>(w1) + static_cast<size_t>(e) * H * 2 * I * 2);
-          G.b1.push_back(static_cast<char*>(xg) + static_cast<size_t>(row * H) * 2);
-          G.c1.push_back(static_cast<char*>(c1) + static_cast<size_t>(row * 2 * I) * 2);
+          G.a1.push_back(w1.as<char>() + static_cast<size_t>(e) * H * 2 * I * 2);
+          G.b1.push_back(xg.as<char>() + static_cast<size_t>(row * H) * 2);
+          G.c1.push_back(c1.as<char>() + static_cast<size_t>(row * 2 * I) * 2);
           G.m2.push_back(static_cast<int>(H));
           G.k2.push_back(static_cast<int>(I));
           G.lda2.push_back(static_cast<int>(H));
           G.ldb2.push_back(static_cast<int>(2 * I));
           G.ldc2.push_back(static_cast<int>(H));
-          G.a2.push_back(static_cast<char*>(w2) + static_cast<size_t>(e) * I * H * 2);
+          G.a2.push_back(w2.as<char>() + static_cast<size_t>(e) * I * H * 2);
           G.b2.push_back(G.c1.back());
-          G.c2.push_back(static_cast<char*>(c2) + static_cast<size_t>(row * H) * 2);
+          G.c2.push_back(c2.as<char>() + static_cast<size_t>(row * H) * 2);
           row += c;
         }
         G.d_a1 = upload(G.a1);
@@ -372,28 +369,22 @@ int run_moe_bench(const MoeBenchOptions& o) {
         auto& G = gs[static_cast<size_t>(s)];
         const int groups = static_cast<int>(G.n.size());
         EXL3_CUDA_CHECK(
-            cublasGemmGroupedBatchedEx(
-                cublas, ops.data(), ops.data(), G.m1.data(), G.n.data(), G.k1.data(), one.data(),
-                G.d_a1, CUDA_R_16BF, G.lda1.data(), G.d_b1, CUDA_R_16BF, G.ldb1.data(), zero.data(),
-                G.d_c1, CUDA_R_16BF, G.ldc1.data(), groups, gsize.data(), CUBLAS_COMPUTE_32F),
+            cublasGemmGroupedBatchedEx(cublas, ops.data(), ops.data(), G.m1.data(), G.n.data(),
+                                       G.k1.data(), one.data(), G.d_a1.as<void*>(), CUDA_R_16BF,
+                                       G.lda1.data(), G.d_b1.as<void*>(), CUDA_R_16BF,
+                                       G.ldb1.data(), zero.data(), G.d_c1.as<void*>(), CUDA_R_16BF,
+                                       G.ldc1.data(), groups, gsize.data(), CUBLAS_COMPUTE_32F),
             "moe-bench: BF16 baseline FC1");
         EXL3_CUDA_CHECK(
-            cublasGemmGroupedBatchedEx(
-                cublas, ops.data(), ops.data(), G.m2.data(), G.n.data(), G.k2.data(), one.data(),
-                G.d_a2, CUDA_R_16BF, G.lda2.data(), G.d_b2, CUDA_R_16BF, G.ldb2.data(), zero.data(),
-                G.d_c2, CUDA_R_16BF, G.ldc2.data(), groups, gsize.data(), CUBLAS_COMPUTE_32F),
+            cublasGemmGroupedBatchedEx(cublas, ops.data(), ops.data(), G.m2.data(), G.n.data(),
+                                       G.k2.data(), one.data(), G.d_a2.as<void*>(), CUDA_R_16BF,
+                                       G.lda2.data(), G.d_b2.as<void*>(), CUDA_R_16BF,
+                                       G.ldb2.data(), zero.data(), G.d_c2.as<void*>(), CUDA_R_16BF,
+                                       G.ldc2.data(), groups, gsize.data(), CUBLAS_COMPUTE_32F),
             "moe-bench: BF16 baseline FC2");
       };
       base_us = tm.median_us(o.reps, [&](int r) { gemms(r % kRouteSets); });
-      for (auto& G : gs) {
-        for (void** p : {G.d_a1, G.d_b1, G.d_c1, G.d_a2, G.d_b2, G.d_c2}) cudaFree(p);
-      }
-      cudaFree(xg);
-      cudaFree(c1);
-      cudaFree(c2);
     }
-    for (auto* p : d_ids) cudaFree(p);
-    for (auto* p : d_w) cudaFree(p);
 
     const char* plan = cuda::moe_plan_name(L0.plan_for(m));
     const char* tier_mode =
@@ -414,11 +405,6 @@ int run_moe_bench(const MoeBenchOptions& o) {
          {"ratio_vs_bf16", o.baseline ? nlohmann::json(us / base_us) : nlohmann::json(nullptr)}});
   }
   if (cublas != nullptr) cublasDestroy(cublas);
-  cudaFree(w1);
-  cudaFree(w2);
-  cudaFree(x);
-  cudaFree(out);
-  cudaFree(arena);
   if (!o.json_path.empty()) {
     const nlohmann::json doc = {
         {"device", prop.name},

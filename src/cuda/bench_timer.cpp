@@ -5,6 +5,7 @@
 
 #include "exl3/cuda/bench_timer.hpp"
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/error.hpp"
 
 namespace exl3::cuda {
@@ -41,16 +42,13 @@ double GpuTimer::median_us(int reps, const std::function<void(int)>& fn) {
 
 double GpuTimer::copy_bandwidth_gbs() {
   const size_t bytes = 2ull << 30;
-  void *a = nullptr, *b = nullptr;
-  EXL3_CUDA_CHECK(cudaMalloc(&a, bytes), "GPU timer: allocating the copy buffers");
-  EXL3_CUDA_CHECK(cudaMalloc(&b, bytes), "GPU timer: allocating the copy buffers");
-  EXL3_CUDA_CHECK(cudaMemset(a, 1, bytes), "GPU timer: filling");
+  const DeviceBuffer a(bytes, "the GPU timer's copy source"),
+      b(bytes, "the GPU timer's copy target");
+  EXL3_CUDA_CHECK(cudaMemset(a.get(), 1, bytes), "GPU timer: filling");
   const double us = median_us(10, [&](int) {
-    EXL3_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream_),
+    EXL3_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream_),
                     "GPU timer: copy");
   });
-  cudaFree(a);
-  cudaFree(b);
   return 2.0 * static_cast<double>(bytes) / (us * 1e-6) / 1e9;
 }
 

@@ -49,33 +49,22 @@ DenseLinearCuda::DenseLinearCuda(std::string name, const void* weight, DType wty
     wtype_ = DType::kF32;
   }
   const size_t bytes = n * dtype_size(wtype_);
-  const auto where = [&](const char* what) {
-    return fmt::format("CUDA dense linear '{}': {} ({} bytes of weights)", name_, what, bytes);
-  };
-  EXL3_CUDA_CHECK(cudaMalloc(&d_w_, bytes), where("allocating the weights"));
-  EXL3_CUDA_CHECK(cudaMemcpy(d_w_, src, bytes, cudaMemcpyHostToDevice),
-                  where("uploading the weights"));
+  w_ = DeviceBuffer(src, bytes, fmt::format("the weights of CUDA dense linear '{}'", name_));
   if (bias != nullptr) {
-    EXL3_CUDA_CHECK(cudaMalloc(&d_bias_, static_cast<size_t>(out_) * 4),
-                    where("allocating the bias"));
-    EXL3_CUDA_CHECK(
-        cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice),
-        where("uploading the bias"));
+    bias_ = DeviceBuffer(bias, static_cast<size_t>(out_) * 4,
+                         fmt::format("the bias of CUDA dense linear '{}'", name_));
   }
   cublasHandle_t h = nullptr;
-  EXL3_CUDA_CHECK(cublasCreate(&h), where("creating the cuBLAS handle"));
+  EXL3_CUDA_CHECK(cublasCreate(&h), fmt::format("CUDA dense linear '{}'", name_));
   cublas_ = h;
 }
 
 DenseLinearCuda::~DenseLinearCuda() {
   if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
-  cudaFree(d_w_);
-  cudaFree(d_bias_);
 }
 
 size_t DenseLinearCuda::device_bytes() const {
-  return static_cast<size_t>(in_ * out_) * dtype_size(wtype_) +
-         (d_bias_ ? static_cast<size_t>(out_) * 4 : 0);
+  return static_cast<size_t>(in_ * out_) * dtype_size(wtype_) + bias_.bytes();
 }
 
 size_t DenseLinearCuda::workspace_bytes() const {
@@ -103,12 +92,13 @@ cudaError_t DenseLinearCuda::run(const float* x, float* y, int64_t m, void* work
   // Row-major y[m, out] = x[m, in] W^T is column-major Y^T[out, m] = (W as [in, out])^T X^T.
   const float alpha = 1.0f, beta = 0.0f;
   const cudaDataType_t t = cuda_type(wtype_);
-  const cublasStatus_t st = cublasGemmEx(
-      h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
-      static_cast<int>(in_), &alpha, d_w_, t, static_cast<int>(in_), xin, t, static_cast<int>(in_),
-      &beta, y, CUDA_R_32F, static_cast<int>(out_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  const cublasStatus_t st =
+      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
+                   static_cast<int>(in_), &alpha, w_.get(), t, static_cast<int>(in_), xin, t,
+                   static_cast<int>(in_), &beta, y, CUDA_R_32F, static_cast<int>(out_),
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
-  if (d_bias_ != nullptr) return add_bias(y, d_bias_, m, out_, stream);
+  if (!bias_.empty()) return add_bias(y, bias_.as<float>(), m, out_, stream);
   return cudaGetLastError();
 }
 

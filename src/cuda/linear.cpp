@@ -165,25 +165,13 @@ void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint1
     fail("CUDA linear '{}': split_k {} exceeds the {} k-tiles", name, split_k_, in_ / 16);
 
   const size_t tbytes = static_cast<size_t>(in_ / 16 * (out_ / 16) * 16 * K_) * 2;
-  EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_trellis_), tbytes),
-                  fmt::format("CUDA linear '{}': allocating trellis", name));
-  EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_suh_), static_cast<size_t>(in_) * 2),
-                  fmt::format("CUDA linear '{}': allocating suh", name));
-  EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_svh_), static_cast<size_t>(out_) * 2),
-                  fmt::format("CUDA linear '{}': allocating svh", name));
-  EXL3_CUDA_CHECK(cudaMemcpy(d_trellis_, trellis, tbytes, cudaMemcpyHostToDevice),
-                  fmt::format("CUDA linear '{}': uploading trellis", name));
-  EXL3_CUDA_CHECK(cudaMemcpy(d_suh_, suh, static_cast<size_t>(in_) * 2, cudaMemcpyHostToDevice),
-                  fmt::format("CUDA linear '{}': uploading suh", name));
-  EXL3_CUDA_CHECK(cudaMemcpy(d_svh_, svh, static_cast<size_t>(out_) * 2, cudaMemcpyHostToDevice),
-                  fmt::format("CUDA linear '{}': uploading svh", name));
-  if (bias != nullptr) {
-    EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4),
-                    fmt::format("CUDA linear '{}': allocating bias", name));
-    EXL3_CUDA_CHECK(
-        cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice),
-        fmt::format("CUDA linear '{}': uploading bias", name));
-  }
+  const auto of = [&](const char* tensor) {
+    return fmt::format("the {} of CUDA linear '{}'", tensor, name);
+  };
+  trellis_ = DeviceBuffer(trellis, tbytes, of("trellis"));
+  suh_ = DeviceBuffer(suh, static_cast<size_t>(in_) * 2, of("suh"));
+  svh_ = DeviceBuffer(svh, static_cast<size_t>(out_) * 2, of("svh"));
+  if (bias != nullptr) bias_ = DeviceBuffer(bias, static_cast<size_t>(out_) * 4, of("bias"));
   if (opts_.max_m > opts_.mma_max_m) {
     cublasHandle_t h = nullptr;
     EXL3_CUDA_CHECK(cublasCreate(&h), fmt::format("CUDA linear '{}'", name));
@@ -195,10 +183,6 @@ void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint1
 
 Exl3LinearCuda::~Exl3LinearCuda() {
   if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
-  cudaFree(d_trellis_);
-  cudaFree(d_suh_);
-  cudaFree(d_svh_);
-  cudaFree(d_bias_);
 }
 
 LinearPath Exl3LinearCuda::path_for(int64_t m) const {
@@ -231,7 +215,7 @@ size_t Exl3LinearCuda::workspace_bytes() const {
 }
 
 cudaError_t Exl3LinearCuda::reconstruct(uint16_t* out, cudaStream_t stream) const {
-  return reconstruct_w_hat(d_trellis_, in_, out_, K_, cb_, out, stream);
+  return reconstruct_w_hat(trellis_.as<uint16_t>(), in_, out_, K_, cb_, out, stream);
 }
 
 cudaError_t Exl3LinearCuda::run(const void* x, DType in_type, void* y, DType out_type, int64_t m,
@@ -246,21 +230,24 @@ cudaError_t Exl3LinearCuda::run(const void* x, DType in_type, void* y, DType out
   if (cublas && in_type != DType::kF32)
     return run_folded(x, in_type, y, out_type, m, ws.w_hat, ws.partial, ws.cublas_ws, stream);
 
-  cudaError_t e = detail::rotate_input(x, in_type, d_suh_, m, in_, ws.xr, ws.row_scale, stream);
+  cudaError_t e =
+      detail::rotate_input(x, in_type, suh_.as<uint16_t>(), m, in_, ws.xr, ws.row_scale, stream);
   if (e != cudaSuccess) return e;
   if (path == LinearPath::kGemv) {
-    e = detail::gemv(d_trellis_, K_, cb_, ws.xr, m, in_, out_, splits, ws.partial, stream);
+    e = detail::gemv(trellis_.as<uint16_t>(), K_, cb_, ws.xr, m, in_, out_, splits, ws.partial,
+                     stream);
   } else if (path == LinearPath::kMma) {
-    e = detail::mma_gemm(d_trellis_, K_, cb_, ws.xr, m, in_, out_, splits, ws.partial, stream);
+    e = detail::mma_gemm(trellis_.as<uint16_t>(), K_, cb_, ws.xr, m, in_, out_, splits, ws.partial,
+                         stream);
   } else {
     // fp32 activations: rotate them to fp16 (with the range guard) and multiply W_hat.
-    e = reconstruct_w_hat(d_trellis_, in_, out_, K_, cb_, ws.w_hat, stream);
+    e = reconstruct_w_hat(trellis_.as<uint16_t>(), in_, out_, K_, cb_, ws.w_hat, stream);
     if (e != cudaSuccess) return e;
     e = cublas_gemm(ws.xr, CUDA_R_16F, ws.w_hat, ws.partial, CUDA_R_32F, m, ws.cublas_ws, stream);
   }
   if (e != cudaSuccess) return e;
-  return detail::rotate_output(ws.partial, splits, ws.row_scale, d_svh_, d_bias_, m, out_, y,
-                               out_type, stream);
+  return detail::rotate_output(ws.partial, splits, ws.row_scale, svh_.as<uint16_t>(),
+                               bias_.as<float>(), m, out_, y, out_type, stream);
 }
 
 // Large m with fp16/bf16 activations: fold both rotations and scales into the decoded weight (in
@@ -270,7 +257,8 @@ cudaError_t Exl3LinearCuda::run_folded(const void* x, DType in_type, void* y, DT
                                        cudaStream_t stream) const {
   const bool bf16 = in_type == DType::kBF16;
   cudaError_t e =
-      detail::reconstruct_folded(d_trellis_, K_, cb_, in_, out_, d_suh_, d_svh_, bf16, w, stream);
+      detail::reconstruct_folded(trellis_.as<uint16_t>(), K_, cb_, in_, out_, suh_.as<uint16_t>(),
+                                 svh_.as<uint16_t>(), bf16, w, stream);
   if (e != cudaSuccess) return e;
   // cuBLAS writes fp32 or the inputs' own 16-bit type; the other 16-bit type goes through fp32.
   const bool direct = out_type == DType::kF32 || out_type == in_type;
@@ -280,9 +268,11 @@ cudaError_t Exl3LinearCuda::run_folded(const void* x, DType in_type, void* y, DT
   e = cublas_gemm(x, bf16 ? CUDA_R_16BF : CUDA_R_16F, w, direct ? y : f32_out,
                   direct ? out_dt : CUDA_R_32F, m, cublas_ws, stream);
   if (e != cudaSuccess) return e;
-  if (!direct) return detail::finish_output(f32_out, d_bias_, m, out_, y, out_type, stream);
-  return d_bias_ == nullptr ? cudaSuccess
-                            : detail::finish_output(nullptr, d_bias_, m, out_, y, out_type, stream);
+  if (!direct)
+    return detail::finish_output(f32_out, bias_.as<float>(), m, out_, y, out_type, stream);
+  return bias_.empty()
+             ? cudaSuccess
+             : detail::finish_output(nullptr, bias_.as<float>(), m, out_, y, out_type, stream);
 }
 
 // Row-major Y[m, n] = X[m, k] W[k, n] is column-major Y^T = W^T X^T (fp32 accumulation).

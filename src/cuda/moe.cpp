@@ -200,7 +200,7 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
   for (const auto& e : w.experts) {
     for (const auto* p : {&e.gate, &e.up, &e.down}) slab_bytes += align_up(p->trellis.size() * 2);
   }
-  EXL3_CUDA_CHECK(cudaMalloc(&slab_, slab_bytes), "CUDA MoE: allocating the trellis slab");
+  slab_ = DeviceBuffer(slab_bytes, "the CUDA MoE trellis slab");
   std::vector<const void*> ptrs(3 * static_cast<size_t>(E_));
   std::vector<int8_t> bits(3 * static_cast<size_t>(E_));
   size_t off = 0;
@@ -215,7 +215,7 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
         fail("{}: expert {} {} is {}x{} K={} (expected {}x{})", where, e,
              moe::proj_name(moe::kProjs[p]), pw.in_features, pw.out_features, pw.bits, in, out);
       }
-      char* dst = static_cast<char*>(slab_) + off;
+      char* dst = slab_.as<char>() + off;
       EXL3_CUDA_CHECK(
           cudaMemcpy(dst, pw.trellis.data(), pw.trellis.size() * 2, cudaMemcpyHostToDevice),
           "CUDA MoE: uploading trellis");
@@ -224,36 +224,22 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
       off += align_up(pw.trellis.size() * 2);
     }
   }
-  auto upload = [&](void** dst, const void* src, size_t bytes, const char* what) {
-    EXL3_CUDA_CHECK(cudaMalloc(dst, bytes), "CUDA MoE: " + std::string("allocating ") + what);
-    EXL3_CUDA_CHECK(cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice),
-                    "CUDA MoE: " + std::string("uploading ") + what);
-    device_bytes_ += bytes;
+  auto upload = [&](const auto& host, const char* what) {
+    auto buf = DeviceBuffer::upload(host, fmt::format("the CUDA MoE {}", what));
+    device_bytes_ += buf.bytes();
+    return buf;
   };
   device_bytes_ = slab_bytes;
-  upload(&ptrs_, ptrs.data(), ptrs.size() * sizeof(void*), "trellis pointers");
-  upload(&bits_, bits.data(), bits.size(), "bit widths");
+  ptrs_ = upload(ptrs, "trellis pointers");
+  bits_ = upload(bits, "bit widths");
   for (const int8_t b : bits) {
     if (std::find(tiers_.begin(), tiers_.end(), b) == tiers_.end()) tiers_.push_back(b);
   }
   std::sort(tiers_.begin(), tiers_.end());
-  upload(reinterpret_cast<void**>(&gate_suh_), rot.gate_suh.data(), rot.gate_suh.size() * 2,
-         "gate suh");
-  upload(reinterpret_cast<void**>(&up_suh_), rot.up_suh.data(), rot.up_suh.size() * 2, "up suh");
-  upload(reinterpret_cast<void**>(&down_svh_), rot.down_svh.data(), rot.down_svh.size() * 2,
-         "down svh");
-  upload(reinterpret_cast<void**>(&intermediate_), rot.intermediate.data(),
-         rot.intermediate.size() * 2, "intermediate rotations");
-}
-
-MoeLayerCuda::~MoeLayerCuda() {
-  cudaFree(slab_);
-  cudaFree(ptrs_);
-  cudaFree(bits_);
-  cudaFree(gate_suh_);
-  cudaFree(up_suh_);
-  cudaFree(down_svh_);
-  cudaFree(intermediate_);
+  gate_suh_ = upload(rot.gate_suh, "gate suh");
+  up_suh_ = upload(rot.up_suh, "up suh");
+  down_svh_ = upload(rot.down_svh, "down svh");
+  intermediate_ = upload(rot.intermediate, "intermediate rotations");
 }
 
 bool MoeLayerCuda::tier_passes(MoePlan p) const {
@@ -352,12 +338,13 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     slots.slot_of_route = c.slot_of_route;
     slots.route_of_slot = c.route_of_slot;
   }
-  e = detail::moe_rotate_input(x, in_type, m, k_, H_, shared_h_, ids, E_, slots, gate_suh_, up_suh_,
-                               c.xg, c.xu, c.scale_g, c.scale_u, stream);
+  e = detail::moe_rotate_input(x, in_type, m, k_, H_, shared_h_, ids, E_, slots,
+                               gate_suh_.as<uint16_t>(), up_suh_.as<uint16_t>(), c.xg, c.xu,
+                               c.scale_g, c.scale_u, stream);
   if (e != cudaSuccess) return e;
 
-  const auto* ptrs = static_cast<const uint32_t* const*>(ptrs_);
-  const auto* bits = static_cast<const int8_t*>(bits_);
+  const auto* ptrs = ptrs_.as<const uint32_t* const>();
+  const auto* bits = bits_.as<const int8_t>();
   detail::MoeGemvArgs a;
   a.num_experts = E_;
   a.topk_ids = ids;
@@ -390,7 +377,8 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
   e = gemv_tiers(a, nt, max_groups, plan, stream);
   if (e != cudaSuccess) return e;
   e = detail::moe_activate(c.partial1, s1, c.routes, c.routes, k_, I_, shared_h_, ids, E_, slots,
-                           c.scale_g, c.scale_u, intermediate_, c.act, c.act_scale, stream);
+                           c.scale_g, c.scale_u, intermediate_.as<uint16_t>(), c.act, c.act_scale,
+                           stream);
   if (e != cudaSuccess) return e;
 
   // FC2: B rows are the activation rows (one per slot).
@@ -409,7 +397,7 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
   e = gemv_tiers(a, nt, max_groups, plan, stream);
   if (e != cudaSuccess) return e;
   return detail::moe_combine(c.partial2, s2, c.routes, m, k_, H_, shared_h_, ids, weights, E_,
-                             slots, c.act_scale, down_svh_, out, stream);
+                             slots, c.act_scale, down_svh_.as<uint16_t>(), out, stream);
 }
 
 }  // namespace exl3::cuda

@@ -4,7 +4,6 @@
 #include "exl3/cuda/mxfp8.hpp"
 
 #include <algorithm>
-#include <memory>
 
 #include <cublas_v2.h>
 
@@ -149,21 +148,12 @@ void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_
     mxfp8::check_planes(fmt::format("CUDA MXFP8 linear '{}'", name), values, scales, out_, in_);
   std::vector<uint8_t> tv, ts;
   tile_planes(values, scales, in_, out_, tv, ts);
-  EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_values_), tv.size()),
-                  fmt::format("CUDA MXFP8 linear '{}': allocating values", name));
-  EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_scales_), ts.size()),
-                  fmt::format("CUDA MXFP8 linear '{}': allocating scales", name));
-  EXL3_CUDA_CHECK(cudaMemcpy(d_values_, tv.data(), tv.size(), cudaMemcpyHostToDevice),
-                  fmt::format("CUDA MXFP8 linear '{}': uploading values", name));
-  EXL3_CUDA_CHECK(cudaMemcpy(d_scales_, ts.data(), ts.size(), cudaMemcpyHostToDevice),
-                  fmt::format("CUDA MXFP8 linear '{}': uploading scales", name));
-  if (bias != nullptr) {
-    EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4),
-                    fmt::format("CUDA MXFP8 linear '{}': allocating bias", name));
-    EXL3_CUDA_CHECK(
-        cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice),
-        fmt::format("CUDA MXFP8 linear '{}': uploading bias", name));
-  }
+  const auto of = [&](const char* what) {
+    return fmt::format("the {} of CUDA MXFP8 linear '{}'", what, name);
+  };
+  values_ = DeviceBuffer::upload(tv, of("values"));
+  scales_ = DeviceBuffer::upload(ts, of("scales"));
+  if (bias != nullptr) bias_ = DeviceBuffer(bias, static_cast<size_t>(out_) * 4, of("bias"));
   if (opts_.max_m > opts_.gemv_max_m) {
     cublasHandle_t h = nullptr;
     EXL3_CUDA_CHECK(cublasCreate(&h), fmt::format("CUDA MXFP8 linear '{}'", name));
@@ -173,9 +163,6 @@ void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_
 
 Mxfp8LinearCuda::~Mxfp8LinearCuda() {
   if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
-  cudaFree(d_values_);
-  cudaFree(d_scales_);
-  cudaFree(d_bias_);
 }
 
 Mxfp8Path Mxfp8LinearCuda::path_for(int64_t m) const {
@@ -188,7 +175,7 @@ int Mxfp8LinearCuda::splits_for(int64_t m) const {
 
 size_t Mxfp8LinearCuda::workspace_bytes(int64_t m) const {
   return carve(nullptr, m, in_, out_, splits_for(m), path_for(m) == Mxfp8Path::kCublas,
-               d_bias_ != nullptr)
+               !bias_.empty())
       .bytes;
 }
 
@@ -201,7 +188,8 @@ size_t Mxfp8LinearCuda::workspace_bytes() const {
 }
 
 cudaError_t Mxfp8LinearCuda::dequantize_bf16(uint16_t* out, cudaStream_t stream) const {
-  return detail::mxfp8_dequant_bf16(d_values_, d_scales_, in_, out_, out, stream);
+  return detail::mxfp8_dequant_bf16(values_.as<uint8_t>(), scales_.as<uint8_t>(), in_, out_, out,
+                                    stream);
 }
 
 cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t m, void* workspace,
@@ -211,17 +199,19 @@ cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t
   const Mxfp8Path path = path_for(m);
   const int splits = splits_for(m);
   const Carve ws =
-      carve(workspace, m, in_, out_, splits, path == Mxfp8Path::kCublas, d_bias_ != nullptr);
+      carve(workspace, m, in_, out_, splits, path == Mxfp8Path::kCublas, !bias_.empty());
   if (ws.bytes > 0 && (workspace == nullptr || workspace_size < ws.bytes))
     return cudaErrorInvalidValue;
   cudaError_t e = cudaSuccess;
   if (path == Mxfp8Path::kGemv) {
-    e = detail::mxfp8_gemv(d_values_, d_scales_, x, m, in_, out_, splits, ws.partial, d_bias_, y,
-                           out_type, stream);
+    e = detail::mxfp8_gemv(values_.as<uint8_t>(), scales_.as<uint8_t>(), x, m, in_, out_, splits,
+                           ws.partial, bias_.as<float>(), y, out_type, stream);
     if (e != cudaSuccess || splits == 1) return e;
-    return detail::mxfp8_reduce(ws.partial, splits, d_bias_, m, out_, y, out_type, stream);
+    return detail::mxfp8_reduce(ws.partial, splits, bias_.as<float>(), m, out_, y, out_type,
+                                stream);
   }
-  e = detail::mxfp8_dequant_bf16(d_values_, d_scales_, in_, out_, ws.w_bf16, stream);
+  e = detail::mxfp8_dequant_bf16(values_.as<uint8_t>(), scales_.as<uint8_t>(), in_, out_, ws.w_bf16,
+                                 stream);
   if (e != cudaSuccess) return e;
   // Row-major y[m, n] = x[m, k] W[n, k]^T is column-major y^T = W^T(k x n, transposed) x^T.
   auto h = static_cast<cublasHandle_t>(cublas_);
@@ -229,7 +219,7 @@ cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t
       cublasSetWorkspace(h, ws.cublas_ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
     return cudaErrorUnknown;
   }
-  const bool via_partial = d_bias_ != nullptr;  // bias added in fp32 before the output rounding
+  const bool via_partial = !bias_.empty();  // bias added in fp32 before the output rounding
   void* dst = via_partial ? static_cast<void*>(ws.partial) : y;
   const cudaDataType_t dt = via_partial || out_type == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   const float alpha = 1.0f, beta = 0.0f;
@@ -240,7 +230,7 @@ cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t
     return cudaErrorUnknown;
   }
   if (!via_partial) return cudaGetLastError();
-  return detail::mxfp8_reduce(ws.partial, 1, d_bias_, m, out_, y, out_type, stream);
+  return detail::mxfp8_reduce(ws.partial, 1, bias_.as<float>(), m, out_, y, out_type, stream);
 }
 
 Mxfp8Options mxfp8_options_from_env(Mxfp8Options base) {
@@ -257,21 +247,10 @@ std::vector<float> mxfp8_forward_host(const Mxfp8LinearCuda& layer, const float*
                yout = static_cast<size_t>(m * layer.out_features());
   std::vector<uint16_t> xb(xin);
   for (size_t i = 0; i < xin; ++i) xb[i] = trellis::float_to_bf16(x[i]);
-  struct Free {
-    void operator()(void* p) const { cudaFree(p); }
-  };
-  auto alloc = [](size_t bytes, const char* what) {
-    void* p = nullptr;
-    EXL3_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes),
-                    "CUDA MXFP8 linear (host wrapper): " + std::string("allocating ") + what);
-    return std::unique_ptr<void, Free>(p);
-  };
-  const size_t ws_bytes = layer.workspace_bytes(m);
-  auto dx = alloc(xin * 2, "input");
-  auto dy = alloc(yout * 4, "output");
-  auto ws = alloc(ws_bytes, "workspace");
-  EXL3_CUDA_CHECK(cudaMemcpy(dx.get(), xb.data(), xin * 2, cudaMemcpyHostToDevice),
-                  "CUDA MXFP8 linear (host wrapper): copying input");
+  const size_t ws_bytes = layer.workspace_bytes(m);  // may be 0 (then nullptr is accepted)
+  const auto dx = DeviceBuffer::upload(xb, "the MXFP8 host wrapper's input");
+  const DeviceBuffer dy(yout * 4, "the MXFP8 host wrapper's output");
+  const DeviceBuffer ws(ws_bytes, "the MXFP8 host wrapper's workspace");
   EXL3_CUDA_CHECK(layer.run(dx.get(), dy.get(), DType::kF32, m, ws.get(), ws_bytes, nullptr),
                   "CUDA MXFP8 linear (host wrapper): running");
   EXL3_CUDA_CHECK(cudaDeviceSynchronize(), "CUDA MXFP8 linear (host wrapper): running");

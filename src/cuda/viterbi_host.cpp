@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/viterbi.hpp"
 #include "exl3/error.hpp"
 #include "exl3/trellis/bitstream.hpp"
@@ -18,22 +19,6 @@ namespace tr = exl3::trellis;
 
 constexpr size_t kMaxScratch = size_t{2} << 30;    // back-pointer scratch cap (2 GiB)
 constexpr int64_t kChunkTiles = int64_t{1} << 16;  // tiles per upload (64 Ki tiles = 16 MiB fp32)
-
-// Owns one device allocation.
-struct DeviceBuffer {
-  void* p = nullptr;
-  DeviceBuffer(size_t bytes, const char* what) {
-    EXL3_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 1)),
-                    std::string("CUDA encode_tiles: ") + what);
-  }
-  ~DeviceBuffer() { (void)cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
 
 // Tiles in flight for n tiles: the resident blocks (no benefit beyond), within the scratch cap.
 int64_t tiles_in_flight(int64_t n, int K) {
@@ -64,35 +49,36 @@ void encode_tiles_cuda_host(const float* tiles, int64_t n, int K, trellis::Codeb
   const int64_t flight = tiles_in_flight(chunk, K);
   const size_t ws_bytes = encode_tiles_cuda_workspace(flight, K);
   const auto tile_bytes = static_cast<size_t>(tr::kTileSize);
-  DeviceBuffer d_tiles(static_cast<size_t>(chunk) * tile_bytes * sizeof(float), "allocating tiles");
+  DeviceBuffer d_tiles(static_cast<size_t>(chunk) * tile_bytes * sizeof(float),
+                       "the encoder's tiles");
   DeviceBuffer d_states(static_cast<size_t>(chunk) * tile_bytes * sizeof(uint16_t),
-                        "allocating states");
+                        "the encoder's states");
   DeviceBuffer d_decoded(
       decoded != nullptr ? static_cast<size_t>(chunk) * tile_bytes * sizeof(float) : 0,
-      "allocating decoded values");
-  DeviceBuffer d_ws(ws_bytes, "allocating the back-pointer workspace");
+      "the encoder's decoded values");
+  DeviceBuffer d_ws(ws_bytes, "the encoder's back-pointer workspace");
   for (int64_t first = 0; first < n; first += chunk) {
     const int64_t m = std::min(chunk, n - first);
     const size_t elems = static_cast<size_t>(m) * tile_bytes;
-    EXL3_CUDA_CHECK(cudaMemcpy(d_tiles.p, tiles + first * tr::kTileSize, elems * sizeof(float),
+    EXL3_CUDA_CHECK(cudaMemcpy(d_tiles.get(), tiles + first * tr::kTileSize, elems * sizeof(float),
                                cudaMemcpyHostToDevice),
                     "CUDA encode_tiles: uploading tiles");
     EXL3_CUDA_CHECK(encode_tiles_cuda(d_tiles.as<float>(), m, K, cb, d_states.as<uint16_t>(),
-                                      decoded != nullptr ? d_decoded.as<float>() : nullptr, d_ws.p,
-                                      ws_bytes, nullptr),
+                                      decoded != nullptr ? d_decoded.as<float>() : nullptr,
+                                      d_ws.get(), ws_bytes, nullptr),
                     "CUDA encode_tiles: launching the encoder");
     uint32_t failures = 0;
-    EXL3_CUDA_CHECK(encode_tiles_cuda_failures(d_ws.p, &failures, nullptr),
+    EXL3_CUDA_CHECK(encode_tiles_cuda_failures(d_ws.get(), &failures, nullptr),
                     "CUDA encode_tiles: running the encoder");
     if (failures != 0) {
       fail("CUDA encode_tiles: internal error, {} of {} traced paths are not tail-biting (K={})",
            failures, m, K);
     }
-    EXL3_CUDA_CHECK(cudaMemcpy(states + first * tr::kTileSize, d_states.p, elems * sizeof(uint16_t),
-                               cudaMemcpyDeviceToHost),
+    EXL3_CUDA_CHECK(cudaMemcpy(states + first * tr::kTileSize, d_states.get(),
+                               elems * sizeof(uint16_t), cudaMemcpyDeviceToHost),
                     "CUDA encode_tiles: downloading states");
     if (decoded != nullptr) {
-      EXL3_CUDA_CHECK(cudaMemcpy(decoded + first * tr::kTileSize, d_decoded.p,
+      EXL3_CUDA_CHECK(cudaMemcpy(decoded + first * tr::kTileSize, d_decoded.get(),
                                  elems * sizeof(float), cudaMemcpyDeviceToHost),
                       "CUDA encode_tiles: downloading decoded values");
     }
@@ -109,11 +95,11 @@ double encode_tiles_cuda_tiles_per_second(int K, trellis::Codebook cb, int n) {
 
   const int64_t flight = tiles_in_flight(n, K);
   const size_t ws_bytes = encode_tiles_cuda_workspace(flight, K);
-  DeviceBuffer d_tiles(host.size() * sizeof(float), "allocating tiles");
-  DeviceBuffer d_states(host.size() * sizeof(uint16_t), "allocating states");
-  DeviceBuffer d_ws(ws_bytes, "allocating the back-pointer workspace");
+  DeviceBuffer d_tiles(host.size() * sizeof(float), "the encoder's tiles");
+  DeviceBuffer d_states(host.size() * sizeof(uint16_t), "the encoder's states");
+  DeviceBuffer d_ws(ws_bytes, "the encoder's back-pointer workspace");
   EXL3_CUDA_CHECK(
-      cudaMemcpy(d_tiles.p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
+      cudaMemcpy(d_tiles.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
       "CUDA encode_tiles: uploading tiles");
 
   cudaEvent_t start = nullptr, stop = nullptr;
@@ -121,7 +107,7 @@ double encode_tiles_cuda_tiles_per_second(int K, trellis::Codebook cb, int n) {
   EXL3_CUDA_CHECK(cudaEventCreate(&stop), "CUDA encode_tiles: creating an event");
   auto run = [&] {
     return encode_tiles_cuda(d_tiles.as<float>(), n, K, cb, d_states.as<uint16_t>(), nullptr,
-                             d_ws.p, ws_bytes, nullptr);
+                             d_ws.get(), ws_bytes, nullptr);
   };
   cudaError_t e = run();  // warm-up (module load, shared memory carve-out)
   if (e == cudaSuccess) e = cudaDeviceSynchronize();

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <variant>
@@ -30,6 +31,7 @@
 #include <cuda_runtime_api.h>
 #include <tbb/parallel_for.h>
 
+#include "exl3/cuda/check.hpp"
 #include "exl3/cuda/dense_linear.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/cuda/model_ops.hpp"
@@ -49,6 +51,22 @@ namespace {
 
 using cuda::DType;
 using SeqId = PagedKvCache::SeqId;
+
+// Page-locked host memory (the step's geometry going up, the logits coming down).
+struct PinnedFree {
+  void operator()(void* p) const noexcept { (void)cudaFreeHost(p); }
+};
+template <typename T>
+using Pinned = std::unique_ptr<T[], PinnedFree>;
+
+template <typename T>
+Pinned<T> pinned(size_t count, const char* what) {
+  void* p = nullptr;
+  EXL3_CUDA_CHECK(
+      cudaMallocHost(&p, count * sizeof(T)),
+      fmt::format("allocating {} in pinned memory ({} bytes)", what, count * sizeof(T)));
+  return Pinned<T>(static_cast<T*>(p));
+}
 
 // Scratch of one forward chunk (cap tokens), shared by every layer.
 struct Scratch {
@@ -162,20 +180,14 @@ class CudaEngine final : public PagedEngine {
       kv_bytes_ += 2 * bytes;
     }
     allocate_scratch();
-    void* pinned = nullptr;
-    EXL3_CUDA_CHECK(cudaMallocHost(&pinned, static_cast<size_t>(meta_capacity_) * 4),
-                    "allocating pinned memory");
-    meta_host_ = static_cast<int32_t*>(pinned);
+    meta_host_ = pinned<int32_t>(static_cast<size_t>(meta_capacity_), "the step metadata");
     if (!tp_ || tp_->rank == 0) {  // only rank 0 hands logits out
-      EXL3_CUDA_CHECK(cudaMallocHost(&pinned, s_.logits.bytes()), "allocating pinned memory");
-      logits_host_ = static_cast<float*>(pinned);
+      logits_host_ = pinned<float>(s_.logits.count<float>(), "the logits");
     }
   }
 
   ~CudaEngine() override {
     for (auto& [n, g] : graphs_) cudaGraphExecDestroy(g);
-    if (meta_host_) cudaFreeHost(meta_host_);
-    if (logits_host_) cudaFreeHost(logits_host_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -261,7 +273,8 @@ class CudaEngine final : public PagedEngine {
       embed_ = DeviceBuffer(bytes.data(), bytes.size(), spec_.embed_tokens);
       weight_bytes_ += bytes.size();
     }
-    final_norm_ = upload_floats(load_vector(store, spec_.final_norm, hidden), spec_.final_norm);
+    final_norm_ =
+        DeviceBuffer::upload(load_vector(store, spec_.final_norm, hidden), spec_.final_norm);
     if (tp_) {  // this rank's vocabulary rows
       const Extent v = tp_->plan->vocab[static_cast<size_t>(tp_->rank)];
       for (const Extent& e : tp_->plan->vocab) rank_vocab_ = std::max(rank_vocab_, e.count);
@@ -303,9 +316,9 @@ class CudaEngine final : public PagedEngine {
       const LayerSpec& ls = spec_.layers[li];
       const TpLayerPlan* lp = tp_ ? &tp_->plan->layers[li] : nullptr;
       LayerGpu l;
-      l.input_norm = upload_floats(load_vector(store, ls.input_norm, hidden), ls.input_norm);
-      l.post_norm =
-          upload_floats(load_vector(store, ls.post_attention_norm, hidden), ls.post_attention_norm);
+      l.input_norm = DeviceBuffer::upload(load_vector(store, ls.input_norm, hidden), ls.input_norm);
+      l.post_norm = DeviceBuffer::upload(load_vector(store, ls.post_attention_norm, hidden),
+                                         ls.post_attention_norm);
       load_attention(l.attn, std::get<GqaAttentionSpec>(ls.attention),
                      lp ? &lp->attention : nullptr);
       if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
@@ -347,10 +360,10 @@ class CudaEngine final : public PagedEngine {
     const int64_t qw = a.spec.num_heads * s.head_dim, kvw = a.spec.num_kv_heads * s.head_dim;
     for (const GpuLinear* l : {&a.q, &a.k, &a.v, &a.o}) track(*l);
     if (s.qk_norm) {
-      a.q_norm = upload_floats(load_vector(ckpt_.store(), s.prefix + ".q_norm.weight", s.head_dim),
-                               "q_norm");
-      a.k_norm = upload_floats(load_vector(ckpt_.store(), s.prefix + ".k_norm.weight", s.head_dim),
-                               "k_norm");
+      a.q_norm = DeviceBuffer::upload(
+          load_vector(ckpt_.store(), s.prefix + ".q_norm.weight", s.head_dim), "q_norm");
+      a.k_norm = DeviceBuffer::upload(
+          load_vector(ckpt_.store(), s.prefix + ".k_norm.weight", s.head_dim), "k_norm");
     }
     a.rope = rope_table(s.rope);
     widest_q_ = std::max(widest_q_, qw);
@@ -433,10 +446,10 @@ class CudaEngine final : public PagedEngine {
           spec_.label, s.prefix, s.num_experts, s.top_k, s.n_group);
     }
     if (s.correction_bias) {
-      m.bias = upload_floats(
+      m.bias = DeviceBuffer::upload(
           load_vector(store, s.prefix + ".gate.e_score_correction_bias", s.num_experts),
           "e_score_correction_bias");
-      m.params.correction_bias = m.bias.get<float>();
+      m.params.correction_bias = m.bias.as<float>();
     }
     const int experts = static_cast<int>(s.num_experts);
     moe::MoeLayerWeights w;
@@ -505,7 +518,8 @@ class CudaEngine final : public PagedEngine {
     for (int64_t p = 0; p < max_seq_tokens_; ++p) {
       table.at(p, cs.data() + p * 2 * half, cs.data() + p * 2 * half + half);
     }
-    ropes_.push_back({table.inv_freq(), r.attention_factor, upload_floats(cs, "the RoPE table")});
+    ropes_.push_back(
+        {table.inv_freq(), r.attention_factor, DeviceBuffer::upload(cs, "the RoPE table")});
     return static_cast<int>(ropes_.size() - 1);
   }
 
@@ -538,7 +552,7 @@ class CudaEngine final : public PagedEngine {
     s_.ws = DeviceBuffer(ws_bytes_, "the workspace");
     meta_capacity_ = 7 * cap_ + cap_ * max_pages_;  // the largest MetaLayout::total()
     s_.meta = DeviceBuffer(static_cast<size_t>(meta_capacity_) * 4, "step metadata");
-    pads_ = {s_.pad_in.get<float>(), s_.pad_out.get<float>()};
+    pads_ = {s_.pad_in.as<float>(), s_.pad_out.as<float>()};
   }
 
   // ---- one chunk --------------------------------------------------------------------------
@@ -562,7 +576,7 @@ class CudaEngine final : public PagedEngine {
       if (!r.want_last || r.want_all) pure_decode = false;
     }
     for (const auto& r : runs) cache_->reserve(r.seq, static_cast<int64_t>(r.len));
-    int32_t* h = meta_host_;
+    int32_t* h = meta_host_.get();
     int64_t t = 0, d = 0, ti = 0, row = 0;
     for (size_t i = 0; i < runs.size(); ++i) {
       const Run& r = runs[i];
@@ -588,9 +602,10 @@ class CudaEngine final : public PagedEngine {
       std::fill_n(pt, max_pages_, 0);
       std::copy(pages.begin(), pages.end(), pt);
     }
-    EXL3_CUDA_CHECK(cudaMemcpyAsync(s_.meta.get(), meta_host_, static_cast<size_t>(ml.total()) * 4,
-                                    cudaMemcpyHostToDevice, stream_),
-                    "uploading the step");
+    EXL3_CUDA_CHECK(
+        cudaMemcpyAsync(s_.meta.get(), meta_host_.get(), static_cast<size_t>(ml.total()) * 4,
+                        cudaMemcpyHostToDevice, stream_),
+        "uploading the step");
     if (pure_decode && opts_.cuda_graphs) {
       launch_graph(ml);
     } else {
@@ -601,8 +616,8 @@ class CudaEngine final : public PagedEngine {
     if (ml.rows > 0 && returns_logits) {
       const int64_t vs = tp_ ? tp_size() * rank_vocab_ : head_.out();
       EXL3_CUDA_CHECK(
-          cudaMemcpyAsync(logits_host_, s_.logits.get(), static_cast<size_t>(ml.rows * vs) * 4,
-                          cudaMemcpyDeviceToHost, stream_),
+          cudaMemcpyAsync(logits_host_.get(), s_.logits.get(),
+                          static_cast<size_t>(ml.rows * vs) * 4, cudaMemcpyDeviceToHost, stream_),
           "reading the logits");
     }
 #if defined(EXL3_HAVE_NCCL)
@@ -631,7 +646,7 @@ class CudaEngine final : public PagedEngine {
     }
     tbb::parallel_for(size_t{0}, rows_out.size(), [&](size_t i) {
       if (!tp_) {
-        std::memcpy(rows_out[i].first, logits_host_ + rows_out[i].second * vs,
+        std::memcpy(rows_out[i].first, logits_host_.get() + rows_out[i].second * vs,
                     static_cast<size_t>(vocab) * 4);
         return;
       }
@@ -639,7 +654,7 @@ class CudaEngine final : public PagedEngine {
       for (int q = 0; q < tp_size(); ++q) {
         const Extent e = tp_->plan->vocab[static_cast<size_t>(q)];
         std::memcpy(rows_out[i].first + e.begin,
-                    logits_host_ + (q * ml.rows + rows_out[i].second) * rank_vocab_,
+                    logits_host_.get() + (q * ml.rows + rows_out[i].second) * rank_vocab_,
                     static_cast<size_t>(e.count) * 4);
       }
     });
@@ -671,11 +686,11 @@ class CudaEngine final : public PagedEngine {
   // Every kernel of one chunk, in stream order (no host sync, no allocation).
   void forward_kernels(const MetaLayout& ml) {
     const int64_t n = ml.n, hidden = spec_.hidden_size;
-    const auto* meta = s_.meta.get<int32_t>();
+    const auto* meta = s_.meta.as<int32_t>();
     const cuda::TokenMeta tm{meta + ml.pos(), meta + ml.seq_row()};
-    float* x = s_.x.get<float>();
-    float* hbuf = s_.h.get<float>();
-    float* y = s_.y.get<float>();
+    float* x = s_.x.as<float>();
+    float* hbuf = s_.h.as<float>();
+    float* y = s_.y.as<float>();
     void* ws = s_.ws.get();
     const size_t wsz = s_.ws.bytes();
     const float eps = static_cast<float>(spec_.rms_norm_eps);
@@ -685,14 +700,14 @@ class CudaEngine final : public PagedEngine {
     const float* pending = nullptr;  // the last block's output, added to x by the next norm
     for (size_t li = 0; li < layers_.size(); ++li) {
       const LayerGpu& l = layers_[li];
-      EXL3_CUDA_CHECK(cuda::add_rms_norm(x, pending, l.input_norm.get<float>(), nullptr, n, hidden,
+      EXL3_CUDA_CHECK(cuda::add_rms_norm(x, pending, l.input_norm.as<float>(), nullptr, n, hidden,
                                          eps, hbuf, stream_),
                       "norm");
       attention(l.attn, ml, tm, hbuf, y, ws, wsz);
       all_reduce(y, n * hidden, "attention output");
-      EXL3_CUDA_CHECK(cuda::add_rms_norm(x, y, l.post_norm.get<float>(), nullptr, n, hidden, eps,
-                                         hbuf, stream_),
-                      "norm");
+      EXL3_CUDA_CHECK(
+          cuda::add_rms_norm(x, y, l.post_norm.as<float>(), nullptr, n, hidden, eps, hbuf, stream_),
+          "norm");
       if (const auto* d = std::get_if<DenseMlpGpu>(&l.mlp)) {
         dense_mlp(*d, hbuf, y, n, ws, wsz);
       } else {
@@ -702,18 +717,18 @@ class CudaEngine final : public PagedEngine {
       pending = y;
     }
     if (ml.rows == 0) return;
-    EXL3_CUDA_CHECK(cuda::add_rms_norm(x, pending, final_norm_.get<float>(), meta + ml.row_index(),
+    EXL3_CUDA_CHECK(cuda::add_rms_norm(x, pending, final_norm_.as<float>(), meta + ml.row_index(),
                                        ml.rows, hidden, eps, hbuf, stream_),
                     "final norm");
     if (!tp_) {
-      head_.run(hbuf, s_.logits.get<float>(), ml.rows, ws, wsz, pads_, stream_);
+      head_.run(hbuf, s_.logits.as<float>(), ml.rows, ws, wsz, pads_, stream_);
       return;
     }
 #if defined(EXL3_HAVE_NCCL)
     // Each rank's [rows, its vocabulary] block, gathered as [tp, rows, widest rank vocabulary].
-    head_.run(hbuf, s_.logits_local.get<float>(), ml.rows, ws, wsz, pads_, stream_);
+    head_.run(hbuf, s_.logits_local.as<float>(), ml.rows, ws, wsz, pads_, stream_);
     const std::string err =
-        tp_->comm->all_gather_device(s_.logits_local.get<float>(), s_.logits.get<float>(),
+        tp_->comm->all_gather_device(s_.logits_local.as<float>(), s_.logits.as<float>(),
                                      static_cast<size_t>(ml.rows * rank_vocab_), stream_);
     if (!err.empty()) fail("tensor parallel rank {}: logits: {}", tp_->rank, err);
 #endif
@@ -738,23 +753,23 @@ class CudaEngine final : public PagedEngine {
                  float* out, void* ws, size_t wsz) {
     const int64_t n = ml.n;
     const auto& s = a.spec;
-    float* q = s_.q.get<float>();
-    float* k = s_.k.get<float>();
-    float* v = s_.v.get<float>();
+    float* q = s_.q.as<float>();
+    float* k = s_.k.as<float>();
+    float* v = s_.v.as<float>();
     a.q.run(h, q, n, ws, wsz, pads_, stream_);
     a.k.run(h, k, n, ws, wsz, pads_, stream_);
     a.v.run(h, v, n, ws, wsz, pads_, stream_);
-    const auto* meta = s_.meta.get<int32_t>();
-    cuda::PagedKv kv{a.kcache.get<uint16_t>(), a.vcache.get<uint16_t>(), meta + ml.page_tables(),
+    const auto* meta = s_.meta.as<int32_t>();
+    cuda::PagedKv kv{a.kcache.as<uint16_t>(), a.vcache.as<uint16_t>(), meta + ml.page_tables(),
                      static_cast<int32_t>(max_pages_), static_cast<int32_t>(cache_->page_size())};
     const cuda::AttnShape shape{static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
                                 static_cast<int>(s.head_dim), static_cast<int>(s.rope.half())};
-    EXL3_CUDA_CHECK(cuda::qk_norm_rope_store(q, k, v, a.q_norm.get<float>(), a.k_norm.get<float>(),
+    EXL3_CUDA_CHECK(cuda::qk_norm_rope_store(q, k, v, a.q_norm.as<float>(), a.k_norm.as<float>(),
                                              static_cast<float>(spec_.rms_norm_eps),
-                                             ropes_[static_cast<size_t>(a.rope)].table.get<float>(),
+                                             ropes_[static_cast<size_t>(a.rope)].table.as<float>(),
                                              tm, n, shape, kv, stream_),
                     "rope");
-    float* attn = s_.attn.get<float>();
+    float* attn = s_.attn.as<float>();
     const auto scale = static_cast<float>(s.scale);
     EXL3_CUDA_CHECK(cuda::attention_decode(q, meta + ml.decode_list(), ml.decode, tm, shape, scale,
                                            kv, attn, stream_),
@@ -767,8 +782,8 @@ class CudaEngine final : public PagedEngine {
 
   void dense_mlp(const DenseMlpGpu& m, const float* h, float* out, int64_t n, void* ws,
                  size_t wsz) {
-    float* g = s_.g.get<float>();
-    float* u = s_.u.get<float>();
+    float* g = s_.g.as<float>();
+    float* u = s_.u.as<float>();
     m.gate.run(h, g, n, ws, wsz, pads_, stream_);
     m.up.run(h, u, n, ws, wsz, pads_, stream_);
     EXL3_CUDA_CHECK(cuda::silu_mul(g, u, n * m.inter, stream_), "SiLU");
@@ -776,14 +791,14 @@ class CudaEngine final : public PagedEngine {
   }
 
   void moe_mlp(const MoeGpu& m, const float* h, float* out, int64_t n, void* ws, size_t wsz) {
-    float* logits = s_.router.get<float>();
+    float* logits = s_.router.as<float>();
     m.router.run(h, logits, n, ws, wsz, pads_, stream_);
-    auto* ids = s_.ids.get<int32_t>();
-    auto* wts = s_.wts.get<float>();
+    auto* ids = s_.ids.as<int32_t>();
+    auto* wts = s_.wts.as<float>();
     EXL3_CUDA_CHECK(cuda::route_topk(logits, n, m.params, ids, wts, stream_), "routing");
     EXL3_CUDA_CHECK(m.layer->run(h, DType::kF32, ids, wts, out, n, ws, wsz, stream_), "MoE layer");
     if (m.shared) {
-      float* so = s_.shared_out.get<float>();
+      float* so = s_.shared_out.as<float>();
       dense_mlp(*m.shared, h, so, n, ws, wsz);
       EXL3_CUDA_CHECK(cuda::add_inplace(out, so, n * spec_.hidden_size, stream_), "shared experts");
     }
@@ -812,8 +827,8 @@ class CudaEngine final : public PagedEngine {
   int64_t widest_q_ = 0, widest_kv_ = 0, widest_inter_ = 0, widest_experts_ = 0, widest_topk_ = 0;
   int64_t widest_pad_in_ = 0, widest_pad_out_ = 0;
   size_t ws_bytes_ = 0, weight_bytes_ = 0, kv_bytes_ = 0;
-  int32_t* meta_host_ = nullptr;
-  float* logits_host_ = nullptr;
+  Pinned<int32_t> meta_host_;
+  Pinned<float> logits_host_;
   std::map<int64_t, cudaGraphExec_t> graphs_;
   OverlayPlan overlay_plan_;
   OverlayReport overlay_report_;

@@ -26,6 +26,7 @@
 
 #include "cuda_engine.hpp"
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/error.hpp"
 #include "exl3/runtime/nccl_communicator.hpp"
 #include "exl3/runtime/tp_plan.hpp"
@@ -109,16 +110,16 @@ class RankThreads {
 class CollectiveTimer {
  public:
   CollectiveTimer(NcclCommunicator& c, size_t n, size_t gather, size_t ranks)
-      : c_(c), n_(n), gather_(gather) {
+      : c_(c),
+        n_(n),
+        gather_(gather),
+        data_(cuda::DeviceBuffer::of<float>(std::max<size_t>({n, gather, 1}),
+                                            "the collective timer's data")),
+        gathered_(cuda::DeviceBuffer::of<float>(std::max<size_t>(gather * ranks, 1),
+                                                "the collective timer's gathered data")) {
     EXL3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                     "timing the collectives: creating a stream");
-    EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_),
-                               std::max<size_t>({n, gather, 1}) * sizeof(float)),
-                    "timing the collectives: allocating");
-    EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&gathered_),
-                               std::max<size_t>(gather * ranks, 1) * sizeof(float)),
-                    "timing the collectives: allocating");
-    EXL3_CUDA_CHECK(cudaMemsetAsync(data_, 0, std::max(n, gather) * sizeof(float), stream_),
+    EXL3_CUDA_CHECK(cudaMemsetAsync(data_.get(), 0, std::max(n, gather) * sizeof(float), stream_),
                     "timing the collectives: clearing");
     EXL3_CUDA_CHECK(cudaEventCreate(&start_), "timing the collectives: creating an event");
     EXL3_CUDA_CHECK(cudaEventCreate(&stop_), "timing the collectives: creating an event");
@@ -127,8 +128,6 @@ class CollectiveTimer {
     if (exec_) cudaGraphExecDestroy(exec_);
     cudaEventDestroy(start_);
     cudaEventDestroy(stop_);
-    cudaFree(data_);
-    cudaFree(gathered_);
     cudaStreamDestroy(stream_);
   }
   CollectiveTimer(const CollectiveTimer&) = delete;
@@ -140,8 +139,9 @@ class CollectiveTimer {
                     "timing the collectives: capturing");
     std::string err;
     for (size_t i = 0; i < reduces && err.empty(); ++i)
-      err = c_.all_reduce_sum_device(data_, n_, stream_);
-    if (err.empty() && gather_ > 0) err = c_.all_gather_device(data_, gathered_, gather_, stream_);
+      err = c_.all_reduce_sum_device(data_.as<float>(), n_, stream_);
+    if (err.empty() && gather_ > 0)
+      err = c_.all_gather_device(data_.as<float>(), gathered_.as<float>(), gather_, stream_);
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     if (!err.empty()) {
       if (graph) cudaGraphDestroy(graph);
@@ -168,9 +168,8 @@ class CollectiveTimer {
  private:
   NcclCommunicator& c_;
   size_t n_, gather_;
+  cuda::DeviceBuffer data_, gathered_;
   cudaStream_t stream_ = nullptr;
-  float* data_ = nullptr;
-  float* gathered_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
 };

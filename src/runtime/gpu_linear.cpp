@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "cuda_buffers.hpp"
+#include "exl3/cuda/check.hpp"
 #include "exl3/cuda/model_ops.hpp"
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"

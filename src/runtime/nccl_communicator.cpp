@@ -62,7 +62,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclGroupState> group, int ra
 
 NcclCommunicator::~NcclCommunicator() {
   cudaSetDevice(device());
-  if (staging_ != nullptr) cudaFree(staging_);
+  staging_.reset();  // on the rank's device, before its stream and communicator go
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   ncclComm_t c = nullptr;
   {
@@ -92,12 +92,9 @@ void NcclCommunicator::stage(size_t floats) {
   if (stream_ == nullptr)
     EXL3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                     "creating a stream");
-  if (floats <= staging_floats_) return;
-  if (staging_ != nullptr) cudaFree(staging_);
-  staging_ = nullptr;
-  staging_floats_ = 0;
-  EXL3_CUDA_CHECK(cudaMalloc(&staging_, floats * sizeof(float)), "allocating the staging buffer");
-  staging_floats_ = floats;
+  if (floats <= staging_.count<float>()) return;
+  staging_.reset();  // free the old buffer before allocating the larger one
+  staging_ = cuda::DeviceBuffer::of<float>(floats, "the NCCL staging buffer");
 }
 
 std::string NcclCommunicator::all_reduce_sum_device(float* data, size_t count,
@@ -148,7 +145,7 @@ void NcclCommunicator::all_gather(std::span<const float> send, std::span<float> 
   // Agree on the count first: mismatched counts would make NCCL read past buffers or hang.
   stage(std::max<size_t>(total, static_cast<size_t>(size()) * 2));
   const auto mine = static_cast<uint64_t>(n);
-  auto* counts = reinterpret_cast<uint64_t*>(staging_);
+  auto* counts = staging_.as<uint64_t>();
   EXL3_CUDA_CHECK(
       cudaMemcpyAsync(counts + rank_, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream_),
       "staging");
@@ -171,12 +168,13 @@ void NcclCommunicator::all_gather(std::span<const float> send, std::span<float> 
          recv.size(), total);
   }
   if (n == 0) return;
-  EXL3_CUDA_CHECK(cudaMemcpyAsync(staging_ + rank_ * n, send.data(), n * sizeof(float),
+  EXL3_CUDA_CHECK(cudaMemcpyAsync(staging_.as<float>() + rank_ * n, send.data(), n * sizeof(float),
                                   cudaMemcpyHostToDevice, stream_),
                   "staging");
-  const std::string err = all_gather_device(staging_ + rank_ * n, staging_, n, stream_);
+  const std::string err =
+      all_gather_device(staging_.as<float>() + rank_ * n, staging_.as<float>(), n, stream_);
   if (!err.empty()) fail("tensor parallel rank {}: {}", rank_, err);
-  EXL3_CUDA_CHECK(cudaMemcpyAsync(recv.data(), staging_, total * sizeof(float),
+  EXL3_CUDA_CHECK(cudaMemcpyAsync(recv.data(), staging_.as<float>(), total * sizeof(float),
                                   cudaMemcpyDeviceToHost, stream_),
                   "reading the gathered data");
   wait(stream_, "all-gather");

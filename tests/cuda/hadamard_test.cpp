@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/hadamard.hpp"
 #include "exl3/trellis/hadamard.hpp"
 #include "exl3/trellis/half.hpp"
@@ -16,6 +17,7 @@
 namespace {
 
 namespace tr = exl3::trellis;
+using exl3::cuda::DeviceBuffer;
 using exl3::cuda::DType;
 
 size_t esize(DType t) {
@@ -82,23 +84,17 @@ TEST(CudaHadamard, RowsMatchFp64AllDtypesAndScales) {
               }
             }
 
-            void *dx, *dy;
-            uint16_t *dpre, *dpost;
-            EXL3_CUDA_CHECK(cudaMalloc(&dx, xb.size()));
-            EXL3_CUDA_CHECK(cudaMalloc(&dy, x.size() * esize(out)));
-            EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dpre), pre.size() * 2));
-            EXL3_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dpost), post.size() * 2));
-            EXL3_CUDA_CHECK(cudaMemcpy(dx, xb.data(), xb.size(), cudaMemcpyHostToDevice));
-            EXL3_CUDA_CHECK(cudaMemcpy(dpre, pre.data(), pre.size() * 2, cudaMemcpyHostToDevice));
-            EXL3_CUDA_CHECK(
-                cudaMemcpy(dpost, post.data(), post.size() * 2, cudaMemcpyHostToDevice));
-            EXL3_CUDA_CHECK(cudaMemset(dy, 0xFF, x.size() * esize(out)));  // NaN poison
-            EXL3_CUDA_CHECK(exl3::cuda::hadamard128_rows(dx, in, dy, out, rows, cols,
-                                                         scaled ? dpre : nullptr,
-                                                         scaled ? dpost : nullptr, nullptr));
+            const auto dx = DeviceBuffer::upload(xb, "x");
+            const DeviceBuffer dy(x.size() * esize(out), "y");
+            const auto dpre = DeviceBuffer::upload(pre, "pre");
+            const auto dpost = DeviceBuffer::upload(post, "post");
+            EXL3_CUDA_CHECK(cudaMemset(dy.get(), 0xFF, dy.bytes()));  // NaN poison
+            EXL3_CUDA_CHECK(exl3::cuda::hadamard128_rows(
+                dx.get(), in, dy.get(), out, rows, cols, scaled ? dpre.as<uint16_t>() : nullptr,
+                scaled ? dpost.as<uint16_t>() : nullptr, nullptr));
             EXL3_CUDA_CHECK(cudaDeviceSynchronize());
             std::vector<char> yb(x.size() * esize(out));
-            EXL3_CUDA_CHECK(cudaMemcpy(yb.data(), dy, yb.size(), cudaMemcpyDeviceToHost));
+            EXL3_CUDA_CHECK(cudaMemcpy(yb.data(), dy.get(), yb.size(), cudaMemcpyDeviceToHost));
             double num = 0, den = 0;
             for (size_t i = 0; i < x.size(); ++i) {
               const double d = decode_one(yb.data() + i * esize(out), out) - ref[i];
@@ -109,10 +105,6 @@ TEST(CudaHadamard, RowsMatchFp64AllDtypesAndScales) {
             EXPECT_LE(std::sqrt(num / den), tol)
                 << rows << "x" << cols << " in " << static_cast<int>(in) << " out "
                 << static_cast<int>(out) << " scaled " << scaled;
-            cudaFree(dx);
-            cudaFree(dy);
-            cudaFree(dpre);
-            cudaFree(dpost);
           }
         }
       }

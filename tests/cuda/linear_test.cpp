@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "exl3/cpu/linear.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -16,6 +17,7 @@
 #include "test_support.hpp"
 
 namespace tr = exl3::trellis;
+using exl3::cuda::DeviceBuffer;
 using exl3::cuda::DType;
 using exl3::cuda::Exl3LinearCuda;
 
@@ -48,32 +50,20 @@ struct Layer {
   }
 };
 
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)) !=
-        cudaSuccess)
-      p = nullptr;
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
-
 // Runs the GPU layer on fp16 (or bf16) x and returns y as float (output dtype f16 or f32).
 std::vector<float> run_gpu(const Exl3LinearCuda& L, const std::vector<uint16_t>& x_bits,
                            DType in_type, int64_t m, DType out_type, void* ws, size_t ws_bytes) {
-  DevBuf<uint16_t> dx(x_bits.size());
-  DevBuf<char> dy(static_cast<size_t>(m * L.out_features()) * exl3::cuda::dtype_size(out_type));
-  EXPECT_EQ(cudaMemcpy(dx.p, x_bits.data(), x_bits.size() * 2, cudaMemcpyHostToDevice),
+  auto dx = DeviceBuffer::of<uint16_t>(x_bits.size(), "dx");
+  DeviceBuffer dy(static_cast<size_t>(m * L.out_features()) * exl3::cuda::dtype_size(out_type),
+                  "dy");
+  EXPECT_EQ(cudaMemcpy(dx.as<uint16_t>(), x_bits.data(), x_bits.size() * 2, cudaMemcpyHostToDevice),
             cudaSuccess);
-  EXPECT_EQ(cudaMemset(dy.p, 0xFF, dy.n), cudaSuccess);  // poison: NaN in every dtype
-  EXPECT_EQ(L.run(dx.p, in_type, dy.p, out_type, m, ws, ws_bytes, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaMemset(dy.get(), 0xFF, dy.bytes()), cudaSuccess);  // poison: NaN in every dtype
+  EXPECT_EQ(L.run(dx.as<uint16_t>(), in_type, dy.get(), out_type, m, ws, ws_bytes, nullptr),
+            cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<char> host(dy.n);
-  EXPECT_EQ(cudaMemcpy(host.data(), dy.p, dy.n, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<char> host(dy.bytes());
+  EXPECT_EQ(cudaMemcpy(host.data(), dy.get(), dy.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
   std::vector<float> y(static_cast<size_t>(m * L.out_features()));
   for (size_t i = 0; i < y.size(); ++i) {
     if (out_type == DType::kF32) {
@@ -121,13 +111,13 @@ TEST(CudaLinear, MatchesCpuAllBitsCodebooksAndM) {
       for (auto cb : kAllCb) {
         const Layer L(sh.in, sh.out, K, cb, (K % 2) == 0, rng);
         const auto gpu = L.gpu(opts);
-        DevBuf<char> ws(gpu.workspace_bytes());
+        DeviceBuffer ws(gpu.workspace_bytes(), "ws");
         for (int64_t m : {1, 2, 3, 8, 16, 24, 33, 64, 256, 1024, 1025}) {
           const bool bf16 = (m % 2) == 1;
           const auto x = random_x(m, sh.in, bf16, rng);
           const auto ref = cpu_ref(L, x, bf16, m);
-          const auto y =
-              run_gpu(gpu, x, bf16 ? DType::kBF16 : DType::kF16, m, DType::kF16, ws.p, ws.n);
+          const auto y = run_gpu(gpu, x, bf16 ? DType::kBF16 : DType::kF16, m, DType::kF16,
+                                 ws.get(), ws.bytes());
           const double err =
               exl3::test::rel_l2(std::span<const float>(y), std::span<const float>(ref));
           EXPECT_LE(err, bf16 ? 8e-3 : 1e-3)
@@ -144,11 +134,11 @@ TEST(CudaLinear, Fp32OutputAndRangeGuard) {
   auto rng = exl3::test::make_rng();
   const Layer L(256, 256, 4, tr::Codebook::kMcg, true, rng);
   const auto gpu = L.gpu({});
-  DevBuf<char> ws(gpu.workspace_bytes());
+  DeviceBuffer ws(gpu.workspace_bytes(), "ws");
   // bf16 activations far outside fp16 range: the per-row power-of-two guard keeps x' finite.
   const auto x = random_x(5, 256, true, rng, 3.0e5f);
   const auto ref = cpu_ref(L, x, true, 5);
-  const auto y = run_gpu(gpu, x, DType::kBF16, 5, DType::kF32, ws.p, ws.n);
+  const auto y = run_gpu(gpu, x, DType::kBF16, 5, DType::kF32, ws.get(), ws.bytes());
   for (float v : y) ASSERT_TRUE(std::isfinite(v));
   EXPECT_LE(exl3::test::rel_l2(std::span<const float>(y), std::span<const float>(ref)), 8e-3);
 }
@@ -156,15 +146,15 @@ TEST(CudaLinear, Fp32OutputAndRangeGuard) {
 // Rows must come out bit-identical whatever they are batched with, within each small-m path.
 void expect_batch_invariant(const exl3::cuda::Exl3LinearCuda& gpu, int64_t in, int64_t out,
                             int64_t m, std::initializer_list<int64_t> subs, std::mt19937_64& rng) {
-  DevBuf<char> ws(gpu.workspace_bytes());
+  DeviceBuffer ws(gpu.workspace_bytes(), "ws");
   const auto x = random_x(m, in, false, rng);
-  const auto all = run_gpu(gpu, x, DType::kF16, m, DType::kF32, ws.p, ws.n);
+  const auto all = run_gpu(gpu, x, DType::kF16, m, DType::kF32, ws.get(), ws.bytes());
   for (int64_t sub : subs) {
     ASSERT_EQ(gpu.path_for(sub), gpu.path_for(m))
         << "sub-batch " << sub << " left the path under test";
     for (int64_t r0 = 0; r0 + sub <= m; r0 += 7) {
       std::vector<uint16_t> part(x.begin() + r0 * in, x.begin() + (r0 + sub) * in);
-      const auto y = run_gpu(gpu, part, DType::kF16, sub, DType::kF32, ws.p, ws.n);
+      const auto y = run_gpu(gpu, part, DType::kF16, sub, DType::kF32, ws.get(), ws.bytes());
       for (int64_t i = 0; i < sub * out; ++i) {
         uint32_t a, b;
         std::memcpy(&a, &y[i], 4);
@@ -206,27 +196,28 @@ TEST(CudaLinear, GraphReplayEqualsEager) {
   opts.max_m = 300;
   opts.mma_max_m = 128;
   const auto gpu = L.gpu(opts);
-  DevBuf<char> ws(gpu.workspace_bytes());
+  DeviceBuffer ws(gpu.workspace_bytes(), "ws");
   for (int64_t m : {1, 3, 128, 300}) {
     const auto x = random_x(m, 256, false, rng);
-    const auto eager = run_gpu(gpu, x, DType::kF16, m, DType::kF32, ws.p, ws.n);
+    const auto eager = run_gpu(gpu, x, DType::kF16, m, DType::kF32, ws.get(), ws.bytes());
 
-    DevBuf<uint16_t> dx(x.size());
-    DevBuf<float> dy(static_cast<size_t>(m * 512));
-    EXL3_CUDA_CHECK(cudaMemcpy(dx.p, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-    EXL3_CUDA_CHECK(cudaMemset(dy.p, 0xFF, dy.n * 4));
+    auto dx = DeviceBuffer::of<uint16_t>(x.size(), "dx");
+    auto dy = DeviceBuffer::of<float>(static_cast<size_t>(m * 512), "dy");
+    EXL3_CUDA_CHECK(cudaMemcpy(dx.as<uint16_t>(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    EXL3_CUDA_CHECK(cudaMemset(dy.as<float>(), 0xFF, dy.bytes()));
     cudaStream_t s;
     EXL3_CUDA_CHECK(cudaStreamCreate(&s));
     cudaGraph_t graph;
     EXL3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    EXL3_CUDA_CHECK(gpu.run(dx.p, DType::kF16, dy.p, DType::kF32, m, ws.p, ws.n, s));
+    EXL3_CUDA_CHECK(gpu.run(dx.as<uint16_t>(), DType::kF16, dy.as<float>(), DType::kF32, m,
+                            ws.get(), ws.bytes(), s));
     EXL3_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     cudaGraphExec_t exec;
     EXL3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (int rep = 0; rep < 2; ++rep) EXL3_CUDA_CHECK(cudaGraphLaunch(exec, s));
     EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
-    std::vector<float> replay(dy.n);
-    EXL3_CUDA_CHECK(cudaMemcpy(replay.data(), dy.p, dy.n * 4, cudaMemcpyDeviceToHost));
+    std::vector<float> replay(dy.count<float>());
+    EXL3_CUDA_CHECK(cudaMemcpy(replay.data(), dy.as<float>(), dy.bytes(), cudaMemcpyDeviceToHost));
     EXL3_CUDA_CHECK(cudaGraphExecDestroy(exec));
     EXL3_CUDA_CHECK(cudaGraphDestroy(graph));
     EXL3_CUDA_CHECK(cudaStreamDestroy(s));
@@ -241,13 +232,17 @@ TEST(CudaLinear, RejectsBadArguments) {
   exl3::cuda::LinearOptions opts;
   opts.max_m = 8;
   const auto gpu = L.gpu(opts);
-  DevBuf<char> ws(gpu.workspace_bytes());
-  DevBuf<uint16_t> x(16 * 128), y(16 * 128);
-  EXPECT_EQ(gpu.run(x.p, DType::kF16, y.p, DType::kF16, 9, ws.p, ws.n, nullptr),
+  DeviceBuffer ws(gpu.workspace_bytes(), "ws");
+  auto x = DeviceBuffer::of<uint16_t>(16 * 128, "x");
+  auto y = DeviceBuffer::of<uint16_t>(16 * 128, "y");
+  EXPECT_EQ(gpu.run(x.as<uint16_t>(), DType::kF16, y.as<uint16_t>(), DType::kF16, 9, ws.get(),
+                    ws.bytes(), nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(gpu.run(x.p, DType::kF16, y.p, DType::kF16, 0, ws.p, ws.n, nullptr),
+  EXPECT_EQ(gpu.run(x.as<uint16_t>(), DType::kF16, y.as<uint16_t>(), DType::kF16, 0, ws.get(),
+                    ws.bytes(), nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(gpu.run(x.p, DType::kF16, y.p, DType::kF16, 4, ws.p, 16, nullptr),
+  EXPECT_EQ(gpu.run(x.as<uint16_t>(), DType::kF16, y.as<uint16_t>(), DType::kF16, 4, ws.get(), 16,
+                    nullptr),
             cudaErrorInvalidValue);
   EXPECT_THROW(Exl3LinearCuda("bad", L.trellis.data(), 128, 128, 9, L.cb, L.suh.data(),
                               L.svh.data(), nullptr),
@@ -264,10 +259,10 @@ TEST(CudaLinear, GoldenGemmVectors) {
       const std::string name = fmt::format("cb_{}.k{}", cbn, K);
       const auto data = exl3::Exl3LinearData::load(ckpt, name + ".layer");
       const Exl3LinearCuda gpu(data);
-      DevBuf<char> ws(gpu.workspace_bytes());
+      DeviceBuffer ws(gpu.workspace_bytes(), "ws");
       const auto x = exl3::copy_tensor<uint16_t>(ckpt.store().at(name + ".input.x"));
       const int64_t m = static_cast<int64_t>(x.size()) / 256;
-      const auto y = run_gpu(gpu, x, DType::kF16, m, DType::kF16, ws.p, ws.n);
+      const auto y = run_gpu(gpu, x, DType::kF16, m, DType::kF16, ws.get(), ws.bytes());
       const auto ref = exl3::read_as_double(ckpt.store().at(name + ".expected.y_fp64"));
       EXPECT_LE(exl3::test::rel_l2(std::span<const float>(y), std::span<const double>(ref)), 1e-3)
           << name;

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "../format/format_test_util.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/moe.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -24,23 +25,17 @@
 
 namespace {
 
+using exl3::cuda::DeviceBuffer;
 using exl3::cuda::DType;
 using exl3::cuda::MoeLayerCuda;
 using exl3::cuda::MoeOptions;
 namespace moe = exl3::moe;
 
+// `count` elements of T on the device plus 16 bytes of slack past the end.
 template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T) + 16) != cudaSuccess)
-      p = nullptr;
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
+DeviceBuffer slack_buffer(size_t count) {
+  return DeviceBuffer(count * sizeof(T) + 16, "a test buffer");
+}
 
 struct Fixture {
   exl3::test::TempDir dir;
@@ -98,33 +93,40 @@ std::vector<float> random_x(int64_t n, std::mt19937_64& rng) {
 std::vector<float> run_gpu(const MoeLayerCuda& L, const std::vector<float>& x, const moe::TopK& r,
                            cudaGraphExec_t* replay = nullptr) {
   const int64_t H = L.hidden(), m = r.m;
-  DevBuf<float> dx(x.size()), dout(static_cast<size_t>(m * H)), dw(r.weights.size());
-  DevBuf<int32_t> dids(r.ids.size());
-  DevBuf<char> arena(L.arena_bytes());
+  const size_t out_count = static_cast<size_t>(m * H), arena_bytes = L.arena_bytes();
+  const auto dx = slack_buffer<float>(x.size()), dout = slack_buffer<float>(out_count),
+             dw = slack_buffer<float>(r.weights.size());
+  const auto dids = slack_buffer<int32_t>(r.ids.size());
+  const auto arena = slack_buffer<char>(arena_bytes);
   std::vector<float> out(static_cast<size_t>(m * H));
-  EXL3_CUDA_CHECK(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-  EXL3_CUDA_CHECK(cudaMemcpy(dids.p, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
-  EXL3_CUDA_CHECK(cudaMemcpy(dw.p, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
-  EXL3_CUDA_CHECK(cudaMemset(dout.p, 0xFF, dout.n * 4));  // NaN poison
-  EXL3_CUDA_CHECK(cudaMemset(arena.p, 0xFF, arena.n));
-  EXL3_CUDA_CHECK(L.run(dx.p, DType::kF32, dids.p, dw.p, dout.p, m, arena.p, arena.n, nullptr));
+  EXL3_CUDA_CHECK(cudaMemcpy(dx.as<float>(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(
+      cudaMemcpy(dids.as<int32_t>(), r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(
+      cudaMemcpy(dw.as<float>(), r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(cudaMemset(dout.as<float>(), 0xFF, out_count * 4));  // NaN poison
+  EXL3_CUDA_CHECK(cudaMemset(arena.get(), 0xFF, arena_bytes));
+  EXL3_CUDA_CHECK(L.run(dx.as<float>(), DType::kF32, dids.as<int32_t>(), dw.as<float>(),
+                        dout.as<float>(), m, arena.get(), arena_bytes, nullptr));
   EXL3_CUDA_CHECK(cudaDeviceSynchronize());
-  EXL3_CUDA_CHECK(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost));
+  EXL3_CUDA_CHECK(cudaMemcpy(out.data(), dout.as<float>(), out.size() * 4, cudaMemcpyDeviceToHost));
   if (replay != nullptr) {
     // Capture the same call, poison, replay twice: must equal the eager result bit for bit.
     cudaStream_t s;
     EXL3_CUDA_CHECK(cudaStreamCreate(&s));
     cudaGraph_t g;
     EXL3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    EXL3_CUDA_CHECK(L.run(dx.p, DType::kF32, dids.p, dw.p, dout.p, m, arena.p, arena.n, s));
+    EXL3_CUDA_CHECK(L.run(dx.as<float>(), DType::kF32, dids.as<int32_t>(), dw.as<float>(),
+                          dout.as<float>(), m, arena.get(), arena_bytes, s));
     EXL3_CUDA_CHECK(cudaStreamEndCapture(s, &g));
     EXL3_CUDA_CHECK(cudaGraphInstantiate(replay, g, 0));
     EXL3_CUDA_CHECK(cudaGraphDestroy(g));
-    EXL3_CUDA_CHECK(cudaMemset(dout.p, 0xFF, dout.n * 4));
+    EXL3_CUDA_CHECK(cudaMemset(dout.as<float>(), 0xFF, out_count * 4));
     for (int i = 0; i < 2; ++i) EXL3_CUDA_CHECK(cudaGraphLaunch(*replay, s));
     EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
     std::vector<float> again(out.size());
-    EXL3_CUDA_CHECK(cudaMemcpy(again.data(), dout.p, again.size() * 4, cudaMemcpyDeviceToHost));
+    EXL3_CUDA_CHECK(
+        cudaMemcpy(again.data(), dout.as<float>(), again.size() * 4, cudaMemcpyDeviceToHost));
     EXL3_CUDA_CHECK(cudaGraphExecDestroy(*replay));
     EXL3_CUDA_CHECK(cudaStreamDestroy(s));
     if (std::memcmp(again.data(), out.data(), out.size() * 4) != 0)
@@ -299,14 +301,18 @@ TEST(CudaMoe, RunRejectsMOutsideThePlan) {
   EXL3_REQUIRE_GPU();
   const auto f = make_layer(moe::RotationLayout::kSharedH, {}, 3, 8);
   const MoeLayerCuda L(f->w, f->top_k, opts_for(16));
-  DevBuf<char> arena(L.arena_bytes());
-  DevBuf<float> buf(1 << 16);
-  DevBuf<int32_t> ids(64);
-  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 17, arena.p, arena.n, nullptr),
+  const size_t arena_bytes = L.arena_bytes();
+  const auto arena = slack_buffer<char>(arena_bytes);
+  const auto buf = slack_buffer<float>(1 << 16);
+  const auto ids = slack_buffer<int32_t>(64);
+  EXPECT_EQ(L.run(buf.as<float>(), DType::kF32, ids.as<int32_t>(), buf.as<float>(), buf.as<float>(),
+                  17, arena.get(), arena_bytes, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 0, arena.p, arena.n, nullptr),
+  EXPECT_EQ(L.run(buf.as<float>(), DType::kF32, ids.as<int32_t>(), buf.as<float>(), buf.as<float>(),
+                  0, arena.get(), arena_bytes, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 4, arena.p, arena.n - 1, nullptr),
+  EXPECT_EQ(L.run(buf.as<float>(), DType::kF32, ids.as<int32_t>(), buf.as<float>(), buf.as<float>(),
+                  4, arena.get(), arena_bytes - 1, nullptr),
             cudaErrorInvalidValue);
 }
 

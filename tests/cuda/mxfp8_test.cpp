@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/mxfp8_tiles.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/mxfp8.hpp"
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
@@ -23,24 +24,11 @@
 
 namespace {
 
+using exl3::cuda::DeviceBuffer;
 using exl3::cuda::DType;
 using exl3::cuda::Mxfp8LinearCuda;
 using exl3::cuda::Mxfp8Options;
 using exl3::cuda::Mxfp8Path;
-
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)) !=
-        cudaSuccess)
-      p = nullptr;
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
 
 struct Problem {
   int64_t in, out;
@@ -84,19 +72,18 @@ void make_x(std::mt19937_64& rng, int64_t m, int64_t in, std::vector<uint16_t>& 
 std::vector<float> run_gpu(const Mxfp8LinearCuda& L, const std::vector<uint16_t>& x, int64_t m,
                            DType out_type) {
   const size_t ws_bytes = L.workspace_bytes();
-  DevBuf<char> ws(ws_bytes);
-  DevBuf<uint16_t> dx(x.size());
+  DeviceBuffer ws(ws_bytes, "ws");
+  auto dx = DeviceBuffer::of<uint16_t>(x.size(), "dx");
   const size_t es = out_type == DType::kF32 ? 4 : 2;
-  DevBuf<char> dy(static_cast<size_t>(m * L.out_features()) * es);
-  EXPECT_NE(ws.p, nullptr);
-  EXPECT_NE(dx.p, nullptr);
-  EXPECT_NE(dy.p, nullptr);
-  EXPECT_EQ(cudaMemcpy(dx.p, x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dy.p, 0xFF, dy.n), cudaSuccess);  // poison: NaN in fp32 and bf16
-  EXPECT_EQ(L.run(dx.p, dy.p, out_type, m, ws.p, ws_bytes, nullptr), cudaSuccess);
+  DeviceBuffer dy(static_cast<size_t>(m * L.out_features()) * es, "dy");
+  EXPECT_EQ(cudaMemcpy(dx.as<uint16_t>(), x.data(), x.size() * 2, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  EXPECT_EQ(cudaMemset(dy.get(), 0xFF, dy.bytes()), cudaSuccess);  // poison: NaN in fp32 and bf16
+  EXPECT_EQ(L.run(dx.as<uint16_t>(), dy.get(), out_type, m, ws.get(), ws_bytes, nullptr),
+            cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<char> host(dy.n);
-  EXPECT_EQ(cudaMemcpy(host.data(), dy.p, dy.n, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<char> host(dy.bytes());
+  EXPECT_EQ(cudaMemcpy(host.data(), dy.get(), dy.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
   std::vector<float> y(static_cast<size_t>(m * L.out_features()));
   for (size_t i = 0; i < y.size(); ++i) {
     if (out_type == DType::kF32) {
@@ -112,12 +99,12 @@ std::vector<float> run_gpu(const Mxfp8LinearCuda& L, const std::vector<uint16_t>
 
 // The layer's BF16 dequant pass, poisoned first, back on the host.
 std::vector<uint16_t> dequant_on_gpu(const Mxfp8LinearCuda& L) {
-  DevBuf<uint16_t> d(static_cast<size_t>(L.in_features() * L.out_features()));
-  EXPECT_EQ(cudaMemset(d.p, 0xFF, d.n * 2), cudaSuccess);
-  EXPECT_EQ(L.dequantize_bf16(d.p, nullptr), cudaSuccess);
+  auto d = DeviceBuffer::of<uint16_t>(static_cast<size_t>(L.in_features() * L.out_features()), "d");
+  EXPECT_EQ(cudaMemset(d.as<uint16_t>(), 0xFF, d.bytes()), cudaSuccess);
+  EXPECT_EQ(L.dequantize_bf16(d.as<uint16_t>(), nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<uint16_t> h(d.n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d.p, d.n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<uint16_t> h(d.count<uint16_t>());
+  EXPECT_EQ(cudaMemcpy(h.data(), d.as<uint16_t>(), d.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
   return h;
 }
 
@@ -233,27 +220,30 @@ TEST(Mxfp8Cuda, GraphReplayEqualsEager) {
     std::vector<float> xf;
     make_x(rng, m, P.in, xb, xf);
     const auto eager = run_gpu(L, xb, m, DType::kF32);
-    DevBuf<uint16_t> dx(xb.size());
-    DevBuf<float> dy(static_cast<size_t>(m * P.out));
-    DevBuf<char> ws(L.workspace_bytes());
-    EXL3_CUDA_CHECK(cudaMemcpy(dx.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
-    EXL3_CUDA_CHECK(cudaMemset(dy.p, 0xFF, dy.n * 4));
+    auto dx = DeviceBuffer::of<uint16_t>(xb.size(), "dx");
+    auto dy = DeviceBuffer::of<float>(static_cast<size_t>(m * P.out), "dy");
+    DeviceBuffer ws(L.workspace_bytes(), "ws");
+    EXL3_CUDA_CHECK(
+        cudaMemcpy(dx.as<uint16_t>(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+    EXL3_CUDA_CHECK(cudaMemset(dy.as<float>(), 0xFF, dy.bytes()));
     cudaStream_t s;
     EXL3_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     // Warm once outside capture (cuBLAS picks and loads its kernel), then capture.
-    EXL3_CUDA_CHECK(L.run(dx.p, dy.p, DType::kF32, m, ws.p, ws.n, s));
+    EXL3_CUDA_CHECK(
+        L.run(dx.as<uint16_t>(), dy.as<float>(), DType::kF32, m, ws.get(), ws.bytes(), s));
     EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
-    EXL3_CUDA_CHECK(cudaMemset(dy.p, 0xFF, dy.n * 4));
+    EXL3_CUDA_CHECK(cudaMemset(dy.as<float>(), 0xFF, dy.bytes()));
     cudaGraph_t graph;
     EXL3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    EXL3_CUDA_CHECK(L.run(dx.p, dy.p, DType::kF32, m, ws.p, ws.n, s));
+    EXL3_CUDA_CHECK(
+        L.run(dx.as<uint16_t>(), dy.as<float>(), DType::kF32, m, ws.get(), ws.bytes(), s));
     EXL3_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     cudaGraphExec_t exec;
     EXL3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (int rep = 0; rep < 2; ++rep) EXL3_CUDA_CHECK(cudaGraphLaunch(exec, s));
     EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
-    std::vector<float> replay(dy.n);
-    EXL3_CUDA_CHECK(cudaMemcpy(replay.data(), dy.p, dy.n * 4, cudaMemcpyDeviceToHost));
+    std::vector<float> replay(dy.count<float>());
+    EXL3_CUDA_CHECK(cudaMemcpy(replay.data(), dy.as<float>(), dy.bytes(), cudaMemcpyDeviceToHost));
     EXL3_CUDA_CHECK(cudaGraphExecDestroy(exec));
     EXL3_CUDA_CHECK(cudaGraphDestroy(graph));
     EXL3_CUDA_CHECK(cudaStreamDestroy(s));
@@ -294,15 +284,21 @@ TEST(Mxfp8Cuda, ErrorPaths) {
   o = {};
   o.max_m = 64;
   const Mxfp8LinearCuda L("ok", v2.data(), s2.data(), 64, 8, nullptr, o);
-  DevBuf<uint16_t> dx(128 * 64);
-  DevBuf<float> dy(128 * 8);
-  DevBuf<char> ws(L.workspace_bytes());
-  EXPECT_EQ(L.run(dx.p, dy.p, DType::kF32, 0, ws.p, ws.n, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(L.run(dx.p, dy.p, DType::kF32, 65, ws.p, ws.n, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(L.run(dx.p, dy.p, DType::kF16, 1, ws.p, ws.n, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(L.run(nullptr, dy.p, DType::kF32, 1, ws.p, ws.n, nullptr), cudaErrorInvalidValue);
+  auto dx = DeviceBuffer::of<uint16_t>(128 * 64, "dx");
+  auto dy = DeviceBuffer::of<float>(128 * 8, "dy");
+  DeviceBuffer ws(L.workspace_bytes(), "ws");
+  EXPECT_EQ(L.run(dx.as<uint16_t>(), dy.as<float>(), DType::kF32, 0, ws.get(), ws.bytes(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      L.run(dx.as<uint16_t>(), dy.as<float>(), DType::kF32, 65, ws.get(), ws.bytes(), nullptr),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(L.run(dx.as<uint16_t>(), dy.as<float>(), DType::kF16, 1, ws.get(), ws.bytes(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(L.run(nullptr, dy.as<float>(), DType::kF32, 1, ws.get(), ws.bytes(), nullptr),
+            cudaErrorInvalidValue);
   if (L.workspace_bytes(64) > 0) {
-    EXPECT_EQ(L.run(dx.p, dy.p, DType::kF32, 64, ws.p, 1, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(L.run(dx.as<uint16_t>(), dy.as<float>(), DType::kF32, 64, ws.get(), 1, nullptr),
+              cudaErrorInvalidValue);
   }
   EXPECT_THROW(exl3::cuda::mxfp8_forward_host(L, std::vector<float>(64).data(), 100), exl3::Error);
   EXL3_CUDA_CHECK(cudaGetLastError());

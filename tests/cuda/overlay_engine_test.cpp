@@ -44,7 +44,7 @@ std::vector<float> run_linear(const GpuLinear& l, const std::vector<float>& x, i
                               size_t ws_bytes) {
   DeviceBuffer dx(x.data(), x.size() * 4, "x"), dy(static_cast<size_t>(m * l.out()) * 4, "y"),
       ws(ws_bytes, "ws");
-  l.run(dx.get<float>(), dy.get<float>(), m, ws.get(), ws.bytes(), {}, nullptr);
+  l.run(dx.as<float>(), dy.as<float>(), m, ws.get(), ws.bytes(), {}, nullptr);
   EXL3_CUDA_CHECK(cudaDeviceSynchronize(), "test linear");
   std::vector<float> y(static_cast<size_t>(m * l.out()));
   EXL3_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost),

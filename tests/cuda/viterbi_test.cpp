@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/viterbi.hpp"
 #include "exl3/error.hpp"
 #include "exl3/quant/encode.hpp"
@@ -25,24 +26,12 @@ namespace {
 
 namespace q = exl3::quant;
 namespace tr = exl3::trellis;
+using exl3::cuda::DeviceBuffer;
 using exl3::cuda::encode_tiles_cuda;
 using exl3::cuda::encode_tiles_cuda_workspace;
 
 constexpr tr::Codebook kCodebooks[] = {tr::Codebook::k3Inst, tr::Codebook::kMcg,
                                        tr::Codebook::kMul1};
-
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  explicit DevBuf(size_t count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)) !=
-        cudaSuccess)
-      p = nullptr;
-  }
-  ~DevBuf() { (void)cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
 
 std::vector<float> gaussian_tiles(std::mt19937_64& rng, int64_t n, tr::Codebook cb) {
   std::normal_distribution<float> nd(0.0f, cb == tr::Codebook::kMul1 ? 1.0f : 1.2437f);
@@ -67,30 +56,30 @@ int tiles_for(int K) {
 void run_device(const std::vector<float>& tiles, int64_t n, int K, tr::Codebook cb, int64_t flight,
                 uint16_t state_poison, std::vector<uint16_t>& states, std::vector<float>* decoded) {
   const size_t elems = static_cast<size_t>(n) * tr::kTileSize;
-  DevBuf<float> d_tiles(elems), d_dec(elems);
-  DevBuf<uint16_t> d_states(elems);
+  auto d_tiles = DeviceBuffer::of<float>(elems, "d_tiles");
+  auto d_dec = DeviceBuffer::of<float>(elems, "d_dec");
+  auto d_states = DeviceBuffer::of<uint16_t>(elems, "d_states");
   const size_t ws_bytes = encode_tiles_cuda_workspace(flight, K);
-  DevBuf<unsigned char> d_ws(ws_bytes);
-  if (d_tiles.p == nullptr || d_dec.p == nullptr || d_states.p == nullptr || d_ws.p == nullptr) {
-    ADD_FAILURE() << "cudaMalloc failed";
-    return;
-  }
+  DeviceBuffer d_ws(ws_bytes, "d_ws");
   std::vector<uint16_t> poison(elems, state_poison);
-  EXL3_CUDA_CHECK(cudaMemcpy(d_tiles.p, tiles.data(), elems * 4, cudaMemcpyHostToDevice));
-  EXL3_CUDA_CHECK(cudaMemcpy(d_states.p, poison.data(), elems * 2, cudaMemcpyHostToDevice));
-  EXL3_CUDA_CHECK(cudaMemset(d_dec.p, 0xFF, elems * 4));  // poison decoded (NaN)
-  EXL3_CUDA_CHECK(encode_tiles_cuda(d_tiles.p, n, K, cb, d_states.p,
-                                    decoded != nullptr ? d_dec.p : nullptr, d_ws.p, ws_bytes,
-                                    nullptr));
+  EXL3_CUDA_CHECK(cudaMemcpy(d_tiles.as<float>(), tiles.data(), elems * 4, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(
+      cudaMemcpy(d_states.as<uint16_t>(), poison.data(), elems * 2, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(cudaMemset(d_dec.as<float>(), 0xFF, elems * 4));  // poison decoded (NaN)
+  EXL3_CUDA_CHECK(encode_tiles_cuda(d_tiles.as<float>(), n, K, cb, d_states.as<uint16_t>(),
+                                    decoded != nullptr ? d_dec.as<float>() : nullptr, d_ws.get(),
+                                    ws_bytes, nullptr));
   EXL3_CUDA_CHECK(cudaDeviceSynchronize());
   uint32_t failures = 1;
-  EXL3_CUDA_CHECK(exl3::cuda::encode_tiles_cuda_failures(d_ws.p, &failures, nullptr));
+  EXL3_CUDA_CHECK(exl3::cuda::encode_tiles_cuda_failures(d_ws.get(), &failures, nullptr));
   EXPECT_EQ(failures, 0u) << "K=" << K << ": traced paths that do not close";
   states.resize(elems);
-  EXL3_CUDA_CHECK(cudaMemcpy(states.data(), d_states.p, elems * 2, cudaMemcpyDeviceToHost));
+  EXL3_CUDA_CHECK(
+      cudaMemcpy(states.data(), d_states.as<uint16_t>(), elems * 2, cudaMemcpyDeviceToHost));
   if (decoded != nullptr) {
     decoded->resize(elems);
-    EXL3_CUDA_CHECK(cudaMemcpy(decoded->data(), d_dec.p, elems * 4, cudaMemcpyDeviceToHost));
+    EXL3_CUDA_CHECK(
+        cudaMemcpy(decoded->data(), d_dec.as<float>(), elems * 4, cudaMemcpyDeviceToHost));
   }
 }
 
@@ -207,28 +196,27 @@ TEST(CudaViterbi, HostWrappersMatchTheDevicePath) {
 
 TEST(CudaViterbi, RejectsBadArguments) {
   EXL3_REQUIRE_GPU();
-  DevBuf<float> tiles(tr::kTileSize);
-  DevBuf<uint16_t> states(tr::kTileSize);
+  auto tiles = DeviceBuffer::of<float>(tr::kTileSize, "tiles");
+  auto states = DeviceBuffer::of<uint16_t>(tr::kTileSize, "states");
   const size_t ws_bytes = encode_tiles_cuda_workspace(1, 8);
-  DevBuf<unsigned char> ws(ws_bytes);
-  ASSERT_NE(ws.p, nullptr);
-  EXL3_CUDA_CHECK(cudaMemset(tiles.p, 0, tr::kTileSize * 4));
+  DeviceBuffer ws(ws_bytes, "ws");
+  EXL3_CUDA_CHECK(cudaMemset(tiles.as<float>(), 0, tr::kTileSize * 4));
   for (int K : {0, 9}) {
-    EXPECT_EQ(encode_tiles_cuda(tiles.p, 1, K, tr::Codebook::kMcg, states.p, nullptr, ws.p,
-                                ws_bytes, nullptr),
+    EXPECT_EQ(encode_tiles_cuda(tiles.as<float>(), 1, K, tr::Codebook::kMcg, states.as<uint16_t>(),
+                                nullptr, ws.get(), ws_bytes, nullptr),
               cudaErrorInvalidValue);
   }
-  EXPECT_EQ(encode_tiles_cuda(tiles.p, -1, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes,
-                              nullptr),
+  EXPECT_EQ(encode_tiles_cuda(tiles.as<float>(), -1, 8, tr::Codebook::kMcg, states.as<uint16_t>(),
+                              nullptr, ws.get(), ws_bytes, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(encode_tiles_cuda(tiles.p, 1, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p,
-                              ws_bytes - 1, nullptr),
+  EXPECT_EQ(encode_tiles_cuda(tiles.as<float>(), 1, 8, tr::Codebook::kMcg, states.as<uint16_t>(),
+                              nullptr, ws.get(), ws_bytes - 1, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(encode_tiles_cuda(nullptr, 1, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes,
-                              nullptr),
+  EXPECT_EQ(encode_tiles_cuda(nullptr, 1, 8, tr::Codebook::kMcg, states.as<uint16_t>(), nullptr,
+                              ws.get(), ws_bytes, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(encode_tiles_cuda(tiles.p, 0, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes,
-                              nullptr),
+  EXPECT_EQ(encode_tiles_cuda(tiles.as<float>(), 0, 8, tr::Codebook::kMcg, states.as<uint16_t>(),
+                              nullptr, ws.get(), ws_bytes, nullptr),
             cudaSuccess);
   EXL3_CUDA_CHECK(cudaDeviceSynchronize());
   EXL3_CUDA_CHECK(cudaGetLastError());

@@ -12,6 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/linear.hpp"
 
 namespace exl3::cuda {
@@ -40,8 +41,8 @@ class DenseLinearCuda {
   std::string name_;
   int64_t in_ = 0, out_ = 0, max_m_ = 0;
   DType wtype_ = DType::kBF16;
-  void* d_w_ = nullptr;
-  float* d_bias_ = nullptr;
+  DeviceBuffer w_;     // [out, in] in wtype_
+  DeviceBuffer bias_;  // fp32 [out], or empty
   void* cublas_ = nullptr;
 };
 

@@ -31,6 +31,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/dtype.hpp"
 #include "exl3/trellis/codebook.hpp"
 
@@ -54,8 +55,8 @@ const char* path_name(LinearPath p);
 
 class Exl3LinearCuda {
  public:
-  // Uploads the tensors (one cudaMalloc per tensor, synchronous). Throws exl3::Error on bad
-  // options or CUDA failures, naming the layer.
+  // Uploads the tensors (one DeviceBuffer per tensor, synchronous). Throws exl3::Error on bad
+  // options or CUDA failures, naming the layer; what was uploaded before a failure is freed.
   Exl3LinearCuda(const Exl3LinearData& data, const LinearOptions& opts = {});
   // Raw form (host pointers; trellis int16 bits [in/16, out/16, 16K], suh/svh fp16 bits, bias
   // fp32 or null). `name` labels errors.
@@ -105,10 +106,10 @@ class Exl3LinearCuda {
   LinearOptions opts_;
   int split_k_ = 1;
   int gemv_split_k_ = 1;
-  uint16_t* d_trellis_ = nullptr;
-  uint16_t* d_suh_ = nullptr;
-  uint16_t* d_svh_ = nullptr;
-  float* d_bias_ = nullptr;
+  DeviceBuffer trellis_;    // int16 [in/16, out/16, 16K]
+  DeviceBuffer suh_;        // fp16 [in]
+  DeviceBuffer svh_;        // fp16 [out]
+  DeviceBuffer bias_;       // fp32 [out], or empty
   void* cublas_ = nullptr;  // cublasHandle_t, created only when the cuBLAS path is reachable
 };
 

@@ -33,6 +33,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/moe/layout.hpp"
 #include "exl3/trellis/codebook.hpp"
@@ -73,7 +74,6 @@ class MoeLayerCuda {
   // Uploads the layer (one device slab for all trellises, rotation tables as loaded: shared-H
   // rows stay one [1, H] row). Throws exl3::Error on invalid options or CUDA failures.
   MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOptions& opts);
-  ~MoeLayerCuda();
   MoeLayerCuda(const MoeLayerCuda&) = delete;
   MoeLayerCuda& operator=(const MoeLayerCuda&) = delete;
 
@@ -120,13 +120,13 @@ class MoeLayerCuda {
   int sms_ = 132;
   size_t device_bytes_ = 0;
   // Device allocations.
-  void* slab_ = nullptr;          // all trellises
-  void* ptrs_ = nullptr;          // [3][E] trellis pointers (gate, up, down)
-  void* bits_ = nullptr;          // [3][E] int8 K
-  uint16_t* gate_suh_ = nullptr;  // [h_rows, H]
-  uint16_t* up_suh_ = nullptr;
-  uint16_t* down_svh_ = nullptr;
-  uint16_t* intermediate_ = nullptr;  // [E, 3I]
+  DeviceBuffer slab_;          // all trellises
+  DeviceBuffer ptrs_;          // [3][E] trellis pointers (gate, up, down)
+  DeviceBuffer bits_;          // [3][E] int8 K
+  DeviceBuffer gate_suh_;      // fp16 [h_rows, H]
+  DeviceBuffer up_suh_;        // fp16 [h_rows, H]
+  DeviceBuffer down_svh_;      // fp16 [h_rows, H]
+  DeviceBuffer intermediate_;  // fp16 [E, 3I]
 };
 
 }  // namespace exl3::cuda

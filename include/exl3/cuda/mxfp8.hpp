@@ -31,6 +31,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/linear.hpp"
 
 namespace exl3::mxfp8 {
@@ -97,10 +98,10 @@ class Mxfp8LinearCuda {
   std::string name_;
   int64_t in_ = 0, out_ = 0;
   Mxfp8Options opts_;
-  int split_k_ = 1;              // GEMV
-  uint8_t* d_values_ = nullptr;  // tiled (src/cuda/mxfp8_tiles.hpp)
-  uint8_t* d_scales_ = nullptr;
-  float* d_bias_ = nullptr;
+  int split_k_ = 1;      // GEMV
+  DeviceBuffer values_;  // tiled (src/cuda/mxfp8_tiles.hpp)
+  DeviceBuffer scales_;
+  DeviceBuffer bias_;       // fp32 [out], or empty
   void* cublas_ = nullptr;  // cublasHandle_t, created only when the cuBLAS path is reachable
 };
 
