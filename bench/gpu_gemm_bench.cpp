@@ -23,9 +23,11 @@
 
 #include "exl3/cuda/bench_timer.hpp"
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/hadamard.hpp"
 #include "exl3/cuda/linear.hpp"
+#include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/trellis/half.hpp"
 
@@ -153,9 +155,13 @@ int main(int argc, char** argv) {
       if (!json_path.empty()) exl3::write_file_atomic(json_path, out.dump(2) + "\n");
       return 0;
     }
-    cublasHandle_t cublas;
-    EXL3_CUDA_CHECK(cublasCreate(&cublas));
-    EXL3_CUDA_CHECK(cublasSetStream(cublas, tm.stream()));
+    // One cuBLAS handle and workspace for the baseline and the layers' cuBLAS path.
+    exl3::cuda::CudaContext ctx;
+    const auto cublas = [&] {
+      cublasHandle_t h = ctx.cublas(tm.stream(), exl3::cuda::CudaContext::kCublasWorkspaceBytes);
+      if (h == nullptr) throw exl3::Error("binding cuBLAS to the timer's stream failed");
+      return h;
+    };
     const auto ms = parse_list(m_s);
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
 
@@ -191,7 +197,7 @@ int main(int argc, char** argv) {
         const float alpha = 1.0f, beta = 0.0f;
         cublas_us[m] = tm.median_us(reps, [&](int r) {
           EXL3_CUDA_CHECK(cublasGemmEx(
-              cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+              cublas(), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
               static_cast<int>(k), &alpha, wb[r % nb_bf16].get(), CUDA_R_16BF, static_cast<int>(n),
               xb.get(), CUDA_R_16BF, static_cast<int>(k), &beta, yb.get(), CUDA_R_16BF,
               static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -215,7 +221,7 @@ int main(int argc, char** argv) {
           for (auto& v : suh) v = tr::float_to_half(((rng() & 1) ? -1.f : 1.f) * mag(rng));
           for (auto& v : svh) v = tr::float_to_half(((rng() & 1) ? -1.f : 1.f) * mag(rng));
           layers.push_back(std::make_unique<exl3::cuda::Exl3LinearCuda>(
-              "bench", trellis.data(), k, n, static_cast<int>(K), cb, suh.data(), svh.data(),
+              ctx, "bench", trellis.data(), k, n, static_cast<int>(K), cb, suh.data(), svh.data(),
               nullptr, opts));
         }
         const size_t ws_bytes = layers[0]->workspace_bytes();
@@ -262,7 +268,6 @@ int main(int argc, char** argv) {
         }
       }
     }
-    cublasDestroy(cublas);
     if (!json_path.empty()) exl3::write_file_atomic(json_path, out.dump(2) + "\n");
   } catch (const std::exception& e) {
     fmt::print(stderr, "exl3_bench_gemm: {}\n", e.what());

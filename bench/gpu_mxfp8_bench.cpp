@@ -25,8 +25,10 @@
 
 #include "exl3/cuda/bench_timer.hpp"
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/mxfp8.hpp"
+#include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/trellis/half.hpp"
 
@@ -98,9 +100,14 @@ int main(int argc, char** argv) {
     std::vector<int64_t> ms;
     for (const auto& t : split(m_s)) ms.push_back(std::stoll(t));
     const int64_t max_m = *std::max_element(ms.begin(), ms.end());
-    cublasHandle_t cublas;
-    EXL3_CUDA_CHECK(cublasCreate(&cublas));
-    EXL3_CUDA_CHECK(cublasSetStream(cublas, tm.stream()));
+    // One cuBLAS handle and workspace for the baseline and the layers' cuBLAS path.
+    exl3::cuda::CudaContext ctx;
+    const auto cublas = [&] {
+      cublasHandle_t h = ctx.cublas(tm.stream(), exl3::cuda::CudaContext::kCublasWorkspaceBytes);
+      if (h == nullptr) throw exl3::Error("binding cuBLAS to the timer's stream failed");
+      return h;
+    };
+    out["cublas_workspace_bytes"] = ctx.cublas_workspace_bytes();  // not in workspace_bytes
 
     for (const auto& shape : split(shapes_s)) {
       const int64_t k = std::stoll(shape.substr(0, shape.find('x'))),
@@ -132,7 +139,7 @@ int main(int argc, char** argv) {
         const float alpha = 1.0f, beta = 0.0f;
         cublas_us[m] = tm.median_us(reps, [&](int r) {
           EXL3_CUDA_CHECK(cublasGemmEx(
-              cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+              cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
               static_cast<int>(k), &alpha, wb[static_cast<size_t>(r % nb16)].get(), CUDA_R_16BF,
               static_cast<int>(k), x.get(), CUDA_R_16BF, static_cast<int>(k), &beta, y.get(),
               CUDA_R_16BF, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -159,11 +166,11 @@ int main(int argc, char** argv) {
           }
           for (auto& c : s) c = static_cast<uint8_t>(sc(rng));
           layers.push_back(std::make_unique<exl3::cuda::Mxfp8LinearCuda>(
-              "bench", v.data(), s.data(), k, n, nullptr, opts));
+              ctx, "bench", v.data(), s.data(), k, n, nullptr, opts));
           gemv_layers.push_back(std::make_unique<exl3::cuda::Mxfp8LinearCuda>(
-              "bench", v.data(), s.data(), k, n, nullptr, gemv_opts));
+              ctx, "bench", v.data(), s.data(), k, n, nullptr, gemv_opts));
           cublas_layers.push_back(std::make_unique<exl3::cuda::Mxfp8LinearCuda>(
-              "bench", v.data(), s.data(), k, n, nullptr, cublas_opts));
+              ctx, "bench", v.data(), s.data(), k, n, nullptr, cublas_opts));
         }
       }
       const size_t ws_bytes =
@@ -180,10 +187,11 @@ int main(int argc, char** argv) {
       fmt::print(
           "\n{}x{} (in x out): BF16 {:.1f} MiB, MXFP8 {:.1f} MiB (saves {:.1f} MiB, {:.1f}%), GEMV "
           "split-K {}, "
-          "workspace {:.1f} MiB\n",
+          "workspace {:.1f} MiB (+ the context's {:.0f} MiB cuBLAS workspace, shared)\n",
           k, n, wbytes / 1048576.0, mbytes / 1048576.0, (wbytes - mbytes) / 1048576.0,
           100.0 * (1.0 - static_cast<double>(mbytes) / static_cast<double>(wbytes)),
-          layers.front()->gemv_split_k(), ws_bytes / 1048576.0);
+          layers.front()->gemv_split_k(), ws_bytes / 1048576.0,
+          ctx.cublas_workspace_bytes() / 1048576.0);
       fmt::print("{:>6} {:>7} {:>10} {:>10} {:>8} {:>9} {:>7} {:>10} {:>10} {:>10}\n", "m", "path",
                  "mxfp8 us", "cublas us", "speedup", "w GB/s", "% copy", "ws MiB", "gemv us",
                  "dq+cb us");
@@ -219,7 +227,6 @@ int main(int argc, char** argv) {
         out["cases"].push_back(c);
       }
     }
-    cublasDestroy(cublas);
     if (!json_path.empty()) exl3::write_file_atomic(json_path, out.dump(2) + "\n");
     return 0;
   } catch (const std::exception& e) {

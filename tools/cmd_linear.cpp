@@ -8,6 +8,7 @@
 #include "commands.hpp"
 #include "exl3/cpu/linear.hpp"
 #if defined(EXL3_HAVE_CUDA)
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/linear.hpp"
 #endif
 #include "exl3/error.hpp"
@@ -85,7 +86,8 @@ Runner add_linear(CLI::App& app, Common&) {
       where = fmt::format("cuda, {}", cuda::device_name());  // fails clearly without a device
       cuda::LinearOptions opts;
       opts.max_m = std::max<int64_t>(m, 1);
-      const cuda::Exl3LinearCuda layer(data, opts);
+      cuda::CudaContext ctx;
+      const cuda::Exl3LinearCuda layer(ctx, data, opts);
       y = cuda::linear_forward_host(layer, xin.data(), m);
 #else
       fail("this exl3 was built without CUDA (EXL3_CUDA=OFF); use --device cpu");

@@ -23,6 +23,7 @@
 
 #include "exl3/cuda/bench_timer.hpp"
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/moe.hpp"
 #include "exl3/moe/weights.hpp"
@@ -247,11 +248,10 @@ int run_moe_bench(const MoeBenchOptions& o) {
   }
 
   // BF16 baseline weights: W1 [E][H, 2I] (gate | up), W2 [E][I, H]; constant bf16 0x3C3C.
-  cublasHandle_t cublas = nullptr;
+  std::unique_ptr<cuda::CudaContext> ctx;  // the baseline's cuBLAS handle and workspace
   cuda::DeviceBuffer w1, w2;
   if (o.baseline) {
-    EXL3_CUDA_CHECK(cublasCreate(&cublas), "moe-bench");
-    EXL3_CUDA_CHECK(cublasSetStream(cublas, tm.stream()), "moe-bench");
+    ctx = std::make_unique<cuda::CudaContext>();
     w1 = cuda::DeviceBuffer(static_cast<size_t>(E) * H * 2 * I * 2, "the BF16 baseline's W1");
     w2 = cuda::DeviceBuffer(static_cast<size_t>(E) * I * H * 2, "the BF16 baseline's W2");
     EXL3_CUDA_CHECK(cudaMemset(w1.get(), 0x3C, static_cast<size_t>(E) * H * 2 * I * 2),
@@ -366,6 +366,8 @@ int run_moe_bench(const MoeBenchOptions& o) {
       std::vector<float> one(static_cast<size_t>(E), 1.0f), zero(static_cast<size_t>(E), 0.0f);
       std::vector<int> gsize(static_cast<size_t>(E), 1);
       auto gemms = [&](int s) {
+        cublasHandle_t cublas = ctx->cublas(tm.stream(), cuda::CudaContext::kCublasWorkspaceBytes);
+        if (cublas == nullptr) fail("moe-bench: binding cuBLAS to the timer's stream failed");
         auto& G = gs[static_cast<size_t>(s)];
         const int groups = static_cast<int>(G.n.size());
         EXL3_CUDA_CHECK(
@@ -404,7 +406,6 @@ int run_moe_bench(const MoeBenchOptions& o) {
          {"bf16_grouped_us", o.baseline ? nlohmann::json(base_us) : nlohmann::json(nullptr)},
          {"ratio_vs_bf16", o.baseline ? nlohmann::json(us / base_us) : nlohmann::json(nullptr)}});
   }
-  if (cublas != nullptr) cublasDestroy(cublas);
   if (!o.json_path.empty()) {
     const nlohmann::json doc = {
         {"device", prop.name},

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/model_ops.hpp"
 #include "exl3/error.hpp"
 #include "exl3/trellis/half.hpp"
@@ -15,6 +16,8 @@
 namespace exl3::cuda {
 namespace {
 
+// The part of the context's cuBLAS workspace these GEMMs get: the 4 MiB they were always planned
+// with (cuBLAS may pick another algorithm, so other bits, with more).
 constexpr size_t kCublasWorkspace = 4u << 20;
 constexpr size_t kAlign = 256;
 
@@ -28,10 +31,15 @@ cudaDataType_t cuda_type(DType t) {
 
 }  // namespace
 
-DenseLinearCuda::DenseLinearCuda(std::string name, const void* weight, DType wtype,
-                                 int64_t in_features, int64_t out_features, const float* bias,
-                                 int64_t max_m, bool fp32_weights)
-    : name_(std::move(name)), in_(in_features), out_(out_features), max_m_(max_m), wtype_(wtype) {
+DenseLinearCuda::DenseLinearCuda(CudaContext& ctx, std::string name, const void* weight,
+                                 DType wtype, int64_t in_features, int64_t out_features,
+                                 const float* bias, int64_t max_m, bool fp32_weights)
+    : name_(std::move(name)),
+      in_(in_features),
+      out_(out_features),
+      max_m_(max_m),
+      wtype_(wtype),
+      ctx_(&ctx) {
   if (in_ <= 0 || out_ <= 0 || max_m_ <= 0) {
     fail("CUDA dense linear '{}': bad shape {} -> {} or max_m {}", name_, in_, out_, max_m_);
   }
@@ -54,13 +62,6 @@ DenseLinearCuda::DenseLinearCuda(std::string name, const void* weight, DType wty
     bias_ = DeviceBuffer(bias, static_cast<size_t>(out_) * 4,
                          fmt::format("the bias of CUDA dense linear '{}'", name_));
   }
-  cublasHandle_t h = nullptr;
-  EXL3_CUDA_CHECK(cublasCreate(&h), fmt::format("CUDA dense linear '{}'", name_));
-  cublas_ = h;
-}
-
-DenseLinearCuda::~DenseLinearCuda() {
-  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
 }
 
 size_t DenseLinearCuda::device_bytes() const {
@@ -69,7 +70,7 @@ size_t DenseLinearCuda::device_bytes() const {
 
 size_t DenseLinearCuda::workspace_bytes() const {
   const size_t x16 = wtype_ == DType::kF32 ? 0 : align_up(static_cast<size_t>(max_m_ * in_) * 2);
-  return x16 + kCublasWorkspace;
+  return x16;
 }
 
 cudaError_t DenseLinearCuda::run(const float* x, float* y, int64_t m, void* workspace,
@@ -77,27 +78,22 @@ cudaError_t DenseLinearCuda::run(const float* x, float* y, int64_t m, void* work
   if (m <= 0 || m > max_m_ || workspace_size < workspace_bytes()) return cudaErrorInvalidValue;
   auto* base = static_cast<char*>(workspace);
   const void* xin = x;
-  size_t used = 0;
   if (wtype_ != DType::kF32) {
     const cudaError_t e = convert_rows(x, in_, base, wtype_, in_, m, in_, stream);
     if (e != cudaSuccess) return e;
     xin = base;
-    used = align_up(static_cast<size_t>(max_m_ * in_) * 2);
   }
-  auto h = static_cast<cublasHandle_t>(cublas_);
-  if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS ||
-      cublasSetWorkspace(h, base + used, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
-    return cudaErrorUnknown;
-  }
+  cublasHandle_t h = ctx_->cublas(stream, kCublasWorkspace);
+  if (h == nullptr) return cudaErrorUnknown;
   // Row-major y[m, out] = x[m, in] W^T is column-major Y^T[out, m] = (W as [in, out])^T X^T.
   const float alpha = 1.0f, beta = 0.0f;
   const cudaDataType_t t = cuda_type(wtype_);
-  const cublasStatus_t st =
-      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
+  if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
                    static_cast<int>(in_), &alpha, w_.get(), t, static_cast<int>(in_), xin, t,
                    static_cast<int>(in_), &beta, y, CUDA_R_32F, static_cast<int>(out_),
-                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS) return cudaErrorUnknown;
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+    return cudaErrorUnknown;
+  }
   if (!bias_.empty()) return add_bias(y, bias_.as<float>(), m, out_, stream);
   return cudaGetLastError();
 }

@@ -10,6 +10,7 @@
 
 #include "cuda/kernels.hpp"
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/reconstruct.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -21,7 +22,6 @@ namespace exl3::cuda {
 namespace {
 
 constexpr size_t kAlign = 256;
-constexpr size_t kCublasWorkspace = 32u << 20;  // cuBLAS's recommended workspace on Hopper
 
 size_t align_up(size_t v) {
   return (v + kAlign - 1) / kAlign * kAlign;
@@ -33,7 +33,6 @@ struct Carve {
   float* row_scale = nullptr;
   float* partial = nullptr;
   uint16_t* w_hat = nullptr;
-  void* cublas_ws = nullptr;
   size_t bytes = 0;
 };
 
@@ -51,7 +50,6 @@ Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas
   c.partial = reinterpret_cast<float*>(take(static_cast<size_t>(splits) * m * n * 4));
   if (cublas) {
     c.w_hat = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(k * n) * 2));
-    c.cublas_ws = take(kCublasWorkspace);
   }
   c.bytes = off;
   return c;
@@ -126,21 +124,23 @@ cudaError_t detail::mma_gemm(const uint16_t* trellis, int K, trellis::Codebook c
   });
 }
 
-Exl3LinearCuda::Exl3LinearCuda(const Exl3LinearData& data, const LinearOptions& opts)
+Exl3LinearCuda::Exl3LinearCuda(CudaContext& ctx, const Exl3LinearData& data,
+                               const LinearOptions& opts)
     : in_(data.info().in_features),
       out_(data.info().out_features),
       K_(data.info().bits),
       cb_(data.info().codebook),
-      opts_(opts) {
+      opts_(opts),
+      ctx_(&ctx) {
   init(data.info().prefix.c_str(), data.trellis().data(), data.suh().data(), data.svh().data(),
        data.bias().empty() ? nullptr : data.bias().data());
 }
 
-Exl3LinearCuda::Exl3LinearCuda(const char* name, const uint16_t* trellis, int64_t in_features,
-                               int64_t out_features, int K, trellis::Codebook cb,
-                               const uint16_t* suh, const uint16_t* svh, const float* bias,
-                               const LinearOptions& opts)
-    : in_(in_features), out_(out_features), K_(K), cb_(cb), opts_(opts) {
+Exl3LinearCuda::Exl3LinearCuda(CudaContext& ctx, const char* name, const uint16_t* trellis,
+                               int64_t in_features, int64_t out_features, int K,
+                               trellis::Codebook cb, const uint16_t* suh, const uint16_t* svh,
+                               const float* bias, const LinearOptions& opts)
+    : in_(in_features), out_(out_features), K_(K), cb_(cb), opts_(opts), ctx_(&ctx) {
   init(name, trellis, suh, svh, bias);
 }
 
@@ -173,16 +173,9 @@ void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint1
   svh_ = DeviceBuffer(svh, static_cast<size_t>(out_) * 2, of("svh"));
   if (bias != nullptr) bias_ = DeviceBuffer(bias, static_cast<size_t>(out_) * 4, of("bias"));
   if (opts_.max_m > opts_.mma_max_m) {
-    cublasHandle_t h = nullptr;
-    EXL3_CUDA_CHECK(cublasCreate(&h), fmt::format("CUDA linear '{}'", name));
-    cublas_ = h;
     EXL3_CUDA_CHECK(detail::reconstruct_folded_prepare(K_, cb_),
                     fmt::format("CUDA linear '{}': preparing the folded reconstruct kernel", name));
   }
-}
-
-Exl3LinearCuda::~Exl3LinearCuda() {
-  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
 }
 
 LinearPath Exl3LinearCuda::path_for(int64_t m) const {
@@ -228,7 +221,7 @@ cudaError_t Exl3LinearCuda::run(const void* x, DType in_type, void* y, DType out
   if (workspace == nullptr || workspace_size < ws.bytes) return cudaErrorInvalidValue;
 
   if (cublas && in_type != DType::kF32)
-    return run_folded(x, in_type, y, out_type, m, ws.w_hat, ws.partial, ws.cublas_ws, stream);
+    return run_folded(x, in_type, y, out_type, m, ws.w_hat, ws.partial, stream);
 
   cudaError_t e =
       detail::rotate_input(x, in_type, suh_.as<uint16_t>(), m, in_, ws.xr, ws.row_scale, stream);
@@ -243,7 +236,7 @@ cudaError_t Exl3LinearCuda::run(const void* x, DType in_type, void* y, DType out
     // fp32 activations: rotate them to fp16 (with the range guard) and multiply W_hat.
     e = reconstruct_w_hat(trellis_.as<uint16_t>(), in_, out_, K_, cb_, ws.w_hat, stream);
     if (e != cudaSuccess) return e;
-    e = cublas_gemm(ws.xr, CUDA_R_16F, ws.w_hat, ws.partial, CUDA_R_32F, m, ws.cublas_ws, stream);
+    e = cublas_gemm(ws.xr, CUDA_R_16F, ws.w_hat, ws.partial, CUDA_R_32F, m, stream);
   }
   if (e != cudaSuccess) return e;
   return detail::rotate_output(ws.partial, splits, ws.row_scale, svh_.as<uint16_t>(),
@@ -253,7 +246,7 @@ cudaError_t Exl3LinearCuda::run(const void* x, DType in_type, void* y, DType out
 // Large m with fp16/bf16 activations: fold both rotations and scales into the decoded weight (in
 // the activation dtype) and let cuBLAS multiply the raw activations and write y directly.
 cudaError_t Exl3LinearCuda::run_folded(const void* x, DType in_type, void* y, DType out_type,
-                                       int64_t m, void* w, float* f32_out, void* cublas_ws,
+                                       int64_t m, void* w, float* f32_out,
                                        cudaStream_t stream) const {
   const bool bf16 = in_type == DType::kBF16;
   cudaError_t e =
@@ -266,7 +259,7 @@ cudaError_t Exl3LinearCuda::run_folded(const void* x, DType in_type, void* y, DT
                                 : out_type == DType::kBF16 ? CUDA_R_16BF
                                                            : CUDA_R_32F;
   e = cublas_gemm(x, bf16 ? CUDA_R_16BF : CUDA_R_16F, w, direct ? y : f32_out,
-                  direct ? out_dt : CUDA_R_32F, m, cublas_ws, stream);
+                  direct ? out_dt : CUDA_R_32F, m, stream);
   if (e != cudaSuccess) return e;
   if (!direct)
     return detail::finish_output(f32_out, bias_.as<float>(), m, out_, y, out_type, stream);
@@ -277,21 +270,21 @@ cudaError_t Exl3LinearCuda::run_folded(const void* x, DType in_type, void* y, DT
 
 // Row-major Y[m, n] = X[m, k] W[k, n] is column-major Y^T = W^T X^T (fp32 accumulation).
 cudaError_t Exl3LinearCuda::cublas_gemm(const void* x, int x_type, const void* w, void* y,
-                                        int y_type, int64_t m, void* cublas_ws,
-                                        cudaStream_t stream) const {
-  auto h = static_cast<cublasHandle_t>(cublas_);
-  if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS ||
-      cublasSetWorkspace(h, cublas_ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
-    return cudaErrorUnknown;
-  }
+                                        int y_type, int64_t m, cudaStream_t stream) const {
+  // The context's handle on `stream` with its whole workspace (cuBLAS's recommended 32 MiB on
+  // Hopper, the size this path has always used).
+  cublasHandle_t h = ctx_->cublas(stream, CudaContext::kCublasWorkspaceBytes);
+  if (h == nullptr) return cudaErrorUnknown;
   const auto xt = static_cast<cudaDataType_t>(x_type);
   const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t st =
-      cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
+  if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
                    static_cast<int>(in_), &alpha, w, xt, static_cast<int>(out_), x, xt,
                    static_cast<int>(in_), &beta, y, static_cast<cudaDataType_t>(y_type),
-                   static_cast<int>(out_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  return st == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
+                   static_cast<int>(out_), CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+    return cudaErrorUnknown;
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace exl3::cuda

@@ -11,6 +11,7 @@
 #include "cuda/mxfp8_kernels.hpp"
 #include "cuda/mxfp8_tiles.hpp"
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/reconstruct.hpp"
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
@@ -20,7 +21,6 @@ namespace exl3::cuda {
 namespace {
 
 constexpr size_t kAlign = 256;
-constexpr size_t kCublasWorkspace = 32u << 20;
 
 size_t align_up(size_t v) {
   return (v + kAlign - 1) / kAlign * kAlign;
@@ -71,7 +71,6 @@ void tile_planes(const uint8_t* values, const uint8_t* scales, int64_t k, int64_
 struct Carve {
   float* partial = nullptr;
   uint16_t* w_bf16 = nullptr;
-  void* cublas_ws = nullptr;
   size_t bytes = 0;
 };
 
@@ -90,7 +89,6 @@ Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas
   }
   if (cublas) {
     c.w_bf16 = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(k * n) * 2));
-    c.cublas_ws = take(kCublasWorkspace);
   }
   c.bytes = off;
   return c;
@@ -107,9 +105,9 @@ const char* mxfp8_path_name(Mxfp8Path p) {
   }
 }
 
-Mxfp8LinearCuda::Mxfp8LinearCuda(const mxfp8::Weight& w, const std::vector<float>& bias,
-                                 const Mxfp8Options& opts)
-    : name_(w.name()), in_(w.cols()), out_(w.rows()), opts_(opts) {
+Mxfp8LinearCuda::Mxfp8LinearCuda(CudaContext& ctx, const mxfp8::Weight& w,
+                                 const std::vector<float>& bias, const Mxfp8Options& opts)
+    : name_(w.name()), in_(w.cols()), out_(w.rows()), opts_(opts), ctx_(&ctx) {
   if (!bias.empty() && static_cast<int64_t>(bias.size()) != out_) {
     fail("CUDA MXFP8 linear '{}': bias has {} values for {} outputs", name_, bias.size(), out_);
   }
@@ -118,10 +116,10 @@ Mxfp8LinearCuda::Mxfp8LinearCuda(const mxfp8::Weight& w, const std::vector<float
        /*check_codes=*/false);
 }
 
-Mxfp8LinearCuda::Mxfp8LinearCuda(const char* name, const uint8_t* values, const uint8_t* scales,
-                                 int64_t in_features, int64_t out_features, const float* bias,
-                                 const Mxfp8Options& opts)
-    : name_(name), in_(in_features), out_(out_features), opts_(opts) {
+Mxfp8LinearCuda::Mxfp8LinearCuda(CudaContext& ctx, const char* name, const uint8_t* values,
+                                 const uint8_t* scales, int64_t in_features, int64_t out_features,
+                                 const float* bias, const Mxfp8Options& opts)
+    : name_(name), in_(in_features), out_(out_features), opts_(opts), ctx_(&ctx) {
   init(name, values, scales, bias, /*check_codes=*/true);
 }
 
@@ -154,15 +152,6 @@ void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_
   values_ = DeviceBuffer::upload(tv, of("values"));
   scales_ = DeviceBuffer::upload(ts, of("scales"));
   if (bias != nullptr) bias_ = DeviceBuffer(bias, static_cast<size_t>(out_) * 4, of("bias"));
-  if (opts_.max_m > opts_.gemv_max_m) {
-    cublasHandle_t h = nullptr;
-    EXL3_CUDA_CHECK(cublasCreate(&h), fmt::format("CUDA MXFP8 linear '{}'", name));
-    cublas_ = h;
-  }
-}
-
-Mxfp8LinearCuda::~Mxfp8LinearCuda() {
-  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
 }
 
 Mxfp8Path Mxfp8LinearCuda::path_for(int64_t m) const {
@@ -214,11 +203,8 @@ cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t
                                  stream);
   if (e != cudaSuccess) return e;
   // Row-major y[m, n] = x[m, k] W[n, k]^T is column-major y^T = W^T(k x n, transposed) x^T.
-  auto h = static_cast<cublasHandle_t>(cublas_);
-  if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS ||
-      cublasSetWorkspace(h, ws.cublas_ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
-    return cudaErrorUnknown;
-  }
+  cublasHandle_t h = ctx_->cublas(stream, CudaContext::kCublasWorkspaceBytes);
+  if (h == nullptr) return cudaErrorUnknown;
   const bool via_partial = !bias_.empty();  // bias added in fp32 before the output rounding
   void* dst = via_partial ? static_cast<void*>(ws.partial) : y;
   const cudaDataType_t dt = via_partial || out_type == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;

@@ -32,6 +32,7 @@
 #include <tbb/parallel_for.h>
 
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/dense_linear.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/cuda/model_ops.hpp"
@@ -156,8 +157,9 @@ class CudaEngine final : public PagedEngine {
     if (opts.max_batch_tokens <= 0)
       fail("engine: max batch tokens {} must be positive", opts.max_batch_tokens);
     cap_ = opts.max_batch_tokens;
-    EXL3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                    "creating the stream");
+    // The stream, the one cuBLAS handle bound to it and its workspace, shared by every linear.
+    ctx_ = std::make_unique<cuda::CudaContext>();
+    stream_ = ctx_->stream();
     const int64_t pages = (opts.cache_tokens + opts.page_size - 1) / opts.page_size;
     max_seq_tokens_ = pages * opts.page_size;
     if (spec_.max_position_embeddings > 0)
@@ -188,7 +190,6 @@ class CudaEngine final : public PagedEngine {
 
   ~CudaEngine() override {
     for (auto& [n, g] : graphs_) cudaGraphExecDestroy(g);
-    if (stream_) cudaStreamDestroy(stream_);
   }
 
   const ModelSpec& spec() const override {
@@ -279,13 +280,13 @@ class CudaEngine final : public PagedEngine {
       const Extent v = tp_->plan->vocab[static_cast<size_t>(tp_->rank)];
       for (const Extent& e : tp_->plan->vocab) rank_vocab_ = std::max(rank_vocab_, e.count);
       if (spec_.lm_head_tied) {
-        head_ = GpuLinear::dense(store, spec_.embed_tokens, {}, cap_, false, v);
+        head_ = GpuLinear::dense(*ctx_, store, spec_.embed_tokens, {}, cap_, false, v);
       } else {
         head_ = rank_linear(tp_->plan->lm_head, 0,
                             tp_->plan->lm_head.ranks[static_cast<size_t>(tp_->rank)].count);
       }
     } else if (spec_.lm_head_tied) {
-      head_ = GpuLinear::dense(store, spec_.embed_tokens, {}, cap_, false);
+      head_ = GpuLinear::dense(*ctx_, store, spec_.embed_tokens, {}, cap_, false);
     } else {
       head_ =
           load_linear(spec_.lm_head, hidden, spec_.vocab_size);  // never overlaid; reported as kept
@@ -401,8 +402,8 @@ class CudaEngine final : public PagedEngine {
   // goes up in its checkpoint tensor's dtype.
   GpuLinear rank_linear(const TpLinearPlan& p, int64_t out_offset, int64_t out) const {
     const TensorRef* ref = ckpt_.store().find(p.prefix + ".weight");
-    return GpuLinear::from_rank(RankLinear::slice(ckpt_, p, tp_->rank), p.prefix, out_offset, out,
-                                cap_, ref != nullptr ? ref->info->dtype : exl3::DType::kF32);
+    return GpuLinear::from_rank(*ctx_, RankLinear::slice(ckpt_, p, tp_->rank), p.prefix, out_offset,
+                                out, cap_, ref != nullptr ? ref->info->dtype : exl3::DType::kF32);
   }
 
   DenseMlpGpu load_dense_mlp(const TpMlpPlan& p) {
@@ -429,8 +430,9 @@ class CudaEngine final : public PagedEngine {
   MoeGpu load_moe(const MoeSpec& s, const moe::MoeLayout& layout, int layer, const TpMoePlan* p) {
     MoeGpu m;
     const auto& store = ckpt_.store();
-    m.router = GpuLinear::load(ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts, cap_,
-                               /*fp32=*/true);
+    m.router =
+        GpuLinear::load(*ctx_, ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts, cap_,
+                        /*fp32=*/true);
     track(m.router);
     m.params.num_experts = static_cast<int>(s.num_experts);
     m.params.top_k = s.top_k;
@@ -495,7 +497,7 @@ class CudaEngine final : public PagedEngine {
   GpuLinear load_linear(const std::string& prefix, int64_t in, int64_t out) {
     OverlayDecision d = overlay_plan_.decision(prefix);
     if (!opts_.overlay.any()) d.reason.clear();  // nothing to report as "kept" without a policy
-    return GpuLinear::load(ckpt_, prefix, in, out, cap_, false, d, &overlay_report_);
+    return GpuLinear::load(*ctx_, ckpt_, prefix, in, out, cap_, false, d, &overlay_report_);
   }
 
   void track(const GpuLinear& l) {
@@ -816,7 +818,9 @@ class CudaEngine final : public PagedEngine {
   std::optional<CudaRank> tp_;  // set: one rank of a tensor-parallel group
   int64_t rank_vocab_ = 0;      // tensor parallel: the widest rank's vocabulary rows
   int64_t cap_ = 0, max_seq_tokens_ = 0, max_pages_ = 0, meta_capacity_ = 0;
-  cudaStream_t stream_ = nullptr;
+  // Declared before every linear (they keep a pointer to it), so destroyed after them.
+  std::unique_ptr<cuda::CudaContext> ctx_;
+  cudaStream_t stream_ = nullptr;  // ctx_->stream()
   DeviceBuffer embed_, final_norm_;
   DType embed_type_ = DType::kBF16;
   GpuLinear head_;

@@ -24,8 +24,8 @@ size_t align_up(size_t v) {
 
 }  // namespace
 
-GpuLinear GpuLinear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t in,
-                          int64_t out, int64_t cap, bool fp32_weights,
+GpuLinear GpuLinear::load(cuda::CudaContext& ctx, const Checkpoint& ckpt, const std::string& prefix,
+                          int64_t in, int64_t out, int64_t cap, bool fp32_weights,
                           const OverlayDecision& overlay, OverlayReport* report) {
   GpuLinear l;
   l.in_ = in;
@@ -42,7 +42,7 @@ GpuLinear GpuLinear::load(const Checkpoint& ckpt, const std::string& prefix, int
            ckpt.path().string(), prefix);
     }
     const Exl3LinearData data = Exl3LinearData::load(ckpt, prefix);
-    l.upload_exl3(cpu::LinearView::of(data), cap);
+    l.upload_exl3(ctx, cpu::LinearView::of(data), cap);
     return l;
   }
   if (!ckpt.store().contains(prefix + ".weight")) {
@@ -58,19 +58,20 @@ GpuLinear GpuLinear::load(const Checkpoint& ckpt, const std::string& prefix, int
   if (const mxfp8::Weight* w = host.mxfp8_weight()) {
     cuda::Mxfp8Options mo;
     mo.max_m = cap;
-    l.mx_ = std::make_unique<cuda::Mxfp8LinearCuda>(*w, bias, cuda::mxfp8_options_from_env(mo));
+    l.mx_ =
+        std::make_unique<cuda::Mxfp8LinearCuda>(ctx, *w, bias, cuda::mxfp8_options_from_env(mo));
     l.mx_x_bytes_ = align_up(static_cast<size_t>(cap * in) * 2);
     l.stored_in_ = in;
     l.stored_out_ = out;
     l.bytes_ = l.mx_->weight_bytes() + bias.size() * 4;
     return l;
   }
-  return dense(ckpt.store(), prefix + ".weight", bias, cap, fp32_weights);
+  return dense(ctx, ckpt.store(), prefix + ".weight", bias, cap, fp32_weights);
 }
 
-GpuLinear GpuLinear::dense(const TensorStore& store, const std::string& tensor,
-                           const std::vector<float>& bias, int64_t cap, bool fp32_weights,
-                           Extent rows) {
+GpuLinear GpuLinear::dense(cuda::CudaContext& ctx, const TensorStore& store,
+                           const std::string& tensor, const std::vector<float>& bias, int64_t cap,
+                           bool fp32_weights, Extent rows) {
   const TensorRef* ref = store.find(tensor);
   if (ref == nullptr) fail("{}: tensor '{}' is missing", store.root().string(), tensor);
   if (ref->info->rank() != 2) fail("{}: tensor '{}' is not a matrix", ref->path().string(), tensor);
@@ -91,15 +92,15 @@ GpuLinear GpuLinear::dense(const TensorStore& store, const std::string& tensor,
   std::vector<std::byte> aligned(
       bytes.begin() + static_cast<std::ptrdiff_t>(rows.begin * row_bytes),
       bytes.begin() + static_cast<std::ptrdiff_t>(rows.end() * row_bytes));
-  l.dense_ = std::make_unique<cuda::DenseLinearCuda>(tensor, aligned.data(), t, l.in_, l.out_,
+  l.dense_ = std::make_unique<cuda::DenseLinearCuda>(ctx, tensor, aligned.data(), t, l.in_, l.out_,
                                                      bias.empty() ? nullptr : bias.data(), cap,
                                                      fp32_weights);
   l.bytes_ = l.dense_->device_bytes();
   return l;
 }
 
-GpuLinear GpuLinear::from_rank(const RankLinear& r, const std::string& name, int64_t out_offset,
-                               int64_t out, int64_t cap, exl3::DType stored) {
+GpuLinear GpuLinear::from_rank(cuda::CudaContext& ctx, const RankLinear& r, const std::string& name,
+                               int64_t out_offset, int64_t out, int64_t cap, exl3::DType stored) {
   GpuLinear l;
   l.name_ = name;
   l.in_ = r.in_features();
@@ -113,7 +114,7 @@ GpuLinear GpuLinear::from_rank(const RankLinear& r, const std::string& name, int
         name, r.in_features(), r.out_features(), out_offset, out_offset + out);
   }
   if (const Exl3Slice* s = r.exl3()) {
-    l.upload_exl3(s->view, cap);
+    l.upload_exl3(ctx, s->view, cap);
     return l;
   }
   const DenseMatrix* d = r.dense();
@@ -140,16 +141,16 @@ GpuLinear GpuLinear::from_rank(const RankLinear& r, const std::string& name, int
     t = stored == exl3::DType::kBF16 ? cuda::DType::kBF16 : cuda::DType::kF16;
   }
   l.dense_ = std::make_unique<cuda::DenseLinearCuda>(
-      name, host, t, l.in_, l.out_, bias.empty() ? nullptr : bias.data(), cap, false);
+      ctx, name, host, t, l.in_, l.out_, bias.empty() ? nullptr : bias.data(), cap, false);
   l.bytes_ = l.dense_->device_bytes();
   return l;
 }
 
-void GpuLinear::upload_exl3(const cpu::LinearView& v, int64_t cap) {
+void GpuLinear::upload_exl3(cuda::CudaContext& ctx, const cpu::LinearView& v, int64_t cap) {
   cuda::LinearOptions lo;
   lo.max_m = cap;
   exl3_ = std::make_unique<cuda::Exl3LinearCuda>(
-      name_.c_str(), v.trellis.data(), v.in_features, v.out_features, v.bits, v.codebook,
+      ctx, name_.c_str(), v.trellis.data(), v.in_features, v.out_features, v.bits, v.codebook,
       v.suh.data(), v.svh.data(), v.bias.empty() ? nullptr : v.bias.data(), lo);
   stored_in_ = v.in_features;
   stored_out_ = v.out_features;

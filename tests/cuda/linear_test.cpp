@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "exl3/cpu/linear.hpp"
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/error.hpp"
@@ -17,6 +18,7 @@
 #include "test_support.hpp"
 
 namespace tr = exl3::trellis;
+using exl3::cuda::CudaContext;
 using exl3::cuda::DeviceBuffer;
 using exl3::cuda::DType;
 using exl3::cuda::Exl3LinearCuda;
@@ -44,8 +46,8 @@ struct Layer {
     }
   }
   exl3::cpu::LinearView view() const { return {trellis, in, out, K, cb, suh, svh, bias}; }
-  Exl3LinearCuda gpu(const exl3::cuda::LinearOptions& o) const {
-    return Exl3LinearCuda("test", trellis.data(), in, out, K, cb, suh.data(), svh.data(),
+  Exl3LinearCuda gpu(CudaContext& ctx, const exl3::cuda::LinearOptions& o) const {
+    return Exl3LinearCuda(ctx, "test", trellis.data(), in, out, K, cb, suh.data(), svh.data(),
                           bias.empty() ? nullptr : bias.data(), o);
   }
 };
@@ -100,6 +102,7 @@ const tr::Codebook kAllCb[] = {tr::Codebook::k3Inst, tr::Codebook::kMcg, tr::Cod
 
 TEST(CudaLinear, MatchesCpuAllBitsCodebooksAndM) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const struct { int64_t in, out; } shapes[] = {{128, 128}, {256, 384}, {512, 256}};
   exl3::cuda::LinearOptions opts;
@@ -110,7 +113,7 @@ TEST(CudaLinear, MatchesCpuAllBitsCodebooksAndM) {
     for (int K = 1; K <= 8; ++K) {
       for (auto cb : kAllCb) {
         const Layer L(sh.in, sh.out, K, cb, (K % 2) == 0, rng);
-        const auto gpu = L.gpu(opts);
+        const auto gpu = L.gpu(ctx, opts);
         DeviceBuffer ws(gpu.workspace_bytes(), "ws");
         for (int64_t m : {1, 2, 3, 8, 16, 24, 33, 64, 256, 1024, 1025}) {
           const bool bf16 = (m % 2) == 1;
@@ -131,9 +134,10 @@ TEST(CudaLinear, MatchesCpuAllBitsCodebooksAndM) {
 
 TEST(CudaLinear, Fp32OutputAndRangeGuard) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const Layer L(256, 256, 4, tr::Codebook::kMcg, true, rng);
-  const auto gpu = L.gpu({});
+  const auto gpu = L.gpu(ctx, {});
   DeviceBuffer ws(gpu.workspace_bytes(), "ws");
   // bf16 activations far outside fp16 range: the per-row power-of-two guard keeps x' finite.
   const auto x = random_x(5, 256, true, rng, 3.0e5f);
@@ -168,34 +172,37 @@ void expect_batch_invariant(const exl3::cuda::Exl3LinearCuda& gpu, int64_t in, i
 
 TEST(CudaLinear, BatchInvariantRowsOnGemvPath) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   exl3::cuda::LinearOptions opts;
   opts.gemv_max_m = 32;
   // MCG runs the split-halves decode, MUL1 the paired one; 29 rows span 1, 2 and 4 token groups.
   for (auto cb : {tr::Codebook::kMcg, tr::Codebook::kMul1}) {
     const Layer L(512, 384, 3, cb, false, rng);
-    expect_batch_invariant(L.gpu(opts), 512, 384, 29, {1, 3, 8, 9, 17}, rng);
+    expect_batch_invariant(L.gpu(ctx, opts), 512, 384, 29, {1, 3, 8, 9, 17}, rng);
   }
 }
 
 TEST(CudaLinear, BatchInvariantRowsOnMmaPath) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const Layer L(512, 384, 3, tr::Codebook::kMul1, false, rng);
   exl3::cuda::LinearOptions opts;
   opts.gemv_max_m = 0;  // every m <= mma_max_m on the tensor-core GEMM
   // 77 rows span 16-, 32- and 64-row groups.
-  expect_batch_invariant(L.gpu(opts), 512, 384, 77, {1, 5, 20, 40}, rng);
+  expect_batch_invariant(L.gpu(ctx, opts), 512, 384, 77, {1, 5, 20, 40}, rng);
 }
 
 TEST(CudaLinear, GraphReplayEqualsEager) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const Layer L(256, 512, 2, tr::Codebook::k3Inst, true, rng);
   exl3::cuda::LinearOptions opts;
   opts.max_m = 300;
   opts.mma_max_m = 128;
-  const auto gpu = L.gpu(opts);
+  const auto gpu = L.gpu(ctx, opts);
   DeviceBuffer ws(gpu.workspace_bytes(), "ws");
   for (int64_t m : {1, 3, 128, 300}) {
     const auto x = random_x(m, 256, false, rng);
@@ -227,11 +234,12 @@ TEST(CudaLinear, GraphReplayEqualsEager) {
 
 TEST(CudaLinear, RejectsBadArguments) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const Layer L(128, 128, 4, tr::Codebook::kMcg, false, rng);
   exl3::cuda::LinearOptions opts;
   opts.max_m = 8;
-  const auto gpu = L.gpu(opts);
+  const auto gpu = L.gpu(ctx, opts);
   DeviceBuffer ws(gpu.workspace_bytes(), "ws");
   auto x = DeviceBuffer::of<uint16_t>(16 * 128, "x");
   auto y = DeviceBuffer::of<uint16_t>(16 * 128, "y");
@@ -244,13 +252,14 @@ TEST(CudaLinear, RejectsBadArguments) {
   EXPECT_EQ(gpu.run(x.as<uint16_t>(), DType::kF16, y.as<uint16_t>(), DType::kF16, 4, ws.get(), 16,
                     nullptr),
             cudaErrorInvalidValue);
-  EXPECT_THROW(Exl3LinearCuda("bad", L.trellis.data(), 128, 128, 9, L.cb, L.suh.data(),
+  EXPECT_THROW(Exl3LinearCuda(ctx, "bad", L.trellis.data(), 128, 128, 9, L.cb, L.suh.data(),
                               L.svh.data(), nullptr),
                exl3::Error);
 }
 
 TEST(CudaLinear, GoldenGemmVectors) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   EXL3_REQUIRE_CONFORMANCE(dir);
   for (const char* cbn : {"3inst", "mcg", "mul1"}) {
     const auto ckpt =
@@ -258,7 +267,7 @@ TEST(CudaLinear, GoldenGemmVectors) {
     for (int K = 1; K <= 8; ++K) {
       const std::string name = fmt::format("cb_{}.k{}", cbn, K);
       const auto data = exl3::Exl3LinearData::load(ckpt, name + ".layer");
-      const Exl3LinearCuda gpu(data);
+      const Exl3LinearCuda gpu(ctx, data);
       DeviceBuffer ws(gpu.workspace_bytes(), "ws");
       const auto x = exl3::copy_tensor<uint16_t>(ckpt.store().at(name + ".input.x"));
       const int64_t m = static_cast<int64_t>(x.size()) / 256;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/mxfp8_tiles.hpp"
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/mxfp8.hpp"
 #include "exl3/error.hpp"
@@ -24,6 +25,7 @@
 
 namespace {
 
+using exl3::cuda::CudaContext;
 using exl3::cuda::DeviceBuffer;
 using exl3::cuda::DType;
 using exl3::cuda::Mxfp8LinearCuda;
@@ -110,6 +112,7 @@ std::vector<uint16_t> dequant_on_gpu(const Mxfp8LinearCuda& L) {
 
 TEST(Mxfp8Cuda, MatchesTheCpuReferenceOnEveryPath) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   // 200 outputs: a ragged last row tile; 256 -> 128 and 128 -> 256: fewer 32-input blocks per
   // row than the GEMV has warps (the engine test models' shared-expert MLP).
@@ -122,7 +125,7 @@ TEST(Mxfp8Cuda, MatchesTheCpuReferenceOnEveryPath) {
       Mxfp8Options o;
       o.max_m = 1024;
       o.gemv_max_m = gemv_max_m;
-      const Mxfp8LinearCuda L(P.w, P.bias, o);
+      const Mxfp8LinearCuda L(ctx, P.w, P.bias, o);
       for (int64_t m : {1, 2, 3, 8, 9, 16, 17, 31, 33, 64, 65, 256, 1024}) {
         std::vector<uint16_t> xb;
         std::vector<float> xf;
@@ -148,6 +151,7 @@ TEST(Mxfp8Cuda, MatchesTheCpuReferenceOnEveryPath) {
 // range scaling must keep the result equal to the reference's fp32 arithmetic.
 TEST(Mxfp8Cuda, SubnormalCodesAndExtremeRangesStayExact) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const int64_t in = 512, out = 48, m = 5;
   struct Case {
@@ -168,7 +172,7 @@ TEST(Mxfp8Cuda, SubnormalCodesAndExtremeRangesStayExact) {
     const auto w = exl3::mxfp8::Weight::from_planes("extreme", v, s, out, in);
     Mxfp8Options o;
     o.gemv_max_m = 64;
-    const Mxfp8LinearCuda L(w, {}, o);
+    const Mxfp8LinearCuda L(ctx, w, {}, o);
     std::vector<uint16_t> xb;
     std::vector<float> xf;
     make_x(rng, m, in, xb, xf);
@@ -192,11 +196,12 @@ TEST(Mxfp8Cuda, SubnormalCodesAndExtremeRangesStayExact) {
 
 TEST(Mxfp8Cuda, RowsAreBatchInvariantOnTheGemv) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const auto P = make_problem(rng, 2048, 384, true);
   Mxfp8Options o;
   o.gemv_max_m = 64;
-  const Mxfp8LinearCuda L(P.w, P.bias, o);
+  const Mxfp8LinearCuda L(ctx, P.w, P.bias, o);
   std::vector<uint16_t> xb;
   std::vector<float> xf;
   make_x(rng, 64, P.in, xb, xf);
@@ -212,9 +217,10 @@ TEST(Mxfp8Cuda, RowsAreBatchInvariantOnTheGemv) {
 
 TEST(Mxfp8Cuda, GraphReplayEqualsEager) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const auto P = make_problem(rng, 4096, 512, true);
-  const Mxfp8LinearCuda L(P.w, P.bias);
+  const Mxfp8LinearCuda L(ctx, P.w, P.bias);
   for (int64_t m : {1, 9, 64, 1024}) {
     std::vector<uint16_t> xb;
     std::vector<float> xf;
@@ -253,9 +259,10 @@ TEST(Mxfp8Cuda, GraphReplayEqualsEager) {
 
 TEST(Mxfp8Cuda, DequantIsExactAndHostWrapperMatches) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const auto P = make_problem(rng, 256, 100, false);  // 100 rows: the padded last tile is cut off
-  const Mxfp8LinearCuda L(P.w);
+  const Mxfp8LinearCuda L(ctx, P.w);
   const auto h = dequant_on_gpu(L);
   const auto ref = P.w.dequantize();
   for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(exl3::trellis::bf16_to_float(h[i]), ref[i]) << i;
@@ -267,23 +274,26 @@ TEST(Mxfp8Cuda, DequantIsExactAndHostWrapperMatches) {
 
 TEST(Mxfp8Cuda, ErrorPaths) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   std::vector<uint8_t> v(48 * 8, 0x38), s(8, 120);
-  EXPECT_THROW(Mxfp8LinearCuda("bad", v.data(), s.data(), 48, 8, nullptr), exl3::Error);
+  EXPECT_THROW(Mxfp8LinearCuda(ctx, "bad", v.data(), s.data(), 48, 8, nullptr), exl3::Error);
   Mxfp8Options o;
   o.gemv_max_m = 65;
   std::vector<uint8_t> v2(64 * 8, 0x38), s2(16, 120);
-  EXPECT_THROW(Mxfp8LinearCuda("bad", v2.data(), s2.data(), 64, 8, nullptr, o), exl3::Error);
+  EXPECT_THROW(Mxfp8LinearCuda(ctx, "bad", v2.data(), s2.data(), 64, 8, nullptr, o), exl3::Error);
   {
     auto nan_code = v2;
     nan_code[100] = 0xFF;
     auto nan_scale = s2;
     nan_scale[3] = 0xFF;
-    EXPECT_THROW(Mxfp8LinearCuda("bad", nan_code.data(), s2.data(), 64, 8, nullptr), exl3::Error);
-    EXPECT_THROW(Mxfp8LinearCuda("bad", v2.data(), nan_scale.data(), 64, 8, nullptr), exl3::Error);
+    EXPECT_THROW(Mxfp8LinearCuda(ctx, "bad", nan_code.data(), s2.data(), 64, 8, nullptr),
+                 exl3::Error);
+    EXPECT_THROW(Mxfp8LinearCuda(ctx, "bad", v2.data(), nan_scale.data(), 64, 8, nullptr),
+                 exl3::Error);
   }
   o = {};
   o.max_m = 64;
-  const Mxfp8LinearCuda L("ok", v2.data(), s2.data(), 64, 8, nullptr, o);
+  const Mxfp8LinearCuda L(ctx, "ok", v2.data(), s2.data(), 64, 8, nullptr, o);
   auto dx = DeviceBuffer::of<uint16_t>(128 * 64, "dx");
   auto dy = DeviceBuffer::of<float>(128 * 8, "dy");
   DeviceBuffer ws(L.workspace_bytes(), "ws");

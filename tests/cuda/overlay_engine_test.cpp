@@ -62,13 +62,14 @@ TEST(CudaOverlay, GpuLinearMatchesTheCpuReferenceOnEveryPath) {
   auto rng = exl3::test::make_rng();
   std::normal_distribution<float> nd;
   const int64_t cap = 600;  // m = 64 and 600 > gemv_max_m (32): the dequant + cuBLAS path too
+  cuda::CudaContext ctx;
   for (const auto& [prefix, in, out] :
        {std::tuple{std::string("model.layers.0.self_attn.q_proj"), 256, 256},
         std::tuple{std::string("model.layers.1.mlp.down_proj"), 512, 256}}) {
     OverlayReport cpu_report, gpu_report;
     const Linear ref = Linear::load(ckpt, prefix, in, out, mx, &cpu_report);
-    const GpuLinear g = GpuLinear::load(ckpt, prefix, in, out, cap, false, mx, &gpu_report);
-    const GpuLinear bf16 = GpuLinear::load(ckpt, prefix, in, out, cap);
+    const GpuLinear g = GpuLinear::load(ctx, ckpt, prefix, in, out, cap, false, mx, &gpu_report);
+    const GpuLinear bf16 = GpuLinear::load(ctx, ckpt, prefix, in, out, cap);
     ASSERT_TRUE(g.is_mxfp8()) << prefix;
     EXPECT_FALSE(bf16.is_mxfp8());
     const bool bias = ckpt.store().contains(prefix + ".bias");
@@ -110,10 +111,11 @@ TEST(CudaOverlay, Exl3LinearsRefuseTheOverlay) {
   const auto tiny = Checkpoint::open(test::tiny_model(dir));
   const auto spec = describe_model(tiny);
   const auto& a = std::get<GqaAttentionSpec>(spec.layers[0].attention);
+  cuda::CudaContext ctx;
   EXPECT_THAT(
       [&] {
-        GpuLinear::load(tiny, a.prefix + ".q_proj", spec.hidden_size, a.num_heads * a.head_dim, 8,
-                        false, mx);
+        GpuLinear::load(ctx, tiny, a.prefix + ".q_proj", spec.hidden_size, a.num_heads * a.head_dim,
+                        8, false, mx);
       },
       ::testing::ThrowsMessage<Error>(
           HasSubstr("the MXFP8 overlay applies to unquantized linears only")));

@@ -16,7 +16,8 @@
 //   kCublas : m > gemv_max_m. The weight is dequantized to BF16 into the caller's workspace and
 //             cuBLAS multiplies (fp32 accumulation): at large m the GEMM is compute bound and
 //             the dequant pass (3 bytes/weight of traffic) costs a few percent. Deterministic,
-//             not batch-invariant (cuBLAS picks its algorithm by shape).
+//             not batch-invariant (cuBLAS picks its algorithm by shape). cuBLAS runs on the
+//             CudaContext's handle and workspace.
 // Why not FP8 tensor cores with per-block scaling on sm_90: Hopper's FP8 wgmma has no per-32
 // block scale, so each 32-wide K step would need its own accumulator rescale, and the BF16
 // activations would have to be quantized to E4M3, changing the numerics against the BF16
@@ -54,15 +55,15 @@ struct Mxfp8Options {
 class Mxfp8LinearCuda {
  public:
   // Uploads the planes (and bias, fp32, may be empty). Throws exl3::Error naming the layer on
-  // bad shapes (in % 32, empty), bad options or CUDA failures.
-  Mxfp8LinearCuda(const mxfp8::Weight& w, const std::vector<float>& bias = {},
+  // bad shapes (in % 32, empty), bad options or CUDA failures. `ctx` (cuBLAS) must outlive the
+  // layer.
+  Mxfp8LinearCuda(CudaContext& ctx, const mxfp8::Weight& w, const std::vector<float>& bias = {},
                   const Mxfp8Options& opts = {});
   // Raw form: host planes values [out, in], scales [out, in / 32]; NaN codes (E4M3 S.1111.111,
   // UE8M0 255) are refused naming the layer, as mxfp8::Weight does for checkpoints.
-  Mxfp8LinearCuda(const char* name, const uint8_t* values, const uint8_t* scales,
+  Mxfp8LinearCuda(CudaContext& ctx, const char* name, const uint8_t* values, const uint8_t* scales,
                   int64_t in_features, int64_t out_features, const float* bias,
                   const Mxfp8Options& opts = {});
-  ~Mxfp8LinearCuda();
   Mxfp8LinearCuda(const Mxfp8LinearCuda&) = delete;
   Mxfp8LinearCuda& operator=(const Mxfp8LinearCuda&) = delete;
 
@@ -98,11 +99,11 @@ class Mxfp8LinearCuda {
   std::string name_;
   int64_t in_ = 0, out_ = 0;
   Mxfp8Options opts_;
-  int split_k_ = 1;      // GEMV
-  DeviceBuffer values_;  // tiled (src/cuda/mxfp8_tiles.hpp)
+  int split_k_ = 1;             // GEMV
+  CudaContext* ctx_ = nullptr;  // cuBLAS handle and workspace (not owned)
+  DeviceBuffer values_;         // tiled (src/cuda/mxfp8_tiles.hpp)
   DeviceBuffer scales_;
-  DeviceBuffer bias_;       // fp32 [out], or empty
-  void* cublas_ = nullptr;  // cublasHandle_t, created only when the cuBLAS path is reachable
+  DeviceBuffer bias_;  // fp32 [out], or empty
 };
 
 // `base` with the environment's tuning override applied: EXL3_MXFP8_GEMV_MAX_M (1..64) moves the
