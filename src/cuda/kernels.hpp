@@ -40,7 +40,9 @@ cudaError_t mma_gemm(const uint16_t* trellis, int K, trellis::Codebook cb, const
                      int64_t m, int64_t k, int64_t n, int splits, float* partial,
                      cudaStream_t stream);
 
-// Per-K entry points (one translation unit each, so the 8 bit widths compile in parallel).
+// Per-K entry points (one translation unit each, so the 8 bit widths compile in parallel),
+// instantiated in files generated from src/cuda/mma_gemm_k.cu.in; mma_gemm and gemv pick one
+// through trellis::with_bits.
 template <int K>
 cudaError_t mma_gemm_k(const uint16_t* trellis, trellis::Codebook cb, const __half* xr, int64_t m,
                        int64_t k, int64_t n, int splits, float* partial, cudaStream_t stream);

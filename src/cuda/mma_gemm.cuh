@@ -20,6 +20,7 @@
 #include "cuda/trellis_decode.cuh"
 #include "exl3/trellis/bitstream.hpp"
 #include "exl3/trellis/codebook.hpp"
+#include "exl3/trellis/dispatch.hpp"
 
 namespace exl3::cuda::detail {
 
@@ -183,34 +184,19 @@ cudaError_t launch_mma_cb(const uint16_t* trellis, const __half* xr, int64_t m, 
 template <int K>
 cudaError_t mma_gemm_k(const uint16_t* trellis, tr::Codebook cb, const __half* xr, int64_t m,
                        int64_t k, int64_t n, int splits, float* partial, cudaStream_t stream) {
-  switch (cb) {
-    case tr::Codebook::kMcg:
-      return launch_mma_cb<K, tr::Codebook::kMcg>(trellis, xr, m, k, n, splits, partial, stream);
-    case tr::Codebook::kMul1:
-      return launch_mma_cb<K, tr::Codebook::kMul1>(trellis, xr, m, k, n, splits, partial, stream);
-    default:
-      return launch_mma_cb<K, tr::Codebook::k3Inst>(trellis, xr, m, k, n, splits, partial, stream);
-  }
+  return tr::with_codebook(cb, [&](auto c) {
+    return launch_mma_cb<K, decltype(c)::value>(trellis, xr, m, k, n, splits, partial, stream);
+  });
 }
 
 // Resident blocks per SM of the decode-sized (16-row) variant, for the split-K planner.
 template <int K>
 int mma_blocks_per_sm_k(tr::Codebook cb) {
   int blocks = 0;
-  cudaError_t e;
-  switch (cb) {
-    case tr::Codebook::kMcg:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &blocks, mma_gemm_kernel<K, tr::Codebook::kMcg, 1>, 32 * kMmaWarps, 0);
-      break;
-    case tr::Codebook::kMul1:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &blocks, mma_gemm_kernel<K, tr::Codebook::kMul1, 1>, 32 * kMmaWarps, 0);
-      break;
-    default:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &blocks, mma_gemm_kernel<K, tr::Codebook::k3Inst, 1>, 32 * kMmaWarps, 0);
-  }
+  const cudaError_t e = tr::with_codebook(cb, [&](auto c) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, mma_gemm_kernel<K, decltype(c)::value, 1>, 32 * kMmaWarps, 0);
+  });
   return e == cudaSuccess && blocks > 0 ? blocks : 1;
 }
 

@@ -8,6 +8,7 @@
 
 #include "cuda/had128.cuh"
 #include "cuda/moe_kernels.hpp"
+#include "exl3/trellis/dispatch.hpp"
 #include "exl3/trellis/hadamard.hpp"
 
 namespace exl3::cuda::detail {
@@ -352,14 +353,10 @@ cudaError_t moe_gemv(trellis::Codebook cb, const MoeGemvArgs& a, int nt, int max
                      cudaStream_t stream) {
   if (max_groups <= 0 || a.col_blocks <= 0 || a.splits <= 0 || (nt != 1 && nt != 4))
     return cudaErrorInvalidValue;
-  switch (cb) {
-    case trellis::Codebook::kMcg:
-      return launch_moe_gemv_cb<trellis::Codebook::kMcg>(a, nt, max_groups, stream);
-    case trellis::Codebook::kMul1:
-      return launch_moe_gemv_cb<trellis::Codebook::kMul1>(a, nt, max_groups, stream);
-    default:
-      return launch_moe_gemv_cb<trellis::Codebook::k3Inst>(a, nt, max_groups, stream);
-  }
+  // One instance per codebook, each in its own generated translation unit (moe_gemv_cb.cu.in).
+  return trellis::with_codebook(cb, [&](auto c) {
+    return launch_moe_gemv_cb<decltype(c)::value>(a, nt, max_groups, stream);
+  });
 }
 
 }  // namespace exl3::cuda::detail

@@ -64,6 +64,8 @@ cudaError_t moe_combine(const float* partial, int splits, int64_t slots_cap, int
 // max_groups is the grid's group extent; blocks past the live group count exit.
 cudaError_t moe_gemv(trellis::Codebook cb, const MoeGemvArgs& a, int nt, int max_groups,
                      cudaStream_t stream);
+// One instance per codebook, in files generated from src/cuda/moe_gemv_cb.cu.in; moe_gemv picks
+// one through trellis::with_codebook.
 template <trellis::Codebook CB>
 cudaError_t launch_moe_gemv_cb(const MoeGemvArgs& a, int nt, int max_groups, cudaStream_t stream);
 

@@ -34,16 +34,9 @@ cudaError_t launch_k(const uint16_t* t, int64_t tk, int64_t tn, int64_t out, tr:
   const int64_t blocks = (tk * tn + kWarps - 1) / kWarps;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(blocks)), block(32 * kWarps);
-  switch (cb) {
-    case tr::Codebook::kMcg:
-      reconstruct_kernel<K, tr::Codebook::kMcg><<<grid, block, 0, s>>>(t, tk, tn, out, o);
-      break;
-    case tr::Codebook::kMul1:
-      reconstruct_kernel<K, tr::Codebook::kMul1><<<grid, block, 0, s>>>(t, tk, tn, out, o);
-      break;
-    default:
-      reconstruct_kernel<K, tr::Codebook::k3Inst><<<grid, block, 0, s>>>(t, tk, tn, out, o);
-  }
+  tr::with_codebook(cb, [&](auto c) {
+    reconstruct_kernel<K, decltype(c)::value><<<grid, block, 0, s>>>(t, tk, tn, out, o);
+  });
   return cudaGetLastError();
 }
 

@@ -120,14 +120,8 @@ cudaError_t launch_folded(bool prepare, const uint16_t* trellis, tr::Codebook cb
                                                 sv, out);
     return cudaGetLastError();
   };
-  switch (cb) {
-    case tr::Codebook::kMcg:
-      return go(reconstruct_folded_kernel<K, tr::Codebook::kMcg, OutT>);
-    case tr::Codebook::kMul1:
-      return go(reconstruct_folded_kernel<K, tr::Codebook::kMul1, OutT>);
-    default:
-      return go(reconstruct_folded_kernel<K, tr::Codebook::k3Inst, OutT>);
-  }
+  return tr::with_codebook(
+      cb, [&](auto c) { return go(reconstruct_folded_kernel<K, decltype(c)::value, OutT>); });
 }
 
 template <typename OutT>

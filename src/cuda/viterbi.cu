@@ -121,14 +121,9 @@ cudaError_t launch(const float* tiles, int64_t n, int64_t grid, uint8_t* bp, uns
 template <int K>
 cudaError_t launch_cb(tr::Codebook cb, const float* tiles, int64_t n, int64_t grid, uint8_t* bp,
                       unsigned* failures, uint16_t* states, float* decoded, cudaStream_t stream) {
-  switch (cb) {
-    case tr::Codebook::kMcg:
-      return launch<K, tr::Codebook::kMcg>(tiles, n, grid, bp, failures, states, decoded, stream);
-    case tr::Codebook::kMul1:
-      return launch<K, tr::Codebook::kMul1>(tiles, n, grid, bp, failures, states, decoded, stream);
-    default:
-      return launch<K, tr::Codebook::k3Inst>(tiles, n, grid, bp, failures, states, decoded, stream);
-  }
+  return tr::with_codebook(cb, [&](auto c) {
+    return launch<K, decltype(c)::value>(tiles, n, grid, bp, failures, states, decoded, stream);
+  });
 }
 
 template <int K>
@@ -159,35 +154,8 @@ int64_t encode_tiles_cuda_resident_tiles(int K) {
     (void)cudaGetLastError();
     return 0;
   }
-  int per_sm = 0;
-  switch (K) {
-    case 1:
-      per_sm = blocks_per_sm<1>();
-      break;
-    case 2:
-      per_sm = blocks_per_sm<2>();
-      break;
-    case 3:
-      per_sm = blocks_per_sm<3>();
-      break;
-    case 4:
-      per_sm = blocks_per_sm<4>();
-      break;
-    case 5:
-      per_sm = blocks_per_sm<5>();
-      break;
-    case 6:
-      per_sm = blocks_per_sm<6>();
-      break;
-    case 7:
-      per_sm = blocks_per_sm<7>();
-      break;
-    case 8:
-      per_sm = blocks_per_sm<8>();
-      break;
-    default:
-      return 0;
-  }
+  const int per_sm =
+      tr::with_bits(K, 0, [](auto k) { return blocks_per_sm<decltype(k)::value>(); });
   return static_cast<int64_t>(sms) * per_sm;
 }
 

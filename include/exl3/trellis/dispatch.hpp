@@ -1,8 +1,11 @@
-// Runtime bit width -> compile-time bit width, for host code that launches per-K kernels.
+// Runtime bit width / codebook -> compile-time constant, for host code that launches kernels
+// instantiated per K (src/cuda/mma_gemm_k.cu.in) or per codebook (src/cuda/moe_gemv_cb.cu.in).
 #pragma once
 
 #include <type_traits>
 #include <utility>
+
+#include "exl3/trellis/codebook.hpp"
 
 namespace exl3::trellis {
 
@@ -30,6 +33,20 @@ R with_bits(int K, R invalid, F&& f) {
       return std::forward<F>(f)(std::integral_constant<int, 8>{});
     default:
       return invalid;
+  }
+}
+
+// Calls f(std::integral_constant<Codebook, CB>{}) for the codebook `cb` and returns its result.
+// Like the kernels' former per-site switches, a value outside the enum decodes as 3INST.
+template <typename F>
+decltype(auto) with_codebook(Codebook cb, F&& f) {
+  switch (cb) {
+    case Codebook::kMcg:
+      return std::forward<F>(f)(std::integral_constant<Codebook, Codebook::kMcg>{});
+    case Codebook::kMul1:
+      return std::forward<F>(f)(std::integral_constant<Codebook, Codebook::kMul1>{});
+    default:
+      return std::forward<F>(f)(std::integral_constant<Codebook, Codebook::k3Inst>{});
   }
 }
 
