@@ -1,15 +1,14 @@
 // The one check for CUDA runtime, cuBLAS and NCCL status codes:
 //
-//   EXL3_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-//   EXL3_CUDA_CHECK(cudaMalloc(&p, bytes), fmt::format("CUDA linear '{}': allocating trellis",
-//   name));
+//   EXL3_CUDA_CHECK(cudaStreamSynchronize(stream));
+//   EXL3_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, kind, stream), fmt::format("{} (pad)", name));
 //
 // evaluates the call once and, when it failed, throws exl3::Error with the optional context
 // (anything convertible to std::string_view; evaluated only on failure), the library's name and
 // text for the status, the failing expression and the file and line:
 //
-//   CUDA linear 'q_proj': allocating trellis: out of memory (cudaErrorMemoryAllocation)
-//   in `cudaMalloc(&p, bytes)` at cuda/linear.cpp:154
+//   model.layers.0.self_attn.q_proj (pad): invalid argument (cudaErrorInvalidValue) in
+//   `cudaMemcpyAsync(dst, src, n, kind, stream)` at runtime/gpu_linear.cpp:190
 //
 // The status type picks the overload: cudaError_t and cublasStatus_t here; ncclResult_t where
 // src/runtime/nccl_check.hpp is included (only the runtime links NCCL). Kernel launchers keep
