@@ -22,6 +22,9 @@
 #include <cuda_runtime.h>
 
 #include "exl3/cuda/bench_timer.hpp"
+#include "exl3/cuda/check.hpp"
+#include "exl3/cuda/context.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/moe.hpp"
 #include "exl3/moe/weights.hpp"
 #include "exl3/trellis/half.hpp"
@@ -35,7 +38,8 @@ struct MoeBenchOptions {
   std::string geometry = "glm52";
   int64_t hidden = 0, intermediate = 0;
   int experts = 0, top_k = 0;
-  std::string tiers = "3", layout = "shared_h", m_list = "1,2,4,8,16,32,64,256,1024,3072", json_path;
+  std::string tiers = "3", layout = "shared_h", m_list = "1,2,4,8,16,32,64,256,1024,3072",
+              json_path;
   int reps = 20;
   int64_t capacity = 0;
   uint64_t seed = 1;
@@ -93,18 +97,14 @@ std::vector<int> parse_tiers(const std::string& s, int experts) {
   return bits;
 }
 
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("moe-bench: {}: {}", what, cudaGetErrorString(e));
-}
-
 // A synthetic layer in host memory: random trellis words (every pattern decodes), random-sign
 // rotation vectors with |v| in [0.5, 1].
 struct HostLayer {
   moe::MoeLayerWeights w;
 };
 
-std::unique_ptr<HostLayer> make_layer(int64_t H, int64_t I, const std::vector<int>& bits, bool shared_h,
-                                      uint64_t seed) {
+std::unique_ptr<HostLayer> make_layer(int64_t H, int64_t I, const std::vector<int>& bits,
+                                      bool shared_h, uint64_t seed) {
   auto L = std::make_unique<HostLayer>();
   auto& w = L->w;
   const int E = static_cast<int>(bits.size());
@@ -144,10 +144,12 @@ std::unique_ptr<HostLayer> make_layer(int64_t H, int64_t I, const std::vector<in
       pw.in_features = in;
       pw.out_features = out;
       const int64_t hrow = shared_h ? 0 : e;
-      const auto& hs = p == 0 ? w.rotations.gate_suh : (p == 1 ? w.rotations.up_suh : w.rotations.down_svh);
+      const auto& hs =
+          p == 0 ? w.rotations.gate_suh : (p == 1 ? w.rotations.up_suh : w.rotations.down_svh);
       const std::span<const uint16_t> hside(hs.data() + hrow * H, static_cast<size_t>(H));
-      const std::span<const uint16_t> iside(w.rotations.intermediate.data() + (static_cast<int64_t>(e) * 3 + p) * I,
-                                            static_cast<size_t>(I));
+      const std::span<const uint16_t> iside(
+          w.rotations.intermediate.data() + (static_cast<int64_t>(e) * 3 + p) * I,
+          static_cast<size_t>(I));
       pw.suh = p < 2 ? hside : iside;
       pw.svh = p < 2 ? iside : hside;
     }
@@ -155,17 +157,9 @@ std::unique_ptr<HostLayer> make_layer(int64_t H, int64_t I, const std::vector<in
   return L;
 }
 
-void* dalloc(size_t bytes) {
-  void* p = nullptr;
-  ck(cudaMalloc(&p, bytes), "cudaMalloc");
-  return p;
-}
-
 template <typename T>
-T* upload(const std::vector<T>& v) {
-  auto* p = static_cast<T*>(dalloc(v.size() * sizeof(T)));
-  ck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
-  return p;
+cuda::DeviceBuffer upload(const std::vector<T>& v) {
+  return cuda::DeviceBuffer::upload(v, "moe-bench data");
 }
 
 // One route set: k distinct uniformly random experts per token, positive weights summing to 1.
@@ -204,7 +198,8 @@ int run_moe_bench(const MoeBenchOptions& o) {
   if (o.intermediate > 0) I = o.intermediate;
   if (o.experts > 0) E = o.experts;
   if (o.top_k > 0) k = o.top_k;
-  if (o.layout != "shared_h" && o.layout != "per_expert") fail("--layout '{}': shared_h or per_expert", o.layout);
+  if (o.layout != "shared_h" && o.layout != "per_expert")
+    fail("--layout '{}': shared_h or per_expert", o.layout);
   const bool shared_h = o.layout == "shared_h";
   const auto bits = parse_tiers(o.tiers, E);
   const auto ms = parse_int_list(o.m_list, "--m");
@@ -213,13 +208,14 @@ int run_moe_bench(const MoeBenchOptions& o) {
   if (max_m > capacity) fail("--m {} exceeds --capacity {}", max_m, capacity);
 
   cudaDeviceProp prop{};
-  ck(cudaGetDeviceProperties(&prop, 0), "no CUDA device (moe-bench runs on a GPU)");
+  EXL3_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0),
+                  "moe-bench: no CUDA device (moe-bench runs on a GPU)");
   cuda::GpuTimer tm;
   const double copy_gbs = tm.copy_bandwidth_gbs();
-  fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name, prop.multiProcessorCount,
-             copy_gbs);
-  fmt::print("geometry: H={} I={} E={} top-{} tiers {} layout {} capacity {}\n", H, I, E, k, o.tiers, o.layout,
-             capacity);
+  fmt::print("device: {} ({} SMs), copy bandwidth {:.0f} GB/s (read+write)\n", prop.name,
+             prop.multiProcessorCount, copy_gbs);
+  fmt::print("geometry: H={} I={} E={} top-{} tiers {} layout {} capacity {}\n", H, I, E, k,
+             o.tiers, o.layout, capacity);
 
   // Layer copies so consecutive replays do not find the experts in L2.
   auto host = make_layer(H, I, bits, shared_h, o.seed);
@@ -228,49 +224,55 @@ int run_moe_bench(const MoeBenchOptions& o) {
   cuda::MoeOptions mo = cuda::moe_options_from_env({});
   mo.capacity = capacity;
   std::vector<std::unique_ptr<cuda::MoeLayerCuda>> layers;
-  for (int i = 0; i < copies; ++i) layers.push_back(std::make_unique<cuda::MoeLayerCuda>(host->w, k, mo));
+  for (int i = 0; i < copies; ++i)
+    layers.push_back(std::make_unique<cuda::MoeLayerCuda>(host->w, k, mo));
   const auto& L0 = *layers[0];
   const size_t arena_bytes = L0.arena_bytes();
-  void* arena = dalloc(arena_bytes);
-  fmt::print("layer: {:.1f} MiB of trellis x {} copies; arena {:.1f} MiB (decode m <= {}, prefill chunk {}); "
-             "decode split-K {}/{}\n",
-             static_cast<double>(layer_bytes) / (1 << 20), copies, static_cast<double>(arena_bytes) / (1 << 20),
-             mo.decode_max_m, L0.prefill_chunk(), L0.decode_splits().first, L0.decode_splits().second);
+  const cuda::DeviceBuffer arena(arena_bytes, "the MoE arena");
+  fmt::print(
+      "layer: {:.1f} MiB of trellis x {} copies; arena {:.1f} MiB (decode m <= {}, prefill chunk "
+      "{}); "
+      "decode split-K {}/{}\n",
+      static_cast<double>(layer_bytes) / (1 << 20), copies,
+      static_cast<double>(arena_bytes) / (1 << 20), mo.decode_max_m, L0.prefill_chunk(),
+      L0.decode_splits().first, L0.decode_splits().second);
 
   // Expert bytes as stored (trellis + its rotation vectors) for the touched-bytes figure.
   std::vector<double> expert_bytes(static_cast<size_t>(E));
   for (int e = 0; e < E; ++e) {
     const auto& ex = host->w.experts[static_cast<size_t>(e)];
     expert_bytes[static_cast<size_t>(e)] =
-        2.0 * static_cast<double>(ex.gate.trellis.size() + ex.up.trellis.size() + ex.down.trellis.size()) +
+        2.0 * static_cast<double>(ex.gate.trellis.size() + ex.up.trellis.size() +
+                                  ex.down.trellis.size()) +
         2.0 * 3 * static_cast<double>(I) + (shared_h ? 0.0 : 2.0 * 3 * static_cast<double>(H));
   }
 
   // BF16 baseline weights: W1 [E][H, 2I] (gate | up), W2 [E][I, H]; constant bf16 0x3C3C.
-  cublasHandle_t cublas = nullptr;
-  void *w1 = nullptr, *w2 = nullptr;
+  std::unique_ptr<cuda::CudaContext> ctx;  // the baseline's cuBLAS handle and workspace
+  cuda::DeviceBuffer w1, w2;
   if (o.baseline) {
-    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) fail("moe-bench: cublasCreate failed");
-    cublasSetStream(cublas, tm.stream());
-    w1 = dalloc(static_cast<size_t>(E) * H * 2 * I * 2);
-    w2 = dalloc(static_cast<size_t>(E) * I * H * 2);
-    ck(cudaMemset(w1, 0x3C, static_cast<size_t>(E) * H * 2 * I * 2), "fill");
-    ck(cudaMemset(w2, 0x3C, static_cast<size_t>(E) * I * H * 2), "fill");
+    ctx = std::make_unique<cuda::CudaContext>();
+    w1 = cuda::DeviceBuffer(static_cast<size_t>(E) * H * 2 * I * 2, "the BF16 baseline's W1");
+    w2 = cuda::DeviceBuffer(static_cast<size_t>(E) * I * H * 2, "the BF16 baseline's W2");
+    EXL3_CUDA_CHECK(cudaMemset(w1.get(), 0x3C, static_cast<size_t>(E) * H * 2 * I * 2),
+                    "moe-bench: fill");
+    EXL3_CUDA_CHECK(cudaMemset(w2.get(), 0x3C, static_cast<size_t>(E) * I * H * 2),
+                    "moe-bench: fill");
   }
 
   std::mt19937_64 rng(o.seed + 17);
   std::vector<uint16_t> xh(static_cast<size_t>(capacity * H));
   std::normal_distribution<float> nd;
   for (auto& v : xh) v = trellis::float_to_bf16(nd(rng));
-  auto* x = upload(xh);
-  auto* out = static_cast<float*>(dalloc(static_cast<size_t>(capacity * H) * 4));
+  const auto x = upload(xh);
+  const auto out =
+      cuda::DeviceBuffer::of<float>(static_cast<size_t>(capacity * H), "the MoE output");
 
   nlohmann::json cases = nlohmann::json::array();
   constexpr int kRouteSets = 4;
   for (int64_t m : ms) {
     std::vector<Routes> sets;
-    std::vector<int32_t*> d_ids;
-    std::vector<float*> d_w;
+    std::vector<cuda::DeviceBuffer> d_ids, d_w;
     double touched = 0.0;
     for (int s = 0; s < kRouteSets; ++s) {
       sets.push_back(random_routes(m, k, E, rng));
@@ -285,19 +287,24 @@ int run_moe_bench(const MoeBenchOptions& o) {
     for (int i = 0; i < copies; ++i) {
       for (int s = 0; s < kRouteSets; ++s) {
         cudaGraph_t g;
-        ck(cudaStreamBeginCapture(tm.stream(), cudaStreamCaptureModeThreadLocal), "capture");
-        ck(layers[static_cast<size_t>(i)]->run(x, cuda::DType::kBF16, d_ids[static_cast<size_t>(s)],
-                                               d_w[static_cast<size_t>(s)], out, m, arena, arena_bytes, tm.stream()),
-           "MoE run");
-        ck(cudaStreamEndCapture(tm.stream(), &g), "capture");
+        EXL3_CUDA_CHECK(cudaStreamBeginCapture(tm.stream(), cudaStreamCaptureModeThreadLocal),
+                        "moe-bench: capture");
+        EXL3_CUDA_CHECK(
+            layers[static_cast<size_t>(i)]->run(
+                x.get(), cuda::DType::kBF16, d_ids[static_cast<size_t>(s)].as<int32_t>(),
+                d_w[static_cast<size_t>(s)].as<float>(), out.as<float>(), m, arena.get(),
+                arena_bytes, tm.stream()),
+            "moe-bench: MoE run");
+        EXL3_CUDA_CHECK(cudaStreamEndCapture(tm.stream(), &g), "moe-bench: capture");
         cudaGraphExec_t ge;
-        ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-        ck(cudaGraphDestroy(g), "graph");
+        EXL3_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0), "moe-bench: instantiate");
+        EXL3_CUDA_CHECK(cudaGraphDestroy(g), "moe-bench: graph");
         graphs.push_back(ge);
       }
     }
     const double us = tm.median_us(o.reps, [&](int r) {
-      ck(cudaGraphLaunch(graphs[static_cast<size_t>(r) % graphs.size()], tm.stream()), "replay");
+      EXL3_CUDA_CHECK(cudaGraphLaunch(graphs[static_cast<size_t>(r) % graphs.size()], tm.stream()),
+                      "moe-bench: replay");
     });
     for (auto g : graphs) cudaGraphExecDestroy(g);
     const double gbs = touched / (us * 1e-6) / 1e9;
@@ -307,16 +314,18 @@ int run_moe_bench(const MoeBenchOptions& o) {
     double base_us = 0.0;
     if (o.baseline) {
       const int64_t R = m * k;
-      void* xg = dalloc(static_cast<size_t>(R * H) * 2);
-      void* c1 = dalloc(static_cast<size_t>(R * 2 * I) * 2);
-      void* c2 = dalloc(static_cast<size_t>(R * H) * 2);
-      ck(cudaMemset(xg, 0x3C, static_cast<size_t>(R * H) * 2), "fill");
-      ck(cudaMemset(c1, 0x3C, static_cast<size_t>(R * 2 * I) * 2), "fill");
+      const cuda::DeviceBuffer xg(static_cast<size_t>(R * H) * 2, "the baseline's gathered input");
+      const cuda::DeviceBuffer c1(static_cast<size_t>(R * 2 * I) * 2, "the baseline's FC1 output");
+      const cuda::DeviceBuffer c2(static_cast<size_t>(R * H) * 2, "the baseline's FC2 output");
+      EXL3_CUDA_CHECK(cudaMemset(xg.get(), 0x3C, static_cast<size_t>(R * H) * 2),
+                      "moe-bench: fill");
+      EXL3_CUDA_CHECK(cudaMemset(c1.get(), 0x3C, static_cast<size_t>(R * 2 * I) * 2),
+                      "moe-bench: fill");
       struct Grouped {
         std::vector<int> m1, n, k1, lda1, ldb1, ldc1, m2, k2, lda2, ldb2, ldc2;
         std::vector<void*> a1, b1, a2, b2;
         std::vector<void*> c1, c2;
-        void **d_a1, **d_b1, **d_c1, **d_a2, **d_b2, **d_c2;
+        cuda::DeviceBuffer d_a1, d_b1, d_c1, d_a2, d_b2, d_c2;  // the pointer arrays
       };
       std::vector<Grouped> gs(kRouteSets);
       for (int s = 0; s < kRouteSets; ++s) {
@@ -333,17 +342,17 @@ int run_moe_bench(const MoeBenchOptions& o) {
           G.lda1.push_back(static_cast<int>(2 * I));
           G.ldb1.push_back(static_cast<int>(H));
           G.ldc1.push_back(static_cast<int>(2 * I));
-          G.a1.push_back(static_cast<char*>(w1) + static_cast<size_t>(e) * H * 2 * I * 2);
-          G.b1.push_back(static_cast<char*>(xg) + static_cast<size_t>(row * H) * 2);
-          G.c1.push_back(static_cast<char*>(c1) + static_cast<size_t>(row * 2 * I) * 2);
+          G.a1.push_back(w1.as<char>() + static_cast<size_t>(e) * H * 2 * I * 2);
+          G.b1.push_back(xg.as<char>() + static_cast<size_t>(row * H) * 2);
+          G.c1.push_back(c1.as<char>() + static_cast<size_t>(row * 2 * I) * 2);
           G.m2.push_back(static_cast<int>(H));
           G.k2.push_back(static_cast<int>(I));
           G.lda2.push_back(static_cast<int>(H));
           G.ldb2.push_back(static_cast<int>(2 * I));
           G.ldc2.push_back(static_cast<int>(H));
-          G.a2.push_back(static_cast<char*>(w2) + static_cast<size_t>(e) * I * H * 2);
+          G.a2.push_back(w2.as<char>() + static_cast<size_t>(e) * I * H * 2);
           G.b2.push_back(G.c1.back());
-          G.c2.push_back(static_cast<char*>(c2) + static_cast<size_t>(row * H) * 2);
+          G.c2.push_back(c2.as<char>() + static_cast<size_t>(row * H) * 2);
           row += c;
         }
         G.d_a1 = upload(G.a1);
@@ -357,55 +366,65 @@ int run_moe_bench(const MoeBenchOptions& o) {
       std::vector<float> one(static_cast<size_t>(E), 1.0f), zero(static_cast<size_t>(E), 0.0f);
       std::vector<int> gsize(static_cast<size_t>(E), 1);
       auto gemms = [&](int s) {
+        cublasHandle_t cublas = ctx->cublas(tm.stream(), cuda::CudaContext::kCublasWorkspaceBytes);
+        if (cublas == nullptr) fail("moe-bench: binding cuBLAS to the timer's stream failed");
         auto& G = gs[static_cast<size_t>(s)];
         const int groups = static_cast<int>(G.n.size());
-        cublasStatus_t st = cublasGemmGroupedBatchedEx(
-            cublas, ops.data(), ops.data(), G.m1.data(), G.n.data(), G.k1.data(), one.data(), G.d_a1, CUDA_R_16BF,
-            G.lda1.data(), G.d_b1, CUDA_R_16BF, G.ldb1.data(), zero.data(), G.d_c1, CUDA_R_16BF, G.ldc1.data(), groups,
-            gsize.data(), CUBLAS_COMPUTE_32F);
-        if (st == CUBLAS_STATUS_SUCCESS) {
-          st = cublasGemmGroupedBatchedEx(cublas, ops.data(), ops.data(), G.m2.data(), G.n.data(), G.k2.data(),
-                                          one.data(), G.d_a2, CUDA_R_16BF, G.lda2.data(), G.d_b2, CUDA_R_16BF,
-                                          G.ldb2.data(), zero.data(), G.d_c2, CUDA_R_16BF, G.ldc2.data(), groups,
-                                          gsize.data(), CUBLAS_COMPUTE_32F);
-        }
-        if (st != CUBLAS_STATUS_SUCCESS) fail("moe-bench: cublasGemmGroupedBatchedEx failed ({})", static_cast<int>(st));
+        EXL3_CUDA_CHECK(
+            cublasGemmGroupedBatchedEx(cublas, ops.data(), ops.data(), G.m1.data(), G.n.data(),
+                                       G.k1.data(), one.data(), G.d_a1.as<void*>(), CUDA_R_16BF,
+                                       G.lda1.data(), G.d_b1.as<void*>(), CUDA_R_16BF,
+                                       G.ldb1.data(), zero.data(), G.d_c1.as<void*>(), CUDA_R_16BF,
+                                       G.ldc1.data(), groups, gsize.data(), CUBLAS_COMPUTE_32F),
+            "moe-bench: BF16 baseline FC1");
+        EXL3_CUDA_CHECK(
+            cublasGemmGroupedBatchedEx(cublas, ops.data(), ops.data(), G.m2.data(), G.n.data(),
+                                       G.k2.data(), one.data(), G.d_a2.as<void*>(), CUDA_R_16BF,
+                                       G.lda2.data(), G.d_b2.as<void*>(), CUDA_R_16BF,
+                                       G.ldb2.data(), zero.data(), G.d_c2.as<void*>(), CUDA_R_16BF,
+                                       G.ldc2.data(), groups, gsize.data(), CUBLAS_COMPUTE_32F),
+            "moe-bench: BF16 baseline FC2");
       };
       base_us = tm.median_us(o.reps, [&](int r) { gemms(r % kRouteSets); });
-      for (auto& G : gs) {
-        for (void** p : {G.d_a1, G.d_b1, G.d_c1, G.d_a2, G.d_b2, G.d_c2}) cudaFree(p);
-      }
-      cudaFree(xg);
-      cudaFree(c1);
-      cudaFree(c2);
     }
-    for (auto* p : d_ids) cudaFree(p);
-    for (auto* p : d_w) cudaFree(p);
 
     const char* plan = cuda::moe_plan_name(L0.plan_for(m));
-    const char* tier_mode = L0.tiers().size() <= 1 ? "uniform" : (L0.tier_passes(L0.plan_for(m)) ? "passes" : "grid");
-    fmt::print("m={:<5} {:>9.1f} us  {:>6.0f} GB/s  {:>5.1f}% copy  [{}, {}]", m, us, gbs, 100.0 * gbs / copy_gbs, plan,
-               tier_mode);
+    const char* tier_mode =
+        L0.tiers().size() <= 1 ? "uniform" : (L0.tier_passes(L0.plan_for(m)) ? "passes" : "grid");
+    fmt::print("m={:<5} {:>9.1f} us  {:>6.0f} GB/s  {:>5.1f}% copy  [{}, {}]", m, us, gbs,
+               100.0 * gbs / copy_gbs, plan, tier_mode);
     if (o.baseline) fmt::print("  BF16 grouped {:>9.1f} us  ratio {:.2f}x", base_us, us / base_us);
     fmt::print("\n");
-    cases.push_back({{"m", m}, {"us", us}, {"touched_bytes", touched}, {"gbs", gbs},
-                     {"pct_copy", 100.0 * gbs / copy_gbs}, {"plan", plan}, {"tiers_mode", tier_mode},
-                     {"bf16_grouped_us", o.baseline ? nlohmann::json(base_us) : nlohmann::json(nullptr)},
-                     {"ratio_vs_bf16", o.baseline ? nlohmann::json(us / base_us) : nlohmann::json(nullptr)}});
+    cases.push_back(
+        {{"m", m},
+         {"us", us},
+         {"touched_bytes", touched},
+         {"gbs", gbs},
+         {"pct_copy", 100.0 * gbs / copy_gbs},
+         {"plan", plan},
+         {"tiers_mode", tier_mode},
+         {"bf16_grouped_us", o.baseline ? nlohmann::json(base_us) : nlohmann::json(nullptr)},
+         {"ratio_vs_bf16", o.baseline ? nlohmann::json(us / base_us) : nlohmann::json(nullptr)}});
   }
-  if (cublas != nullptr) cublasDestroy(cublas);
-  cudaFree(w1);
-  cudaFree(w2);
-  cudaFree(x);
-  cudaFree(out);
-  cudaFree(arena);
   if (!o.json_path.empty()) {
     const nlohmann::json doc = {
-        {"device", prop.name}, {"sms", prop.multiProcessorCount}, {"copy_gbs", copy_gbs}, {"hidden", H},
-        {"intermediate", I}, {"experts", E}, {"top_k", k}, {"tiers", o.tiers}, {"layout", o.layout},
-        {"capacity", capacity}, {"arena_bytes", arena_bytes}, {"prefill_chunk", L0.prefill_chunk()},
-        {"decode_max_m", mo.decode_max_m}, {"layer_trellis_bytes", layer_bytes}, {"reps", o.reps},
-        {"synthetic", "random trellis bits (every pattern is valid), not a quantized model"}, {"cases", cases}};
+        {"device", prop.name},
+        {"sms", prop.multiProcessorCount},
+        {"copy_gbs", copy_gbs},
+        {"hidden", H},
+        {"intermediate", I},
+        {"experts", E},
+        {"top_k", k},
+        {"tiers", o.tiers},
+        {"layout", o.layout},
+        {"capacity", capacity},
+        {"arena_bytes", arena_bytes},
+        {"prefill_chunk", L0.prefill_chunk()},
+        {"decode_max_m", mo.decode_max_m},
+        {"layer_trellis_bytes", layer_bytes},
+        {"reps", o.reps},
+        {"synthetic", "random trellis bits (every pattern is valid), not a quantized model"},
+        {"cases", cases}};
     write_file_atomic(o.json_path, doc.dump(2) + "\n");
   }
   return 0;
@@ -420,12 +439,15 @@ Runner add_moe_bench(CLI::App& app, Common& /*common*/) {
   app.description(
       "Benchmark the fused CUDA MoE layer at a model's per-rank geometry (GPU only).\n\n"
       "Weights are synthetic: random trellis bits (every bit pattern is a valid trellis), so no\n"
-      "model or conversion is needed. Each case reports the median time of a CUDA-graph replay, the\n"
+      "model or conversion is needed. Each case reports the median time of a CUDA-graph replay, "
+      "the\n"
       "bandwidth over the bytes of the distinct experts the routes touch as % of the device copy\n"
-      "bandwidth (measured in the same run), and a BF16 baseline: cuBLAS grouped GEMMs on the same\n"
+      "bandwidth (measured in the same run), and a BF16 baseline: cuBLAS grouped GEMMs on the "
+      "same\n"
       "routes (inputs pre-gathered, activation omitted: a lower bound for BF16).\n\n"
       "Examples:\n"
-      "  exl3 moe-bench                                   GLM-5.2 per-rank (H=6144, I=512, E=256, top-8), K3\n"
+      "  exl3 moe-bench                                   GLM-5.2 per-rank (H=6144, I=512, E=256, "
+      "top-8), K3\n"
       "  exl3 moe-bench --tiers 3:148,4:108               mixed K3/K4 tiers in one grid\n"
       "  exl3 moe-bench --geometry qwen3-30b-a3b --tiers 4 --m 1,8,64 --json q.json");
   app.add_option("--geometry", o->geometry, "glm52 | qwen3-30b-a3b")->capture_default_str();
@@ -433,8 +455,10 @@ Runner add_moe_bench(CLI::App& app, Common& /*common*/) {
   app.add_option("--intermediate", o->intermediate, "Override the per-rank intermediate size I");
   app.add_option("--experts", o->experts, "Override the expert count E");
   app.add_option("--top-k", o->top_k, "Override top-k");
-  app.add_option("--tiers", o->tiers, "K for all experts (3) or K:count pairs (3:148,4:108)")->capture_default_str();
-  app.add_option("--layout", o->layout, "shared_h (shared_h_v1) | per_expert (per_expert_v1)")->capture_default_str();
+  app.add_option("--tiers", o->tiers, "K for all experts (3) or K:count pairs (3:148,4:108)")
+      ->capture_default_str();
+  app.add_option("--layout", o->layout, "shared_h (shared_h_v1) | per_expert (per_expert_v1)")
+      ->capture_default_str();
   app.add_option("--m", o->m_list, "Comma list of token counts")->capture_default_str();
   app.add_option("--capacity", o->capacity, "Plan capacity (default: the largest --m)");
   app.add_option("--reps", o->reps, "Timed replays per case (median)")->capture_default_str();

@@ -23,6 +23,7 @@
 
 #include "cuda/kernels.hpp"
 #include "cuda/trellis_decode.cuh"
+#include "exl3/trellis/dispatch.hpp"
 
 namespace exl3::cuda::detail {
 
@@ -35,10 +36,11 @@ constexpr int kGemvPrefetch = 4;
 template <tr::Codebook CB>
 constexpr bool kSplitHalves = CB != tr::Codebook::kMul1;
 
-__device__ __forceinline__ void mma16816_ab(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                            uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma16816_ab(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                            uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
@@ -58,8 +60,9 @@ constexpr int kLaneWords = (K <= 2 || K == 4) ? 2 : 3;
 // decode) or the paired fp16 values (one mma per tile, cheaper when many token groups share the
 // decode).
 template <int K, tr::Codebook CB, int NT, bool kSplit = kSplitHalves<CB>>
-__device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, int tiles_n, int j0, int kt_begin,
-                                                int kt_end, const uint32_t* const (&xrow)[NT],
+__device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, int tiles_n, int j0,
+                                                int kt_begin, int kt_end,
+                                                const uint32_t* const (&xrow)[NT],
                                                 float (&acc)[kGemvTiles][NT][4]) {
   const int lane = threadIdx.x & 31;
   constexpr int kWords = 8 * K;
@@ -119,14 +122,15 @@ __device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, 
               const uint32_t sel = s == 0 ? 0x1010u : 0x3232u;  // duplicate the low / high half
 #pragma unroll
               for (int nt = 0; nt < NT; ++nt) {
-                mma16816_ab(acc[t][nt], y[s], y[s + 4], y[s + 2], y[s + 6], __byte_perm(cur.x[nt][0], 0u, sel),
-                            __byte_perm(cur.x[nt][1], 0u, sel));
+                mma16816_ab(acc[t][nt], y[s], y[s + 4], y[s + 2], y[s + 6],
+                            __byte_perm(cur.x[nt][0], 0u, sel), __byte_perm(cur.x[nt][1], 0u, sel));
               }
             }
           } else {
             uint32_t b[4];
             decode_lane<K, CB>(cur.w[t][0], cur.w[t][1], u2, span.off, b);
-            // A = (col g: rows 2c,2c+1), (col g+8: rows 2c,2c+1), (col g: rows 2c+8,2c+9), (col g+8: ...).
+            // A = (col g: rows 2c,2c+1), (col g+8: rows 2c,2c+1), (col g: rows 2c+8,2c+9), (col
+            // g+8: ...).
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
               mma16816_ab(acc[t][nt], b[0], b[2], b[1], b[3], cur.x[nt][0], cur.x[nt][1]);
@@ -140,9 +144,9 @@ __device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, 
 }
 
 template <int K, tr::Codebook CB, int NT>
-__global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(const uint32_t* __restrict__ trellis,
-                                                               const __half* __restrict__ xr, int m, int k, int n,
-                                                               int splits, float* __restrict__ partial) {
+__global__ void __launch_bounds__(32 * kGemvWarps)
+    gemv_kernel(const uint32_t* __restrict__ trellis, const __half* __restrict__ xr, int m, int k,
+                int n, int splits, float* __restrict__ partial) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int tiles_k = k >> 4;
@@ -192,8 +196,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps) gemv_kernel(const uint32_t* _
 }
 
 template <int K, tr::Codebook CB, int NT>
-cudaError_t launch_gemv_nt(const uint16_t* trellis, const __half* xr, int64_t m, int64_t k, int64_t n, int splits,
-                           float* partial, cudaStream_t stream) {
+cudaError_t launch_gemv_nt(const uint16_t* trellis, const __half* xr, int64_t m, int64_t k,
+                           int64_t n, int splits, float* partial, cudaStream_t stream) {
   const auto* t32 = reinterpret_cast<const uint32_t*>(trellis);
   const unsigned gx = static_cast<unsigned>(n / (16 * kGemvWarps * kGemvTiles));
   const unsigned gz = static_cast<unsigned>((m + 8 * NT - 1) / (8 * NT));
@@ -205,44 +209,29 @@ cudaError_t launch_gemv_nt(const uint16_t* trellis, const __half* xr, int64_t m,
 // Token groups: one 8-token B fragment per group for m <= 8, two for m <= 16, four beyond
 // (the grid's z covers any m; the planner keeps this path to small m).
 template <int K, tr::Codebook CB>
-cudaError_t launch_gemv_cb(const uint16_t* trellis, const __half* xr, int64_t m, int64_t k, int64_t n, int splits,
-                           float* partial, cudaStream_t stream) {
+cudaError_t launch_gemv_cb(const uint16_t* trellis, const __half* xr, int64_t m, int64_t k,
+                           int64_t n, int splits, float* partial, cudaStream_t stream) {
   if (m <= 8) return launch_gemv_nt<K, CB, 1>(trellis, xr, m, k, n, splits, partial, stream);
   if (m <= 16) return launch_gemv_nt<K, CB, 2>(trellis, xr, m, k, n, splits, partial, stream);
   return launch_gemv_nt<K, CB, 4>(trellis, xr, m, k, n, splits, partial, stream);
 }
 
 template <int K>
-cudaError_t gemv_k(const uint16_t* trellis, tr::Codebook cb, const __half* xr, int64_t m, int64_t k, int64_t n,
-                   int splits, float* partial, cudaStream_t stream) {
-  switch (cb) {
-    case tr::Codebook::kMcg:
-      return launch_gemv_cb<K, tr::Codebook::kMcg>(trellis, xr, m, k, n, splits, partial, stream);
-    case tr::Codebook::kMul1:
-      return launch_gemv_cb<K, tr::Codebook::kMul1>(trellis, xr, m, k, n, splits, partial, stream);
-    default:
-      return launch_gemv_cb<K, tr::Codebook::k3Inst>(trellis, xr, m, k, n, splits, partial, stream);
-  }
+cudaError_t gemv_k(const uint16_t* trellis, tr::Codebook cb, const __half* xr, int64_t m, int64_t k,
+                   int64_t n, int splits, float* partial, cudaStream_t stream) {
+  return tr::with_codebook(cb, [&](auto c) {
+    return launch_gemv_cb<K, decltype(c)::value>(trellis, xr, m, k, n, splits, partial, stream);
+  });
 }
 
 // Resident blocks per SM of the single-group variant, for the split-K planner.
 template <int K>
 int gemv_blocks_per_sm_k(tr::Codebook cb) {
   int blocks = 0;
-  cudaError_t e;
-  switch (cb) {
-    case tr::Codebook::kMcg:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_kernel<K, tr::Codebook::kMcg, 1>,
-                                                        32 * kGemvWarps, 0);
-      break;
-    case tr::Codebook::kMul1:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_kernel<K, tr::Codebook::kMul1, 1>,
-                                                        32 * kGemvWarps, 0);
-      break;
-    default:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gemv_kernel<K, tr::Codebook::k3Inst, 1>,
-                                                        32 * kGemvWarps, 0);
-  }
+  const cudaError_t e = tr::with_codebook(cb, [&](auto c) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, gemv_kernel<K, decltype(c)::value, 1>, 32 * kGemvWarps, 0);
+  });
   return e == cudaSuccess && blocks > 0 ? blocks : 1;
 }
 

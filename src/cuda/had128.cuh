@@ -9,7 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "exl3/cuda/linear.hpp"
+#include "exl3/cuda/dtype.hpp"
 
 namespace exl3::cuda::detail {
 
@@ -82,13 +82,15 @@ __device__ __forceinline__ void store_act4(void* y, DType t, int64_t idx, const 
       break;
     }
     case DType::kBF16: {
-      const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+      const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]),
+                           b = __floats2bfloat162_rn(v[2], v[3]);
       *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(y) + idx) =
           uint2{*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b)};
       break;
     }
     default:
-      *reinterpret_cast<float4*>(static_cast<float*>(y) + idx) = make_float4(v[0], v[1], v[2], v[3]);
+      *reinterpret_cast<float4*>(static_cast<float*>(y) + idx) =
+          make_float4(v[0], v[1], v[2], v[3]);
   }
 }
 

@@ -7,51 +7,56 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
-#include "exl3/cuda/linear.hpp"
+#include "exl3/cuda/dtype.hpp"
 #include "exl3/trellis/codebook.hpp"
 
 namespace exl3::cuda::detail {
 
 // x [m, k] (in_type) * suh, Hadamard-128 per chunk, divided by a per-row power of two that keeps
 // |x'| inside fp16 range -> xr [m, k] fp16 and row_scale[m] (the divisor).
-cudaError_t rotate_input(const void* x, DType in_type, const uint16_t* suh, int64_t m, int64_t k, __half* xr,
-                         float* row_scale, cudaStream_t stream);
+cudaError_t rotate_input(const void* x, DType in_type, const uint16_t* suh, int64_t m, int64_t k,
+                         __half* xr, float* row_scale, cudaStream_t stream);
 
 // y[m, n] = (had128(sum_s partial[s, m, n]) * row_scale[m]) * svh + bias, stored as out_type.
-cudaError_t rotate_output(const float* partial, int splits, const float* row_scale, const uint16_t* svh,
-                          const float* bias, int64_t m, int64_t n, void* y, DType out_type, cudaStream_t stream);
+cudaError_t rotate_output(const float* partial, int splits, const float* row_scale,
+                          const uint16_t* svh, const float* bias, int64_t m, int64_t n, void* y,
+                          DType out_type, cudaStream_t stream);
 
-// out [k, n] (fp16, or bf16 when `bf16`) = diag(suh) . B . W_hat . B . diag(svh): the original-basis
-// weight for the cuBLAS path. reconstruct_folded_prepare sets the kernel attributes (call once,
-// outside graph capture).
+// out [k, n] (fp16, or bf16 when `bf16`) = diag(suh) . B . W_hat . B . diag(svh): the
+// original-basis weight for the cuBLAS path. reconstruct_folded_prepare sets the kernel attributes
+// (call once, outside graph capture).
 cudaError_t reconstruct_folded_prepare(int K, trellis::Codebook cb);
-cudaError_t reconstruct_folded(const uint16_t* trellis, int K, trellis::Codebook cb, int64_t k, int64_t n,
-                               const uint16_t* suh, const uint16_t* svh, bool bf16, void* out, cudaStream_t stream);
+cudaError_t reconstruct_folded(const uint16_t* trellis, int K, trellis::Codebook cb, int64_t k,
+                               int64_t n, const uint16_t* suh, const uint16_t* svh, bool bf16,
+                               void* out, cudaStream_t stream);
 
 // y[m, n] (out_type) = src[m, n] + bias[n] (src fp32), or y += bias when src is null; bias may
 // be null.
-cudaError_t finish_output(const float* src, const float* bias, int64_t m, int64_t n, void* y, DType out_type,
-                          cudaStream_t stream);
+cudaError_t finish_output(const float* src, const float* bias, int64_t m, int64_t n, void* y,
+                          DType out_type, cudaStream_t stream);
 
 // partial[s, m, n] = xr[m, k_s] @ W_hat[k_s, n] for each of `splits` k ranges (tensor cores).
-cudaError_t mma_gemm(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr, int64_t m, int64_t k,
-                     int64_t n, int splits, float* partial, cudaStream_t stream);
+cudaError_t mma_gemm(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr,
+                     int64_t m, int64_t k, int64_t n, int splits, float* partial,
+                     cudaStream_t stream);
 
-// Per-K entry points (one translation unit each, so the 8 bit widths compile in parallel).
+// Per-K entry points (one translation unit each, so the 8 bit widths compile in parallel),
+// instantiated in files generated from src/cuda/mma_gemm_k.cu.in; mma_gemm and gemv pick one
+// through trellis::with_bits.
 template <int K>
-cudaError_t mma_gemm_k(const uint16_t* trellis, trellis::Codebook cb, const __half* xr, int64_t m, int64_t k,
-                       int64_t n, int splits, float* partial, cudaStream_t stream);
+cudaError_t mma_gemm_k(const uint16_t* trellis, trellis::Codebook cb, const __half* xr, int64_t m,
+                       int64_t k, int64_t n, int splits, float* partial, cudaStream_t stream);
 
 template <int K>
 int mma_blocks_per_sm_k(trellis::Codebook cb);
 int mma_blocks_per_sm(int K, trellis::Codebook cb);
 
 // Same contract as mma_gemm, swap-AB kernel for decode-sized m (src/cuda/gemv.cuh).
-cudaError_t gemv(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr, int64_t m, int64_t k,
-                 int64_t n, int splits, float* partial, cudaStream_t stream);
+cudaError_t gemv(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr, int64_t m,
+                 int64_t k, int64_t n, int splits, float* partial, cudaStream_t stream);
 template <int K>
-cudaError_t gemv_k(const uint16_t* trellis, trellis::Codebook cb, const __half* xr, int64_t m, int64_t k, int64_t n,
-                   int splits, float* partial, cudaStream_t stream);
+cudaError_t gemv_k(const uint16_t* trellis, trellis::Codebook cb, const __half* xr, int64_t m,
+                   int64_t k, int64_t n, int splits, float* partial, cudaStream_t stream);
 template <int K>
 int gemv_blocks_per_sm_k(trellis::Codebook cb);
 int gemv_blocks_per_sm(int K, trellis::Codebook cb);

@@ -9,23 +9,22 @@
 #include <cublas_v2.h>
 
 #include "cuda/kernels.hpp"
+#include "exl3/cuda/check.hpp"
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/reconstruct.hpp"
 #include "exl3/error.hpp"
+#include "exl3/format/checkpoint.hpp"
 #include "exl3/trellis/bitstream.hpp"
 #include "exl3/trellis/dispatch.hpp"
-#include "exl3/format/checkpoint.hpp"
 
 namespace exl3::cuda {
 
 namespace {
 
 constexpr size_t kAlign = 256;
-constexpr size_t kCublasWorkspace = 32u << 20;  // cuBLAS's recommended workspace on Hopper
 
-size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
-
-void check(cudaError_t e, const std::string& what, const char* layer) {
-  if (e != cudaSuccess) fail("CUDA linear '{}': {}: {}", layer, what, cudaGetErrorString(e));
+size_t align_up(size_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
 }
 
 // Sub-buffers of the caller's workspace for one run.
@@ -34,7 +33,6 @@ struct Carve {
   float* row_scale = nullptr;
   float* partial = nullptr;
   uint16_t* w_hat = nullptr;
-  void* cublas_ws = nullptr;
   size_t bytes = 0;
 };
 
@@ -52,7 +50,6 @@ Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas
   c.partial = reinterpret_cast<float*>(take(static_cast<size_t>(splits) * m * n * 4));
   if (cublas) {
     c.w_hat = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(k * n) * 2));
-    c.cublas_ws = take(kCublasWorkspace);
   }
   c.bytes = off;
   return c;
@@ -65,7 +62,8 @@ Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas
 // 128-column blocks.
 int plan_split_k(int64_t k, int64_t n, int blocks_per_sm) {
   int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (cudaGetDevice(&dev) == cudaSuccess)
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const int64_t slots = static_cast<int64_t>(sms) * blocks_per_sm;
   const int64_t blocks_x = n / 128;
   const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(16, k / 16 / 8));
@@ -96,85 +94,88 @@ const char* path_name(LinearPath p) {
   }
 }
 
-size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+size_t dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : 2;
+}
 
 int detail::mma_blocks_per_sm(int K, trellis::Codebook cb) {
-  return trellis::with_bits(K, 1, [&](auto k) { return mma_blocks_per_sm_k<decltype(k)::value>(cb); });
+  return trellis::with_bits(K, 1,
+                            [&](auto k) { return mma_blocks_per_sm_k<decltype(k)::value>(cb); });
 }
 
 int detail::gemv_blocks_per_sm(int K, trellis::Codebook cb) {
-  return trellis::with_bits(K, 1, [&](auto k) { return gemv_blocks_per_sm_k<decltype(k)::value>(cb); });
+  return trellis::with_bits(K, 1,
+                            [&](auto k) { return gemv_blocks_per_sm_k<decltype(k)::value>(cb); });
 }
 
-cudaError_t detail::gemv(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr, int64_t m, int64_t k,
-                         int64_t n, int splits, float* partial, cudaStream_t stream) {
+cudaError_t detail::gemv(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr,
+                         int64_t m, int64_t k, int64_t n, int splits, float* partial,
+                         cudaStream_t stream) {
   return exl3::trellis::with_bits(K, cudaErrorInvalidValue, [&](auto bits) {
     return gemv_k<decltype(bits)::value>(trellis, cb, xr, m, k, n, splits, partial, stream);
   });
 }
 
-cudaError_t detail::mma_gemm(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr, int64_t m,
-                             int64_t k, int64_t n, int splits, float* partial, cudaStream_t stream) {
+cudaError_t detail::mma_gemm(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr,
+                             int64_t m, int64_t k, int64_t n, int splits, float* partial,
+                             cudaStream_t stream) {
   return exl3::trellis::with_bits(K, cudaErrorInvalidValue, [&](auto bits) {
     return mma_gemm_k<decltype(bits)::value>(trellis, cb, xr, m, k, n, splits, partial, stream);
   });
 }
 
-Exl3LinearCuda::Exl3LinearCuda(const Exl3LinearData& data, const LinearOptions& opts)
-    : in_(data.info().in_features), out_(data.info().out_features), K_(data.info().bits), cb_(data.info().codebook),
-      opts_(opts) {
+Exl3LinearCuda::Exl3LinearCuda(CudaContext& ctx, const Exl3LinearData& data,
+                               const LinearOptions& opts)
+    : in_(data.info().in_features),
+      out_(data.info().out_features),
+      K_(data.info().bits),
+      cb_(data.info().codebook),
+      opts_(opts),
+      ctx_(&ctx) {
   init(data.info().prefix.c_str(), data.trellis().data(), data.suh().data(), data.svh().data(),
        data.bias().empty() ? nullptr : data.bias().data());
 }
 
-Exl3LinearCuda::Exl3LinearCuda(const char* name, const uint16_t* trellis, int64_t in_features, int64_t out_features,
-                               int K, trellis::Codebook cb, const uint16_t* suh, const uint16_t* svh, const float* bias,
-                               const LinearOptions& opts)
-    : in_(in_features), out_(out_features), K_(K), cb_(cb), opts_(opts) {
+Exl3LinearCuda::Exl3LinearCuda(CudaContext& ctx, const char* name, const uint16_t* trellis,
+                               int64_t in_features, int64_t out_features, int K,
+                               trellis::Codebook cb, const uint16_t* suh, const uint16_t* svh,
+                               const float* bias, const LinearOptions& opts)
+    : in_(in_features), out_(out_features), K_(K), cb_(cb), opts_(opts), ctx_(&ctx) {
   init(name, trellis, suh, svh, bias);
 }
 
-void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint16_t* suh, const uint16_t* svh,
-                          const float* bias) {
+void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint16_t* suh,
+                          const uint16_t* svh, const float* bias) {
   if (!trellis::valid_bits(K_)) fail("CUDA linear '{}': bits {} outside 1..8", name, K_);
   if (in_ <= 0 || out_ <= 0 || in_ % 128 != 0 || out_ % 128 != 0) {
     fail("CUDA linear '{}': {}x{} must be positive multiples of 128", name, in_, out_);
   }
-  if (in_ > (1 << 30) || out_ > (1 << 30)) fail("CUDA linear '{}': {}x{} is too large", name, in_, out_);
+  if (in_ > (1 << 30) || out_ > (1 << 30))
+    fail("CUDA linear '{}': {}x{} is too large", name, in_, out_);
   if (opts_.max_m < 1 || opts_.mma_max_m < 0 || opts_.gemv_max_m < 0) {
-    fail("CUDA linear '{}': max_m {} must be positive and gemv_max_m {} / mma_max_m {} non-negative", name,
-         opts_.max_m, opts_.gemv_max_m, opts_.mma_max_m);
+    fail(
+        "CUDA linear '{}': max_m {} must be positive and gemv_max_m {} / mma_max_m {} non-negative",
+        name, opts_.max_m, opts_.gemv_max_m, opts_.mma_max_m);
   }
-  split_k_ = opts_.split_k > 0 ? opts_.split_k : plan_split_k(in_, out_, detail::mma_blocks_per_sm(K_, cb_));
-  gemv_split_k_ =
-      opts_.split_k > 0 ? opts_.split_k : plan_split_k(in_, out_, detail::gemv_blocks_per_sm(K_, cb_));
-  if (split_k_ > in_ / 16) fail("CUDA linear '{}': split_k {} exceeds the {} k-tiles", name, split_k_, in_ / 16);
+  split_k_ = opts_.split_k > 0 ? opts_.split_k
+                               : plan_split_k(in_, out_, detail::mma_blocks_per_sm(K_, cb_));
+  gemv_split_k_ = opts_.split_k > 0 ? opts_.split_k
+                                    : plan_split_k(in_, out_, detail::gemv_blocks_per_sm(K_, cb_));
+  if (split_k_ > in_ / 16)
+    fail("CUDA linear '{}': split_k {} exceeds the {} k-tiles", name, split_k_, in_ / 16);
 
   const size_t tbytes = static_cast<size_t>(in_ / 16 * (out_ / 16) * 16 * K_) * 2;
-  check(cudaMalloc(reinterpret_cast<void**>(&d_trellis_), tbytes), "allocating trellis", name);
-  check(cudaMalloc(reinterpret_cast<void**>(&d_suh_), static_cast<size_t>(in_) * 2), "allocating suh", name);
-  check(cudaMalloc(reinterpret_cast<void**>(&d_svh_), static_cast<size_t>(out_) * 2), "allocating svh", name);
-  check(cudaMemcpy(d_trellis_, trellis, tbytes, cudaMemcpyHostToDevice), "uploading trellis", name);
-  check(cudaMemcpy(d_suh_, suh, static_cast<size_t>(in_) * 2, cudaMemcpyHostToDevice), "uploading suh", name);
-  check(cudaMemcpy(d_svh_, svh, static_cast<size_t>(out_) * 2, cudaMemcpyHostToDevice), "uploading svh", name);
-  if (bias != nullptr) {
-    check(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4), "allocating bias", name);
-    check(cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice), "uploading bias", name);
-  }
+  const auto of = [&](const char* tensor) {
+    return fmt::format("the {} of CUDA linear '{}'", tensor, name);
+  };
+  trellis_ = DeviceBuffer(trellis, tbytes, of("trellis"));
+  suh_ = DeviceBuffer(suh, static_cast<size_t>(in_) * 2, of("suh"));
+  svh_ = DeviceBuffer(svh, static_cast<size_t>(out_) * 2, of("svh"));
+  if (bias != nullptr) bias_ = DeviceBuffer(bias, static_cast<size_t>(out_) * 4, of("bias"));
   if (opts_.max_m > opts_.mma_max_m) {
-    cublasHandle_t h = nullptr;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) fail("CUDA linear '{}': cublasCreate failed", name);
-    cublas_ = h;
-    check(detail::reconstruct_folded_prepare(K_, cb_), "preparing the folded reconstruct kernel", name);
+    EXL3_CUDA_CHECK(detail::reconstruct_folded_prepare(K_, cb_),
+                    fmt::format("CUDA linear '{}': preparing the folded reconstruct kernel", name));
   }
-}
-
-Exl3LinearCuda::~Exl3LinearCuda() {
-  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
-  cudaFree(d_trellis_);
-  cudaFree(d_suh_);
-  cudaFree(d_svh_);
-  cudaFree(d_bias_);
 }
 
 LinearPath Exl3LinearCuda::path_for(int64_t m) const {
@@ -207,11 +208,11 @@ size_t Exl3LinearCuda::workspace_bytes() const {
 }
 
 cudaError_t Exl3LinearCuda::reconstruct(uint16_t* out, cudaStream_t stream) const {
-  return reconstruct_w_hat(d_trellis_, in_, out_, K_, cb_, out, stream);
+  return reconstruct_w_hat(trellis_.as<uint16_t>(), in_, out_, K_, cb_, out, stream);
 }
 
-cudaError_t Exl3LinearCuda::run(const void* x, DType in_type, void* y, DType out_type, int64_t m, void* workspace,
-                                size_t workspace_size, cudaStream_t stream) const {
+cudaError_t Exl3LinearCuda::run(const void* x, DType in_type, void* y, DType out_type, int64_t m,
+                                void* workspace, size_t workspace_size, cudaStream_t stream) const {
   if (m < 1 || m > opts_.max_m || x == nullptr || y == nullptr) return cudaErrorInvalidValue;
   const LinearPath path = path_for(m);
   const bool cublas = path == LinearPath::kCublas;
@@ -219,57 +220,71 @@ cudaError_t Exl3LinearCuda::run(const void* x, DType in_type, void* y, DType out
   const Carve ws = carve(workspace, m, in_, out_, splits, cublas);
   if (workspace == nullptr || workspace_size < ws.bytes) return cudaErrorInvalidValue;
 
-  if (cublas && in_type != DType::kF32) return run_folded(x, in_type, y, out_type, m, ws.w_hat, ws.partial, ws.cublas_ws, stream);
+  if (cublas && in_type != DType::kF32)
+    return run_folded(x, in_type, y, out_type, m, ws.w_hat, ws.partial, stream);
 
-  cudaError_t e = detail::rotate_input(x, in_type, d_suh_, m, in_, ws.xr, ws.row_scale, stream);
+  cudaError_t e =
+      detail::rotate_input(x, in_type, suh_.as<uint16_t>(), m, in_, ws.xr, ws.row_scale, stream);
   if (e != cudaSuccess) return e;
   if (path == LinearPath::kGemv) {
-    e = detail::gemv(d_trellis_, K_, cb_, ws.xr, m, in_, out_, splits, ws.partial, stream);
+    e = detail::gemv(trellis_.as<uint16_t>(), K_, cb_, ws.xr, m, in_, out_, splits, ws.partial,
+                     stream);
   } else if (path == LinearPath::kMma) {
-    e = detail::mma_gemm(d_trellis_, K_, cb_, ws.xr, m, in_, out_, splits, ws.partial, stream);
+    e = detail::mma_gemm(trellis_.as<uint16_t>(), K_, cb_, ws.xr, m, in_, out_, splits, ws.partial,
+                         stream);
   } else {
     // fp32 activations: rotate them to fp16 (with the range guard) and multiply W_hat.
-    e = reconstruct_w_hat(d_trellis_, in_, out_, K_, cb_, ws.w_hat, stream);
+    e = reconstruct_w_hat(trellis_.as<uint16_t>(), in_, out_, K_, cb_, ws.w_hat, stream);
     if (e != cudaSuccess) return e;
-    e = cublas_gemm(ws.xr, CUDA_R_16F, ws.w_hat, ws.partial, CUDA_R_32F, m, ws.cublas_ws, stream);
+    e = cublas_gemm(ws.xr, CUDA_R_16F, ws.w_hat, ws.partial, CUDA_R_32F, m, stream);
   }
   if (e != cudaSuccess) return e;
-  return detail::rotate_output(ws.partial, splits, ws.row_scale, d_svh_, d_bias_, m, out_, y, out_type, stream);
+  return detail::rotate_output(ws.partial, splits, ws.row_scale, svh_.as<uint16_t>(),
+                               bias_.as<float>(), m, out_, y, out_type, stream);
 }
 
 // Large m with fp16/bf16 activations: fold both rotations and scales into the decoded weight (in
 // the activation dtype) and let cuBLAS multiply the raw activations and write y directly.
-cudaError_t Exl3LinearCuda::run_folded(const void* x, DType in_type, void* y, DType out_type, int64_t m, void* w,
-                                       float* f32_out, void* cublas_ws, cudaStream_t stream) const {
+cudaError_t Exl3LinearCuda::run_folded(const void* x, DType in_type, void* y, DType out_type,
+                                       int64_t m, void* w, float* f32_out,
+                                       cudaStream_t stream) const {
   const bool bf16 = in_type == DType::kBF16;
-  cudaError_t e = detail::reconstruct_folded(d_trellis_, K_, cb_, in_, out_, d_suh_, d_svh_, bf16, w, stream);
+  cudaError_t e =
+      detail::reconstruct_folded(trellis_.as<uint16_t>(), K_, cb_, in_, out_, suh_.as<uint16_t>(),
+                                 svh_.as<uint16_t>(), bf16, w, stream);
   if (e != cudaSuccess) return e;
   // cuBLAS writes fp32 or the inputs' own 16-bit type; the other 16-bit type goes through fp32.
   const bool direct = out_type == DType::kF32 || out_type == in_type;
-  const cudaDataType_t out_dt = out_type == DType::kF16 ? CUDA_R_16F : out_type == DType::kBF16 ? CUDA_R_16BF
-                                                                                                : CUDA_R_32F;
-  e = cublas_gemm(x, bf16 ? CUDA_R_16BF : CUDA_R_16F, w, direct ? y : f32_out, direct ? out_dt : CUDA_R_32F, m,
-                  cublas_ws, stream);
+  const cudaDataType_t out_dt = out_type == DType::kF16    ? CUDA_R_16F
+                                : out_type == DType::kBF16 ? CUDA_R_16BF
+                                                           : CUDA_R_32F;
+  e = cublas_gemm(x, bf16 ? CUDA_R_16BF : CUDA_R_16F, w, direct ? y : f32_out,
+                  direct ? out_dt : CUDA_R_32F, m, stream);
   if (e != cudaSuccess) return e;
-  if (!direct) return detail::finish_output(f32_out, d_bias_, m, out_, y, out_type, stream);
-  return d_bias_ == nullptr ? cudaSuccess : detail::finish_output(nullptr, d_bias_, m, out_, y, out_type, stream);
+  if (!direct)
+    return detail::finish_output(f32_out, bias_.as<float>(), m, out_, y, out_type, stream);
+  return bias_.empty()
+             ? cudaSuccess
+             : detail::finish_output(nullptr, bias_.as<float>(), m, out_, y, out_type, stream);
 }
 
 // Row-major Y[m, n] = X[m, k] W[k, n] is column-major Y^T = W^T X^T (fp32 accumulation).
-cudaError_t Exl3LinearCuda::cublas_gemm(const void* x, int x_type, const void* w, void* y, int y_type, int64_t m,
-                                        void* cublas_ws, cudaStream_t stream) const {
-  auto h = static_cast<cublasHandle_t>(cublas_);
-  if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS ||
-      cublasSetWorkspace(h, cublas_ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
-    return cudaErrorUnknown;
-  }
+cudaError_t Exl3LinearCuda::cublas_gemm(const void* x, int x_type, const void* w, void* y,
+                                        int y_type, int64_t m, cudaStream_t stream) const {
+  // The context's handle on `stream` with its whole workspace (cuBLAS's recommended 32 MiB on
+  // Hopper, the size this path has always used).
+  cublasHandle_t h = ctx_->cublas(stream, CudaContext::kCublasWorkspaceBytes);
+  if (h == nullptr) return cudaErrorUnknown;
   const auto xt = static_cast<cudaDataType_t>(x_type);
   const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
-                                         static_cast<int>(in_), &alpha, w, xt, static_cast<int>(out_), x, xt,
-                                         static_cast<int>(in_), &beta, y, static_cast<cudaDataType_t>(y_type),
-                                         static_cast<int>(out_), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  return st == CUBLAS_STATUS_SUCCESS ? cudaGetLastError() : cudaErrorUnknown;
+  if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(out_), static_cast<int>(m),
+                   static_cast<int>(in_), &alpha, w, xt, static_cast<int>(out_), x, xt,
+                   static_cast<int>(in_), &beta, y, static_cast<cudaDataType_t>(y_type),
+                   static_cast<int>(out_), CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+    return cudaErrorUnknown;
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace exl3::cuda

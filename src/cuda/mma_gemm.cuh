@@ -20,6 +20,7 @@
 #include "cuda/trellis_decode.cuh"
 #include "exl3/trellis/bitstream.hpp"
 #include "exl3/trellis/codebook.hpp"
+#include "exl3/trellis/dispatch.hpp"
 
 namespace exl3::cuda::detail {
 
@@ -34,17 +35,19 @@ constexpr int kTilesPerWarp = 2;
 template <int MT>
 constexpr int kPrefetchFor = MT >= 4 ? 2 : (MT == 2 ? 4 : 8);
 
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 template <int K, tr::Codebook CB, int MT>
-__global__ void __launch_bounds__(32 * kMmaWarps, MT == 1 ? 4 : 1) mma_gemm_kernel(const uint32_t* __restrict__ trellis,
-                                                                  const __half* __restrict__ xr, int m, int k, int n,
-                                                                  int splits, float* __restrict__ partial) {
+__global__ void __launch_bounds__(32 * kMmaWarps, MT == 1 ? 4 : 1)
+    mma_gemm_kernel(const uint32_t* __restrict__ trellis, const __half* __restrict__ xr, int m,
+                    int k, int n, int splits, float* __restrict__ partial) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int tiles_n = n >> 4, tiles_k = k >> 4;
@@ -157,55 +160,43 @@ __global__ void __launch_bounds__(32 * kMmaWarps, MT == 1 ? 4 : 1) mma_gemm_kern
 }
 
 template <int K, tr::Codebook CB>
-cudaError_t launch_mma_cb(const uint16_t* trellis, const __half* xr, int64_t m, int64_t k, int64_t n, int splits,
-                          float* partial, cudaStream_t stream) {
+cudaError_t launch_mma_cb(const uint16_t* trellis, const __half* xr, int64_t m, int64_t k,
+                          int64_t n, int splits, float* partial, cudaStream_t stream) {
   // Row groups: one 16-row tile per group for decode batches, up to 4 (64 rows) beyond that.
   const auto* t32 = reinterpret_cast<const uint32_t*>(trellis);
   const dim3 block(32 * kMmaWarps);
   const unsigned gx = static_cast<unsigned>(n / (16 * kMmaWarps * kTilesPerWarp));
   const int mi = static_cast<int>(m), ki = static_cast<int>(k), ni = static_cast<int>(n);
   if (m <= 16) {
-    mma_gemm_kernel<K, CB, 1><<<dim3(gx, splits, 1), block, 0, stream>>>(t32, xr, mi, ki, ni, splits, partial);
+    mma_gemm_kernel<K, CB, 1>
+        <<<dim3(gx, splits, 1), block, 0, stream>>>(t32, xr, mi, ki, ni, splits, partial);
   } else if (m <= 32) {
-    mma_gemm_kernel<K, CB, 2><<<dim3(gx, splits, 1), block, 0, stream>>>(t32, xr, mi, ki, ni, splits, partial);
+    mma_gemm_kernel<K, CB, 2>
+        <<<dim3(gx, splits, 1), block, 0, stream>>>(t32, xr, mi, ki, ni, splits, partial);
   } else {
     const unsigned gz = static_cast<unsigned>((m + 63) / 64);
-    mma_gemm_kernel<K, CB, 4><<<dim3(gx, splits, gz), block, 0, stream>>>(t32, xr, mi, ki, ni, splits, partial);
+    mma_gemm_kernel<K, CB, 4>
+        <<<dim3(gx, splits, gz), block, 0, stream>>>(t32, xr, mi, ki, ni, splits, partial);
   }
   return cudaGetLastError();
 }
 
 template <int K>
-cudaError_t mma_gemm_k(const uint16_t* trellis, tr::Codebook cb, const __half* xr, int64_t m, int64_t k, int64_t n,
-                       int splits, float* partial, cudaStream_t stream) {
-  switch (cb) {
-    case tr::Codebook::kMcg:
-      return launch_mma_cb<K, tr::Codebook::kMcg>(trellis, xr, m, k, n, splits, partial, stream);
-    case tr::Codebook::kMul1:
-      return launch_mma_cb<K, tr::Codebook::kMul1>(trellis, xr, m, k, n, splits, partial, stream);
-    default:
-      return launch_mma_cb<K, tr::Codebook::k3Inst>(trellis, xr, m, k, n, splits, partial, stream);
-  }
+cudaError_t mma_gemm_k(const uint16_t* trellis, tr::Codebook cb, const __half* xr, int64_t m,
+                       int64_t k, int64_t n, int splits, float* partial, cudaStream_t stream) {
+  return tr::with_codebook(cb, [&](auto c) {
+    return launch_mma_cb<K, decltype(c)::value>(trellis, xr, m, k, n, splits, partial, stream);
+  });
 }
 
 // Resident blocks per SM of the decode-sized (16-row) variant, for the split-K planner.
 template <int K>
 int mma_blocks_per_sm_k(tr::Codebook cb) {
   int blocks = 0;
-  cudaError_t e;
-  switch (cb) {
-    case tr::Codebook::kMcg:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_gemm_kernel<K, tr::Codebook::kMcg, 1>,
-                                                        32 * kMmaWarps, 0);
-      break;
-    case tr::Codebook::kMul1:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_gemm_kernel<K, tr::Codebook::kMul1, 1>,
-                                                        32 * kMmaWarps, 0);
-      break;
-    default:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, mma_gemm_kernel<K, tr::Codebook::k3Inst, 1>,
-                                                        32 * kMmaWarps, 0);
-  }
+  const cudaError_t e = tr::with_codebook(cb, [&](auto c) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, mma_gemm_kernel<K, decltype(c)::value, 1>, 32 * kMmaWarps, 0);
+  });
   return e == cudaSuccess && blocks > 0 ? blocks : 1;
 }
 

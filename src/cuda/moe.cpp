@@ -9,6 +9,7 @@
 
 #include "cuda/env_option.hpp"
 #include "cuda/moe_kernels.hpp"
+#include "exl3/cuda/check.hpp"
 #include "exl3/error.hpp"
 #include "exl3/moe/weights.hpp"
 #include "exl3/trellis/bitstream.hpp"
@@ -20,10 +21,8 @@ namespace {
 constexpr size_t kAlign = 256;
 constexpr int kPrefillGroup = 32;  // slots per prefill group (the GEMV's 4 x 8-token B groups)
 
-size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
-
-void check(cudaError_t e, const std::string& what) {
-  if (e != cudaSuccess) fail("CUDA MoE: {}: {}", what, cudaGetErrorString(e));
+size_t align_up(size_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
 }
 
 // Split-K so that about 8 blocks (32 warps) per SM are launched: each warp's k-chain is a serial
@@ -53,15 +52,19 @@ MoeOptions moe_options_from_env(MoeOptions base) {
     } else if (s == "passes") {
       base.tiers = MoeOptions::Tiers::kPasses;
     } else if (!s.empty()) {
-      fail("environment variable EXL3_MOE_TIERS='{}' is not one of auto, grid, passes (unset it or give e.g. "
-           "EXL3_MOE_TIERS=passes)",
-           v);
+      fail(
+          "environment variable EXL3_MOE_TIERS='{}' is not one of auto, grid, passes (unset it or "
+          "give e.g. "
+          "EXL3_MOE_TIERS=passes)",
+          v);
     }
   }
   return base;
 }
 
-const char* moe_plan_name(MoePlan p) { return p == MoePlan::kDecode ? "decode" : "prefill"; }
+const char* moe_plan_name(MoePlan p) {
+  return p == MoePlan::kDecode ? "decode" : "prefill";
+}
 
 // Sub-buffers of the arena for one pass of `tokens` tokens on one plan.
 struct MoeLayerCuda::Carve {
@@ -124,26 +127,40 @@ MoeLayerCuda::Carve MoeLayerCuda::carve(void* base, int64_t tokens, MoePlan plan
 }
 
 MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOptions& opts)
-    : H_(w.hidden), I_(w.intermediate), E_(w.num_experts()), k_(top_k),
-      shared_h_(w.rotations.h_rows == 1 && w.num_experts() > 1), cb_(w.codebook), opts_(opts) {
+    : H_(w.hidden),
+      I_(w.intermediate),
+      E_(w.num_experts()),
+      k_(top_k),
+      shared_h_(w.rotations.h_rows == 1 && w.num_experts() > 1),
+      cb_(w.codebook),
+      opts_(opts) {
   const std::string where = fmt::format("CUDA MoE layer {} rank {}", w.layer, w.rank);
   if (E_ < 1) fail("{}: no experts", where);
   if (k_ < 1 || k_ > E_) fail("{}: top_k {} outside 1..{}", where, k_, E_);
   if (H_ <= 0 || I_ <= 0 || H_ % 128 != 0 || I_ % 128 != 0 || I_ > 8192 || H_ > 8192) {
-    fail("{}: hidden {} / intermediate {} must be multiples of 128 and at most 8192 (the rotation and activation "
-         "kernels stage one row per block)", where, H_, I_);
+    fail(
+        "{}: hidden {} / intermediate {} must be multiples of 128 and at most 8192 (the rotation "
+        "and activation "
+        "kernels stage one row per block)",
+        where, H_, I_);
   }
   if (opts_.capacity < 1) {
-    fail("{}: capacity (max tokens per call) is {}: refusing to guess a capacity; set it from the scheduler's "
-         "max batched tokens", where, opts_.capacity);
+    fail(
+        "{}: capacity (max tokens per call) is {}: refusing to guess a capacity; set it from the "
+        "scheduler's "
+        "max batched tokens",
+        where, opts_.capacity);
   }
   if (opts_.decode_max_m < 1 || opts_.prefill_chunk < 0 || opts_.arena_budget_mib < 1) {
-    fail("{}: decode_max_m {} and arena_budget_mib {} must be positive, prefill_chunk {} non-negative", where,
-         opts_.decode_max_m, opts_.arena_budget_mib, opts_.prefill_chunk);
+    fail(
+        "{}: decode_max_m {} and arena_budget_mib {} must be positive, prefill_chunk {} "
+        "non-negative",
+        where, opts_.decode_max_m, opts_.arena_budget_mib, opts_.prefill_chunk);
   }
   const auto& rot = w.rotations;
   const int64_t h_rows = rot.h_rows;
-  if (h_rows != 1 && h_rows != E_) fail("{}: hidden-side rotation rows {} (expected 1 or {})", where, h_rows, E_);
+  if (h_rows != 1 && h_rows != E_)
+    fail("{}: hidden-side rotation rows {} (expected 1 or {})", where, h_rows, E_);
   if (static_cast<int64_t>(rot.gate_suh.size()) != h_rows * H_ ||
       static_cast<int64_t>(rot.up_suh.size()) != h_rows * H_ ||
       static_cast<int64_t>(rot.down_svh.size()) != h_rows * H_ ||
@@ -152,8 +169,9 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
   }
 
   int dev = 0, sms = 132;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "querying SMs");
+  EXL3_CUDA_CHECK(cudaGetDevice(&dev), "CUDA MoE: cudaGetDevice");
+  EXL3_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                  "CUDA MoE: querying SMs");
   sms_ = sms;
   split1_ = plan_splits(2 * (I_ / 128) * k_, H_ / 16, sms);
   split2_ = plan_splits((H_ / 128) * k_, I_ / 16, sms);
@@ -182,7 +200,7 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
   for (const auto& e : w.experts) {
     for (const auto* p : {&e.gate, &e.up, &e.down}) slab_bytes += align_up(p->trellis.size() * 2);
   }
-  check(cudaMalloc(&slab_, slab_bytes), "allocating the trellis slab");
+  slab_ = DeviceBuffer(slab_bytes, "the CUDA MoE trellis slab");
   std::vector<const void*> ptrs(3 * static_cast<size_t>(E_));
   std::vector<int8_t> bits(3 * static_cast<size_t>(E_));
   size_t off = 0;
@@ -194,55 +212,50 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
       const int64_t in = p < 2 ? H_ : I_, out = p < 2 ? I_ : H_;
       if (pw.in_features != in || pw.out_features != out || !trellis::valid_bits(pw.bits) ||
           static_cast<int64_t>(pw.trellis.size()) != in / 16 * (out / 16) * 16 * pw.bits) {
-        fail("{}: expert {} {} is {}x{} K={} (expected {}x{})", where, e, moe::proj_name(moe::kProjs[p]),
-             pw.in_features, pw.out_features, pw.bits, in, out);
+        fail("{}: expert {} {} is {}x{} K={} (expected {}x{})", where, e,
+             moe::proj_name(moe::kProjs[p]), pw.in_features, pw.out_features, pw.bits, in, out);
       }
-      char* dst = static_cast<char*>(slab_) + off;
-      check(cudaMemcpy(dst, pw.trellis.data(), pw.trellis.size() * 2, cudaMemcpyHostToDevice), "uploading trellis");
+      char* dst = slab_.as<char>() + off;
+      EXL3_CUDA_CHECK(
+          cudaMemcpy(dst, pw.trellis.data(), pw.trellis.size() * 2, cudaMemcpyHostToDevice),
+          "CUDA MoE: uploading trellis");
       ptrs[static_cast<size_t>(p) * E_ + e] = dst;
       bits[static_cast<size_t>(p) * E_ + e] = static_cast<int8_t>(pw.bits);
       off += align_up(pw.trellis.size() * 2);
     }
   }
-  auto upload = [&](void** dst, const void* src, size_t bytes, const char* what) {
-    check(cudaMalloc(dst, bytes), std::string("allocating ") + what);
-    check(cudaMemcpy(*dst, src, bytes, cudaMemcpyHostToDevice), std::string("uploading ") + what);
-    device_bytes_ += bytes;
+  auto upload = [&](const auto& host, const char* what) {
+    auto buf = DeviceBuffer::upload(host, fmt::format("the CUDA MoE {}", what));
+    device_bytes_ += buf.bytes();
+    return buf;
   };
   device_bytes_ = slab_bytes;
-  upload(&ptrs_, ptrs.data(), ptrs.size() * sizeof(void*), "trellis pointers");
-  upload(&bits_, bits.data(), bits.size(), "bit widths");
+  ptrs_ = upload(ptrs, "trellis pointers");
+  bits_ = upload(bits, "bit widths");
   for (const int8_t b : bits) {
     if (std::find(tiers_.begin(), tiers_.end(), b) == tiers_.end()) tiers_.push_back(b);
   }
   std::sort(tiers_.begin(), tiers_.end());
-  upload(reinterpret_cast<void**>(&gate_suh_), rot.gate_suh.data(), rot.gate_suh.size() * 2, "gate suh");
-  upload(reinterpret_cast<void**>(&up_suh_), rot.up_suh.data(), rot.up_suh.size() * 2, "up suh");
-  upload(reinterpret_cast<void**>(&down_svh_), rot.down_svh.data(), rot.down_svh.size() * 2, "down svh");
-  upload(reinterpret_cast<void**>(&intermediate_), rot.intermediate.data(), rot.intermediate.size() * 2,
-         "intermediate rotations");
-}
-
-MoeLayerCuda::~MoeLayerCuda() {
-  cudaFree(slab_);
-  cudaFree(ptrs_);
-  cudaFree(bits_);
-  cudaFree(gate_suh_);
-  cudaFree(up_suh_);
-  cudaFree(down_svh_);
-  cudaFree(intermediate_);
+  gate_suh_ = upload(rot.gate_suh, "gate suh");
+  up_suh_ = upload(rot.up_suh, "up suh");
+  down_svh_ = upload(rot.down_svh, "down svh");
+  intermediate_ = upload(rot.intermediate, "intermediate rotations");
 }
 
 bool MoeLayerCuda::tier_passes(MoePlan p) const {
   if (tiers_.size() <= 1) return true;  // one K: its own kernel, one pass
   switch (opts_.tiers) {
-    case MoeOptions::Tiers::kGrid: return false;
-    case MoeOptions::Tiers::kPasses: return true;
-    case MoeOptions::Tiers::kAuto: break;
+    case MoeOptions::Tiers::kGrid:
+      return false;
+    case MoeOptions::Tiers::kPasses:
+      return true;
+    case MoeOptions::Tiers::kAuto:
+      break;
   }
-  // Measured on the H200 (GLM-5.2 geometry, 148 K3 + 108 K4, bench/results/2026-11-29_h200_moe_tiers_*):
-  // per-K passes are 4-24% slower than the one grid at every m from 1 to 3072 (each pass pays
-  // its own launch, fill and tail), so auto keeps the grid on both plans.
+  // Measured on the H200 (GLM-5.2 geometry, 148 K3 + 108 K4,
+  // bench/results/2026-11-29_h200_moe_tiers_*): per-K passes are 4-24% slower than the one grid at
+  // every m from 1 to 3072 (each pass pays its own launch, fill and tail), so auto keeps the grid
+  // on both plans.
   (void)p;
   return false;
 }
@@ -252,28 +265,31 @@ MoePlan MoeLayerCuda::plan_for(int64_t m) const {
 }
 
 size_t MoeLayerCuda::arena_bytes() const {
-  size_t bytes = carve(nullptr, std::min(opts_.decode_max_m, opts_.capacity), MoePlan::kDecode).bytes;
+  size_t bytes =
+      carve(nullptr, std::min(opts_.decode_max_m, opts_.capacity), MoePlan::kDecode).bytes;
   if (chunk_ > 0) bytes = std::max(bytes, carve(nullptr, chunk_, MoePlan::kPrefill).bytes);
   return bytes;
 }
 
-cudaError_t MoeLayerCuda::run(const void* x, DType in_type, const int32_t* topk_ids, const float* topk_weights,
-                              float* out, int64_t m, void* arena, size_t arena_size, cudaStream_t stream) const {
-  if (m < 1 || m > opts_.capacity || x == nullptr || topk_ids == nullptr || topk_weights == nullptr ||
-      out == nullptr || arena == nullptr || arena_size < arena_bytes()) {
+cudaError_t MoeLayerCuda::run(const void* x, DType in_type, const int32_t* topk_ids,
+                              const float* topk_weights, float* out, int64_t m, void* arena,
+                              size_t arena_size, cudaStream_t stream) const {
+  if (m < 1 || m > opts_.capacity || x == nullptr || topk_ids == nullptr ||
+      topk_weights == nullptr || out == nullptr || arena == nullptr || arena_size < arena_bytes()) {
     return cudaErrorInvalidValue;
   }
   const MoePlan plan = plan_for(m);
   if (plan == MoePlan::kDecode) {
-    return run_pass(x, in_type, topk_ids, topk_weights, out, m, plan, carve(arena, m, plan), stream);
+    return run_pass(x, in_type, topk_ids, topk_weights, out, m, plan, carve(arena, m, plan),
+                    stream);
   }
   // Prefill: chunks of chunk_ tokens share the arena (the stream orders them).
   const size_t elt = dtype_size(in_type);
   for (int64_t t0 = 0; t0 < m; t0 += chunk_) {
     const int64_t n = std::min(chunk_, m - t0);
-    const cudaError_t e =
-        run_pass(static_cast<const char*>(x) + static_cast<size_t>(t0 * H_) * elt, in_type, topk_ids + t0 * k_,
-                 topk_weights + t0 * k_, out + t0 * H_, n, plan, carve(arena, n, plan), stream);
+    const cudaError_t e = run_pass(static_cast<const char*>(x) + static_cast<size_t>(t0 * H_) * elt,
+                                   in_type, topk_ids + t0 * k_, topk_weights + t0 * k_,
+                                   out + t0 * H_, n, plan, carve(arena, n, plan), stream);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -295,8 +311,9 @@ cudaError_t MoeLayerCuda::gemv_tiers(detail::MoeGemvArgs& a, int nt, int max_gro
   return cudaSuccess;
 }
 
-cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* ids, const float* weights, float* out,
-                                   int64_t m, MoePlan plan, const Carve& c, cudaStream_t stream) const {
+cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* ids,
+                                   const float* weights, float* out, int64_t m, MoePlan plan,
+                                   const Carve& c, cudaStream_t stream) const {
   const bool prefill = plan == MoePlan::kPrefill;
   int s1 = split1_, s2 = split2_;
   if (prefill) {
@@ -314,19 +331,20 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     // Slots past the valid routes (ids outside [0, E) get none) must read as empty (-1).
     e = cudaMemsetAsync(c.route_of_slot, 0xFF, 4 * static_cast<size_t>(c.routes), stream);
     if (e != cudaSuccess) return e;
-    e = detail::moe_pack_routes(ids, c.routes, E_, kPrefillGroup, c.counts, c.fill, c.offsets, c.group_expert,
-                                c.group_begin, c.group_count, c.num_groups, c.slot_of_route, c.route_of_slot,
-                                stream);
+    e = detail::moe_pack_routes(ids, c.routes, E_, kPrefillGroup, c.counts, c.fill, c.offsets,
+                                c.group_expert, c.group_begin, c.group_count, c.num_groups,
+                                c.slot_of_route, c.route_of_slot, stream);
     if (e != cudaSuccess) return e;
     slots.slot_of_route = c.slot_of_route;
     slots.route_of_slot = c.route_of_slot;
   }
-  e = detail::moe_rotate_input(x, in_type, m, k_, H_, shared_h_, ids, E_, slots, gate_suh_, up_suh_, c.xg, c.xu,
+  e = detail::moe_rotate_input(x, in_type, m, k_, H_, shared_h_, ids, E_, slots,
+                               gate_suh_.as<uint16_t>(), up_suh_.as<uint16_t>(), c.xg, c.xu,
                                c.scale_g, c.scale_u, stream);
   if (e != cudaSuccess) return e;
 
-  const auto* ptrs = static_cast<const uint32_t* const*>(ptrs_);
-  const auto* bits = static_cast<const int8_t*>(bits_);
+  const auto* ptrs = ptrs_.as<const uint32_t* const>();
+  const auto* bits = bits_.as<const int8_t>();
   detail::MoeGemvArgs a;
   a.num_experts = E_;
   a.topk_ids = ids;
@@ -353,13 +371,14 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
   a.x_row_div = shared_h_ ? k_ : 1;
   a.nproj = 2;
   for (int p = 0; p < 2; ++p) {
-    a.proj[p] = {ptrs + static_cast<size_t>(p) * E_, bits + static_cast<size_t>(p) * E_, static_cast<int>(I_ / 16),
-                 static_cast<int>(p * I_), p == 0 ? c.xg : c.xu};
+    a.proj[p] = {ptrs + static_cast<size_t>(p) * E_, bits + static_cast<size_t>(p) * E_,
+                 static_cast<int>(I_ / 16), static_cast<int>(p * I_), p == 0 ? c.xg : c.xu};
   }
   e = gemv_tiers(a, nt, max_groups, plan, stream);
   if (e != cudaSuccess) return e;
-  e = detail::moe_activate(c.partial1, s1, c.routes, c.routes, k_, I_, shared_h_, ids, E_, slots, c.scale_g,
-                           c.scale_u, intermediate_, c.act, c.act_scale, stream);
+  e = detail::moe_activate(c.partial1, s1, c.routes, c.routes, k_, I_, shared_h_, ids, E_, slots,
+                           c.scale_g, c.scale_u, intermediate_.as<uint16_t>(), c.act, c.act_scale,
+                           stream);
   if (e != cudaSuccess) return e;
 
   // FC2: B rows are the activation rows (one per slot).
@@ -373,12 +392,12 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
   a.x_row_of_slot = nullptr;
   a.x_row_div = 1;
   a.nproj = 1;
-  a.proj[0] = {ptrs + 2 * static_cast<size_t>(E_), bits + 2 * static_cast<size_t>(E_), static_cast<int>(H_ / 16), 0,
-               c.act};
+  a.proj[0] = {ptrs + 2 * static_cast<size_t>(E_), bits + 2 * static_cast<size_t>(E_),
+               static_cast<int>(H_ / 16), 0, c.act};
   e = gemv_tiers(a, nt, max_groups, plan, stream);
   if (e != cudaSuccess) return e;
-  return detail::moe_combine(c.partial2, s2, c.routes, m, k_, H_, shared_h_, ids, weights, E_, slots, c.act_scale,
-                             down_svh_, out, stream);
+  return detail::moe_combine(c.partial2, s2, c.routes, m, k_, H_, shared_h_, ids, weights, E_,
+                             slots, c.act_scale, down_svh_.as<uint16_t>(), out, stream);
 }
 
 }  // namespace exl3::cuda

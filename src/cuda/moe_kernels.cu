@@ -8,6 +8,7 @@
 
 #include "cuda/had128.cuh"
 #include "cuda/moe_kernels.hpp"
+#include "exl3/trellis/dispatch.hpp"
 #include "exl3/trellis/hadamard.hpp"
 
 namespace exl3::cuda::detail {
@@ -18,7 +19,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr float kHadGain = 11.3137085f;  // |had128(v)| <= sqrt(128) max|v|
 constexpr float kHalfSafe = 32768.0f;    // keep fp16 values below 2^15
 constexpr int kMaxIntermediate = 8192;   // activation row staged in shared memory
-
 
 __device__ __forceinline__ float h2f(const uint16_t* p, int64_t i) {
   return __half2float(reinterpret_cast<const __half*>(p)[i]);
@@ -48,7 +48,8 @@ struct Route {
   int route, expert;
 };
 
-__device__ __forceinline__ Route route_of(int64_t slot, MoeSlots s, const int32_t* ids, int num_experts) {
+__device__ __forceinline__ Route route_of(int64_t slot, MoeSlots s, const int32_t* ids,
+                                          int num_experts) {
   const int r = s.route_of_slot != nullptr ? s.route_of_slot[slot] : static_cast<int>(slot);
   if (r < 0) return {0, -1};  // a slot no valid route filled (prefill packing with skipped ids)
   const int e = ids[r];
@@ -66,9 +67,9 @@ __global__ void count_kernel(const int32_t* ids, int64_t routes, int num_experts
 
 // One block: exclusive scans of slots and groups per expert (each thread owns a contiguous run
 // of experts), then the group table.
-__global__ void scan_kernel(const int32_t* counts, int num_experts, int group_size, int32_t* fill, int32_t* offsets,
-                            int32_t* group_expert, int32_t* group_begin, int32_t* group_count,
-                            int32_t* num_groups) {
+__global__ void scan_kernel(const int32_t* counts, int num_experts, int group_size, int32_t* fill,
+                            int32_t* offsets, int32_t* group_expert, int32_t* group_begin,
+                            int32_t* group_count, int32_t* num_groups) {
   __shared__ int s_slots[1024], s_groups[1024];
   const int t = threadIdx.x, nt = blockDim.x;
   const int per = (num_experts + nt - 1) / nt;
@@ -104,8 +105,9 @@ __global__ void scan_kernel(const int32_t* counts, int num_experts, int group_si
   if (t == nt - 1) *num_groups = s_groups[t];
 }
 
-__global__ void scatter_kernel(const int32_t* ids, int64_t routes, int num_experts, const int32_t* offsets,
-                               int32_t* fill, int32_t* slot_of_route, int32_t* route_of_slot) {
+__global__ void scatter_kernel(const int32_t* ids, int64_t routes, int num_experts,
+                               const int32_t* offsets, int32_t* fill, int32_t* slot_of_route,
+                               int32_t* route_of_slot) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= routes) return;
   const int e = ids[r];
@@ -125,11 +127,10 @@ __global__ void scatter_kernel(const int32_t* ids, int64_t routes, int num_exper
 // registers for the range guard's row maximum and then rotated from there.
 constexpr int kMaxChunksPerWarp = 8;  // H <= 8 * 8 * 128 = 8192
 
-__global__ void __launch_bounds__(kThreads) rotate_kernel(const void* __restrict__ x, DType in_type, int k, int64_t H,
-                                                          bool shared_h, const int32_t* ids, int num_experts,
-                                                          MoeSlots slots, const uint16_t* gate_suh,
-                                                          const uint16_t* up_suh, __half* xg, __half* xu,
-                                                          float* scale_g, float* scale_u) {
+__global__ void __launch_bounds__(kThreads)
+    rotate_kernel(const void* __restrict__ x, DType in_type, int k, int64_t H, bool shared_h,
+                  const int32_t* ids, int num_experts, MoeSlots slots, const uint16_t* gate_suh,
+                  const uint16_t* up_suh, __half* xg, __half* xu, float* scale_g, float* scale_u) {
   __shared__ float red[kWarps];
   const int64_t row = blockIdx.x;
   const bool up = blockIdx.y == 1;
@@ -186,12 +187,11 @@ __global__ void __launch_bounds__(kThreads) rotate_kernel(const void* __restrict
 
 // ---- activation -----------------------------------------------------------------------------
 
-__global__ void __launch_bounds__(kThreads) activate_kernel(const float* __restrict__ partial, int splits,
-                                                            int64_t slots_cap, int k, int64_t I, bool shared_h,
-                                                            const int32_t* ids, int num_experts, MoeSlots slots,
-                                                            const float* scale_g, const float* scale_u,
-                                                            const uint16_t* intermediate, __half* act,
-                                                            float* act_scale) {
+__global__ void __launch_bounds__(kThreads)
+    activate_kernel(const float* __restrict__ partial, int splits, int64_t slots_cap, int k,
+                    int64_t I, bool shared_h, const int32_t* ids, int num_experts, MoeSlots slots,
+                    const float* scale_g, const float* scale_u, const uint16_t* intermediate,
+                    __half* act, float* act_scale) {
   __shared__ float a_row[kMaxIntermediate];
   __shared__ float red[kWarps];
   const int64_t slot = blockIdx.x;
@@ -204,8 +204,10 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(const float* __restr
     return;
   }
   const int64_t srow = shared_h ? rt.route / k : slot;  // rows of the input rotation
-  const float sg = scale_g[srow] * exl3::trellis::kHadScale, su = scale_u[srow] * exl3::trellis::kHadScale;
-  const uint16_t* tab = intermediate + static_cast<int64_t>(rt.expert) * 3 * I;  // gate svh | up svh | down suh
+  const float sg = scale_g[srow] * exl3::trellis::kHadScale,
+              su = scale_u[srow] * exl3::trellis::kHadScale;
+  const uint16_t* tab =
+      intermediate + static_cast<int64_t>(rt.expert) * 3 * I;  // gate svh | up svh | down suh
   const int64_t row_len = 2 * I;
   float mx = 0.0f;
   for (int64_t c0 = static_cast<int64_t>(warp) * 128; c0 < I; c0 += kWarps * 128) {
@@ -213,7 +215,8 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(const float* __restr
 #pragma unroll 4
     for (int s = 0; s < splits; ++s) {  // fixed order: deterministic
       const float* p = partial + (s * slots_cap + slot) * row_len + c0 + 4 * lane;
-      const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + I);
+      const float4 a = *reinterpret_cast<const float4*>(p),
+                   b = *reinterpret_cast<const float4*>(p + I);
       gv[0] += a.x, gv[1] += a.y, gv[2] += a.z, gv[3] += a.w;
       uv[0] += b.x, uv[1] += b.y, uv[2] += b.z, uv[3] += b.w;
     }
@@ -243,11 +246,11 @@ __global__ void __launch_bounds__(kThreads) activate_kernel(const float* __restr
 // ---- combine --------------------------------------------------------------------------------
 
 // Grid (m, H / (128 * kWarps) rounded up): warp w of block (t, b) owns chunk b * kWarps + w.
-__global__ void __launch_bounds__(kThreads) combine_kernel(const float* __restrict__ partial, int splits,
-                                                           int64_t slots_cap, int k, int64_t H, bool shared_h,
-                                                           const int32_t* ids, const float* weights, int num_experts,
-                                                           MoeSlots slots, const float* act_scale,
-                                                           const uint16_t* down_svh, float* out) {
+__global__ void __launch_bounds__(kThreads)
+    combine_kernel(const float* __restrict__ partial, int splits, int64_t slots_cap, int k,
+                   int64_t H, bool shared_h, const int32_t* ids, const float* weights,
+                   int num_experts, MoeSlots slots, const float* act_scale,
+                   const uint16_t* down_svh, float* out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.x;
   const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * 128;
@@ -261,7 +264,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const float* __restri
     float v[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 4
     for (int s = 0; s < splits; ++s) {
-      const float4 p = *reinterpret_cast<const float4*>(partial + (s * slots_cap + slot) * H + c0 + 4 * lane);
+      const float4 p =
+          *reinterpret_cast<const float4*>(partial + (s * slots_cap + slot) * H + c0 + 4 * lane);
       v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
     }
     const float w = weights[r] * act_scale[slot];
@@ -272,77 +276,87 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const float* __restri
       had128_lane4(v, lane);
       const uint16_t* sv = down_svh + static_cast<int64_t>(e) * H;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[i] += w * (v[i] * exl3::trellis::kHadScale * h2f(sv, c0 + 4 * lane + i));
+      for (int i = 0; i < 4; ++i)
+        acc[i] += w * (v[i] * exl3::trellis::kHadScale * h2f(sv, c0 + 4 * lane + i));
     }
   }
   if (shared_h) {
     had128_lane4(acc, lane);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] *= exl3::trellis::kHadScale * h2f(down_svh, c0 + 4 * lane + i);
+    for (int i = 0; i < 4; ++i)
+      acc[i] *= exl3::trellis::kHadScale * h2f(down_svh, c0 + 4 * lane + i);
   }
-  *reinterpret_cast<float4*>(out + t * H + c0 + 4 * lane) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  *reinterpret_cast<float4*>(out + t * H + c0 + 4 * lane) =
+      make_float4(acc[0], acc[1], acc[2], acc[3]);
 }
 
-unsigned blocks_for(int64_t n, int per) { return static_cast<unsigned>((n + per - 1) / per); }
+unsigned blocks_for(int64_t n, int per) {
+  return static_cast<unsigned>((n + per - 1) / per);
+}
 
 }  // namespace
 
-cudaError_t moe_pack_routes(const int32_t* topk_ids, int64_t routes, int num_experts, int group_size,
-                            int32_t* counts, int32_t* fill, int32_t* offsets, int32_t* group_expert,
-                            int32_t* group_begin, int32_t* group_count, int32_t* num_groups,
-                            int32_t* slot_of_route, int32_t* route_of_slot, cudaStream_t stream) {
+cudaError_t moe_pack_routes(const int32_t* topk_ids, int64_t routes, int num_experts,
+                            int group_size, int32_t* counts, int32_t* fill, int32_t* offsets,
+                            int32_t* group_expert, int32_t* group_begin, int32_t* group_count,
+                            int32_t* num_groups, int32_t* slot_of_route, int32_t* route_of_slot,
+                            cudaStream_t stream) {
   if (routes <= 0 || num_experts <= 0 || group_size <= 0) return cudaErrorInvalidValue;
   count_kernel<<<blocks_for(routes, 256), 256, 0, stream>>>(topk_ids, routes, num_experts, counts);
-  scan_kernel<<<1, 1024, 0, stream>>>(counts, num_experts, group_size, fill, offsets, group_expert, group_begin,
-                                      group_count, num_groups);
-  scatter_kernel<<<blocks_for(routes, 256), 256, 0, stream>>>(topk_ids, routes, num_experts, offsets, fill,
-                                                              slot_of_route, route_of_slot);
+  scan_kernel<<<1, 1024, 0, stream>>>(counts, num_experts, group_size, fill, offsets, group_expert,
+                                      group_begin, group_count, num_groups);
+  scatter_kernel<<<blocks_for(routes, 256), 256, 0, stream>>>(
+      topk_ids, routes, num_experts, offsets, fill, slot_of_route, route_of_slot);
   return cudaGetLastError();
 }
 
-cudaError_t moe_rotate_input(const void* x, DType in_type, int64_t m, int k, int64_t H, bool shared_h,
-                             const int32_t* topk_ids, int num_experts, MoeSlots slots, const uint16_t* gate_suh,
-                             const uint16_t* up_suh, __half* xg, __half* xu, float* scale_g, float* scale_u,
+cudaError_t moe_rotate_input(const void* x, DType in_type, int64_t m, int k, int64_t H,
+                             bool shared_h, const int32_t* topk_ids, int num_experts,
+                             MoeSlots slots, const uint16_t* gate_suh, const uint16_t* up_suh,
+                             __half* xg, __half* xu, float* scale_g, float* scale_u,
                              cudaStream_t stream) {
   const int64_t rows = shared_h ? m : m * k;
-  if (rows <= 0 || H % 128 != 0 || H > 128LL * kWarps * kMaxChunksPerWarp) return cudaErrorInvalidValue;
+  if (rows <= 0 || H % 128 != 0 || H > 128LL * kWarps * kMaxChunksPerWarp)
+    return cudaErrorInvalidValue;
   rotate_kernel<<<dim3(static_cast<unsigned>(rows), 2), kThreads, 0, stream>>>(
-      x, in_type, k, H, shared_h, topk_ids, num_experts, slots, gate_suh, up_suh, xg, xu, scale_g, scale_u);
+      x, in_type, k, H, shared_h, topk_ids, num_experts, slots, gate_suh, up_suh, xg, xu, scale_g,
+      scale_u);
   return cudaGetLastError();
 }
 
-cudaError_t moe_activate(const float* partial, int splits, int64_t slots_cap, int64_t routes, int k, int64_t I,
-                         bool shared_h, const int32_t* topk_ids, int num_experts, MoeSlots slots,
-                         const float* scale_g, const float* scale_u, const uint16_t* intermediate, __half* act,
-                         float* act_scale, cudaStream_t stream) {
+cudaError_t moe_activate(const float* partial, int splits, int64_t slots_cap, int64_t routes, int k,
+                         int64_t I, bool shared_h, const int32_t* topk_ids, int num_experts,
+                         MoeSlots slots, const float* scale_g, const float* scale_u,
+                         const uint16_t* intermediate, __half* act, float* act_scale,
+                         cudaStream_t stream) {
   if (routes <= 0 || I % 128 != 0 || I > kMaxIntermediate) return cudaErrorInvalidValue;
-  activate_kernel<<<static_cast<unsigned>(routes), kThreads, 0, stream>>>(partial, splits, slots_cap, k, I, shared_h,
-                                                                         topk_ids, num_experts, slots, scale_g,
-                                                                         scale_u, intermediate, act, act_scale);
+  activate_kernel<<<static_cast<unsigned>(routes), kThreads, 0, stream>>>(
+      partial, splits, slots_cap, k, I, shared_h, topk_ids, num_experts, slots, scale_g, scale_u,
+      intermediate, act, act_scale);
   return cudaGetLastError();
 }
 
-cudaError_t moe_combine(const float* partial, int splits, int64_t slots_cap, int64_t m, int k, int64_t H,
-                        bool shared_h, const int32_t* topk_ids, const float* topk_weights, int num_experts,
-                        MoeSlots slots, const float* act_scale, const uint16_t* down_svh, float* out,
+cudaError_t moe_combine(const float* partial, int splits, int64_t slots_cap, int64_t m, int k,
+                        int64_t H, bool shared_h, const int32_t* topk_ids,
+                        const float* topk_weights, int num_experts, MoeSlots slots,
+                        const float* act_scale, const uint16_t* down_svh, float* out,
                         cudaStream_t stream) {
   if (m <= 0 || H % 128 != 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(m), blocks_for(H / 128, kWarps));
-  combine_kernel<<<grid, kThreads, 0, stream>>>(partial, splits, slots_cap, k, H, shared_h, topk_ids, topk_weights,
-                                                num_experts, slots, act_scale, down_svh, out);
+  combine_kernel<<<grid, kThreads, 0, stream>>>(partial, splits, slots_cap, k, H, shared_h,
+                                                topk_ids, topk_weights, num_experts, slots,
+                                                act_scale, down_svh, out);
   return cudaGetLastError();
 }
 
-cudaError_t moe_gemv(trellis::Codebook cb, const MoeGemvArgs& a, int nt, int max_groups, cudaStream_t stream) {
-  if (max_groups <= 0 || a.col_blocks <= 0 || a.splits <= 0 || (nt != 1 && nt != 4)) return cudaErrorInvalidValue;
-  switch (cb) {
-    case trellis::Codebook::kMcg:
-      return launch_moe_gemv_cb<trellis::Codebook::kMcg>(a, nt, max_groups, stream);
-    case trellis::Codebook::kMul1:
-      return launch_moe_gemv_cb<trellis::Codebook::kMul1>(a, nt, max_groups, stream);
-    default:
-      return launch_moe_gemv_cb<trellis::Codebook::k3Inst>(a, nt, max_groups, stream);
-  }
+cudaError_t moe_gemv(trellis::Codebook cb, const MoeGemvArgs& a, int nt, int max_groups,
+                     cudaStream_t stream) {
+  if (max_groups <= 0 || a.col_blocks <= 0 || a.splits <= 0 || (nt != 1 && nt != 4))
+    return cudaErrorInvalidValue;
+  // One instance per codebook, each in its own generated translation unit (moe_gemv_cb.cu.in).
+  return trellis::with_codebook(cb, [&](auto c) {
+    return launch_moe_gemv_cb<decltype(c)::value>(a, nt, max_groups, stream);
+  });
 }
 
 }  // namespace exl3::cuda::detail

@@ -9,7 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/moe_args.hpp"
-#include "exl3/cuda/linear.hpp"
+#include "exl3/cuda/dtype.hpp"
 #include "exl3/trellis/codebook.hpp"
 
 namespace exl3::cuda::detail {
@@ -26,39 +26,46 @@ struct MoeSlots {
 //   groups          per expert, ceil(count / group_size) groups of consecutive slots
 //   slots           expert-major, in any order inside an expert (results do not depend on it:
 //                   every slot's arithmetic is independent of the others)
-cudaError_t moe_pack_routes(const int32_t* topk_ids, int64_t routes, int num_experts, int group_size,
-                            int32_t* counts, int32_t* fill, int32_t* offsets, int32_t* group_expert,
-                            int32_t* group_begin, int32_t* group_count, int32_t* num_groups,
-                            int32_t* slot_of_route, int32_t* route_of_slot, cudaStream_t stream);
+cudaError_t moe_pack_routes(const int32_t* topk_ids, int64_t routes, int num_experts,
+                            int group_size, int32_t* counts, int32_t* fill, int32_t* offsets,
+                            int32_t* group_expert, int32_t* group_begin, int32_t* group_count,
+                            int32_t* num_groups, int32_t* slot_of_route, int32_t* route_of_slot,
+                            cudaStream_t stream);
 
 // Input rotation of the gate and up projections: rows of x * suh, Hadamard-128 per chunk,
 // divided by a per-row power of two that keeps fp16 in range -> xg/xu [rows, H] fp16 and
 // scale_g/scale_u [rows]. shared_h: rows are tokens and suh row 0 serves all experts;
 // otherwise rows are slots and each uses its expert's suh row.
-cudaError_t moe_rotate_input(const void* x, DType in_type, int64_t m, int k, int64_t H, bool shared_h,
-                             const int32_t* topk_ids, int num_experts, MoeSlots slots, const uint16_t* gate_suh,
-                             const uint16_t* up_suh, __half* xg, __half* xu, float* scale_g, float* scale_u,
+cudaError_t moe_rotate_input(const void* x, DType in_type, int64_t m, int k, int64_t H,
+                             bool shared_h, const int32_t* topk_ids, int num_experts,
+                             MoeSlots slots, const uint16_t* gate_suh, const uint16_t* up_suh,
+                             __half* xg, __half* xu, float* scale_g, float* scale_u,
                              cudaStream_t stream);
 
 // Activation per slot: sum the FC1 split partials ([splits][slots][2I], gate | up), rotate each
 // 128-chunk, apply gate/up svh and the input scales, a = SiLU(gate) * up * down_suh, rotate,
 // and store fp16 with a per-slot power-of-two guard -> act [slots, I], act_scale [slots].
-cudaError_t moe_activate(const float* partial, int splits, int64_t slots_cap, int64_t routes, int k, int64_t I,
-                         bool shared_h, const int32_t* topk_ids, int num_experts, MoeSlots slots,
-                         const float* scale_g, const float* scale_u, const uint16_t* intermediate,
-                         __half* act, float* act_scale, cudaStream_t stream);
+cudaError_t moe_activate(const float* partial, int splits, int64_t slots_cap, int64_t routes, int k,
+                         int64_t I, bool shared_h, const int32_t* topk_ids, int num_experts,
+                         MoeSlots slots, const float* scale_g, const float* scale_u,
+                         const uint16_t* intermediate, __half* act, float* act_scale,
+                         cudaStream_t stream);
 
 // Output per token: out[t] = sum_j w[t, j] * (H128(sum of FC2 splits of its slot) * act_scale)
 // * down_svh[e] in FP32, in route order j = 0..k-1. shared_h: the rotation and svh are linear
 // and shared, so they run once after the weighted sum.
-cudaError_t moe_combine(const float* partial, int splits, int64_t slots_cap, int64_t m, int k, int64_t H,
-                        bool shared_h, const int32_t* topk_ids, const float* topk_weights, int num_experts,
-                        MoeSlots slots, const float* act_scale, const uint16_t* down_svh, float* out,
+cudaError_t moe_combine(const float* partial, int splits, int64_t slots_cap, int64_t m, int k,
+                        int64_t H, bool shared_h, const int32_t* topk_ids,
+                        const float* topk_weights, int num_experts, MoeSlots slots,
+                        const float* act_scale, const uint16_t* down_svh, float* out,
                         cudaStream_t stream);
 
 // The grouped GEMV (moe_gemv.cuh); nt = 1 (groups of one slot) or 4 (groups of up to 32).
 // max_groups is the grid's group extent; blocks past the live group count exit.
-cudaError_t moe_gemv(trellis::Codebook cb, const MoeGemvArgs& a, int nt, int max_groups, cudaStream_t stream);
+cudaError_t moe_gemv(trellis::Codebook cb, const MoeGemvArgs& a, int nt, int max_groups,
+                     cudaStream_t stream);
+// One instance per codebook, in files generated from src/cuda/moe_gemv_cb.cu.in; moe_gemv picks
+// one through trellis::with_codebook.
 template <trellis::Codebook CB>
 cudaError_t launch_moe_gemv_cb(const MoeGemvArgs& a, int nt, int max_groups, cudaStream_t stream);
 

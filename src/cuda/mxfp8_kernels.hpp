@@ -8,7 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "exl3/cuda/linear.hpp"
+#include "exl3/cuda/dtype.hpp"
 
 namespace exl3::cuda::detail {
 

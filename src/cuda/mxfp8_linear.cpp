@@ -4,13 +4,14 @@
 #include "exl3/cuda/mxfp8.hpp"
 
 #include <algorithm>
-#include <memory>
 
 #include <cublas_v2.h>
 
 #include "cuda/env_option.hpp"
 #include "cuda/mxfp8_kernels.hpp"
 #include "cuda/mxfp8_tiles.hpp"
+#include "exl3/cuda/check.hpp"
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/reconstruct.hpp"
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
@@ -20,17 +21,15 @@ namespace exl3::cuda {
 namespace {
 
 constexpr size_t kAlign = 256;
-constexpr size_t kCublasWorkspace = 32u << 20;
 
-size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
-
-void check(cudaError_t e, const std::string& what, const std::string& layer) {
-  if (e != cudaSuccess) fail("CUDA MXFP8 linear '{}': {}: {}", layer, what, cudaGetErrorString(e));
+size_t align_up(size_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
 }
 
 int sm_count() {
   int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (cudaGetDevice(&dev) == cudaSuccess)
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   return sms;
 }
 
@@ -50,8 +49,8 @@ int plan_splits(int64_t k, int64_t n) {
 
 // The checkpoint planes in the tiled layout. offset(row, col) = tile base + a row part + a column
 // part (mxfp8_tiles.hpp), so both parts are tabulated once from the layout function itself.
-void tile_planes(const uint8_t* values, const uint8_t* scales, int64_t k, int64_t n, std::vector<uint8_t>& tv,
-                 std::vector<uint8_t>& ts) {
+void tile_planes(const uint8_t* values, const uint8_t* scales, int64_t k, int64_t n,
+                 std::vector<uint8_t>& tv, std::vector<uint8_t>& ts) {
   const int64_t kb = k / 32, rows = (n + 15) / 16 * 16;
   tv.assign(static_cast<size_t>(rows * k), 0);
   ts.assign(static_cast<size_t>(rows * kb), 0);
@@ -61,7 +60,8 @@ void tile_planes(const uint8_t* values, const uint8_t* scales, int64_t k, int64_
   for (int64_t row = 0; row < n; ++row) {
     const uint8_t* src = values + row * k;
     for (int64_t b = 0; b < kb; ++b) {
-      uint8_t* dst = tv.data() + ((row / 16) * kb + b) * detail::kMxfp8TileBytes + row_part[row % 16];
+      uint8_t* dst =
+          tv.data() + ((row / 16) * kb + b) * detail::kMxfp8TileBytes + row_part[row % 16];
       for (int c = 0; c < 32; ++c) dst[col_part[c]] = src[b * 32 + c];
       ts[static_cast<size_t>(detail::mxfp8_tile_scale_offset(row, b, kb))] = scales[row * kb + b];
     }
@@ -71,7 +71,6 @@ void tile_planes(const uint8_t* values, const uint8_t* scales, int64_t k, int64_
 struct Carve {
   float* partial = nullptr;
   uint16_t* w_bf16 = nullptr;
-  void* cublas_ws = nullptr;
   size_t bytes = 0;
 };
 
@@ -85,11 +84,11 @@ Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas
     return at;
   };
   if (splits > 1 || (cublas && bias)) {
-    c.partial = reinterpret_cast<float*>(take(static_cast<size_t>(std::max(splits, 1)) * m * n * 4));
+    c.partial =
+        reinterpret_cast<float*>(take(static_cast<size_t>(std::max(splits, 1)) * m * n * 4));
   }
   if (cublas) {
     c.w_bf16 = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(k * n) * 2));
-    c.cublas_ws = take(kCublasWorkspace);
   }
   c.bytes = off;
   return c;
@@ -99,73 +98,74 @@ Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas
 
 const char* mxfp8_path_name(Mxfp8Path p) {
   switch (p) {
-    case Mxfp8Path::kGemv: return "gemv";
-    default: return "cublas";
+    case Mxfp8Path::kGemv:
+      return "gemv";
+    default:
+      return "cublas";
   }
 }
 
-Mxfp8LinearCuda::Mxfp8LinearCuda(const mxfp8::Weight& w, const std::vector<float>& bias, const Mxfp8Options& opts)
-    : name_(w.name()), in_(w.cols()), out_(w.rows()), opts_(opts) {
+Mxfp8LinearCuda::Mxfp8LinearCuda(CudaContext& ctx, const mxfp8::Weight& w,
+                                 const std::vector<float>& bias, const Mxfp8Options& opts)
+    : name_(w.name()), in_(w.cols()), out_(w.rows()), opts_(opts), ctx_(&ctx) {
   if (!bias.empty() && static_cast<int64_t>(bias.size()) != out_) {
     fail("CUDA MXFP8 linear '{}': bias has {} values for {} outputs", name_, bias.size(), out_);
   }
   // An mxfp8::Weight's codes were checked when it was loaded, converted or built from planes.
-  init(w.name().c_str(), w.values(), w.scales(), bias.empty() ? nullptr : bias.data(), /*check_codes=*/false);
+  init(w.name().c_str(), w.values(), w.scales(), bias.empty() ? nullptr : bias.data(),
+       /*check_codes=*/false);
 }
 
-Mxfp8LinearCuda::Mxfp8LinearCuda(const char* name, const uint8_t* values, const uint8_t* scales, int64_t in_features,
-                                 int64_t out_features, const float* bias, const Mxfp8Options& opts)
-    : name_(name), in_(in_features), out_(out_features), opts_(opts) {
+Mxfp8LinearCuda::Mxfp8LinearCuda(CudaContext& ctx, const char* name, const uint8_t* values,
+                                 const uint8_t* scales, int64_t in_features, int64_t out_features,
+                                 const float* bias, const Mxfp8Options& opts)
+    : name_(name), in_(in_features), out_(out_features), opts_(opts), ctx_(&ctx) {
   init(name, values, scales, bias, /*check_codes=*/true);
 }
 
-void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_t* scales, const float* bias,
-                           bool check_codes) {
+void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_t* scales,
+                           const float* bias, bool check_codes) {
   if (in_ <= 0 || out_ <= 0 || in_ % 32 != 0) {
-    fail("CUDA MXFP8 linear '{}': {} -> {}: the input width must be a positive multiple of 32 and the output "
-         "positive",
-         name, in_, out_);
+    fail(
+        "CUDA MXFP8 linear '{}': {} -> {}: the input width must be a positive multiple of 32 and "
+        "the output "
+        "positive",
+        name, in_, out_);
   }
-  if (in_ > (1 << 30) || out_ > (1 << 30)) fail("CUDA MXFP8 linear '{}': {}x{} is too large", name, in_, out_);
+  if (in_ > (1 << 30) || out_ > (1 << 30))
+    fail("CUDA MXFP8 linear '{}': {}x{} is too large", name, in_, out_);
   if (opts_.max_m < 1 || opts_.gemv_max_m < 0 || opts_.gemv_max_m > detail::kMxfp8GemvMaxM) {
-    fail("CUDA MXFP8 linear '{}': max_m {} must be positive and gemv_max_m {} in 0..{}", name, opts_.max_m,
-         opts_.gemv_max_m, detail::kMxfp8GemvMaxM);
+    fail("CUDA MXFP8 linear '{}': max_m {} must be positive and gemv_max_m {} in 0..{}", name,
+         opts_.max_m, opts_.gemv_max_m, detail::kMxfp8GemvMaxM);
   }
   split_k_ = opts_.split_k > 0 ? opts_.split_k : plan_splits(in_, out_);
-  if (split_k_ > in_ / 32) fail("CUDA MXFP8 linear '{}': split_k {} exceeds the {} 32-wide blocks", name, split_k_, in_ / 32);
-  if (check_codes) mxfp8::check_planes(fmt::format("CUDA MXFP8 linear '{}'", name), values, scales, out_, in_);
+  if (split_k_ > in_ / 32)
+    fail("CUDA MXFP8 linear '{}': split_k {} exceeds the {} 32-wide blocks", name, split_k_,
+         in_ / 32);
+  if (check_codes)
+    mxfp8::check_planes(fmt::format("CUDA MXFP8 linear '{}'", name), values, scales, out_, in_);
   std::vector<uint8_t> tv, ts;
   tile_planes(values, scales, in_, out_, tv, ts);
-  check(cudaMalloc(reinterpret_cast<void**>(&d_values_), tv.size()), "allocating values", name);
-  check(cudaMalloc(reinterpret_cast<void**>(&d_scales_), ts.size()), "allocating scales", name);
-  check(cudaMemcpy(d_values_, tv.data(), tv.size(), cudaMemcpyHostToDevice), "uploading values", name);
-  check(cudaMemcpy(d_scales_, ts.data(), ts.size(), cudaMemcpyHostToDevice), "uploading scales", name);
-  if (bias != nullptr) {
-    check(cudaMalloc(reinterpret_cast<void**>(&d_bias_), static_cast<size_t>(out_) * 4), "allocating bias", name);
-    check(cudaMemcpy(d_bias_, bias, static_cast<size_t>(out_) * 4, cudaMemcpyHostToDevice), "uploading bias", name);
-  }
-  if (opts_.max_m > opts_.gemv_max_m) {
-    cublasHandle_t h = nullptr;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) fail("CUDA MXFP8 linear '{}': cublasCreate failed", name);
-    cublas_ = h;
-  }
-}
-
-Mxfp8LinearCuda::~Mxfp8LinearCuda() {
-  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
-  cudaFree(d_values_);
-  cudaFree(d_scales_);
-  cudaFree(d_bias_);
+  const auto of = [&](const char* what) {
+    return fmt::format("the {} of CUDA MXFP8 linear '{}'", what, name);
+  };
+  values_ = DeviceBuffer::upload(tv, of("values"));
+  scales_ = DeviceBuffer::upload(ts, of("scales"));
+  if (bias != nullptr) bias_ = DeviceBuffer(bias, static_cast<size_t>(out_) * 4, of("bias"));
 }
 
 Mxfp8Path Mxfp8LinearCuda::path_for(int64_t m) const {
   return m <= opts_.gemv_max_m ? Mxfp8Path::kGemv : Mxfp8Path::kCublas;
 }
 
-int Mxfp8LinearCuda::splits_for(int64_t m) const { return path_for(m) == Mxfp8Path::kGemv ? split_k_ : 1; }
+int Mxfp8LinearCuda::splits_for(int64_t m) const {
+  return path_for(m) == Mxfp8Path::kGemv ? split_k_ : 1;
+}
 
 size_t Mxfp8LinearCuda::workspace_bytes(int64_t m) const {
-  return carve(nullptr, m, in_, out_, splits_for(m), path_for(m) == Mxfp8Path::kCublas, d_bias_ != nullptr).bytes;
+  return carve(nullptr, m, in_, out_, splits_for(m), path_for(m) == Mxfp8Path::kCublas,
+               !bias_.empty())
+      .bytes;
 }
 
 size_t Mxfp8LinearCuda::workspace_bytes() const {
@@ -177,7 +177,8 @@ size_t Mxfp8LinearCuda::workspace_bytes() const {
 }
 
 cudaError_t Mxfp8LinearCuda::dequantize_bf16(uint16_t* out, cudaStream_t stream) const {
-  return detail::mxfp8_dequant_bf16(d_values_, d_scales_, in_, out_, out, stream);
+  return detail::mxfp8_dequant_bf16(values_.as<uint8_t>(), scales_.as<uint8_t>(), in_, out_, out,
+                                    stream);
 }
 
 cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t m, void* workspace,
@@ -186,33 +187,36 @@ cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t
   if (out_type != DType::kF32 && out_type != DType::kBF16) return cudaErrorInvalidValue;
   const Mxfp8Path path = path_for(m);
   const int splits = splits_for(m);
-  const Carve ws = carve(workspace, m, in_, out_, splits, path == Mxfp8Path::kCublas, d_bias_ != nullptr);
-  if (ws.bytes > 0 && (workspace == nullptr || workspace_size < ws.bytes)) return cudaErrorInvalidValue;
+  const Carve ws =
+      carve(workspace, m, in_, out_, splits, path == Mxfp8Path::kCublas, !bias_.empty());
+  if (ws.bytes > 0 && (workspace == nullptr || workspace_size < ws.bytes))
+    return cudaErrorInvalidValue;
   cudaError_t e = cudaSuccess;
   if (path == Mxfp8Path::kGemv) {
-    e = detail::mxfp8_gemv(d_values_, d_scales_, x, m, in_, out_, splits, ws.partial, d_bias_, y, out_type, stream);
+    e = detail::mxfp8_gemv(values_.as<uint8_t>(), scales_.as<uint8_t>(), x, m, in_, out_, splits,
+                           ws.partial, bias_.as<float>(), y, out_type, stream);
     if (e != cudaSuccess || splits == 1) return e;
-    return detail::mxfp8_reduce(ws.partial, splits, d_bias_, m, out_, y, out_type, stream);
+    return detail::mxfp8_reduce(ws.partial, splits, bias_.as<float>(), m, out_, y, out_type,
+                                stream);
   }
-  e = detail::mxfp8_dequant_bf16(d_values_, d_scales_, in_, out_, ws.w_bf16, stream);
+  e = detail::mxfp8_dequant_bf16(values_.as<uint8_t>(), scales_.as<uint8_t>(), in_, out_, ws.w_bf16,
+                                 stream);
   if (e != cudaSuccess) return e;
   // Row-major y[m, n] = x[m, k] W[n, k]^T is column-major y^T = W^T(k x n, transposed) x^T.
-  auto h = static_cast<cublasHandle_t>(cublas_);
-  if (cublasSetStream(h, stream) != CUBLAS_STATUS_SUCCESS ||
-      cublasSetWorkspace(h, ws.cublas_ws, kCublasWorkspace) != CUBLAS_STATUS_SUCCESS) {
-    return cudaErrorUnknown;
-  }
-  const bool via_partial = d_bias_ != nullptr;  // bias added in fp32 before the output rounding
+  cublasHandle_t h = ctx_->cublas(stream, CudaContext::kCublasWorkspaceBytes);
+  if (h == nullptr) return cudaErrorUnknown;
+  const bool via_partial = !bias_.empty();  // bias added in fp32 before the output rounding
   void* dst = via_partial ? static_cast<void*>(ws.partial) : y;
   const cudaDataType_t dt = via_partial || out_type == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   const float alpha = 1.0f, beta = 0.0f;
   const auto n = static_cast<int>(out_), mm = static_cast<int>(m), k = static_cast<int>(in_);
-  if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mm, k, &alpha, ws.w_bf16, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta,
-                   dst, dt, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+  if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mm, k, &alpha, ws.w_bf16, CUDA_R_16BF, k, x,
+                   CUDA_R_16BF, k, &beta, dst, dt, n, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
     return cudaErrorUnknown;
   }
   if (!via_partial) return cudaGetLastError();
-  return detail::mxfp8_reduce(ws.partial, 1, d_bias_, m, out_, y, out_type, stream);
+  return detail::mxfp8_reduce(ws.partial, 1, bias_.as<float>(), m, out_, y, out_type, stream);
 }
 
 Mxfp8Options mxfp8_options_from_env(Mxfp8Options base) {
@@ -222,28 +226,23 @@ Mxfp8Options mxfp8_options_from_env(Mxfp8Options base) {
 
 std::vector<float> mxfp8_forward_host(const Mxfp8LinearCuda& layer, const float* x, int64_t m) {
   if (m < 1 || m > layer.options().max_m) {
-    fail("CUDA MXFP8 linear: {} rows outside 1..{} (raise Mxfp8Options::max_m)", m, layer.options().max_m);
+    fail("CUDA MXFP8 linear: {} rows outside 1..{} (raise Mxfp8Options::max_m)", m,
+         layer.options().max_m);
   }
-  const size_t xin = static_cast<size_t>(m * layer.in_features()), yout = static_cast<size_t>(m * layer.out_features());
+  const size_t xin = static_cast<size_t>(m * layer.in_features()),
+               yout = static_cast<size_t>(m * layer.out_features());
   std::vector<uint16_t> xb(xin);
   for (size_t i = 0; i < xin; ++i) xb[i] = trellis::float_to_bf16(x[i]);
-  struct Free {
-    void operator()(void* p) const { cudaFree(p); }
-  };
-  auto alloc = [](size_t bytes, const char* what) {
-    void* p = nullptr;
-    check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), std::string("allocating ") + what, "host wrapper");
-    return std::unique_ptr<void, Free>(p);
-  };
-  const size_t ws_bytes = layer.workspace_bytes(m);
-  auto dx = alloc(xin * 2, "input");
-  auto dy = alloc(yout * 4, "output");
-  auto ws = alloc(ws_bytes, "workspace");
-  check(cudaMemcpy(dx.get(), xb.data(), xin * 2, cudaMemcpyHostToDevice), "copying input", "host wrapper");
-  check(layer.run(dx.get(), dy.get(), DType::kF32, m, ws.get(), ws_bytes, nullptr), "running", "host wrapper");
-  check(cudaDeviceSynchronize(), "running", "host wrapper");
+  const size_t ws_bytes = layer.workspace_bytes(m);  // may be 0 (then nullptr is accepted)
+  const auto dx = DeviceBuffer::upload(xb, "the MXFP8 host wrapper's input");
+  const DeviceBuffer dy(yout * 4, "the MXFP8 host wrapper's output");
+  const DeviceBuffer ws(ws_bytes, "the MXFP8 host wrapper's workspace");
+  EXL3_CUDA_CHECK(layer.run(dx.get(), dy.get(), DType::kF32, m, ws.get(), ws_bytes, nullptr),
+                  "CUDA MXFP8 linear (host wrapper): running");
+  EXL3_CUDA_CHECK(cudaDeviceSynchronize(), "CUDA MXFP8 linear (host wrapper): running");
   std::vector<float> y(yout);
-  check(cudaMemcpy(y.data(), dy.get(), yout * 4, cudaMemcpyDeviceToHost), "copying output", "host wrapper");
+  EXL3_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), yout * 4, cudaMemcpyDeviceToHost),
+                  "CUDA MXFP8 linear (host wrapper): copying output");
   return y;
 }
 

@@ -12,8 +12,9 @@ namespace {
 namespace tr = exl3::trellis;
 
 template <int K, tr::Codebook CB>
-__global__ void reconstruct_kernel(const uint16_t* __restrict__ trellis, int64_t tiles_k, int64_t tiles_n,
-                                   int64_t out_features, uint16_t* __restrict__ out) {
+__global__ void reconstruct_kernel(const uint16_t* __restrict__ trellis, int64_t tiles_k,
+                                   int64_t tiles_n, int64_t out_features,
+                                   uint16_t* __restrict__ out) {
   const int64_t tile = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (tile >= tiles_k * tiles_n) return;
   const int lane = threadIdx.x & 31;
@@ -27,29 +28,22 @@ __global__ void reconstruct_kernel(const uint16_t* __restrict__ trellis, int64_t
 }
 
 template <int K>
-cudaError_t launch_k(const uint16_t* t, int64_t tk, int64_t tn, int64_t out, tr::Codebook cb, uint16_t* o,
-                     cudaStream_t s) {
+cudaError_t launch_k(const uint16_t* t, int64_t tk, int64_t tn, int64_t out, tr::Codebook cb,
+                     uint16_t* o, cudaStream_t s) {
   constexpr int kWarps = 8;
   const int64_t blocks = (tk * tn + kWarps - 1) / kWarps;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(blocks)), block(32 * kWarps);
-  switch (cb) {
-    case tr::Codebook::kMcg:
-      reconstruct_kernel<K, tr::Codebook::kMcg><<<grid, block, 0, s>>>(t, tk, tn, out, o);
-      break;
-    case tr::Codebook::kMul1:
-      reconstruct_kernel<K, tr::Codebook::kMul1><<<grid, block, 0, s>>>(t, tk, tn, out, o);
-      break;
-    default:
-      reconstruct_kernel<K, tr::Codebook::k3Inst><<<grid, block, 0, s>>>(t, tk, tn, out, o);
-  }
+  tr::with_codebook(cb, [&](auto c) {
+    reconstruct_kernel<K, decltype(c)::value><<<grid, block, 0, s>>>(t, tk, tn, out, o);
+  });
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t reconstruct_w_hat(const uint16_t* d_trellis, int64_t in_features, int64_t out_features, int K,
-                              trellis::Codebook cb, uint16_t* d_out, cudaStream_t stream) {
+cudaError_t reconstruct_w_hat(const uint16_t* d_trellis, int64_t in_features, int64_t out_features,
+                              int K, trellis::Codebook cb, uint16_t* d_out, cudaStream_t stream) {
   if (in_features <= 0 || out_features <= 0 || in_features % 16 != 0 || out_features % 16 != 0) {
     return cudaErrorInvalidValue;
   }

@@ -46,10 +46,10 @@ __device__ __forceinline__ __nv_bfloat16 to_out<__nv_bfloat16>(float v) {
 }
 
 template <int K, tr::Codebook CB, typename OutT>
-__global__ void __launch_bounds__(32 * kWarps) reconstruct_folded_kernel(const uint32_t* __restrict__ trellis, int k,
-                                                                         int n, const __half* __restrict__ suh,
-                                                                         const __half* __restrict__ svh,
-                                                                         OutT* __restrict__ out) {
+__global__ void __launch_bounds__(32 * kWarps)
+    reconstruct_folded_kernel(const uint32_t* __restrict__ trellis, int k, int n,
+                              const __half* __restrict__ suh, const __half* __restrict__ svh,
+                              OutT* __restrict__ out) {
   extern __shared__ float s[];  // [128][kPitch]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -105,30 +105,29 @@ __global__ void __launch_bounds__(32 * kWarps) reconstruct_folded_kernel(const u
 }
 
 template <int K, typename OutT>
-cudaError_t launch_folded(bool prepare, const uint16_t* trellis, tr::Codebook cb, int64_t k, int64_t n,
-                          const uint16_t* suh, const uint16_t* svh, OutT* out, cudaStream_t stream) {
+cudaError_t launch_folded(bool prepare, const uint16_t* trellis, tr::Codebook cb, int64_t k,
+                          int64_t n, const uint16_t* suh, const uint16_t* svh, OutT* out,
+                          cudaStream_t stream) {
   const auto* t32 = reinterpret_cast<const uint32_t*>(trellis);
   const auto* su = reinterpret_cast<const __half*>(suh);
   const auto* sv = reinterpret_cast<const __half*>(svh);
-  const dim3 grid(static_cast<unsigned>(n / 128), static_cast<unsigned>(k / 128)), block(32 * kWarps);
+  const dim3 grid(static_cast<unsigned>(n / 128), static_cast<unsigned>(k / 128)),
+      block(32 * kWarps);
   auto go = [&](auto kernel) {
-    if (prepare) return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    kernel<<<grid, block, kSmemBytes, stream>>>(t32, static_cast<int>(k), static_cast<int>(n), su, sv, out);
+    if (prepare)
+      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    kernel<<<grid, block, kSmemBytes, stream>>>(t32, static_cast<int>(k), static_cast<int>(n), su,
+                                                sv, out);
     return cudaGetLastError();
   };
-  switch (cb) {
-    case tr::Codebook::kMcg:
-      return go(reconstruct_folded_kernel<K, tr::Codebook::kMcg, OutT>);
-    case tr::Codebook::kMul1:
-      return go(reconstruct_folded_kernel<K, tr::Codebook::kMul1, OutT>);
-    default:
-      return go(reconstruct_folded_kernel<K, tr::Codebook::k3Inst, OutT>);
-  }
+  return tr::with_codebook(
+      cb, [&](auto c) { return go(reconstruct_folded_kernel<K, decltype(c)::value, OutT>); });
 }
 
 template <typename OutT>
-cudaError_t dispatch_folded(bool prepare, const uint16_t* trellis, int K, tr::Codebook cb, int64_t k, int64_t n,
-                            const uint16_t* suh, const uint16_t* svh, OutT* out, cudaStream_t stream) {
+cudaError_t dispatch_folded(bool prepare, const uint16_t* trellis, int K, tr::Codebook cb,
+                            int64_t k, int64_t n, const uint16_t* suh, const uint16_t* svh,
+                            OutT* out, cudaStream_t stream) {
   return tr::with_bits(K, cudaErrorInvalidValue, [&](auto bits) {
     return launch_folded<decltype(bits)::value>(prepare, trellis, cb, k, n, suh, svh, out, stream);
   });
@@ -137,16 +136,22 @@ cudaError_t dispatch_folded(bool prepare, const uint16_t* trellis, int K, tr::Co
 }  // namespace
 
 cudaError_t reconstruct_folded_prepare(int K, trellis::Codebook cb) {
-  const cudaError_t e = dispatch_folded<__half>(true, nullptr, K, cb, 0, 0, nullptr, nullptr, nullptr, nullptr);
+  const cudaError_t e =
+      dispatch_folded<__half>(true, nullptr, K, cb, 0, 0, nullptr, nullptr, nullptr, nullptr);
   return e != cudaSuccess ? e
-                          : dispatch_folded<__nv_bfloat16>(true, nullptr, K, cb, 0, 0, nullptr, nullptr, nullptr, nullptr);
+                          : dispatch_folded<__nv_bfloat16>(true, nullptr, K, cb, 0, 0, nullptr,
+                                                           nullptr, nullptr, nullptr);
 }
 
-cudaError_t reconstruct_folded(const uint16_t* trellis, int K, trellis::Codebook cb, int64_t k, int64_t n,
-                               const uint16_t* suh, const uint16_t* svh, bool bf16, void* out, cudaStream_t stream) {
-  if (k <= 0 || n <= 0 || k % 128 != 0 || n % 128 != 0 || k / 128 > 65535) return cudaErrorInvalidValue;
-  return bf16 ? dispatch_folded(false, trellis, K, cb, k, n, suh, svh, static_cast<__nv_bfloat16*>(out), stream)
-              : dispatch_folded(false, trellis, K, cb, k, n, suh, svh, static_cast<__half*>(out), stream);
+cudaError_t reconstruct_folded(const uint16_t* trellis, int K, trellis::Codebook cb, int64_t k,
+                               int64_t n, const uint16_t* suh, const uint16_t* svh, bool bf16,
+                               void* out, cudaStream_t stream) {
+  if (k <= 0 || n <= 0 || k % 128 != 0 || n % 128 != 0 || k / 128 > 65535)
+    return cudaErrorInvalidValue;
+  return bf16 ? dispatch_folded(false, trellis, K, cb, k, n, suh, svh,
+                                static_cast<__nv_bfloat16*>(out), stream)
+              : dispatch_folded(false, trellis, K, cb, k, n, suh, svh, static_cast<__half*>(out),
+                                stream);
 }
 
 }  // namespace exl3::cuda::detail

@@ -43,7 +43,8 @@ struct DeviceExec {
   // Block-wide argmin of cost[0..n): the smallest index among equal minima (every comparison is
   // lexicographic on (cost, index), so the reduction order does not matter). All threads return
   // the result.
-  __device__ uint32_t argmin(const float* cost, int n, unsigned char* red_c_raw, unsigned char* red_i_raw) {
+  __device__ uint32_t argmin(const float* cost, int n, unsigned char* red_c_raw,
+                             unsigned char* red_i_raw) {
     auto* red_c = reinterpret_cast<float*>(red_c_raw);
     auto* red_i = reinterpret_cast<uint32_t*>(red_i_raw);
     const int t = static_cast<int>(threadIdx.x);
@@ -105,27 +106,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <int K, tr::Codebook CB>
-cudaError_t launch(const float* tiles, int64_t n, int64_t grid, uint8_t* bp, unsigned* failures, uint16_t* states,
-                   float* decoded, cudaStream_t stream) {
+cudaError_t launch(const float* tiles, int64_t n, int64_t grid, uint8_t* bp, unsigned* failures,
+                   uint16_t* states, float* decoded, cudaStream_t stream) {
   constexpr size_t smem = Cfg<K>::kSmemBytes;
   const auto kernel = viterbi_kernel<K, CB>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem));
   if (e != cudaSuccess) return e;
-  kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(tiles, n, bp, failures, states, decoded);
+  kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream>>>(tiles, n, bp, failures, states,
+                                                                  decoded);
   return cudaGetLastError();
 }
 
 template <int K>
 cudaError_t launch_cb(tr::Codebook cb, const float* tiles, int64_t n, int64_t grid, uint8_t* bp,
                       unsigned* failures, uint16_t* states, float* decoded, cudaStream_t stream) {
-  switch (cb) {
-    case tr::Codebook::kMcg:
-      return launch<K, tr::Codebook::kMcg>(tiles, n, grid, bp, failures, states, decoded, stream);
-    case tr::Codebook::kMul1:
-      return launch<K, tr::Codebook::kMul1>(tiles, n, grid, bp, failures, states, decoded, stream);
-    default:
-      return launch<K, tr::Codebook::k3Inst>(tiles, n, grid, bp, failures, states, decoded, stream);
-  }
+  return tr::with_codebook(cb, [&](auto c) {
+    return launch<K, decltype(c)::value>(tiles, n, grid, bp, failures, states, decoded, stream);
+  });
 }
 
 template <int K>
@@ -134,7 +132,8 @@ int blocks_per_sm() {
   const auto kernel = viterbi_kernel<K, tr::Codebook::kMcg>;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(Cfg<K>::kSmemBytes)) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, Cfg<K>::kSmemBytes) != cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads,
+                                                    Cfg<K>::kSmemBytes) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
@@ -150,45 +149,42 @@ size_t encode_tiles_cuda_workspace(int64_t n_tiles_in_flight, int K) {
 
 int64_t encode_tiles_cuda_resident_tiles(int K) {
   int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  int per_sm = 0;
-  switch (K) {
-    case 1: per_sm = blocks_per_sm<1>(); break;
-    case 2: per_sm = blocks_per_sm<2>(); break;
-    case 3: per_sm = blocks_per_sm<3>(); break;
-    case 4: per_sm = blocks_per_sm<4>(); break;
-    case 5: per_sm = blocks_per_sm<5>(); break;
-    case 6: per_sm = blocks_per_sm<6>(); break;
-    case 7: per_sm = blocks_per_sm<7>(); break;
-    case 8: per_sm = blocks_per_sm<8>(); break;
-    default: return 0;
-  }
+  const int per_sm =
+      tr::with_bits(K, 0, [](auto k) { return blocks_per_sm<decltype(k)::value>(); });
   return static_cast<int64_t>(sms) * per_sm;
 }
 
-cudaError_t encode_tiles_cuda(const float* d_tiles, int64_t n, int K, trellis::Codebook cb, uint16_t* d_states_out,
-                              float* d_decoded_out, void* d_workspace, size_t workspace_bytes, cudaStream_t stream) {
+cudaError_t encode_tiles_cuda(const float* d_tiles, int64_t n, int K, trellis::Codebook cb,
+                              uint16_t* d_states_out, float* d_decoded_out, void* d_workspace,
+                              size_t workspace_bytes, cudaStream_t stream) {
   if (!tr::valid_bits(K) || n < 0) return cudaErrorInvalidValue;
-  if (d_workspace == nullptr || workspace_bytes < encode_tiles_cuda_workspace(1, K)) return cudaErrorInvalidValue;
+  if (d_workspace == nullptr || workspace_bytes < encode_tiles_cuda_workspace(1, K))
+    return cudaErrorInvalidValue;
   auto* failures = static_cast<unsigned*>(d_workspace);
   cudaError_t e = cudaMemsetAsync(failures, 0, sizeof(unsigned), stream);
   if (e != cudaSuccess || n == 0) return e;
   if (d_tiles == nullptr || d_states_out == nullptr) return cudaErrorInvalidValue;
-  const auto capacity = static_cast<int64_t>((workspace_bytes - vit::kStatusBytes) / vit::bp_bytes_per_tile(K));
+  const auto capacity =
+      static_cast<int64_t>((workspace_bytes - vit::kStatusBytes) / vit::bp_bytes_per_tile(K));
   int64_t grid = n < capacity ? n : capacity;
   if (grid > 0x7FFFFFFF) grid = 0x7FFFFFFF;
   auto* bp = static_cast<uint8_t*>(d_workspace) + vit::kStatusBytes;
   return tr::with_bits(K, cudaErrorInvalidValue, [&](auto k) {
-    return launch_cb<decltype(k)::value>(cb, d_tiles, n, grid, bp, failures, d_states_out, d_decoded_out, stream);
+    return launch_cb<decltype(k)::value>(cb, d_tiles, n, grid, bp, failures, d_states_out,
+                                         d_decoded_out, stream);
   });
 }
 
-cudaError_t encode_tiles_cuda_failures(const void* d_workspace, uint32_t* count, cudaStream_t stream) {
+cudaError_t encode_tiles_cuda_failures(const void* d_workspace, uint32_t* count,
+                                       cudaStream_t stream) {
   if (d_workspace == nullptr || count == nullptr) return cudaErrorInvalidValue;
-  cudaError_t e = cudaMemcpyAsync(count, d_workspace, sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);
+  cudaError_t e =
+      cudaMemcpyAsync(count, d_workspace, sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);
   if (e != cudaSuccess) return e;
   return cudaStreamSynchronize(stream);
 }

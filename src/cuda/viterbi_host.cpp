@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "exl3/cuda/check.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/viterbi.hpp"
 #include "exl3/error.hpp"
 #include "exl3/trellis/bitstream.hpp"
@@ -15,76 +17,70 @@ namespace {
 
 namespace tr = exl3::trellis;
 
-constexpr size_t kMaxScratch = size_t{2} << 30;  // back-pointer scratch cap (2 GiB)
+constexpr size_t kMaxScratch = size_t{2} << 30;    // back-pointer scratch cap (2 GiB)
 constexpr int64_t kChunkTiles = int64_t{1} << 16;  // tiles per upload (64 Ki tiles = 16 MiB fp32)
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("CUDA encode_tiles: {}: {}", what, cudaGetErrorString(e));
-}
-
-// Owns one device allocation.
-struct DeviceBuffer {
-  void* p = nullptr;
-  DeviceBuffer(size_t bytes, const char* what) { check(cudaMalloc(&p, std::max<size_t>(bytes, 1)), what); }
-  ~DeviceBuffer() { (void)cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
 
 // Tiles in flight for n tiles: the resident blocks (no benefit beyond), within the scratch cap.
 int64_t tiles_in_flight(int64_t n, int K) {
   const int64_t resident = encode_tiles_cuda_resident_tiles(K);
   if (resident < 1) fail("CUDA encode_tiles: no usable CUDA device (or K={} invalid)", K);
-  const auto per_tile = static_cast<int64_t>(encode_tiles_cuda_workspace(2, K) - encode_tiles_cuda_workspace(1, K));
+  const auto per_tile =
+      static_cast<int64_t>(encode_tiles_cuda_workspace(2, K) - encode_tiles_cuda_workspace(1, K));
   const int64_t cap = std::max<int64_t>(1, static_cast<int64_t>(kMaxScratch) / per_tile);
   return std::max<int64_t>(1, std::min({n, resident, cap}));
 }
 
 }  // namespace
 
-void encode_tiles_cuda_host(const float* tiles, int64_t n, int K, trellis::Codebook cb, uint16_t* states,
-                            float* decoded) {
+void encode_tiles_cuda_host(const float* tiles, int64_t n, int K, trellis::Codebook cb,
+                            uint16_t* states, float* decoded) {
   if (!tr::valid_bits(K)) fail("encode_tiles_cuda_host: K={} outside 1..8", K);
   if (n < 0) fail("encode_tiles_cuda_host: negative tile count {}", n);
   if (n == 0) return;
-  if (tiles == nullptr || states == nullptr) fail("encode_tiles_cuda_host: null tile or state buffer");
+  if (tiles == nullptr || states == nullptr)
+    fail("encode_tiles_cuda_host: null tile or state buffer");
   for (int64_t i = 0; i < n * tr::kTileSize; ++i) {
     if (!std::isfinite(tiles[i])) {
-      fail("encode_tiles_cuda_host: tile {} position {} is {} (inputs must be finite)", i / tr::kTileSize,
-           i % tr::kTileSize, tiles[i]);
+      fail("encode_tiles_cuda_host: tile {} position {} is {} (inputs must be finite)",
+           i / tr::kTileSize, i % tr::kTileSize, tiles[i]);
     }
   }
   const int64_t chunk = std::min(n, kChunkTiles);
   const int64_t flight = tiles_in_flight(chunk, K);
   const size_t ws_bytes = encode_tiles_cuda_workspace(flight, K);
   const auto tile_bytes = static_cast<size_t>(tr::kTileSize);
-  DeviceBuffer d_tiles(static_cast<size_t>(chunk) * tile_bytes * sizeof(float), "allocating tiles");
-  DeviceBuffer d_states(static_cast<size_t>(chunk) * tile_bytes * sizeof(uint16_t), "allocating states");
-  DeviceBuffer d_decoded(decoded != nullptr ? static_cast<size_t>(chunk) * tile_bytes * sizeof(float) : 0,
-                         "allocating decoded values");
-  DeviceBuffer d_ws(ws_bytes, "allocating the back-pointer workspace");
+  DeviceBuffer d_tiles(static_cast<size_t>(chunk) * tile_bytes * sizeof(float),
+                       "the encoder's tiles");
+  DeviceBuffer d_states(static_cast<size_t>(chunk) * tile_bytes * sizeof(uint16_t),
+                        "the encoder's states");
+  DeviceBuffer d_decoded(
+      decoded != nullptr ? static_cast<size_t>(chunk) * tile_bytes * sizeof(float) : 0,
+      "the encoder's decoded values");
+  DeviceBuffer d_ws(ws_bytes, "the encoder's back-pointer workspace");
   for (int64_t first = 0; first < n; first += chunk) {
     const int64_t m = std::min(chunk, n - first);
     const size_t elems = static_cast<size_t>(m) * tile_bytes;
-    check(cudaMemcpy(d_tiles.p, tiles + first * tr::kTileSize, elems * sizeof(float), cudaMemcpyHostToDevice),
-          "uploading tiles");
-    check(encode_tiles_cuda(d_tiles.as<float>(), m, K, cb, d_states.as<uint16_t>(),
-                            decoded != nullptr ? d_decoded.as<float>() : nullptr, d_ws.p, ws_bytes, nullptr),
-          "launching the encoder");
+    EXL3_CUDA_CHECK(cudaMemcpy(d_tiles.get(), tiles + first * tr::kTileSize, elems * sizeof(float),
+                               cudaMemcpyHostToDevice),
+                    "CUDA encode_tiles: uploading tiles");
+    EXL3_CUDA_CHECK(encode_tiles_cuda(d_tiles.as<float>(), m, K, cb, d_states.as<uint16_t>(),
+                                      decoded != nullptr ? d_decoded.as<float>() : nullptr,
+                                      d_ws.get(), ws_bytes, nullptr),
+                    "CUDA encode_tiles: launching the encoder");
     uint32_t failures = 0;
-    check(encode_tiles_cuda_failures(d_ws.p, &failures, nullptr), "running the encoder");
+    EXL3_CUDA_CHECK(encode_tiles_cuda_failures(d_ws.get(), &failures, nullptr),
+                    "CUDA encode_tiles: running the encoder");
     if (failures != 0) {
-      fail("CUDA encode_tiles: internal error, {} of {} traced paths are not tail-biting (K={})", failures, m, K);
+      fail("CUDA encode_tiles: internal error, {} of {} traced paths are not tail-biting (K={})",
+           failures, m, K);
     }
-    check(cudaMemcpy(states + first * tr::kTileSize, d_states.p, elems * sizeof(uint16_t), cudaMemcpyDeviceToHost),
-          "downloading states");
+    EXL3_CUDA_CHECK(cudaMemcpy(states + first * tr::kTileSize, d_states.get(),
+                               elems * sizeof(uint16_t), cudaMemcpyDeviceToHost),
+                    "CUDA encode_tiles: downloading states");
     if (decoded != nullptr) {
-      check(cudaMemcpy(decoded + first * tr::kTileSize, d_decoded.p, elems * sizeof(float), cudaMemcpyDeviceToHost),
-            "downloading decoded values");
+      EXL3_CUDA_CHECK(cudaMemcpy(decoded + first * tr::kTileSize, d_decoded.get(),
+                                 elems * sizeof(float), cudaMemcpyDeviceToHost),
+                      "CUDA encode_tiles: downloading decoded values");
     }
   }
 }
@@ -99,17 +95,19 @@ double encode_tiles_cuda_tiles_per_second(int K, trellis::Codebook cb, int n) {
 
   const int64_t flight = tiles_in_flight(n, K);
   const size_t ws_bytes = encode_tiles_cuda_workspace(flight, K);
-  DeviceBuffer d_tiles(host.size() * sizeof(float), "allocating tiles");
-  DeviceBuffer d_states(host.size() * sizeof(uint16_t), "allocating states");
-  DeviceBuffer d_ws(ws_bytes, "allocating the back-pointer workspace");
-  check(cudaMemcpy(d_tiles.p, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "uploading tiles");
+  DeviceBuffer d_tiles(host.size() * sizeof(float), "the encoder's tiles");
+  DeviceBuffer d_states(host.size() * sizeof(uint16_t), "the encoder's states");
+  DeviceBuffer d_ws(ws_bytes, "the encoder's back-pointer workspace");
+  EXL3_CUDA_CHECK(
+      cudaMemcpy(d_tiles.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
+      "CUDA encode_tiles: uploading tiles");
 
   cudaEvent_t start = nullptr, stop = nullptr;
-  check(cudaEventCreate(&start), "creating an event");
-  check(cudaEventCreate(&stop), "creating an event");
+  EXL3_CUDA_CHECK(cudaEventCreate(&start), "CUDA encode_tiles: creating an event");
+  EXL3_CUDA_CHECK(cudaEventCreate(&stop), "CUDA encode_tiles: creating an event");
   auto run = [&] {
-    return encode_tiles_cuda(d_tiles.as<float>(), n, K, cb, d_states.as<uint16_t>(), nullptr, d_ws.p, ws_bytes,
-                             nullptr);
+    return encode_tiles_cuda(d_tiles.as<float>(), n, K, cb, d_states.as<uint16_t>(), nullptr,
+                             d_ws.get(), ws_bytes, nullptr);
   };
   cudaError_t e = run();  // warm-up (module load, shared memory carve-out)
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
@@ -121,7 +119,7 @@ double encode_tiles_cuda_tiles_per_second(int K, trellis::Codebook cb, int n) {
   if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, start, stop);
   (void)cudaEventDestroy(start);
   (void)cudaEventDestroy(stop);
-  check(e, "timing the encoder");
+  EXL3_CUDA_CHECK(e, "CUDA encode_tiles: timing the encoder");
   return ms > 0.0f ? static_cast<double>(n) / (static_cast<double>(ms) * 1e-3) : 0.0;
 }
 

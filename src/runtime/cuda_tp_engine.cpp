@@ -25,6 +25,8 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_engine.hpp"
+#include "exl3/cuda/check.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/error.hpp"
 #include "exl3/runtime/nccl_communicator.hpp"
 #include "exl3/runtime/tp_plan.hpp"
@@ -107,20 +109,25 @@ class RankThreads {
 // captured graph replayed several times (what a decode step's collectives cost inside its graph).
 class CollectiveTimer {
  public:
-  CollectiveTimer(NcclCommunicator& c, size_t n, size_t gather, size_t ranks) : c_(c), n_(n), gather_(gather) {
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
-    check(cudaMalloc(reinterpret_cast<void**>(&data_), std::max<size_t>({n, gather, 1}) * sizeof(float)), "allocating");
-    check(cudaMalloc(reinterpret_cast<void**>(&gathered_), std::max<size_t>(gather * ranks, 1) * sizeof(float)), "allocating");
-    check(cudaMemsetAsync(data_, 0, std::max(n, gather) * sizeof(float), stream_), "clearing");
-    check(cudaEventCreate(&start_), "creating an event");
-    check(cudaEventCreate(&stop_), "creating an event");
+  CollectiveTimer(NcclCommunicator& c, size_t n, size_t gather, size_t ranks)
+      : c_(c),
+        n_(n),
+        gather_(gather),
+        data_(cuda::DeviceBuffer::of<float>(std::max<size_t>({n, gather, 1}),
+                                            "the collective timer's data")),
+        gathered_(cuda::DeviceBuffer::of<float>(std::max<size_t>(gather * ranks, 1),
+                                                "the collective timer's gathered data")) {
+    EXL3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                    "timing the collectives: creating a stream");
+    EXL3_CUDA_CHECK(cudaMemsetAsync(data_.get(), 0, std::max(n, gather) * sizeof(float), stream_),
+                    "timing the collectives: clearing");
+    EXL3_CUDA_CHECK(cudaEventCreate(&start_), "timing the collectives: creating an event");
+    EXL3_CUDA_CHECK(cudaEventCreate(&stop_), "timing the collectives: creating an event");
   }
   ~CollectiveTimer() {
     if (exec_) cudaGraphExecDestroy(exec_);
     cudaEventDestroy(start_);
     cudaEventDestroy(stop_);
-    cudaFree(data_);
-    cudaFree(gathered_);
     cudaStreamDestroy(stream_);
   }
   CollectiveTimer(const CollectiveTimer&) = delete;
@@ -128,47 +135,49 @@ class CollectiveTimer {
 
   double seconds(size_t reduces) {
     cudaGraph_t graph = nullptr;
-    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capturing");
+    EXL3_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                    "timing the collectives: capturing");
     std::string err;
-    for (size_t i = 0; i < reduces && err.empty(); ++i) err = c_.all_reduce_sum_device(data_, n_, stream_);
-    if (err.empty() && gather_ > 0) err = c_.all_gather_device(data_, gathered_, gather_, stream_);
+    for (size_t i = 0; i < reduces && err.empty(); ++i)
+      err = c_.all_reduce_sum_device(data_.as<float>(), n_, stream_);
+    if (err.empty() && gather_ > 0)
+      err = c_.all_gather_device(data_.as<float>(), gathered_.as<float>(), gather_, stream_);
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     if (!err.empty()) {
       if (graph) cudaGraphDestroy(graph);
       fail("timing the collectives: {}", err);
     }
-    check(end, "capturing");
+    EXL3_CUDA_CHECK(end, "timing the collectives: capturing");
     const cudaError_t inst = cudaGraphInstantiate(&exec_, graph, 0);
     cudaGraphDestroy(graph);
-    check(inst, "instantiating");
+    EXL3_CUDA_CHECK(inst, "timing the collectives: instantiating");
     constexpr int kReps = 20;
-    check(cudaGraphLaunch(exec_, stream_), "warming up");  // NCCL sets up its connections here
+    EXL3_CUDA_CHECK(cudaGraphLaunch(exec_, stream_),
+                    "timing the collectives: warming up");  // NCCL sets up its connections here
     c_.wait(stream_, "timing the collectives");
-    check(cudaEventRecord(start_, stream_), "timing");
-    for (int i = 0; i < kReps; ++i) check(cudaGraphLaunch(exec_, stream_), "timing");
-    check(cudaEventRecord(stop_, stream_), "timing");
+    EXL3_CUDA_CHECK(cudaEventRecord(start_, stream_), "timing the collectives: timing");
+    for (int i = 0; i < kReps; ++i)
+      EXL3_CUDA_CHECK(cudaGraphLaunch(exec_, stream_), "timing the collectives: timing");
+    EXL3_CUDA_CHECK(cudaEventRecord(stop_, stream_), "timing the collectives: timing");
     c_.wait(stream_, "timing the collectives");
     float ms = 0.0f;
-    check(cudaEventElapsedTime(&ms, start_, stop_), "timing");
+    EXL3_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_), "timing the collectives: timing");
     return ms * 1e-3 / kReps;
   }
 
  private:
-  static void check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) fail("timing the collectives: {}: {}", what, cudaGetErrorString(e));
-  }
   NcclCommunicator& c_;
   size_t n_, gather_;
+  cuda::DeviceBuffer data_, gathered_;
   cudaStream_t stream_ = nullptr;
-  float* data_ = nullptr;
-  float* gathered_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
 };
 
 class CudaTpEngine final : public Engine {
  public:
-  CudaTpEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts) : spec_(std::move(spec)) {
+  CudaTpEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts)
+      : spec_(std::move(spec)) {
     const int tp = opts.tp;
     std::vector<int> devices;
     for (int r = 0; r < tp; ++r) devices.push_back(r);
@@ -183,8 +192,8 @@ class CudaTpEngine final : public Engine {
       threads_->run(
           [&](int r) {
             const auto ur = static_cast<size_t>(r);
-            const cudaError_t e = cudaSetDevice(comms_[ur]->device());
-            if (e != cudaSuccess) fail("tensor parallel: selecting GPU {}: {}", r, cudaGetErrorString(e));
+            EXL3_CUDA_CHECK(cudaSetDevice(comms_[ur]->device()),
+                            fmt::format("tensor parallel: selecting GPU {}", r));
             const CudaRank rank{&plan_, r, comms_[ur].get()};
             ranks_[ur] = make_cuda_engine(ckpt, spec_, opts, &rank);
           },
@@ -204,7 +213,8 @@ class CudaTpEngine final : public Engine {
     usable();
     const SeqId id = ranks_[0]->new_sequence();
     for (size_t r = 1; r < ranks_.size(); ++r) {
-      if (ranks_[r]->new_sequence() != id) fail("tensor parallel: rank {} KV cache lost step with rank 0", r);
+      if (ranks_[r]->new_sequence() != id)
+        fail("tensor parallel: rank {} KV cache lost step with rank 0", r);
     }
     return id;
   }
@@ -288,8 +298,10 @@ class CudaTpEngine final : public Engine {
 
   void usable() const {
     if (broken_) {
-      fail("tensor parallel: a rank failed during an earlier step and the NCCL group was aborted; the engine must be "
-           "loaded again");
+      fail(
+          "tensor parallel: a rank failed during an earlier step and the NCCL group was aborted; "
+          "the engine must be "
+          "loaded again");
     }
   }
 
@@ -303,7 +315,8 @@ class CudaTpEngine final : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> make_cuda_tp_engine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts) {
+std::unique_ptr<Engine> make_cuda_tp_engine(const Checkpoint& ckpt, ModelSpec spec,
+                                            const EngineOptions& opts) {
   return std::make_unique<CudaTpEngine>(ckpt, std::move(spec), opts);
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "cuda_buffers.hpp"
+#include "exl3/cuda/check.hpp"
 #include "exl3/cuda/model_ops.hpp"
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
@@ -17,12 +18,15 @@ namespace {
 
 constexpr size_t kAlign = 256;
 
-size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+size_t align_up(size_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
 
 }  // namespace
 
-GpuLinear GpuLinear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out, int64_t cap,
-                          bool fp32_weights, const OverlayDecision& overlay, OverlayReport* report) {
+GpuLinear GpuLinear::load(cuda::CudaContext& ctx, const Checkpoint& ckpt, const std::string& prefix,
+                          int64_t in, int64_t out, int64_t cap, bool fp32_weights,
+                          const OverlayDecision& overlay, OverlayReport* report) {
   GpuLinear l;
   l.in_ = in;
   l.out_ = out;
@@ -30,49 +34,52 @@ GpuLinear GpuLinear::load(const Checkpoint& ckpt, const std::string& prefix, int
   if (const Exl3LinearInfo* info = ckpt.find_linear(prefix)) {
     if (info->in_features < in || info->out_features < out || info->in_features - in >= 128 ||
         info->out_features - out >= 128) {
-      fail("{}: EXL3 linear '{}' is {} -> {}, expected {} -> {} from config.json", ckpt.path().string(), prefix,
-           info->in_features, info->out_features, in, out);
+      fail("{}: EXL3 linear '{}' is {} -> {}, expected {} -> {} from config.json",
+           ckpt.path().string(), prefix, info->in_features, info->out_features, in, out);
     }
     if (overlay.action == OverlayAction::kMxfp8) {
-      fail("{}: linear '{}' is EXL3; the MXFP8 overlay applies to unquantized linears only", ckpt.path().string(),
-           prefix);
+      fail("{}: linear '{}' is EXL3; the MXFP8 overlay applies to unquantized linears only",
+           ckpt.path().string(), prefix);
     }
     const Exl3LinearData data = Exl3LinearData::load(ckpt, prefix);
-    l.upload_exl3(cpu::LinearView::of(data), cap);
+    l.upload_exl3(ctx, cpu::LinearView::of(data), cap);
     return l;
   }
   if (!ckpt.store().contains(prefix + ".weight")) {
-    fail("{}: linear '{}' is missing (neither EXL3 '{}.trellis' nor unquantized '{}.weight')", ckpt.path().string(),
-         prefix, prefix, prefix);
+    fail("{}: linear '{}' is missing (neither EXL3 '{}.trellis' nor unquantized '{}.weight')",
+         ckpt.path().string(), prefix, prefix, prefix);
   }
   // The CPU engine's loader validates dtype and shape, reads stored MXFP8, applies the overlay
   // decision with the one MXFP8 codec and fills the report; only the upload differs here.
   const Linear host = Linear::load(ckpt, prefix, in, out, overlay, report);
   std::vector<float> bias;
-  if (ckpt.store().contains(prefix + ".bias")) bias = load_vector(ckpt.store(), prefix + ".bias", out);
+  if (ckpt.store().contains(prefix + ".bias"))
+    bias = load_vector(ckpt.store(), prefix + ".bias", out);
   if (const mxfp8::Weight* w = host.mxfp8_weight()) {
     cuda::Mxfp8Options mo;
     mo.max_m = cap;
-    l.mx_ = std::make_unique<cuda::Mxfp8LinearCuda>(*w, bias, cuda::mxfp8_options_from_env(mo));
+    l.mx_ =
+        std::make_unique<cuda::Mxfp8LinearCuda>(ctx, *w, bias, cuda::mxfp8_options_from_env(mo));
     l.mx_x_bytes_ = align_up(static_cast<size_t>(cap * in) * 2);
     l.stored_in_ = in;
     l.stored_out_ = out;
     l.bytes_ = l.mx_->weight_bytes() + bias.size() * 4;
     return l;
   }
-  return dense(ckpt.store(), prefix + ".weight", bias, cap, fp32_weights);
+  return dense(ctx, ckpt.store(), prefix + ".weight", bias, cap, fp32_weights);
 }
 
-GpuLinear GpuLinear::dense(const TensorStore& store, const std::string& tensor, const std::vector<float>& bias,
-                           int64_t cap, bool fp32_weights, Extent rows) {
+GpuLinear GpuLinear::dense(cuda::CudaContext& ctx, const TensorStore& store,
+                           const std::string& tensor, const std::vector<float>& bias, int64_t cap,
+                           bool fp32_weights, Extent rows) {
   const TensorRef* ref = store.find(tensor);
   if (ref == nullptr) fail("{}: tensor '{}' is missing", store.root().string(), tensor);
   if (ref->info->rank() != 2) fail("{}: tensor '{}' is not a matrix", ref->path().string(), tensor);
   const int64_t all_rows = ref->info->shape[0];
   if (rows.empty()) rows = {0, all_rows};
   if (rows.end() > all_rows) {
-    fail("{}: tensor '{}' has {} rows; rows [{}, {}) were asked for", ref->path().string(), tensor, all_rows,
-         rows.begin, rows.end());
+    fail("{}: tensor '{}' has {} rows; rows [{}, {}) were asked for", ref->path().string(), tensor,
+         all_rows, rows.begin, rows.end());
   }
   GpuLinear l;
   l.name_ = tensor;
@@ -82,34 +89,38 @@ GpuLinear GpuLinear::dense(const TensorStore& store, const std::string& tensor, 
   const auto bytes = ref->bytes();
   const size_t row_bytes = static_cast<size_t>(l.in_) * cuda::dtype_size(t);
   // A copy: the mapping may be unaligned for the element type.
-  std::vector<std::byte> aligned(bytes.begin() + static_cast<std::ptrdiff_t>(rows.begin * row_bytes),
-                                 bytes.begin() + static_cast<std::ptrdiff_t>(rows.end() * row_bytes));
-  l.dense_ = std::make_unique<cuda::DenseLinearCuda>(tensor, aligned.data(), t, l.in_, l.out_,
-                                                     bias.empty() ? nullptr : bias.data(), cap, fp32_weights);
+  std::vector<std::byte> aligned(
+      bytes.begin() + static_cast<std::ptrdiff_t>(rows.begin * row_bytes),
+      bytes.begin() + static_cast<std::ptrdiff_t>(rows.end() * row_bytes));
+  l.dense_ = std::make_unique<cuda::DenseLinearCuda>(ctx, tensor, aligned.data(), t, l.in_, l.out_,
+                                                     bias.empty() ? nullptr : bias.data(), cap,
+                                                     fp32_weights);
   l.bytes_ = l.dense_->device_bytes();
   return l;
 }
 
-GpuLinear GpuLinear::from_rank(const RankLinear& r, const std::string& name, int64_t out_offset, int64_t out,
-                               int64_t cap, exl3::DType stored) {
+GpuLinear GpuLinear::from_rank(cuda::CudaContext& ctx, const RankLinear& r, const std::string& name,
+                               int64_t out_offset, int64_t out, int64_t cap, exl3::DType stored) {
   GpuLinear l;
   l.name_ = name;
   l.in_ = r.in_features();
   l.out_ = out;
   l.out_offset_ = out_offset;
   if (l.in_ <= 0 || l.out_ <= 0 || out_offset < 0 || out_offset + out > r.out_features()) {
-    fail("{}: this rank's slice is {} -> {} (columns {}..{} kept); the CUDA tensor-parallel engine needs every rank "
-         "to hold part of every linear (hint: use a smaller --tp)",
-         name, r.in_features(), r.out_features(), out_offset, out_offset + out);
+    fail(
+        "{}: this rank's slice is {} -> {} (columns {}..{} kept); the CUDA tensor-parallel engine "
+        "needs every rank "
+        "to hold part of every linear (hint: use a smaller --tp)",
+        name, r.in_features(), r.out_features(), out_offset, out_offset + out);
   }
   if (const Exl3Slice* s = r.exl3()) {
-    l.upload_exl3(s->view, cap);
+    l.upload_exl3(ctx, s->view, cap);
     return l;
   }
   const DenseMatrix* d = r.dense();
   if (d == nullptr || out_offset != 0 || out != r.out_features()) {
-    fail("{}: an unquantized rank slice must be kept whole ({} -> {}, columns {}..{} asked for)", name,
-         r.in_features(), r.out_features(), out_offset, out_offset + out);
+    fail("{}: an unquantized rank slice must be kept whole ({} -> {}, columns {}..{} asked for)",
+         name, r.in_features(), r.out_features(), out_offset, out_offset + out);
   }
   const auto w = d->to_f32();
   const auto bias = r.bias();
@@ -123,23 +134,24 @@ GpuLinear GpuLinear::from_rank(const RankLinear& r, const std::string& name, int
   if (stored == exl3::DType::kBF16 || stored == exl3::DType::kF16) {
     half.resize(w.size());
     for (size_t i = 0; i < w.size(); ++i) {
-      half[i] = stored == exl3::DType::kBF16 ? trellis::float_to_bf16(w[i]) : trellis::float_to_half(w[i]);
+      half[i] = stored == exl3::DType::kBF16 ? trellis::float_to_bf16(w[i])
+                                             : trellis::float_to_half(w[i]);
     }
     host = half.data();
     t = stored == exl3::DType::kBF16 ? cuda::DType::kBF16 : cuda::DType::kF16;
   }
-  l.dense_ = std::make_unique<cuda::DenseLinearCuda>(name, host, t, l.in_, l.out_, bias.empty() ? nullptr : bias.data(),
-                                                     cap, false);
+  l.dense_ = std::make_unique<cuda::DenseLinearCuda>(
+      ctx, name, host, t, l.in_, l.out_, bias.empty() ? nullptr : bias.data(), cap, false);
   l.bytes_ = l.dense_->device_bytes();
   return l;
 }
 
-void GpuLinear::upload_exl3(const cpu::LinearView& v, int64_t cap) {
+void GpuLinear::upload_exl3(cuda::CudaContext& ctx, const cpu::LinearView& v, int64_t cap) {
   cuda::LinearOptions lo;
   lo.max_m = cap;
-  exl3_ = std::make_unique<cuda::Exl3LinearCuda>(name_.c_str(), v.trellis.data(), v.in_features, v.out_features, v.bits,
-                                                 v.codebook, v.suh.data(), v.svh.data(),
-                                                 v.bias.empty() ? nullptr : v.bias.data(), lo);
+  exl3_ = std::make_unique<cuda::Exl3LinearCuda>(
+      ctx, name_.c_str(), v.trellis.data(), v.in_features, v.out_features, v.bits, v.codebook,
+      v.suh.data(), v.svh.data(), v.bias.empty() ? nullptr : v.bias.data(), lo);
   stored_in_ = v.in_features;
   stored_out_ = v.out_features;
   bytes_ = v.trellis.size() * 2 + (v.suh.size() + v.svh.size()) * 2;
@@ -154,31 +166,42 @@ void GpuLinear::run(const float* x, float* y, int64_t m, void* ws, size_t ws_siz
                     cudaStream_t stream) const {
   if (mx_) {
     if (m < 1 || m > mx_->options().max_m || ws == nullptr || ws_size < mx_x_bytes_) {
-      check(cudaErrorInvalidValue, fmt::format("{} ({} rows, {} workspace bytes)", name_, m, ws_size));
+      fail(
+          "{} ({} rows, {} workspace bytes): the MXFP8 linear takes 1..{} rows and at least {} "
+          "workspace bytes",
+          name_, m, ws_size, mx_->options().max_m, mx_x_bytes_);
     }
     auto* xb = static_cast<char*>(ws);
-    check(cuda::convert_rows(x, in_, xb, cuda::DType::kBF16, in_, m, in_, stream), name_ + " (BF16 input)");
-    check(mx_->run(xb, y, cuda::DType::kF32, m, xb + mx_x_bytes_, ws_size - mx_x_bytes_, stream), name_);
+    EXL3_CUDA_CHECK(cuda::convert_rows(x, in_, xb, cuda::DType::kBF16, in_, m, in_, stream),
+                    name_ + " (BF16 input)");
+    EXL3_CUDA_CHECK(
+        mx_->run(xb, y, cuda::DType::kF32, m, xb + mx_x_bytes_, ws_size - mx_x_bytes_, stream),
+        name_);
     return;
   }
   if (dense_) {
-    check(dense_->run(x, y, m, ws, ws_size, stream), name_);
+    EXL3_CUDA_CHECK(dense_->run(x, y, m, ws, ws_size, stream), name_);
     return;
   }
   const float* xin = x;
   if (stored_in_ != in_) {  // zero-pad the input columns
-    check(cudaMemsetAsync(pads.in, 0, static_cast<size_t>(m * stored_in_) * 4, stream), name_ + " (pad)");
-    check(cudaMemcpy2DAsync(pads.in, static_cast<size_t>(stored_in_) * 4, x, static_cast<size_t>(in_) * 4,
-                            static_cast<size_t>(in_) * 4, static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
-          name_ + " (pad)");
+    EXL3_CUDA_CHECK(cudaMemsetAsync(pads.in, 0, static_cast<size_t>(m * stored_in_) * 4, stream),
+                    name_ + " (pad)");
+    EXL3_CUDA_CHECK(cudaMemcpy2DAsync(pads.in, static_cast<size_t>(stored_in_) * 4, x,
+                                      static_cast<size_t>(in_) * 4, static_cast<size_t>(in_) * 4,
+                                      static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
+                    name_ + " (pad)");
     xin = pads.in;
   }
   float* yout = stored_out_ != out_ ? pads.out : y;
-  check(exl3_->run(xin, cuda::DType::kF32, yout, cuda::DType::kF32, m, ws, ws_size, stream), name_);
+  EXL3_CUDA_CHECK(
+      exl3_->run(xin, cuda::DType::kF32, yout, cuda::DType::kF32, m, ws, ws_size, stream), name_);
   if (yout != y) {
-    check(cudaMemcpy2DAsync(y, static_cast<size_t>(out_) * 4, yout + out_offset_, static_cast<size_t>(stored_out_) * 4,
-                            static_cast<size_t>(out_) * 4, static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
-          name_ + " (trim)");
+    EXL3_CUDA_CHECK(
+        cudaMemcpy2DAsync(y, static_cast<size_t>(out_) * 4, yout + out_offset_,
+                          static_cast<size_t>(stored_out_) * 4, static_cast<size_t>(out_) * 4,
+                          static_cast<size_t>(m), cudaMemcpyDeviceToDevice, stream),
+        name_ + " (trim)");
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/context.hpp"
 #include "exl3/cuda/dense_linear.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/cuda/mxfp8.hpp"
@@ -39,21 +40,25 @@ class GpuLinear {
   // [+ `.bias`] as config.json's in -> out. fp32_weights keeps an unquantized weight in fp32
   // (routers). cap: the most rows run() gets. Non-EXL3 linears go through the CPU engine's
   // Linear::load with `overlay` and `report`, so both engines check, convert (same MXFP8 codec)
-  // and report exactly alike; an MXFP8 result is uploaded as Mxfp8LinearCuda.
-  static GpuLinear load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out, int64_t cap,
-                        bool fp32_weights = false, const OverlayDecision& overlay = {},
-                        OverlayReport* report = nullptr);
+  // and report exactly alike; an MXFP8 result is uploaded as Mxfp8LinearCuda. Every factory
+  // takes the engine's CudaContext (the cuBLAS handle and workspace), which must outlive the
+  // linear.
+  static GpuLinear load(cuda::CudaContext& ctx, const Checkpoint& ckpt, const std::string& prefix,
+                        int64_t in, int64_t out, int64_t cap, bool fp32_weights = false,
+                        const OverlayDecision& overlay = {}, OverlayReport* report = nullptr);
   // An unquantized [out, in] matrix tensor (also the tied embedding as the head); `rows`, when
   // not empty, keeps only those output rows (a rank's vocabulary).
-  static GpuLinear dense(const TensorStore& store, const std::string& tensor, const std::vector<float>& bias,
-                         int64_t cap, bool fp32_weights, Extent rows = {});
+  static GpuLinear dense(cuda::CudaContext& ctx, const TensorStore& store,
+                         const std::string& tensor, const std::vector<float>& bias, int64_t cap,
+                         bool fp32_weights, Extent rows = {});
   // One rank's slice (not empty: the CUDA TP engine refuses plans that leave a rank without
   // heads or channels). out_offset: the first output column this rank keeps of the slice (k/v
   // slices that cover whole blocks around the rank's heads); out(): `out` columns from there.
   // An unquantized slice (fp32 on the host) goes up in `stored`, the checkpoint tensor's dtype,
   // so a rank computes with the same weights as the unsliced engine.
-  static GpuLinear from_rank(const RankLinear& r, const std::string& name, int64_t out_offset, int64_t out,
-                             int64_t cap, exl3::DType stored = exl3::DType::kF32);
+  static GpuLinear from_rank(cuda::CudaContext& ctx, const RankLinear& r, const std::string& name,
+                             int64_t out_offset, int64_t out, int64_t cap,
+                             exl3::DType stored = exl3::DType::kF32);
 
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
@@ -65,11 +70,12 @@ class GpuLinear {
   size_t workspace_bytes() const;
 
   // y[m, out] = x[m, in] (both fp32, packed rows).
-  void run(const float* x, float* y, int64_t m, void* ws, size_t ws_size, const Pads& pads, cudaStream_t stream) const;
+  void run(const float* x, float* y, int64_t m, void* ws, size_t ws_size, const Pads& pads,
+           cudaStream_t stream) const;
 
  private:
   // The EXL3 linear `v` (stored dims) on the device, as name_.
-  void upload_exl3(const cpu::LinearView& v, int64_t cap);
+  void upload_exl3(cuda::CudaContext& ctx, const cpu::LinearView& v, int64_t cap);
 
   std::string name_;
   int64_t in_ = 0, out_ = 0, stored_in_ = 0, stored_out_ = 0, out_offset_ = 0;

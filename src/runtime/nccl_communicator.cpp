@@ -5,14 +5,15 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
 #include <nccl.h>
 
 #include "exl3/error.hpp"
+#include "nccl_check.hpp"
 
 namespace exl3::runtime {
 
@@ -49,13 +50,9 @@ struct NcclGroupState {
 
 namespace {
 
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("tensor parallel (NCCL): {}: {}", what, cudaGetErrorString(e));
-}
-
 std::string nccl_message(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return {};
-  return fmt::format("{}: {}", what, ncclGetErrorString(r));
+  return fmt::format("{}: {}", what, cuda::detail::describe(r));
 }
 
 }  // namespace
@@ -65,7 +62,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclGroupState> group, int ra
 
 NcclCommunicator::~NcclCommunicator() {
   cudaSetDevice(device());
-  if (staging_ != nullptr) cudaFree(staging_);
+  staging_.reset();  // on the rank's device, before its stream and communicator go
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   ncclComm_t c = nullptr;
   {
@@ -76,50 +73,64 @@ NcclCommunicator::~NcclCommunicator() {
   if (c != nullptr) ncclCommDestroy(c);
 }
 
-int NcclCommunicator::size() const { return static_cast<int>(group_->devices.size()); }
-int NcclCommunicator::device() const { return group_->devices[static_cast<size_t>(rank_)]; }
-bool NcclCommunicator::aborted() const { return group_->aborted.load(); }
-
-void NcclCommunicator::abort() noexcept { group_->abort_all(); }
-
-void NcclCommunicator::stage(size_t floats) {
-  check_cuda(cudaSetDevice(device()), "selecting the rank's device");
-  if (stream_ == nullptr) check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
-  if (floats <= staging_floats_) return;
-  if (staging_ != nullptr) cudaFree(staging_);
-  staging_ = nullptr;
-  staging_floats_ = 0;
-  check_cuda(cudaMalloc(&staging_, floats * sizeof(float)), "allocating the staging buffer");
-  staging_floats_ = floats;
+int NcclCommunicator::size() const {
+  return static_cast<int>(group_->devices.size());
+}
+int NcclCommunicator::device() const {
+  return group_->devices[static_cast<size_t>(rank_)];
+}
+bool NcclCommunicator::aborted() const {
+  return group_->aborted.load();
 }
 
-std::string NcclCommunicator::all_reduce_sum_device(float* data, size_t count, cudaStream_t stream) {
+void NcclCommunicator::abort() noexcept {
+  group_->abort_all();
+}
+
+void NcclCommunicator::stage(size_t floats) {
+  EXL3_CUDA_CHECK(cudaSetDevice(device()), "selecting the rank's device");
+  if (stream_ == nullptr)
+    EXL3_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                    "creating a stream");
+  if (floats <= staging_.count<float>()) return;
+  staging_.reset();  // free the old buffer before allocating the larger one
+  staging_ = cuda::DeviceBuffer::of<float>(floats, "the NCCL staging buffer");
+}
+
+std::string NcclCommunicator::all_reduce_sum_device(float* data, size_t count,
+                                                    cudaStream_t stream) {
   if (aborted()) return "the rank group was aborted (another rank failed)";
-  return nccl_message(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, group_->comms[static_cast<size_t>(rank_)],
-                                    stream),
+  return nccl_message(ncclAllReduce(data, data, count, ncclFloat32, ncclSum,
+                                    group_->comms[static_cast<size_t>(rank_)], stream),
                       "all-reduce");
 }
 
-std::string NcclCommunicator::all_gather_device(const float* send, float* recv, size_t count, cudaStream_t stream) {
+std::string NcclCommunicator::all_gather_device(const float* send, float* recv, size_t count,
+                                                cudaStream_t stream) {
   if (aborted()) return "the rank group was aborted (another rank failed)";
-  return nccl_message(
-      ncclAllGather(send, recv, count, ncclFloat32, group_->comms[static_cast<size_t>(rank_)], stream), "all-gather");
+  return nccl_message(ncclAllGather(send, recv, count, ncclFloat32,
+                                    group_->comms[static_cast<size_t>(rank_)], stream),
+                      "all-gather");
 }
 
 void NcclCommunicator::wait(cudaStream_t stream, const std::string& what) {
   // Spin briefly (a decode step's tail is microseconds), then back off.
   const auto start = std::chrono::steady_clock::now();
   while (true) {
-    const cudaError_t e = cudaStreamQuery(stream);
-    if (e == cudaSuccess) return;
-    if (e != cudaErrorNotReady) fail("tensor parallel rank {}: {}: {}", rank_, what, cudaGetErrorString(e));
-    if (aborted()) fail("tensor parallel rank {}: {}: another rank failed and the rank group was aborted", rank_, what);
+    const cudaError_t query = cudaStreamQuery(stream);
+    if (query == cudaSuccess) return;
+    if (query != cudaErrorNotReady) {
+      EXL3_CUDA_CHECK(query, fmt::format("tensor parallel rank {}: {}", rank_, what));
+    }
+    if (aborted())
+      fail("tensor parallel rank {}: {}: another rank failed and the rank group was aborted", rank_,
+           what);
     ncclComm_t c = group_->comms[static_cast<size_t>(rank_)];
     ncclResult_t async = ncclSuccess;
     if (c != nullptr && ncclCommGetAsyncError(c, &async) == ncclSuccess && async != ncclSuccess &&
         async != ncclInProgress) {
       group_->abort_all();
-      fail("tensor parallel rank {}: {}: NCCL failed: {}", rank_, what, ncclGetErrorString(async));
+      EXL3_CUDA_CHECK(async, fmt::format("tensor parallel rank {}: {}", rank_, what));
     }
     if (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(2)) {
       std::this_thread::yield();
@@ -134,30 +145,38 @@ void NcclCommunicator::all_gather(std::span<const float> send, std::span<float> 
   // Agree on the count first: mismatched counts would make NCCL read past buffers or hang.
   stage(std::max<size_t>(total, static_cast<size_t>(size()) * 2));
   const auto mine = static_cast<uint64_t>(n);
-  auto* counts = reinterpret_cast<uint64_t*>(staging_);
-  check_cuda(cudaMemcpyAsync(counts + rank_, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream_), "staging");
-  const auto r = ncclAllGather(counts + rank_, counts, 1, ncclUint64, group_->comms[static_cast<size_t>(rank_)], stream_);
-  if (r != ncclSuccess) fail("tensor parallel rank {}: all-gather of the counts: {}", rank_, ncclGetErrorString(r));
+  auto* counts = staging_.as<uint64_t>();
+  EXL3_CUDA_CHECK(
+      cudaMemcpyAsync(counts + rank_, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream_),
+      "staging");
+  EXL3_CUDA_CHECK(ncclAllGather(counts + rank_, counts, 1, ncclUint64,
+                                group_->comms[static_cast<size_t>(rank_)], stream_),
+                  fmt::format("tensor parallel rank {}: all-gather of the counts", rank_));
   std::vector<uint64_t> all(static_cast<size_t>(size()));
-  check_cuda(cudaMemcpyAsync(all.data(), counts, all.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream_),
-             "reading the counts");
+  EXL3_CUDA_CHECK(cudaMemcpyAsync(all.data(), counts, all.size() * sizeof(uint64_t),
+                                  cudaMemcpyDeviceToHost, stream_),
+                  "reading the counts");
   wait(stream_, "all-gather");
   for (int q = 0; q < size(); ++q) {
     if (all[static_cast<size_t>(q)] != mine) {
-      fail("tensor parallel: all_gather counts differ: rank {} sends {}, rank {} sends {}", rank_, mine, q,
-           all[static_cast<size_t>(q)]);
+      fail("tensor parallel: all_gather counts differ: rank {} sends {}, rank {} sends {}", rank_,
+           mine, q, all[static_cast<size_t>(q)]);
     }
   }
   if (recv.size() != total) {
-    fail("tensor parallel rank {}: all_gather receive buffer holds {} floats, expected {}", rank_, recv.size(), total);
+    fail("tensor parallel rank {}: all_gather receive buffer holds {} floats, expected {}", rank_,
+         recv.size(), total);
   }
   if (n == 0) return;
-  check_cuda(cudaMemcpyAsync(staging_ + rank_ * n, send.data(), n * sizeof(float), cudaMemcpyHostToDevice, stream_),
-             "staging");
-  const std::string err = all_gather_device(staging_ + rank_ * n, staging_, n, stream_);
+  EXL3_CUDA_CHECK(cudaMemcpyAsync(staging_.as<float>() + rank_ * n, send.data(), n * sizeof(float),
+                                  cudaMemcpyHostToDevice, stream_),
+                  "staging");
+  const std::string err =
+      all_gather_device(staging_.as<float>() + rank_ * n, staging_.as<float>(), n, stream_);
   if (!err.empty()) fail("tensor parallel rank {}: {}", rank_, err);
-  check_cuda(cudaMemcpyAsync(recv.data(), staging_, total * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-             "reading the gathered data");
+  EXL3_CUDA_CHECK(cudaMemcpyAsync(recv.data(), staging_.as<float>(), total * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream_),
+                  "reading the gathered data");
   wait(stream_, "all-gather");
 }
 
@@ -179,12 +198,15 @@ std::vector<std::unique_ptr<NcclCommunicator>> make_nccl_group(const std::vector
   if (devices.empty()) fail("tensor parallel: no devices given");
   for (size_t i = 0; i < devices.size(); ++i) {
     if (devices[i] < 0 || devices[i] >= visible) {
-      fail("tensor parallel: rank {} needs CUDA device {}, but {} device(s) are visible; hint: --tp at most {} here "
-           "(CUDA_VISIBLE_DEVICES selects which)",
-           i, devices[i], visible, visible);
+      fail(
+          "tensor parallel: rank {} needs CUDA device {}, but {} device(s) are visible; hint: --tp "
+          "at most {} here "
+          "(CUDA_VISIBLE_DEVICES selects which)",
+          i, devices[i], visible, visible);
     }
     for (size_t j = 0; j < i; ++j) {
-      if (devices[j] == devices[i]) fail("tensor parallel: ranks {} and {} both name device {}", j, i, devices[i]);
+      if (devices[j] == devices[i])
+        fail("tensor parallel: ranks {} and {} both name device {}", j, i, devices[i]);
     }
   }
   // Connect every channel at creation rather than on first use: the engine's first use of a
@@ -193,14 +215,14 @@ std::vector<std::unique_ptr<NcclCommunicator>> make_nccl_group(const std::vector
   auto state = std::make_shared<NcclGroupState>();
   state->devices = devices;
   state->comms.assign(devices.size(), nullptr);
-  const ncclResult_t r = ncclCommInitAll(state->comms.data(), static_cast<int>(devices.size()), devices.data());
-  if (r != ncclSuccess) {
-    fail("tensor parallel: creating the NCCL communicators over {} GPU(s) failed: {}; hint: NCCL_DEBUG=WARN prints "
-         "why",
-         devices.size(), ncclGetErrorString(r));
-  }
+  EXL3_CUDA_CHECK(
+      ncclCommInitAll(state->comms.data(), static_cast<int>(devices.size()), devices.data()),
+      fmt::format("tensor parallel: creating the NCCL communicators over {} GPU(s) (hint: "
+                  "NCCL_DEBUG=WARN prints why)",
+                  devices.size()));
   std::vector<std::unique_ptr<NcclCommunicator>> out;
-  for (size_t i = 0; i < devices.size(); ++i) out.push_back(std::make_unique<NcclCommunicator>(state, static_cast<int>(i)));
+  for (size_t i = 0; i < devices.size(); ++i)
+    out.push_back(std::make_unique<NcclCommunicator>(state, static_cast<int>(i)));
   return out;
 }
 

@@ -12,10 +12,10 @@
 #include <gtest/gtest.h>
 
 #include "../runtime/runtime_test_util.hpp"
-#include "cuda_check.hpp"
 #include "exl3/error.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace exl3::runtime {
@@ -31,11 +31,10 @@ EngineOptions cuda_options(int64_t max_batch_tokens = 2048, bool graphs = true) 
   return eo;
 }
 
-
 // Relative L2 of CUDA vs CPU logits, and the positions whose argmax differ although the CPU's
 // top-2 margin is clear (ties within noise may flip).
-void expect_matches_cpu(const std::filesystem::path& model, const std::vector<int32_t>& ids, double tol,
-                        const char* label) {
+void expect_matches_cpu(const std::filesystem::path& model, const std::vector<int32_t>& ids,
+                        double tol, const char* label) {
   auto cpu = load_engine(model);
   auto gpu = load_engine(model, cuda_options());
   const auto want = forward_logits(*cpu, ids);
@@ -80,8 +79,11 @@ TEST_P(CudaArchTest, MatchesCpu) {
 const Case kCases[] = {
     {"llama_tied", HfArch::kLlama, nlohmann::json::object(), true},
     {"qwen2_bias", HfArch::kQwen2, nlohmann::json::object(), false},
-    {"qwen3_yarn", HfArch::kQwen3,
-     {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}}}}, false},
+    {"qwen3_yarn",
+     HfArch::kQwen3,
+     {{"rope_scaling",
+       {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}}}},
+     false},
     {"qwen3moe", HfArch::kQwen3Moe, nlohmann::json::object(), false},
     {"glm4moe_grouped", HfArch::kGlm4Moe, {{"n_group", 2}, {"topk_group", 1}}, false},
 };
@@ -94,7 +96,8 @@ TEST(CudaEngine, DecodeBatchGraphsAndChunks) {
   EXL3_REQUIRE_GPU();
   EXL3_REQUIRE_CONFORMANCE(dir);
   const auto model = test::tiny_model(dir);
-  const std::vector<int32_t> ids = {40, 41, 300, 7, 99, 12, 500, 3, 3, 250, 128, 64, 9, 77, 1, 2, 180, 181};
+  const std::vector<int32_t> ids = {40,  41,  300, 7, 99, 12, 500, 3,   3,
+                                    250, 128, 64,  9, 77, 1,  2,   180, 181};
   auto graphs = load_engine(model, cuda_options());
   auto eager = load_engine(model, cuda_options(2048, false));
   const auto full = forward_logits(*graphs, ids);
@@ -131,7 +134,9 @@ TEST(CudaEngine, DecodeBatchGraphsAndChunks) {
   };
   EXPECT_LE(exl3::test::rel_l2(out[0], row(6)), 1e-3);
   EXPECT_LE(exl3::test::rel_l2(out[2], row(9)), 1e-3);
-  EXPECT_LE(exl3::test::rel_l2(out[1], std::vector<float>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(7 * vocab))),
+  EXPECT_LE(exl3::test::rel_l2(
+                out[1], std::vector<float>(full.begin(),
+                                           full.begin() + static_cast<std::ptrdiff_t>(7 * vocab))),
             1e-3);
 
   // Chunks of 4 tokens (prefill split over 5 passes) vs one pass.
@@ -153,7 +158,8 @@ TEST(CudaEngine, BadInputFailsClearly) {
   auto e = load_engine(test::tiny_model(dir), cuda_options());
   const auto s = e->new_sequence();
   const std::vector<int32_t> bad = {1, 100000};
-  EXPECT_THAT([&] { e->forward(s, bad); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr("outside the vocabulary")));
+  EXPECT_THAT([&] { e->forward(s, bad); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("outside the vocabulary")));
   const std::vector<int32_t> huge(600, 5);
   EXPECT_THROW(e->forward(s, huge), Error);
   EXPECT_EQ(e->sequence_length(s), 0);

@@ -7,18 +7,22 @@
 
 #include <gtest/gtest.h>
 
-#include "cuda_check.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/hadamard.hpp"
 #include "exl3/trellis/hadamard.hpp"
 #include "exl3/trellis/half.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace {
 
 namespace tr = exl3::trellis;
+using exl3::cuda::DeviceBuffer;
 using exl3::cuda::DType;
 
-size_t esize(DType t) { return t == DType::kF32 ? 4 : 2; }
+size_t esize(DType t) {
+  return t == DType::kF32 ? 4 : 2;
+}
 
 // Host bytes of `v` in dtype t, and back to float.
 std::vector<char> encode(const std::vector<float>& v, DType t) {
@@ -57,10 +61,13 @@ TEST(CudaHadamard, RowsMatchFp64AllDtypesAndScales) {
             std::vector<float> x(static_cast<size_t>(rows * cols));
             for (auto& v : x) v = nd(rng);
             const auto xb = encode(x, in);
-            for (size_t i = 0; i < x.size(); ++i) x[i] = decode_one(xb.data() + i * esize(in), in);  // as stored
+            for (size_t i = 0; i < x.size(); ++i)
+              x[i] = decode_one(xb.data() + i * esize(in), in);  // as stored
             std::vector<uint16_t> pre(static_cast<size_t>(cols)), post(static_cast<size_t>(cols));
-            for (auto& v : pre) v = tr::float_to_half((rng() & 1 ? -1.f : 1.f) * (0.5f + 0.5f * std::fabs(nd(rng))));
-            for (auto& v : post) v = tr::float_to_half((rng() & 1 ? -1.f : 1.f) * (0.5f + 0.5f * std::fabs(nd(rng))));
+            for (auto& v : pre)
+              v = tr::float_to_half((rng() & 1 ? -1.f : 1.f) * (0.5f + 0.5f * std::fabs(nd(rng))));
+            for (auto& v : post)
+              v = tr::float_to_half((rng() & 1 ? -1.f : 1.f) * (0.5f + 0.5f * std::fabs(nd(rng))));
 
             std::vector<double> ref(x.size());
             for (int64_t r = 0; r < rows; ++r) {
@@ -71,26 +78,23 @@ TEST(CudaHadamard, RowsMatchFp64AllDtypesAndScales) {
                 }
                 tr::had128_inplace(chunk);
                 for (int j = 0; j < 128; ++j) {
-                  ref[r * cols + c0 + j] = chunk[j] * (scaled ? tr::half_to_float(post[c0 + j]) : 1.0);
+                  ref[r * cols + c0 + j] =
+                      chunk[j] * (scaled ? tr::half_to_float(post[c0 + j]) : 1.0);
                 }
               }
             }
 
-            void *dx, *dy;
-            uint16_t *dpre, *dpost;
-            EXL3_CUDA_OK(cudaMalloc(&dx, xb.size()));
-            EXL3_CUDA_OK(cudaMalloc(&dy, x.size() * esize(out)));
-            EXL3_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&dpre), pre.size() * 2));
-            EXL3_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&dpost), post.size() * 2));
-            EXL3_CUDA_OK(cudaMemcpy(dx, xb.data(), xb.size(), cudaMemcpyHostToDevice));
-            EXL3_CUDA_OK(cudaMemcpy(dpre, pre.data(), pre.size() * 2, cudaMemcpyHostToDevice));
-            EXL3_CUDA_OK(cudaMemcpy(dpost, post.data(), post.size() * 2, cudaMemcpyHostToDevice));
-            EXL3_CUDA_OK(cudaMemset(dy, 0xFF, x.size() * esize(out)));  // NaN poison
-            EXL3_CUDA_OK(exl3::cuda::hadamard128_rows(dx, in, dy, out, rows, cols, scaled ? dpre : nullptr,
-                                                      scaled ? dpost : nullptr, nullptr));
-            EXL3_CUDA_OK(cudaDeviceSynchronize());
+            const auto dx = DeviceBuffer::upload(xb, "x");
+            const DeviceBuffer dy(x.size() * esize(out), "y");
+            const auto dpre = DeviceBuffer::upload(pre, "pre");
+            const auto dpost = DeviceBuffer::upload(post, "post");
+            EXL3_CUDA_CHECK(cudaMemset(dy.get(), 0xFF, dy.bytes()));  // NaN poison
+            EXL3_CUDA_CHECK(exl3::cuda::hadamard128_rows(
+                dx.get(), in, dy.get(), out, rows, cols, scaled ? dpre.as<uint16_t>() : nullptr,
+                scaled ? dpost.as<uint16_t>() : nullptr, nullptr));
+            EXL3_CUDA_CHECK(cudaDeviceSynchronize());
             std::vector<char> yb(x.size() * esize(out));
-            EXL3_CUDA_OK(cudaMemcpy(yb.data(), dy, yb.size(), cudaMemcpyDeviceToHost));
+            EXL3_CUDA_CHECK(cudaMemcpy(yb.data(), dy.get(), yb.size(), cudaMemcpyDeviceToHost));
             double num = 0, den = 0;
             for (size_t i = 0; i < x.size(); ++i) {
               const double d = decode_one(yb.data() + i * esize(out), out) - ref[i];
@@ -98,12 +102,9 @@ TEST(CudaHadamard, RowsMatchFp64AllDtypesAndScales) {
               den += ref[i] * ref[i];
             }
             const double tol = out == DType::kBF16 ? 8e-3 : (out == DType::kF16 ? 1e-3 : 1e-6);
-            EXPECT_LE(std::sqrt(num / den), tol) << rows << "x" << cols << " in " << static_cast<int>(in) << " out "
-                                                 << static_cast<int>(out) << " scaled " << scaled;
-            cudaFree(dx);
-            cudaFree(dy);
-            cudaFree(dpre);
-            cudaFree(dpost);
+            EXPECT_LE(std::sqrt(num / den), tol)
+                << rows << "x" << cols << " in " << static_cast<int>(in) << " out "
+                << static_cast<int>(out) << " scaled " << scaled;
           }
         }
       }
@@ -114,11 +115,14 @@ TEST(CudaHadamard, RowsMatchFp64AllDtypesAndScales) {
 TEST(CudaHadamard, RejectsBadShapes) {
   EXL3_REQUIRE_GPU();
   float buf[4];
-  EXPECT_EQ(exl3::cuda::hadamard128_rows(buf, DType::kF32, buf, DType::kF32, 1, 100, nullptr, nullptr, nullptr),
+  EXPECT_EQ(exl3::cuda::hadamard128_rows(buf, DType::kF32, buf, DType::kF32, 1, 100, nullptr,
+                                         nullptr, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(exl3::cuda::hadamard128_rows(buf, DType::kF32, buf, DType::kF32, 0, 128, nullptr, nullptr, nullptr),
+  EXPECT_EQ(exl3::cuda::hadamard128_rows(buf, DType::kF32, buf, DType::kF32, 0, 128, nullptr,
+                                         nullptr, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(exl3::cuda::hadamard128_rows(nullptr, DType::kF32, buf, DType::kF32, 1, 128, nullptr, nullptr, nullptr),
+  EXPECT_EQ(exl3::cuda::hadamard128_rows(nullptr, DType::kF32, buf, DType::kF32, 1, 128, nullptr,
+                                         nullptr, nullptr),
             cudaErrorInvalidValue);
 }
 

@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "../format/format_test_util.hpp"
-#include "cuda_check.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/moe.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -20,26 +20,22 @@
 #include "exl3/moe/router.hpp"
 #include "exl3/moe/synthetic.hpp"
 #include "exl3/moe/weights.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace {
 
+using exl3::cuda::DeviceBuffer;
 using exl3::cuda::DType;
 using exl3::cuda::MoeLayerCuda;
 using exl3::cuda::MoeOptions;
 namespace moe = exl3::moe;
 
+// `count` elements of T on the device plus 16 bytes of slack past the end.
 template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T) + 16) != cudaSuccess) p = nullptr;
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
+DeviceBuffer slack_buffer(size_t count) {
+  return DeviceBuffer(count * sizeof(T) + 16, "a test buffer");
+}
 
 struct Fixture {
   exl3::test::TempDir dir;
@@ -48,8 +44,9 @@ struct Fixture {
 };
 
 // A one-layer synthetic checkpoint (layer 1), loaded for rank 0.
-std::unique_ptr<Fixture> make_layer(moe::RotationLayout layout, std::vector<int> expert_bits, int bits, int experts,
-                                    int tp = 1, int64_t H = 256, int64_t I = 256) {
+std::unique_ptr<Fixture> make_layer(moe::RotationLayout layout, std::vector<int> expert_bits,
+                                    int bits, int experts, int tp = 1, int64_t H = 256,
+                                    int64_t I = 256) {
   auto f = std::make_unique<Fixture>();
   moe::SyntheticMoeSpec spec;
   spec.hidden_size = H;
@@ -96,44 +93,50 @@ std::vector<float> random_x(int64_t n, std::mt19937_64& rng) {
 std::vector<float> run_gpu(const MoeLayerCuda& L, const std::vector<float>& x, const moe::TopK& r,
                            cudaGraphExec_t* replay = nullptr) {
   const int64_t H = L.hidden(), m = r.m;
-  DevBuf<float> dx(x.size()), dout(static_cast<size_t>(m * H)), dw(r.weights.size());
-  DevBuf<int32_t> dids(r.ids.size());
-  DevBuf<char> arena(L.arena_bytes());
+  const size_t out_count = static_cast<size_t>(m * H), arena_bytes = L.arena_bytes();
+  const auto dx = slack_buffer<float>(x.size()), dout = slack_buffer<float>(out_count),
+             dw = slack_buffer<float>(r.weights.size());
+  const auto dids = slack_buffer<int32_t>(r.ids.size());
+  const auto arena = slack_buffer<char>(arena_bytes);
   std::vector<float> out(static_cast<size_t>(m * H));
-  auto ok = [](cudaError_t e) {
-    if (e != cudaSuccess) exl3::fail("CUDA: {}", cudaGetErrorString(e));
-  };
-  ok(cudaMemcpy(dx.p, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-  ok(cudaMemcpy(dids.p, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
-  ok(cudaMemcpy(dw.p, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
-  ok(cudaMemset(dout.p, 0xFF, dout.n * 4));  // NaN poison
-  ok(cudaMemset(arena.p, 0xFF, arena.n));
-  ok(L.run(dx.p, DType::kF32, dids.p, dw.p, dout.p, m, arena.p, arena.n, nullptr));
-  ok(cudaDeviceSynchronize());
-  ok(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost));
+  EXL3_CUDA_CHECK(cudaMemcpy(dx.as<float>(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(
+      cudaMemcpy(dids.as<int32_t>(), r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(
+      cudaMemcpy(dw.as<float>(), r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(cudaMemset(dout.as<float>(), 0xFF, out_count * 4));  // NaN poison
+  EXL3_CUDA_CHECK(cudaMemset(arena.get(), 0xFF, arena_bytes));
+  EXL3_CUDA_CHECK(L.run(dx.as<float>(), DType::kF32, dids.as<int32_t>(), dw.as<float>(),
+                        dout.as<float>(), m, arena.get(), arena_bytes, nullptr));
+  EXL3_CUDA_CHECK(cudaDeviceSynchronize());
+  EXL3_CUDA_CHECK(cudaMemcpy(out.data(), dout.as<float>(), out.size() * 4, cudaMemcpyDeviceToHost));
   if (replay != nullptr) {
     // Capture the same call, poison, replay twice: must equal the eager result bit for bit.
     cudaStream_t s;
-    ok(cudaStreamCreate(&s));
+    EXL3_CUDA_CHECK(cudaStreamCreate(&s));
     cudaGraph_t g;
-    ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    ok(L.run(dx.p, DType::kF32, dids.p, dw.p, dout.p, m, arena.p, arena.n, s));
-    ok(cudaStreamEndCapture(s, &g));
-    ok(cudaGraphInstantiate(replay, g, 0));
-    ok(cudaGraphDestroy(g));
-    ok(cudaMemset(dout.p, 0xFF, dout.n * 4));
-    for (int i = 0; i < 2; ++i) ok(cudaGraphLaunch(*replay, s));
-    ok(cudaStreamSynchronize(s));
+    EXL3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXL3_CUDA_CHECK(L.run(dx.as<float>(), DType::kF32, dids.as<int32_t>(), dw.as<float>(),
+                          dout.as<float>(), m, arena.get(), arena_bytes, s));
+    EXL3_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    EXL3_CUDA_CHECK(cudaGraphInstantiate(replay, g, 0));
+    EXL3_CUDA_CHECK(cudaGraphDestroy(g));
+    EXL3_CUDA_CHECK(cudaMemset(dout.as<float>(), 0xFF, out_count * 4));
+    for (int i = 0; i < 2; ++i) EXL3_CUDA_CHECK(cudaGraphLaunch(*replay, s));
+    EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
     std::vector<float> again(out.size());
-    ok(cudaMemcpy(again.data(), dout.p, again.size() * 4, cudaMemcpyDeviceToHost));
-    ok(cudaGraphExecDestroy(*replay));
-    ok(cudaStreamDestroy(s));
-    if (std::memcmp(again.data(), out.data(), out.size() * 4) != 0) exl3::fail("graph replay != eager at m={}", m);
+    EXL3_CUDA_CHECK(
+        cudaMemcpy(again.data(), dout.as<float>(), again.size() * 4, cudaMemcpyDeviceToHost));
+    EXL3_CUDA_CHECK(cudaGraphExecDestroy(*replay));
+    EXL3_CUDA_CHECK(cudaStreamDestroy(s));
+    if (std::memcmp(again.data(), out.data(), out.size() * 4) != 0)
+      exl3::fail("graph replay != eager at m={}", m);
   }
   return out;
 }
 
-void expect_matches(const Fixture& f, const MoeOptions& opts, const std::vector<int64_t>& ms, const char* what) {
+void expect_matches(const Fixture& f, const MoeOptions& opts, const std::vector<int64_t>& ms,
+                    const char* what) {
   auto rng = exl3::test::make_rng();
   const MoeLayerCuda L(f.w, f.top_k, opts);
   for (int64_t m : ms) {
@@ -174,7 +177,8 @@ TEST(CudaMoe, MixedK3K4TiersBothLayouts) {
   for (auto layout : {moe::RotationLayout::kPerExpert, moe::RotationLayout::kSharedH}) {
     const auto f = make_layer(layout, {3, 4, 4, 3, 3, 4, 3, 4}, 3, 8);
     // One grid with a per-block K switch, per-K passes, and the planner's choice by plan.
-    for (const auto tiers : {MoeOptions::Tiers::kGrid, MoeOptions::Tiers::kPasses, MoeOptions::Tiers::kAuto}) {
+    for (const auto tiers :
+         {MoeOptions::Tiers::kGrid, MoeOptions::Tiers::kPasses, MoeOptions::Tiers::kAuto}) {
       auto o = opts_for(3072, 1000);
       o.tiers = tiers;
       const MoeLayerCuda L(f->w, f->top_k, o);
@@ -189,8 +193,10 @@ TEST(CudaMoe, MixedK3K4TiersBothLayouts) {
 TEST(CudaMoe, RankSlicedTp2Rank0AndPlainCheckpoint) {
   EXL3_REQUIRE_GPU();
   // Rank 0 of a TP-2 slice (I_loc = 128) and a plain exllamav3-style layer.
-  expect_matches(*make_layer(moe::RotationLayout::kSharedH, {}, 3, 8, 2), opts_for(64), {1, 5, 64}, "tp2 rank0");
-  expect_matches(*make_layer(moe::RotationLayout::kPlain, {}, 4, 4), opts_for(64), {1, 5, 64}, "plain");
+  expect_matches(*make_layer(moe::RotationLayout::kSharedH, {}, 3, 8, 2), opts_for(64), {1, 5, 64},
+                 "tp2 rank0");
+  expect_matches(*make_layer(moe::RotationLayout::kPlain, {}, 4, 4), opts_for(64), {1, 5, 64},
+                 "plain");
 }
 
 TEST(CudaMoe, PrefillChunksAndLargerGeometry) {
@@ -220,12 +226,14 @@ TEST(CudaMoe, RoutesFromSoftmaxAndSigmoidGroupedRouters) {
     gr.topk_group = 1;
     gr.routed_scaling_factor = 2.5f;
     gr.correction_bias = bias;
-    for (const auto& r : {moe::route_softmax(logits, m, 8, sr), moe::route_sigmoid_grouped(logits, m, 8, gr)}) {
+    for (const auto& r :
+         {moe::route_softmax(logits, m, 8, sr), moe::route_sigmoid_grouped(logits, m, 8, gr)}) {
       const auto x = random_x(m * f->w.hidden, rng);
       std::vector<float> ref(x.size());
       moe::moe_forward(f->w, r, x.data(), m, ref.data());
       const auto got = run_gpu(L, x, r);
-      EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3) << "m=" << m;
+      EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3)
+          << "m=" << m;
     }
   }
 }
@@ -247,7 +255,8 @@ TEST(CudaMoe, AllRoutesOnOneExpertAndIdleExperts) {
     std::vector<float> ref(x.size());
     moe::moe_forward(f->w, r, x.data(), m, ref.data());
     const auto got = run_gpu(L, x, r);
-    EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3) << "m=" << m;
+    EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3)
+        << "m=" << m;
   }
 }
 
@@ -267,7 +276,8 @@ TEST(CudaMoe, InvalidIdsContributeNothing) {
     std::vector<float> ref(x.size());
     moe::moe_forward(f->w, valid, x.data(), m, ref.data());
     const auto got = run_gpu(L, x, r);
-    EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3) << "m=" << m;
+    EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3)
+        << "m=" << m;
   }
 }
 
@@ -283,19 +293,27 @@ TEST(CudaMoe, GraphReplayBitIdenticalAtEveryDecodeM) {
     EXPECT_NO_THROW(run_gpu(L, random_x(m * f->w.hidden, rng), r, &g)) << "m=" << m;
   }
   cudaGraphExec_t g;
-  EXPECT_NO_THROW(run_gpu(L, random_x(96 * f->w.hidden, rng), random_routes(96, 2, 8, rng), &g)) << "prefill";
+  EXPECT_NO_THROW(run_gpu(L, random_x(96 * f->w.hidden, rng), random_routes(96, 2, 8, rng), &g))
+      << "prefill";
 }
 
 TEST(CudaMoe, RunRejectsMOutsideThePlan) {
   EXL3_REQUIRE_GPU();
   const auto f = make_layer(moe::RotationLayout::kSharedH, {}, 3, 8);
   const MoeLayerCuda L(f->w, f->top_k, opts_for(16));
-  DevBuf<char> arena(L.arena_bytes());
-  DevBuf<float> buf(1 << 16);
-  DevBuf<int32_t> ids(64);
-  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 17, arena.p, arena.n, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 0, arena.p, arena.n, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(L.run(buf.p, DType::kF32, ids.p, buf.p, buf.p, 4, arena.p, arena.n - 1, nullptr), cudaErrorInvalidValue);
+  const size_t arena_bytes = L.arena_bytes();
+  const auto arena = slack_buffer<char>(arena_bytes);
+  const auto buf = slack_buffer<float>(1 << 16);
+  const auto ids = slack_buffer<int32_t>(64);
+  EXPECT_EQ(L.run(buf.as<float>(), DType::kF32, ids.as<int32_t>(), buf.as<float>(), buf.as<float>(),
+                  17, arena.get(), arena_bytes, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(L.run(buf.as<float>(), DType::kF32, ids.as<int32_t>(), buf.as<float>(), buf.as<float>(),
+                  0, arena.get(), arena_bytes, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(L.run(buf.as<float>(), DType::kF32, ids.as<int32_t>(), buf.as<float>(), buf.as<float>(),
+                  4, arena.get(), arena_bytes - 1, nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST(CudaMoe, OptionsFailClosed) {
@@ -303,7 +321,8 @@ TEST(CudaMoe, OptionsFailClosed) {
   const auto f = make_layer(moe::RotationLayout::kSharedH, {}, 3, 8);
   EXPECT_THAT(exl3::test::error_of([&] { MoeLayerCuda L(f->w, 2, MoeOptions{}); }),
               testing::HasSubstr("refusing to guess a capacity"));
-  EXPECT_THAT(exl3::test::error_of([&] { MoeLayerCuda L(f->w, 9, opts_for(4)); }), testing::HasSubstr("top_k 9"));
+  EXPECT_THAT(exl3::test::error_of([&] { MoeLayerCuda L(f->w, 9, opts_for(4)); }),
+              testing::HasSubstr("top_k 9"));
 }
 
 TEST(CudaMoeOptions, EnvironmentOverridesAreValidated) {

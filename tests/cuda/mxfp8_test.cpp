@@ -8,37 +8,29 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
-#include "cuda_check.hpp"
 #include "cuda/mxfp8_tiles.hpp"
+#include "exl3/cuda/context.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/mxfp8.hpp"
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
 #include "exl3/trellis/half.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace {
 
+using exl3::cuda::CudaContext;
+using exl3::cuda::DeviceBuffer;
 using exl3::cuda::DType;
 using exl3::cuda::Mxfp8LinearCuda;
 using exl3::cuda::Mxfp8Options;
 using exl3::cuda::Mxfp8Path;
-
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t count) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
 
 struct Problem {
   int64_t in, out;
@@ -66,7 +58,8 @@ Problem make_problem(std::mt19937_64& rng, int64_t in, int64_t out, bool bias) {
 }
 
 // x [m, in]: bf16 bits and the same values as fp32.
-void make_x(std::mt19937_64& rng, int64_t m, int64_t in, std::vector<uint16_t>& bits, std::vector<float>& f) {
+void make_x(std::mt19937_64& rng, int64_t m, int64_t in, std::vector<uint16_t>& bits,
+            std::vector<float>& f) {
   std::normal_distribution<float> nd;
   bits.resize(static_cast<size_t>(m * in));
   f.resize(bits.size());
@@ -78,21 +71,21 @@ void make_x(std::mt19937_64& rng, int64_t m, int64_t in, std::vector<uint16_t>& 
   }
 }
 
-std::vector<float> run_gpu(const Mxfp8LinearCuda& L, const std::vector<uint16_t>& x, int64_t m, DType out_type) {
+std::vector<float> run_gpu(const Mxfp8LinearCuda& L, const std::vector<uint16_t>& x, int64_t m,
+                           DType out_type) {
   const size_t ws_bytes = L.workspace_bytes();
-  DevBuf<char> ws(ws_bytes);
-  DevBuf<uint16_t> dx(x.size());
+  DeviceBuffer ws(ws_bytes, "ws");
+  auto dx = DeviceBuffer::of<uint16_t>(x.size(), "dx");
   const size_t es = out_type == DType::kF32 ? 4 : 2;
-  DevBuf<char> dy(static_cast<size_t>(m * L.out_features()) * es);
-  EXPECT_NE(ws.p, nullptr);
-  EXPECT_NE(dx.p, nullptr);
-  EXPECT_NE(dy.p, nullptr);
-  EXPECT_EQ(cudaMemcpy(dx.p, x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dy.p, 0xFF, dy.n), cudaSuccess);  // poison: NaN in fp32 and bf16
-  EXPECT_EQ(L.run(dx.p, dy.p, out_type, m, ws.p, ws_bytes, nullptr), cudaSuccess);
+  DeviceBuffer dy(static_cast<size_t>(m * L.out_features()) * es, "dy");
+  EXPECT_EQ(cudaMemcpy(dx.as<uint16_t>(), x.data(), x.size() * 2, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  EXPECT_EQ(cudaMemset(dy.get(), 0xFF, dy.bytes()), cudaSuccess);  // poison: NaN in fp32 and bf16
+  EXPECT_EQ(L.run(dx.as<uint16_t>(), dy.get(), out_type, m, ws.get(), ws_bytes, nullptr),
+            cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<char> host(dy.n);
-  EXPECT_EQ(cudaMemcpy(host.data(), dy.p, dy.n, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<char> host(dy.bytes());
+  EXPECT_EQ(cudaMemcpy(host.data(), dy.get(), dy.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
   std::vector<float> y(static_cast<size_t>(m * L.out_features()));
   for (size_t i = 0; i < y.size(); ++i) {
     if (out_type == DType::kF32) {
@@ -108,28 +101,31 @@ std::vector<float> run_gpu(const Mxfp8LinearCuda& L, const std::vector<uint16_t>
 
 // The layer's BF16 dequant pass, poisoned first, back on the host.
 std::vector<uint16_t> dequant_on_gpu(const Mxfp8LinearCuda& L) {
-  DevBuf<uint16_t> d(static_cast<size_t>(L.in_features() * L.out_features()));
-  EXPECT_EQ(cudaMemset(d.p, 0xFF, d.n * 2), cudaSuccess);
-  EXPECT_EQ(L.dequantize_bf16(d.p, nullptr), cudaSuccess);
+  auto d = DeviceBuffer::of<uint16_t>(static_cast<size_t>(L.in_features() * L.out_features()), "d");
+  EXPECT_EQ(cudaMemset(d.as<uint16_t>(), 0xFF, d.bytes()), cudaSuccess);
+  EXPECT_EQ(L.dequantize_bf16(d.as<uint16_t>(), nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<uint16_t> h(d.n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d.p, d.n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  std::vector<uint16_t> h(d.count<uint16_t>());
+  EXPECT_EQ(cudaMemcpy(h.data(), d.as<uint16_t>(), d.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
   return h;
 }
 
 TEST(Mxfp8Cuda, MatchesTheCpuReferenceOnEveryPath) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   // 200 outputs: a ragged last row tile; 256 -> 128 and 128 -> 256: fewer 32-input blocks per
   // row than the GEMV has warps (the engine test models' shared-expert MLP).
-  for (const auto& [in, out, bias] : {std::tuple{int64_t{1024}, int64_t{200}, false}, std::tuple{int64_t{1024}, int64_t{200}, true},
-                                      std::tuple{int64_t{256}, int64_t{128}, false}, std::tuple{int64_t{128}, int64_t{256}, true}}) {
+  for (const auto& [in, out, bias] : {std::tuple{int64_t{1024}, int64_t{200}, false},
+                                      std::tuple{int64_t{1024}, int64_t{200}, true},
+                                      std::tuple{int64_t{256}, int64_t{128}, false},
+                                      std::tuple{int64_t{128}, int64_t{256}, true}}) {
     const auto P = make_problem(rng, in, out, bias);
     for (int64_t gemv_max_m : {int64_t{64}, int64_t{16}}) {
       Mxfp8Options o;
       o.max_m = 1024;
       o.gemv_max_m = gemv_max_m;
-      const Mxfp8LinearCuda L(P.w, P.bias, o);
+      const Mxfp8LinearCuda L(ctx, P.w, P.bias, o);
       for (int64_t m : {1, 2, 3, 8, 9, 16, 17, 31, 33, 64, 65, 256, 1024}) {
         std::vector<uint16_t> xb;
         std::vector<float> xf;
@@ -142,8 +138,8 @@ TEST(Mxfp8Cuda, MatchesTheCpuReferenceOnEveryPath) {
           const double err = exl3::test::rel_l2(y, ref);
           // fp32: summation order only; bf16 output: one rounding (2^-9 relative).
           EXPECT_LT(err, t == DType::kF32 ? 2e-6 : 4e-3)
-              << in << "x" << out << " m=" << m << " path=" << exl3::cuda::mxfp8_path_name(L.path_for(m))
-              << " bias=" << bias;
+              << in << "x" << out << " m=" << m
+              << " path=" << exl3::cuda::mxfp8_path_name(L.path_for(m)) << " bias=" << bias;
         }
       }
     }
@@ -155,6 +151,7 @@ TEST(Mxfp8Cuda, MatchesTheCpuReferenceOnEveryPath) {
 // range scaling must keep the result equal to the reference's fp32 arithmetic.
 TEST(Mxfp8Cuda, SubnormalCodesAndExtremeRangesStayExact) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const int64_t in = 512, out = 48, m = 5;
   struct Case {
@@ -162,17 +159,20 @@ TEST(Mxfp8Cuda, SubnormalCodesAndExtremeRangesStayExact) {
     int code_lo, code_hi, scale_lo, scale_hi;
     float x_scale;
   };
-  for (const Case& c : {Case{"subnormal codes", 1, 7, 127, 127, 1.0f}, Case{"tiny scales", 0, 126, 100, 110, 1.0f},
-                        Case{"huge scales", 0, 126, 170, 187, 1.0f}, Case{"tiny activations", 0, 126, 120, 130, 0x1p-40f},
-                        Case{"huge activations", 0, 126, 100, 110, 0x1p60f}}) {
-    std::uniform_int_distribution<int> code(c.code_lo, c.code_hi), sign(0, 1), sc(c.scale_lo, c.scale_hi);
+  for (const Case& c :
+       {Case{"subnormal codes", 1, 7, 127, 127, 1.0f}, Case{"tiny scales", 0, 126, 100, 110, 1.0f},
+        Case{"huge scales", 0, 126, 170, 187, 1.0f},
+        Case{"tiny activations", 0, 126, 120, 130, 0x1p-40f},
+        Case{"huge activations", 0, 126, 100, 110, 0x1p60f}}) {
+    std::uniform_int_distribution<int> code(c.code_lo, c.code_hi), sign(0, 1),
+        sc(c.scale_lo, c.scale_hi);
     std::vector<uint8_t> v(static_cast<size_t>(in * out)), s(static_cast<size_t>(in / 32 * out));
     for (auto& b : v) b = static_cast<uint8_t>(code(rng) | (sign(rng) << 7));
     for (auto& b : s) b = static_cast<uint8_t>(sc(rng));
     const auto w = exl3::mxfp8::Weight::from_planes("extreme", v, s, out, in);
     Mxfp8Options o;
     o.gemv_max_m = 64;
-    const Mxfp8LinearCuda L(w, {}, o);
+    const Mxfp8LinearCuda L(ctx, w, {}, o);
     std::vector<uint16_t> xb;
     std::vector<float> xf;
     make_x(rng, m, in, xb, xf);
@@ -196,11 +196,12 @@ TEST(Mxfp8Cuda, SubnormalCodesAndExtremeRangesStayExact) {
 
 TEST(Mxfp8Cuda, RowsAreBatchInvariantOnTheGemv) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const auto P = make_problem(rng, 2048, 384, true);
   Mxfp8Options o;
   o.gemv_max_m = 64;
-  const Mxfp8LinearCuda L(P.w, P.bias, o);
+  const Mxfp8LinearCuda L(ctx, P.w, P.bias, o);
   std::vector<uint16_t> xb;
   std::vector<float> xf;
   make_x(rng, 64, P.in, xb, xf);
@@ -208,54 +209,60 @@ TEST(Mxfp8Cuda, RowsAreBatchInvariantOnTheGemv) {
   const auto y64 = run_gpu(L, xb, 64, DType::kF32);
   for (int64_t m : {1, 2, 3, 5, 8, 9, 13, 16, 17, 32, 40, 63}) {
     ASSERT_EQ(L.path_for(m), Mxfp8Path::kGemv);
-    const auto y = run_gpu(L, std::vector<uint16_t>(xb.begin(), xb.begin() + m * P.in), m, DType::kF32);
+    const auto y =
+        run_gpu(L, std::vector<uint16_t>(xb.begin(), xb.begin() + m * P.in), m, DType::kF32);
     ASSERT_EQ(std::memcmp(y.data(), y64.data(), y.size() * 4), 0) << "gemv m=" << m;
   }
 }
 
 TEST(Mxfp8Cuda, GraphReplayEqualsEager) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const auto P = make_problem(rng, 4096, 512, true);
-  const Mxfp8LinearCuda L(P.w, P.bias);
+  const Mxfp8LinearCuda L(ctx, P.w, P.bias);
   for (int64_t m : {1, 9, 64, 1024}) {
     std::vector<uint16_t> xb;
     std::vector<float> xf;
     make_x(rng, m, P.in, xb, xf);
     const auto eager = run_gpu(L, xb, m, DType::kF32);
-    DevBuf<uint16_t> dx(xb.size());
-    DevBuf<float> dy(static_cast<size_t>(m * P.out));
-    DevBuf<char> ws(L.workspace_bytes());
-    EXL3_CUDA_OK(cudaMemcpy(dx.p, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
-    EXL3_CUDA_OK(cudaMemset(dy.p, 0xFF, dy.n * 4));
+    auto dx = DeviceBuffer::of<uint16_t>(xb.size(), "dx");
+    auto dy = DeviceBuffer::of<float>(static_cast<size_t>(m * P.out), "dy");
+    DeviceBuffer ws(L.workspace_bytes(), "ws");
+    EXL3_CUDA_CHECK(
+        cudaMemcpy(dx.as<uint16_t>(), xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+    EXL3_CUDA_CHECK(cudaMemset(dy.as<float>(), 0xFF, dy.bytes()));
     cudaStream_t s;
-    EXL3_CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    EXL3_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     // Warm once outside capture (cuBLAS picks and loads its kernel), then capture.
-    EXL3_CUDA_OK(L.run(dx.p, dy.p, DType::kF32, m, ws.p, ws.n, s));
-    EXL3_CUDA_OK(cudaStreamSynchronize(s));
-    EXL3_CUDA_OK(cudaMemset(dy.p, 0xFF, dy.n * 4));
+    EXL3_CUDA_CHECK(
+        L.run(dx.as<uint16_t>(), dy.as<float>(), DType::kF32, m, ws.get(), ws.bytes(), s));
+    EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
+    EXL3_CUDA_CHECK(cudaMemset(dy.as<float>(), 0xFF, dy.bytes()));
     cudaGraph_t graph;
-    EXL3_CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    EXL3_CUDA_OK(L.run(dx.p, dy.p, DType::kF32, m, ws.p, ws.n, s));
-    EXL3_CUDA_OK(cudaStreamEndCapture(s, &graph));
+    EXL3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    EXL3_CUDA_CHECK(
+        L.run(dx.as<uint16_t>(), dy.as<float>(), DType::kF32, m, ws.get(), ws.bytes(), s));
+    EXL3_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     cudaGraphExec_t exec;
-    EXL3_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 2; ++rep) EXL3_CUDA_OK(cudaGraphLaunch(exec, s));
-    EXL3_CUDA_OK(cudaStreamSynchronize(s));
-    std::vector<float> replay(dy.n);
-    EXL3_CUDA_OK(cudaMemcpy(replay.data(), dy.p, dy.n * 4, cudaMemcpyDeviceToHost));
-    EXL3_CUDA_OK(cudaGraphExecDestroy(exec));
-    EXL3_CUDA_OK(cudaGraphDestroy(graph));
-    EXL3_CUDA_OK(cudaStreamDestroy(s));
+    EXL3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; ++rep) EXL3_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
+    std::vector<float> replay(dy.count<float>());
+    EXL3_CUDA_CHECK(cudaMemcpy(replay.data(), dy.as<float>(), dy.bytes(), cudaMemcpyDeviceToHost));
+    EXL3_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    EXL3_CUDA_CHECK(cudaGraphDestroy(graph));
+    EXL3_CUDA_CHECK(cudaStreamDestroy(s));
     ASSERT_EQ(std::memcmp(replay.data(), eager.data(), eager.size() * 4), 0) << "m=" << m;
   }
 }
 
 TEST(Mxfp8Cuda, DequantIsExactAndHostWrapperMatches) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   auto rng = exl3::test::make_rng();
   const auto P = make_problem(rng, 256, 100, false);  // 100 rows: the padded last tile is cut off
-  const Mxfp8LinearCuda L(P.w);
+  const Mxfp8LinearCuda L(ctx, P.w);
   const auto h = dequant_on_gpu(L);
   const auto ref = P.w.dequantize();
   for (size_t i = 0; i < h.size(); ++i) ASSERT_EQ(exl3::trellis::bf16_to_float(h[i]), ref[i]) << i;
@@ -267,35 +274,44 @@ TEST(Mxfp8Cuda, DequantIsExactAndHostWrapperMatches) {
 
 TEST(Mxfp8Cuda, ErrorPaths) {
   EXL3_REQUIRE_GPU();
+  CudaContext ctx;  // cuBLAS for the layers of this test
   std::vector<uint8_t> v(48 * 8, 0x38), s(8, 120);
-  EXPECT_THROW(Mxfp8LinearCuda("bad", v.data(), s.data(), 48, 8, nullptr), exl3::Error);
+  EXPECT_THROW(Mxfp8LinearCuda(ctx, "bad", v.data(), s.data(), 48, 8, nullptr), exl3::Error);
   Mxfp8Options o;
   o.gemv_max_m = 65;
   std::vector<uint8_t> v2(64 * 8, 0x38), s2(16, 120);
-  EXPECT_THROW(Mxfp8LinearCuda("bad", v2.data(), s2.data(), 64, 8, nullptr, o), exl3::Error);
+  EXPECT_THROW(Mxfp8LinearCuda(ctx, "bad", v2.data(), s2.data(), 64, 8, nullptr, o), exl3::Error);
   {
     auto nan_code = v2;
     nan_code[100] = 0xFF;
     auto nan_scale = s2;
     nan_scale[3] = 0xFF;
-    EXPECT_THROW(Mxfp8LinearCuda("bad", nan_code.data(), s2.data(), 64, 8, nullptr), exl3::Error);
-    EXPECT_THROW(Mxfp8LinearCuda("bad", v2.data(), nan_scale.data(), 64, 8, nullptr), exl3::Error);
+    EXPECT_THROW(Mxfp8LinearCuda(ctx, "bad", nan_code.data(), s2.data(), 64, 8, nullptr),
+                 exl3::Error);
+    EXPECT_THROW(Mxfp8LinearCuda(ctx, "bad", v2.data(), nan_scale.data(), 64, 8, nullptr),
+                 exl3::Error);
   }
   o = {};
   o.max_m = 64;
-  const Mxfp8LinearCuda L("ok", v2.data(), s2.data(), 64, 8, nullptr, o);
-  DevBuf<uint16_t> dx(128 * 64);
-  DevBuf<float> dy(128 * 8);
-  DevBuf<char> ws(L.workspace_bytes());
-  EXPECT_EQ(L.run(dx.p, dy.p, DType::kF32, 0, ws.p, ws.n, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(L.run(dx.p, dy.p, DType::kF32, 65, ws.p, ws.n, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(L.run(dx.p, dy.p, DType::kF16, 1, ws.p, ws.n, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(L.run(nullptr, dy.p, DType::kF32, 1, ws.p, ws.n, nullptr), cudaErrorInvalidValue);
+  const Mxfp8LinearCuda L(ctx, "ok", v2.data(), s2.data(), 64, 8, nullptr, o);
+  auto dx = DeviceBuffer::of<uint16_t>(128 * 64, "dx");
+  auto dy = DeviceBuffer::of<float>(128 * 8, "dy");
+  DeviceBuffer ws(L.workspace_bytes(), "ws");
+  EXPECT_EQ(L.run(dx.as<uint16_t>(), dy.as<float>(), DType::kF32, 0, ws.get(), ws.bytes(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      L.run(dx.as<uint16_t>(), dy.as<float>(), DType::kF32, 65, ws.get(), ws.bytes(), nullptr),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(L.run(dx.as<uint16_t>(), dy.as<float>(), DType::kF16, 1, ws.get(), ws.bytes(), nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(L.run(nullptr, dy.as<float>(), DType::kF32, 1, ws.get(), ws.bytes(), nullptr),
+            cudaErrorInvalidValue);
   if (L.workspace_bytes(64) > 0) {
-    EXPECT_EQ(L.run(dx.p, dy.p, DType::kF32, 64, ws.p, 1, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(L.run(dx.as<uint16_t>(), dy.as<float>(), DType::kF32, 64, ws.get(), 1, nullptr),
+              cudaErrorInvalidValue);
   }
   EXPECT_THROW(exl3::cuda::mxfp8_forward_host(L, std::vector<float>(64).data(), 100), exl3::Error);
-  EXL3_CUDA_OK(cudaGetLastError());
+  EXL3_CUDA_CHECK(cudaGetLastError());
 }
 
 // The tiled layout is a permutation of the code and scale planes (every source byte lands on its
@@ -303,7 +319,8 @@ TEST(Mxfp8Cuda, ErrorPaths) {
 TEST(Mxfp8Tiles, LayoutIsAPermutation) {
   for (int64_t k : {32, 96, 4096}) {
     const int64_t n = 40, kb = k / 32, rows = 48;
-    std::vector<int> hits(static_cast<size_t>(rows * k), 0), shits(static_cast<size_t>(rows * kb), 0);
+    std::vector<int> hits(static_cast<size_t>(rows * k), 0),
+        shits(static_cast<size_t>(rows * kb), 0);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < k; ++c) {
         const int64_t off = exl3::cuda::detail::mxfp8_tile_value_offset(r, c, kb);
@@ -311,7 +328,8 @@ TEST(Mxfp8Tiles, LayoutIsAPermutation) {
         ASSERT_LT(off, rows * k);
         ++hits[static_cast<size_t>(off)];
       }
-      for (int64_t b = 0; b < kb; ++b) ++shits[static_cast<size_t>(exl3::cuda::detail::mxfp8_tile_scale_offset(r, b, kb))];
+      for (int64_t b = 0; b < kb; ++b)
+        ++shits[static_cast<size_t>(exl3::cuda::detail::mxfp8_tile_scale_offset(r, b, kb))];
     }
     for (int h : hits) ASSERT_EQ(h, 1) << "k=" << k;
     for (int h : shits) ASSERT_EQ(h, 1) << "k=" << k;

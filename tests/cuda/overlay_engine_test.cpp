@@ -18,11 +18,11 @@
 #include "../../src/runtime/cuda_buffers.hpp"
 #include "../../src/runtime/gpu_linear.hpp"
 #include "../runtime/runtime_test_util.hpp"
-#include "cuda_check.hpp"
 #include "exl3/error.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/linear.hpp"
 #include "exl3/trellis/half.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace exl3::runtime {
@@ -40,12 +40,15 @@ EngineOptions engine_options(Device d, const char* overlay) {
   return eo;
 }
 
-std::vector<float> run_linear(const GpuLinear& l, const std::vector<float>& x, int64_t m, size_t ws_bytes) {
-  DeviceBuffer dx(x.data(), x.size() * 4, "x"), dy(static_cast<size_t>(m * l.out()) * 4, "y"), ws(ws_bytes, "ws");
-  l.run(dx.get<float>(), dy.get<float>(), m, ws.get(), ws.bytes(), {}, nullptr);
-  check(cudaDeviceSynchronize(), "test linear");
+std::vector<float> run_linear(const GpuLinear& l, const std::vector<float>& x, int64_t m,
+                              size_t ws_bytes) {
+  DeviceBuffer dx(x.data(), x.size() * 4, "x"), dy(static_cast<size_t>(m * l.out()) * 4, "y"),
+      ws(ws_bytes, "ws");
+  l.run(dx.as<float>(), dy.as<float>(), m, ws.get(), ws.bytes(), {}, nullptr);
+  EXL3_CUDA_CHECK(cudaDeviceSynchronize(), "test linear");
   std::vector<float> y(static_cast<size_t>(m * l.out()));
-  check(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost), "test linear");
+  EXL3_CUDA_CHECK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost),
+                  "test linear");
   return y;
 }
 
@@ -59,17 +62,22 @@ TEST(CudaOverlay, GpuLinearMatchesTheCpuReferenceOnEveryPath) {
   auto rng = exl3::test::make_rng();
   std::normal_distribution<float> nd;
   const int64_t cap = 600;  // m = 64 and 600 > gemv_max_m (32): the dequant + cuBLAS path too
-  for (const auto& [prefix, in, out] : {std::tuple{std::string("model.layers.0.self_attn.q_proj"), 256, 256},
-                                        std::tuple{std::string("model.layers.1.mlp.down_proj"), 512, 256}}) {
+  cuda::CudaContext ctx;
+  for (const auto& [prefix, in, out] :
+       {std::tuple{std::string("model.layers.0.self_attn.q_proj"), 256, 256},
+        std::tuple{std::string("model.layers.1.mlp.down_proj"), 512, 256}}) {
     OverlayReport cpu_report, gpu_report;
     const Linear ref = Linear::load(ckpt, prefix, in, out, mx, &cpu_report);
-    const GpuLinear g = GpuLinear::load(ckpt, prefix, in, out, cap, false, mx, &gpu_report);
-    const GpuLinear bf16 = GpuLinear::load(ckpt, prefix, in, out, cap);
+    const GpuLinear g = GpuLinear::load(ctx, ckpt, prefix, in, out, cap, false, mx, &gpu_report);
+    const GpuLinear bf16 = GpuLinear::load(ctx, ckpt, prefix, in, out, cap);
     ASSERT_TRUE(g.is_mxfp8()) << prefix;
     EXPECT_FALSE(bf16.is_mxfp8());
     const bool bias = ckpt.store().contains(prefix + ".bias");
-    EXPECT_EQ(g.device_bytes(), static_cast<size_t>(out * in + out * in / 32 + (bias ? out * 4 : 0))) << prefix;
-    EXPECT_EQ(bf16.device_bytes() - g.device_bytes(), static_cast<size_t>(out * in * 2 - out * in - out * in / 32));
+    EXPECT_EQ(g.device_bytes(),
+              static_cast<size_t>(out * in + out * in / 32 + (bias ? out * 4 : 0)))
+        << prefix;
+    EXPECT_EQ(bf16.device_bytes() - g.device_bytes(),
+              static_cast<size_t>(out * in * 2 - out * in - out * in / 32));
     ASSERT_EQ(gpu_report.layers.size(), 1u);
     ASSERT_EQ(cpu_report.layers.size(), 1u);
     EXPECT_EQ(gpu_report.layers[0].rel_l2, cpu_report.layers[0].rel_l2);
@@ -87,7 +95,8 @@ TEST(CudaOverlay, GpuLinearMatchesTheCpuReferenceOnEveryPath) {
     }
     // Fails closed, naming the layer: too small a workspace, more rows than the capacity.
     std::vector<float> x(static_cast<size_t>(4 * in), 0.5f);
-    EXPECT_THAT([&] { run_linear(g, x, 4, 16); }, ::testing::ThrowsMessage<Error>(HasSubstr(prefix)));
+    EXPECT_THAT([&] { run_linear(g, x, 4, 16); },
+                ::testing::ThrowsMessage<Error>(HasSubstr(prefix)));
     std::vector<float> big(static_cast<size_t>((cap + 1) * in), 0.5f);
     EXPECT_THAT([&] { run_linear(g, big, cap + 1, g.workspace_bytes()); },
                 ::testing::ThrowsMessage<Error>(HasSubstr("601 rows")));
@@ -102,8 +111,14 @@ TEST(CudaOverlay, Exl3LinearsRefuseTheOverlay) {
   const auto tiny = Checkpoint::open(test::tiny_model(dir));
   const auto spec = describe_model(tiny);
   const auto& a = std::get<GqaAttentionSpec>(spec.layers[0].attention);
-  EXPECT_THAT([&] { GpuLinear::load(tiny, a.prefix + ".q_proj", spec.hidden_size, a.num_heads * a.head_dim, 8, false, mx); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("the MXFP8 overlay applies to unquantized linears only")));
+  cuda::CudaContext ctx;
+  EXPECT_THAT(
+      [&] {
+        GpuLinear::load(ctx, tiny, a.prefix + ".q_proj", spec.hidden_size, a.num_heads * a.head_dim,
+                        8, false, mx);
+      },
+      ::testing::ThrowsMessage<Error>(
+          HasSubstr("the MXFP8 overlay applies to unquantized linears only")));
 }
 
 struct Case {
@@ -114,7 +129,6 @@ struct Case {
 };
 
 class CudaOverlayEngine : public ::testing::TestWithParam<Case> {};
-
 
 TEST_P(CudaOverlayEngine, MatchesTheCpuEngine) {
   EXL3_REQUIRE_GPU();
@@ -154,8 +168,8 @@ TEST_P(CudaOverlayEngine, MatchesTheCpuEngine) {
   EXPECT_FALSE(cpu->device_weight_bytes().has_value());
   EXPECT_LT(*gpu->device_weight_bytes(), *gpu_bf16->device_weight_bytes());
   EXPECT_EQ(*gpu_bf16->device_weight_bytes() - *gpu->device_weight_bytes(), rg.saved_bytes());
-  std::printf("%s: CUDA device weights %zu -> %zu bytes with --overlay %s\n", c.name, *gpu_bf16->device_weight_bytes(),
-              *gpu->device_weight_bytes(), c.overlay);
+  std::printf("%s: CUDA device weights %zu -> %zu bytes with --overlay %s\n", c.name,
+              *gpu_bf16->device_weight_bytes(), *gpu->device_weight_bytes(), c.overlay);
 
   std::vector<int32_t> ids;
   for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 500);
@@ -165,11 +179,14 @@ TEST_P(CudaOverlayEngine, MatchesTheCpuEngine) {
   auto cpu_bf16 = load_engine(ckpt, engine_options(Device::kCpu, "none"));
   const auto plain_cpu = forward_logits(*cpu_bf16, ids);
   ASSERT_EQ(got.size(), want.size());
-  const double err = exl3::test::rel_l2(got, want), overlay_effect = exl3::test::rel_l2(plain, want);
+  const double err = exl3::test::rel_l2(got, want),
+               overlay_effect = exl3::test::rel_l2(plain, want);
   const double engines_gap = exl3::test::rel_l2(plain, plain_cpu);
-  std::printf("%s: overlaid CUDA vs overlaid CPU logits rel-L2 %.3e (BF16 CUDA vs overlaid CPU: %.3e; BF16 CUDA vs "
-              "BF16 CPU: %.3e)\n",
-              c.name, err, overlay_effect, engines_gap);
+  std::printf(
+      "%s: overlaid CUDA vs overlaid CPU logits rel-L2 %.3e (BF16 CUDA vs overlaid CPU: %.3e; BF16 "
+      "CUDA vs "
+      "BF16 CPU: %.3e)\n",
+      c.name, err, overlay_effect, engines_gap);
   const auto vocab = static_cast<size_t>(cpu->spec().vocab_size);
   if (err > 1e-2) {  // where the gap sits, token by token (a routing flip is a few tokens)
     for (size_t t = 0; t < ids.size(); ++t) {
@@ -177,7 +194,8 @@ TEST_P(CudaOverlayEngine, MatchesTheCpuEngine) {
         return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(t * vocab),
                                   v.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
       };
-      std::printf("  token %2zu: overlaid %.2e, BF16 engines %.2e\n", t, exl3::test::rel_l2(at(got), at(want)),
+      std::printf("  token %2zu: overlaid %.2e, BF16 engines %.2e\n", t,
+                  exl3::test::rel_l2(at(got), at(want)),
                   exl3::test::rel_l2(at(plain), at(plain_cpu)));
     }
   }
@@ -198,10 +216,13 @@ TEST_P(CudaOverlayEngine, MatchesTheCpuEngine) {
   // 40-token pass (dequant + cuBLAS path), beside the same comparison on the unoverlaid engine.
   const size_t prefill = 30;
   const auto inc = test::prefill_then_decode(*gpu, ids, prefill);
-  const std::vector<float> one_pass(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(ids.size() * vocab));
+  const std::vector<float> one_pass(got.begin(),
+                                    got.begin() + static_cast<std::ptrdiff_t>(ids.size() * vocab));
   const auto inc_bf16 = test::prefill_then_decode(*gpu_bf16, ids, prefill);
-  const double inc_err = exl3::test::rel_l2(inc, one_pass), inc_bf16_err = exl3::test::rel_l2(inc_bf16, plain);
-  std::printf("%s: decode steps vs one pass rel-L2 %.3e overlaid, %.3e unoverlaid\n", c.name, inc_err, inc_bf16_err);
+  const double inc_err = exl3::test::rel_l2(inc, one_pass),
+               inc_bf16_err = exl3::test::rel_l2(inc_bf16, plain);
+  std::printf("%s: decode steps vs one pass rel-L2 %.3e overlaid, %.3e unoverlaid\n", c.name,
+              inc_err, inc_bf16_err);
   // Both paths add the same BF16-rounded products in different orders, and decode attends over
   // the fp16 KV cache where one pass uses its fresh keys; these noise models measured 1.1e-3 to
   // 3.0e-3 on the H200 (2026-11-29 and -30), so the bound is 5e-3, or 3x the unoverlaid engine's
@@ -228,11 +249,13 @@ TEST(CudaOverlay, FusedGroupsThatDisagreeFailAsOnTheCpu) {
     EngineOptions eo = engine_options(d, "linear=mxfp8");
     eo.overlay.ignore = {"model.layers.0.self_attn.k_proj"};
     EXPECT_THAT([&] { load_engine(tmp.path(), eo); },
-                ::testing::ThrowsMessage<Error>(HasSubstr("the fused shards of 'model.layers.0.self_attn' disagree")));
+                ::testing::ThrowsMessage<Error>(
+                    HasSubstr("the fused shards of 'model.layers.0.self_attn' disagree")));
   }
   EngineOptions tp = engine_options(Device::kCuda, "linear=mxfp8");
   tp.tp = 2;
-  EXPECT_THAT([&] { load_engine(tmp.path(), tp); }, ::testing::ThrowsMessage<Error>(HasSubstr("tensor parallelism")));
+  EXPECT_THAT([&] { load_engine(tmp.path(), tp); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("tensor parallelism")));
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // GPU reconstruct vs the CPU reference, bit for bit, on random trellis words, every K x codebook.
 #include <vector>
 
-#include "cuda_check.hpp"
 #include "exl3/cpu/linear.hpp"
+#include "exl3/cuda/device_buffer.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace tr = exl3::trellis;
@@ -20,17 +21,14 @@ TEST(CudaReconstruct, MatchesCpuBitExact) {
       exl3::cpu::LinearView v{trellis, in, out, K, cb, suh, svh, {}};
       const auto expect = exl3::cpu::reconstruct_w_hat(v);
 
-      uint16_t *d_t = nullptr, *d_o = nullptr;
-      EXL3_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_t), trellis.size() * 2));
-      EXL3_CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_o), expect.size() * 2));
-      EXL3_CUDA_OK(cudaMemset(d_o, 0xFF, expect.size() * 2));  // poison (fp16 NaN)
-      EXL3_CUDA_OK(cudaMemcpy(d_t, trellis.data(), trellis.size() * 2, cudaMemcpyHostToDevice));
-      EXL3_CUDA_OK(exl3::cuda::reconstruct_w_hat(d_t, in, out, K, cb, d_o, nullptr));
-      EXL3_CUDA_OK(cudaDeviceSynchronize());
+      const auto d_t = exl3::cuda::DeviceBuffer::upload(trellis, "the trellis");
+      const auto d_o = exl3::cuda::DeviceBuffer::of<uint16_t>(expect.size(), "W_hat");
+      EXL3_CUDA_CHECK(cudaMemset(d_o.get(), 0xFF, d_o.bytes()));  // poison (fp16 NaN)
+      EXL3_CUDA_CHECK(exl3::cuda::reconstruct_w_hat(d_t.as<uint16_t>(), in, out, K, cb,
+                                                    d_o.as<uint16_t>(), nullptr));
+      EXL3_CUDA_CHECK(cudaDeviceSynchronize());
       std::vector<uint16_t> got(expect.size());
-      EXL3_CUDA_OK(cudaMemcpy(got.data(), d_o, got.size() * 2, cudaMemcpyDeviceToHost));
-      EXL3_CUDA_OK(cudaFree(d_t));
-      EXL3_CUDA_OK(cudaFree(d_o));
+      EXL3_CUDA_CHECK(cudaMemcpy(got.data(), d_o.get(), got.size() * 2, cudaMemcpyDeviceToHost));
       ASSERT_EQ(got, expect) << "K=" << K << " cb=" << tr::codebook_name(cb);
     }
   }

@@ -13,18 +13,17 @@
 
 #include "../runtime/runtime_test_util.hpp"
 #include "../runtime/tp_test_util.hpp"
-#include "cuda_check.hpp"
 #include "exl3/error.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
 #include "exl3/runtime/nccl_communicator.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace exl3::runtime {
 namespace {
 
 using ::testing::HasSubstr;
-
 
 std::unique_ptr<Engine> cuda_engine(const std::filesystem::path& dir, int tp, bool tp_engine) {
   EngineOptions o;
@@ -37,7 +36,9 @@ std::unique_ptr<Engine> cuda_engine(const std::filesystem::path& dir, int tp, bo
   return load_engine(dir, o);
 }
 
-int gpus() { return cuda::device_count(); }
+int gpus() {
+  return cuda::device_count();
+}
 
 // The TP sizes to run here: 1 (through the TP engine) and every listed one the GPUs allow.
 std::vector<int> tp_sizes(std::initializer_list<int> wanted) {
@@ -48,10 +49,10 @@ std::vector<int> tp_sizes(std::initializer_list<int> wanted) {
   return out;
 }
 
-
 // TP logits vs the single-GPU engine: one pass, then prefill + decode steps (graphs) of the
 // same tokens. TP 1 must agree bit for bit in spirit (same kernels on the same slices): 1e-6.
-void expect_tp_matches(const std::filesystem::path& dir, int tp, const std::vector<int32_t>& ids, const char* what) {
+void expect_tp_matches(const std::filesystem::path& dir, int tp, const std::vector<int32_t>& ids,
+                       const char* what) {
   auto ref = cuda_engine(dir, 1, false);
   const auto want = forward_logits(*ref, ids);
   auto eng = cuda_engine(dir, tp, true);
@@ -66,7 +67,8 @@ void expect_tp_matches(const std::filesystem::path& dir, int tp, const std::vect
   // Prefill 3 tokens, then one token per step (pure decode steps replay captured graphs).
   const auto inc = test::prefill_then_decode(*eng, ids, 3);
   const double inc_err = exl3::test::rel_l2(inc, want);
-  std::printf("%s CUDA TP %d: incremental decode vs unsliced one pass rel-L2 %.3e\n", what, tp, inc_err);
+  std::printf("%s CUDA TP %d: incremental decode vs unsliced one pass rel-L2 %.3e\n", what, tp,
+              inc_err);
   EXPECT_LE(inc_err, 1e-3) << what << " TP " << tp << " incremental";
 }
 
@@ -94,7 +96,8 @@ TEST(CudaTpEngine, UnquantizedTiedHead) {
   test::TpModelOptions o;
   o.quantize = false;
   o.vocab = 500;
-  test::write_tp_model(dir, HfArch::kLlama, exl3::test::test_seed(), o, {{"tie_word_embeddings", true}});
+  test::write_tp_model(dir, HfArch::kLlama, exl3::test::test_seed(), o,
+                       {{"tie_word_embeddings", true}});
   auto rng = exl3::test::make_rng();
   const auto ids = test::random_ids(rng, 9, 500);
   for (const int tp : tp_sizes({1, 2})) expect_tp_matches(dir, tp, ids, "llama unquantized tied");
@@ -112,7 +115,8 @@ TEST(CudaTpEngine, MixedBatchEqualsSeparateCalls) {
   auto eng = cuda_engine(dir, tp, true);
   const auto sa = eng->new_sequence(), sb = eng->new_sequence();
   eng->forward(sb, std::span(b).first(4), LogitsMode::kLast);
-  const Engine::BatchEntry batch[] = {{sa, a, LogitsMode::kAll}, {sb, std::span(b).subspan(4, 1), LogitsMode::kLast}};
+  const Engine::BatchEntry batch[] = {{sa, a, LogitsMode::kAll},
+                                      {sb, std::span(b).subspan(4, 1), LogitsMode::kLast}};
   const auto got = eng->forward_batch(batch);
   auto ref = cuda_engine(dir, tp, true);
   const auto want_a = forward_logits(*ref, a);
@@ -165,7 +169,8 @@ TEST(NcclCommunicator, HostCollectivesSumInRankOrderAndGather) {
     want[i] = s;
   }
   for (const auto& d : data) gathered_want.insert(gathered_want.end(), d.begin(), d.end());
-  std::vector<std::vector<float>> sums = data, gathered(static_cast<size_t>(n), std::vector<float>(len * n, NAN));
+  std::vector<std::vector<float>> sums = data, gathered(static_cast<size_t>(n),
+                                                        std::vector<float>(len * n, NAN));
   std::vector<std::thread> threads;
   std::vector<std::string> errors(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
@@ -182,7 +187,8 @@ TEST(NcclCommunicator, HostCollectivesSumInRankOrderAndGather) {
   for (auto& t : threads) t.join();
   // Destroying is collective: every rank's thread at once.
   threads.clear();
-  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { comms[static_cast<size_t>(r)].reset(); });
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] { comms[static_cast<size_t>(r)].reset(); });
   for (auto& t : threads) t.join();
   for (int r = 0; r < n; ++r) {
     const auto ur = static_cast<size_t>(r);
@@ -198,14 +204,20 @@ TEST(CudaTpEngine, FailsClosed) {
   const auto dir = tmp / "m";
   test::write_tp_model(dir, HfArch::kLlama, exl3::test::test_seed());
   // More ranks than GPUs: named, with the fix.
-  EXPECT_THAT([&] { cuda_engine(dir, gpus() + 1, true); },
-              ::testing::ThrowsMessage<Error>(AllOf(HasSubstr("visible"), HasSubstr("--tp at most"))));
-  EXPECT_THAT([&] { make_nccl_group({0, 0}); }, ::testing::ThrowsMessage<Error>(HasSubstr("both name device 0")));
+  EXPECT_THAT(
+      [&] { cuda_engine(dir, gpus() + 1, true); },
+      ::testing::ThrowsMessage<Error>(AllOf(HasSubstr("visible"), HasSubstr("--tp at most"))));
+  EXPECT_THAT(
+      [&] {
+        make_nccl_group({0, 0});
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("both name device 0")));
   // A bad batch is refused before any rank runs, and the engine stays usable.
   auto eng = cuda_engine(dir, 1, true);
   const auto seq = eng->new_sequence();
   const std::vector<int32_t> bad = {1, 512};
-  EXPECT_THAT([&] { eng->forward(seq, bad); }, ::testing::ThrowsMessage<Error>(HasSubstr("outside the vocabulary")));
+  EXPECT_THAT([&] { eng->forward(seq, bad); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("outside the vocabulary")));
   const std::vector<int32_t> good = {1, 2, 3};
   EXPECT_EQ(eng->forward(seq, good, LogitsMode::kLast).size(), 512u);
 }

@@ -12,34 +12,26 @@
 #include <string>
 #include <vector>
 
-#include "cuda_check.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/viterbi.hpp"
 #include "exl3/error.hpp"
 #include "exl3/quant/encode.hpp"
 #include "exl3/quant/viterbi.hpp"
 #include "exl3/trellis/bitstream.hpp"
 #include "exl3/trellis/codebook.hpp"
+#include "require_gpu.hpp"
 #include "test_support.hpp"
 
 namespace {
 
 namespace q = exl3::quant;
 namespace tr = exl3::trellis;
+using exl3::cuda::DeviceBuffer;
 using exl3::cuda::encode_tiles_cuda;
 using exl3::cuda::encode_tiles_cuda_workspace;
 
-constexpr tr::Codebook kCodebooks[] = {tr::Codebook::k3Inst, tr::Codebook::kMcg, tr::Codebook::kMul1};
-
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  explicit DevBuf(size_t count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  ~DevBuf() { (void)cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
+constexpr tr::Codebook kCodebooks[] = {tr::Codebook::k3Inst, tr::Codebook::kMcg,
+                                       tr::Codebook::kMul1};
 
 std::vector<float> gaussian_tiles(std::mt19937_64& rng, int64_t n, tr::Codebook cb) {
   std::normal_distribution<float> nd(0.0f, cb == tr::Codebook::kMul1 ? 1.0f : 1.2437f);
@@ -50,50 +42,45 @@ std::vector<float> gaussian_tiles(std::mt19937_64& rng, int64_t n, tr::Codebook 
 
 double tile_mse(const float* a, const float* b) {
   double s = 0.0;
-  for (int i = 0; i < tr::kTileSize; ++i) s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+  for (int i = 0; i < tr::kTileSize; ++i)
+    s += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
   return s / tr::kTileSize;
 }
 
-int tiles_for(int K) { return K == 1 ? 16 : (K == 2 ? 48 : 96); }
+int tiles_for(int K) {
+  return K == 1 ? 16 : (K == 2 ? 48 : 96);
+}
 
 // Runs the device encoder on host tiles with poisoned outputs. `flight` sets the workspace (tiles
-// in flight; fewer than n makes blocks loop over several tiles). Returns false on a CUDA error
-// (already reported through ADD_FAILURE).
-bool run_device(const std::vector<float>& tiles, int64_t n, int K, tr::Codebook cb, int64_t flight,
+// in flight; fewer than n makes blocks loop over several tiles). A CUDA error throws exl3::Error.
+void run_device(const std::vector<float>& tiles, int64_t n, int K, tr::Codebook cb, int64_t flight,
                 uint16_t state_poison, std::vector<uint16_t>& states, std::vector<float>* decoded) {
   const size_t elems = static_cast<size_t>(n) * tr::kTileSize;
-  DevBuf<float> d_tiles(elems), d_dec(elems);
-  DevBuf<uint16_t> d_states(elems);
+  auto d_tiles = DeviceBuffer::of<float>(elems, "d_tiles");
+  auto d_dec = DeviceBuffer::of<float>(elems, "d_dec");
+  auto d_states = DeviceBuffer::of<uint16_t>(elems, "d_states");
   const size_t ws_bytes = encode_tiles_cuda_workspace(flight, K);
-  DevBuf<unsigned char> d_ws(ws_bytes);
-  if (d_tiles.p == nullptr || d_dec.p == nullptr || d_states.p == nullptr || d_ws.p == nullptr) {
-    ADD_FAILURE() << "cudaMalloc failed";
-    return false;
-  }
-  auto ok = [](cudaError_t e, const char* what) {
-    if (e != cudaSuccess) ADD_FAILURE() << what << ": " << cudaGetErrorString(e);
-    return e == cudaSuccess;
-  };
+  DeviceBuffer d_ws(ws_bytes, "d_ws");
   std::vector<uint16_t> poison(elems, state_poison);
-  if (!ok(cudaMemcpy(d_tiles.p, tiles.data(), elems * 4, cudaMemcpyHostToDevice), "upload") ||
-      !ok(cudaMemcpy(d_states.p, poison.data(), elems * 2, cudaMemcpyHostToDevice), "poison states") ||
-      !ok(cudaMemset(d_dec.p, 0xFF, elems * 4), "poison decoded (NaN)") ||
-      !ok(encode_tiles_cuda(d_tiles.p, n, K, cb, d_states.p, decoded != nullptr ? d_dec.p : nullptr, d_ws.p, ws_bytes,
-                            nullptr),
-          "encode_tiles_cuda") ||
-      !ok(cudaDeviceSynchronize(), "encoder run")) {
-    return false;
-  }
+  EXL3_CUDA_CHECK(cudaMemcpy(d_tiles.as<float>(), tiles.data(), elems * 4, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(
+      cudaMemcpy(d_states.as<uint16_t>(), poison.data(), elems * 2, cudaMemcpyHostToDevice));
+  EXL3_CUDA_CHECK(cudaMemset(d_dec.as<float>(), 0xFF, elems * 4));  // poison decoded (NaN)
+  EXL3_CUDA_CHECK(encode_tiles_cuda(d_tiles.as<float>(), n, K, cb, d_states.as<uint16_t>(),
+                                    decoded != nullptr ? d_dec.as<float>() : nullptr, d_ws.get(),
+                                    ws_bytes, nullptr));
+  EXL3_CUDA_CHECK(cudaDeviceSynchronize());
   uint32_t failures = 1;
-  if (!ok(exl3::cuda::encode_tiles_cuda_failures(d_ws.p, &failures, nullptr), "failure count")) return false;
+  EXL3_CUDA_CHECK(exl3::cuda::encode_tiles_cuda_failures(d_ws.get(), &failures, nullptr));
   EXPECT_EQ(failures, 0u) << "K=" << K << ": traced paths that do not close";
   states.resize(elems);
-  if (!ok(cudaMemcpy(states.data(), d_states.p, elems * 2, cudaMemcpyDeviceToHost), "download states")) return false;
+  EXL3_CUDA_CHECK(
+      cudaMemcpy(states.data(), d_states.as<uint16_t>(), elems * 2, cudaMemcpyDeviceToHost));
   if (decoded != nullptr) {
     decoded->resize(elems);
-    if (!ok(cudaMemcpy(decoded->data(), d_dec.p, elems * 4, cudaMemcpyDeviceToHost), "download decoded")) return false;
+    EXL3_CUDA_CHECK(
+        cudaMemcpy(decoded->data(), d_dec.as<float>(), elems * 4, cudaMemcpyDeviceToHost));
   }
-  return true;
 }
 
 TEST(CudaViterbi, MatchesCpuEncoderEveryKAndCodebook) {
@@ -106,14 +93,15 @@ TEST(CudaViterbi, MatchesCpuEncoderEveryKAndCodebook) {
       const auto tiles = gaussian_tiles(rng, n, cb);
       std::vector<uint16_t> got, want(tiles.size());
       std::vector<float> got_dec, want_dec(tiles.size());
-      ASSERT_TRUE(run_device(tiles, n, K, cb, n, 0xFFFF, got, &got_dec));
+      run_device(tiles, n, K, cb, n, 0xFFFF, got, &got_dec);
       q::encode_tiles(tiles.data(), n, K, cb, want.data(), want_dec.data());
 
       double sum_got = 0.0, sum_want = 0.0;
       int identical_tiles = 0;
       for (int t = 0; t < n; ++t) {
         const size_t o = static_cast<size_t>(t) * tr::kTileSize;
-        ASSERT_TRUE(tr::is_tail_biting(got.data() + o, K)) << "K=" << K << " " << tr::codebook_name(cb) << " tile " << t;
+        ASSERT_TRUE(tr::is_tail_biting(got.data() + o, K))
+            << "K=" << K << " " << tr::codebook_name(cb) << " tile " << t;
         for (int p = 0; p < tr::kTileSize; ++p) {
           ASSERT_EQ(got_dec[o + p], tr::decode(got[o + p], cb))  // also: no NaN poison left
               << "K=" << K << " " << tr::codebook_name(cb) << " tile " << t << " position " << p;
@@ -123,10 +111,13 @@ TEST(CudaViterbi, MatchesCpuEncoderEveryKAndCodebook) {
         sum_got += eg;
         sum_want += ew;
         EXPECT_TRUE(std::abs(eg - ew) <= 0.01 * ew || std::abs(eg - ew) <= 1e-6)
-            << "K=" << K << " " << tr::codebook_name(cb) << " tile " << t << ": gpu mse " << eg << " cpu " << ew;
-        identical_tiles += std::memcmp(got.data() + o, want.data() + o, tr::kTileSize * 2) == 0 ? 1 : 0;
+            << "K=" << K << " " << tr::codebook_name(cb) << " tile " << t << ": gpu mse " << eg
+            << " cpu " << ew;
+        identical_tiles +=
+            std::memcmp(got.data() + o, want.data() + o, tr::kTileSize * 2) == 0 ? 1 : 0;
       }
-      EXPECT_NEAR(sum_got / n, sum_want / n, 0.01 * sum_want / n) << "K=" << K << " " << tr::codebook_name(cb);
+      EXPECT_NEAR(sum_got / n, sum_want / n, 0.01 * sum_want / n)
+          << "K=" << K << " " << tr::codebook_name(cb);
       if (cpu_fma) {
         // Same fp32 FMA costs, same tie order: the same path, bit for bit.
         EXPECT_EQ(identical_tiles, n) << "K=" << K << " " << tr::codebook_name(cb)
@@ -146,9 +137,9 @@ TEST(CudaViterbi, DeterministicAcrossPoisonsAndWorkspaceSizes) {
     const auto tiles = gaussian_tiles(rng, n, tr::Codebook::kMcg);
     std::vector<uint16_t> a, b, c;
     std::vector<float> da;
-    ASSERT_TRUE(run_device(tiles, n, K, tr::Codebook::kMcg, n, 0xFFFF, a, &da));
-    ASSERT_TRUE(run_device(tiles, n, K, tr::Codebook::kMcg, 3, 0x0000, b, nullptr));
-    ASSERT_TRUE(run_device(tiles, n, K, tr::Codebook::kMcg, 1, 0x5A5A, c, nullptr));
+    run_device(tiles, n, K, tr::Codebook::kMcg, n, 0xFFFF, a, &da);
+    run_device(tiles, n, K, tr::Codebook::kMcg, 3, 0x0000, b, nullptr);
+    run_device(tiles, n, K, tr::Codebook::kMcg, 1, 0x5A5A, c, nullptr);
     EXPECT_EQ(a, b) << "K=" << K;
     EXPECT_EQ(a, c) << "K=" << K;
   }
@@ -161,17 +152,19 @@ TEST(CudaViterbi, RecoversExactlyDecodableTiles) {
     for (tr::Codebook cb : kCodebooks) {
       const int n = K == 1 ? 4 : 16;
       std::vector<float> target(static_cast<size_t>(n) * tr::kTileSize);
-      std::vector<uint16_t> symbols(tr::kTileSize), packed(tr::tile_words16(K)), truth(tr::kTileSize);
+      std::vector<uint16_t> symbols(tr::kTileSize), packed(tr::tile_words16(K)),
+          truth(tr::kTileSize);
       for (int t = 0; t < n; ++t) {
         for (auto& s : symbols) s = static_cast<uint16_t>(rng() & ((1u << K) - 1u));
         tr::pack_tile(symbols.data(), K, packed.data());
         tr::unpack_tile(packed.data(), K, truth.data());
         ASSERT_TRUE(tr::is_tail_biting(truth.data(), K));
-        for (int p = 0; p < tr::kTileSize; ++p) target[t * tr::kTileSize + p] = tr::decode(truth[p], cb);
+        for (int p = 0; p < tr::kTileSize; ++p)
+          target[t * tr::kTileSize + p] = tr::decode(truth[p], cb);
       }
       std::vector<uint16_t> states;
       std::vector<float> decoded;
-      ASSERT_TRUE(run_device(target, n, K, cb, n, 0xFFFF, states, &decoded));
+      run_device(target, n, K, cb, n, 0xFFFF, states, &decoded);
       for (int t = 0; t < n; ++t) {
         const size_t o = static_cast<size_t>(t) * tr::kTileSize;
         EXPECT_EQ(tile_mse(decoded.data() + o, target.data() + o), 0.0)
@@ -190,8 +183,9 @@ TEST(CudaViterbi, HostWrappersMatchTheDevicePath) {
     const auto tiles = gaussian_tiles(rng, n, tr::Codebook::kMul1);
     std::vector<uint16_t> dev, host(tiles.size()), on(tiles.size());
     std::vector<float> dev_dec, host_dec(tiles.size(), std::numeric_limits<float>::quiet_NaN());
-    ASSERT_TRUE(run_device(tiles, n, K, tr::Codebook::kMul1, n, 0xFFFF, dev, &dev_dec));
-    exl3::cuda::encode_tiles_cuda_host(tiles.data(), n, K, tr::Codebook::kMul1, host.data(), host_dec.data());
+    run_device(tiles, n, K, tr::Codebook::kMul1, n, 0xFFFF, dev, &dev_dec);
+    exl3::cuda::encode_tiles_cuda_host(tiles.data(), n, K, tr::Codebook::kMul1, host.data(),
+                                       host_dec.data());
     q::encode_tiles_on(q::Device::kCuda, tiles.data(), n, K, tr::Codebook::kMul1, on.data());
     EXPECT_EQ(host, dev) << "K=" << K;
     EXPECT_EQ(host_dec, dev_dec) << "K=" << K;
@@ -202,26 +196,30 @@ TEST(CudaViterbi, HostWrappersMatchTheDevicePath) {
 
 TEST(CudaViterbi, RejectsBadArguments) {
   EXL3_REQUIRE_GPU();
-  DevBuf<float> tiles(tr::kTileSize);
-  DevBuf<uint16_t> states(tr::kTileSize);
+  auto tiles = DeviceBuffer::of<float>(tr::kTileSize, "tiles");
+  auto states = DeviceBuffer::of<uint16_t>(tr::kTileSize, "states");
   const size_t ws_bytes = encode_tiles_cuda_workspace(1, 8);
-  DevBuf<unsigned char> ws(ws_bytes);
-  ASSERT_NE(ws.p, nullptr);
-  EXL3_CUDA_OK(cudaMemset(tiles.p, 0, tr::kTileSize * 4));
+  DeviceBuffer ws(ws_bytes, "ws");
+  EXL3_CUDA_CHECK(cudaMemset(tiles.as<float>(), 0, tr::kTileSize * 4));
   for (int K : {0, 9}) {
-    EXPECT_EQ(encode_tiles_cuda(tiles.p, 1, K, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes, nullptr),
+    EXPECT_EQ(encode_tiles_cuda(tiles.as<float>(), 1, K, tr::Codebook::kMcg, states.as<uint16_t>(),
+                                nullptr, ws.get(), ws_bytes, nullptr),
               cudaErrorInvalidValue);
   }
-  EXPECT_EQ(encode_tiles_cuda(tiles.p, -1, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes, nullptr),
+  EXPECT_EQ(encode_tiles_cuda(tiles.as<float>(), -1, 8, tr::Codebook::kMcg, states.as<uint16_t>(),
+                              nullptr, ws.get(), ws_bytes, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(encode_tiles_cuda(tiles.p, 1, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes - 1, nullptr),
+  EXPECT_EQ(encode_tiles_cuda(tiles.as<float>(), 1, 8, tr::Codebook::kMcg, states.as<uint16_t>(),
+                              nullptr, ws.get(), ws_bytes - 1, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(encode_tiles_cuda(nullptr, 1, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes, nullptr),
+  EXPECT_EQ(encode_tiles_cuda(nullptr, 1, 8, tr::Codebook::kMcg, states.as<uint16_t>(), nullptr,
+                              ws.get(), ws_bytes, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(encode_tiles_cuda(tiles.p, 0, 8, tr::Codebook::kMcg, states.p, nullptr, ws.p, ws_bytes, nullptr),
+  EXPECT_EQ(encode_tiles_cuda(tiles.as<float>(), 0, 8, tr::Codebook::kMcg, states.as<uint16_t>(),
+                              nullptr, ws.get(), ws_bytes, nullptr),
             cudaSuccess);
-  EXL3_CUDA_OK(cudaDeviceSynchronize());
-  EXL3_CUDA_OK(cudaGetLastError());
+  EXL3_CUDA_CHECK(cudaDeviceSynchronize());
+  EXL3_CUDA_CHECK(cudaGetLastError());
 }
 
 // Not a pass/fail benchmark: records tiles/s per K (MCG) so runs leave a trace in the test log.
@@ -235,7 +233,8 @@ TEST(CudaViterbi, ThroughputReport) {
     EXPECT_GT(tps, 0.0);
     std::printf("[ viterbi ] K=%d mcg: %.0f tiles/s (%d tiles, %lld resident)\n", K, tps, n,
                 static_cast<long long>(resident));
-    RecordProperty("tiles_per_second_K" + std::to_string(K), std::to_string(static_cast<int64_t>(tps)));
+    RecordProperty("tiles_per_second_K" + std::to_string(K),
+                   std::to_string(static_cast<int64_t>(tps)));
   }
 }
 

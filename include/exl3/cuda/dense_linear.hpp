@@ -3,7 +3,8 @@
 // workspace and cuBLAS accumulates in fp32; F32: plain fp32 GEMM, no TF32) or widened to fp32
 // at upload when `fp32_weights` (routers: their logits pick experts, so they get the CPU
 // reference's precision). Same execution contract as Exl3LinearCuda: no allocation, no sync,
-// capturable in a CUDA graph (cuBLAS runs on the caller's workspace).
+// capturable in a CUDA graph (cuBLAS runs on the CudaContext's handle, limited to the first
+// 4 MiB of its workspace, the size these GEMMs have always been planned with).
 #pragma once
 
 #include <cstddef>
@@ -12,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/linear.hpp"
 
 namespace exl3::cuda {
@@ -19,10 +21,10 @@ namespace exl3::cuda {
 class DenseLinearCuda {
  public:
   // weight: host [out, in] in `wtype` (f16/bf16/f32); bias: host fp32 [out] or null. Throws
-  // exl3::Error naming `name` on CUDA/cuBLAS failures.
-  DenseLinearCuda(std::string name, const void* weight, DType wtype, int64_t in_features, int64_t out_features,
-                  const float* bias, int64_t max_m, bool fp32_weights = false);
-  ~DenseLinearCuda();
+  // exl3::Error naming `name` on CUDA failures. `ctx` (cuBLAS) must outlive the layer.
+  DenseLinearCuda(CudaContext& ctx, std::string name, const void* weight, DType wtype,
+                  int64_t in_features, int64_t out_features, const float* bias, int64_t max_m,
+                  bool fp32_weights = false);
   DenseLinearCuda(const DenseLinearCuda&) = delete;
   DenseLinearCuda& operator=(const DenseLinearCuda&) = delete;
 
@@ -39,9 +41,9 @@ class DenseLinearCuda {
   std::string name_;
   int64_t in_ = 0, out_ = 0, max_m_ = 0;
   DType wtype_ = DType::kBF16;
-  void* d_w_ = nullptr;
-  float* d_bias_ = nullptr;
-  void* cublas_ = nullptr;
+  DeviceBuffer w_;              // [out, in] in wtype_
+  DeviceBuffer bias_;           // fp32 [out], or empty
+  CudaContext* ctx_ = nullptr;  // cuBLAS handle and workspace (not owned)
 };
 
 }  // namespace exl3::cuda

@@ -13,14 +13,15 @@
 
 #include <cuda_runtime_api.h>
 
-#include "exl3/cuda/linear.hpp"
+#include "exl3/cuda/dtype.hpp"
 
 namespace exl3::cuda {
 
 // x, y: device [rows, cols] row-major (may alias for an in-place transform of equal dtypes);
 // cols a positive multiple of 128; pre/post: fp16 bits [cols] on the device, or null for 1.
 // cudaErrorInvalidValue for bad shapes.
-cudaError_t hadamard128_rows(const void* x, DType in_type, void* y, DType out_type, int64_t rows, int64_t cols,
-                             const uint16_t* pre, const uint16_t* post, cudaStream_t stream);
+cudaError_t hadamard128_rows(const void* x, DType in_type, void* y, DType out_type, int64_t rows,
+                             int64_t cols, const uint16_t* pre, const uint16_t* post,
+                             cudaStream_t stream);
 
 }  // namespace exl3::cuda

@@ -9,18 +9,20 @@
 //             3INST/MCG weights as their unrounded two-half sum (<= 2^-11 relative per weight
 //             from the fp16-rounded W_hat; MUL1 exact). Rows are batch-invariant bit for bit
 //             for every m on this path.
-//   kMma    : gemv_max_m < m <= mma_max_m. Prologue (suh, input rotation, per-row power-of-two range guard ->
-//             fp16 x'), a tensor-core kernel that decodes each 16x16 trellis tile straight into
-//             mma.m16n8k16 B fragments once for up to 64 rows, split-K partials in fp32, then an
-//             epilogue that sums the partials in a fixed order, rotates, scales and adds bias.
-//             Row results are batch-invariant bit for bit within the path: the split-K plan
-//             depends on (k, n) only, and every row's arithmetic is independent of the others.
+//   kMma    : gemv_max_m < m <= mma_max_m. Prologue (suh, input rotation, per-row
+//             power-of-two range guard -> fp16 x'), a tensor-core kernel that decodes each 16x16
+//             trellis tile straight into mma.m16n8k16 B fragments once for up to 64 rows, split-K
+//             partials in fp32, then an epilogue that sums the partials in a fixed order, rotates,
+//             scales and adds bias. Row results are batch-invariant bit for bit within the path:
+//             the split-K plan depends on (k, n) only, and every row's arithmetic is independent of
+//             the others.
 //   kCublas : m > mma_max_m. fp16/bf16 activations: the original-basis weight (both rotations and
 //             scales folded in, in the activation dtype) is decoded into the caller's workspace
 //             and cuBLAS GemmEx multiplies the raw activations and writes y (fp32 accumulation),
 //             plus a bias pass when there is a bias. fp32 activations: the kMma prologue and
 //             epilogue around W_hat and cuBLAS. Deterministic run to run, but not
-//             batch-invariant (cuBLAS picks its algorithm by shape).
+//             batch-invariant (cuBLAS picks its algorithm by shape). cuBLAS runs on the
+//             CudaContext's handle and workspace (32 MiB), shared by every linear of an engine.
 #pragma once
 
 #include <cstddef>
@@ -30,6 +32,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/device_buffer.hpp"
+#include "exl3/cuda/dtype.hpp"
 #include "exl3/trellis/codebook.hpp"
 
 namespace exl3 {
@@ -38,33 +42,31 @@ class Exl3LinearData;
 
 namespace exl3::cuda {
 
-enum class DType : uint8_t { kF16, kBF16, kF32 };
+class CudaContext;
+
 enum class LinearPath : uint8_t { kGemv, kMma, kCublas };
 
 struct LinearOptions {
-  int64_t max_m = 4096;      // largest batch the workspace is sized for
-  int64_t gemv_max_m = 16;   // m up to this uses the swap-AB GEMV (0 = never)
-  int64_t mma_max_m = 128;   // m above this uses the cuBLAS path (crossover measured on H200)
-  int split_k = 0;           // 0 = planned from (k, n) and the SM count
+  int64_t max_m = 4096;     // largest batch the workspace is sized for
+  int64_t gemv_max_m = 16;  // m up to this uses the swap-AB GEMV (0 = never)
+  int64_t mma_max_m = 128;  // m above this uses the cuBLAS path (crossover measured on H200)
+  int split_k = 0;          // 0 = planned from (k, n) and the SM count
 };
 
 // "gemv" | "mma" | "cublas".
 const char* path_name(LinearPath p);
 
-// Bytes of one element of `t`.
-size_t dtype_size(DType t);
-
 class Exl3LinearCuda {
  public:
-  // Uploads the tensors (one cudaMalloc per tensor, synchronous). Throws exl3::Error on bad
-  // options or CUDA failures, naming the layer.
-  Exl3LinearCuda(const Exl3LinearData& data, const LinearOptions& opts = {});
+  // Uploads the tensors (one DeviceBuffer per tensor, synchronous). Throws exl3::Error on bad
+  // options or CUDA failures, naming the layer; what was uploaded before a failure is freed.
+  // The cuBLAS path runs on `ctx`'s handle and workspace: `ctx` must outlive the layer.
+  Exl3LinearCuda(CudaContext& ctx, const Exl3LinearData& data, const LinearOptions& opts = {});
   // Raw form (host pointers; trellis int16 bits [in/16, out/16, 16K], suh/svh fp16 bits, bias
   // fp32 or null). `name` labels errors.
-  Exl3LinearCuda(const char* name, const uint16_t* trellis, int64_t in_features, int64_t out_features, int K,
-                 trellis::Codebook cb, const uint16_t* suh, const uint16_t* svh, const float* bias,
-                 const LinearOptions& opts = {});
-  ~Exl3LinearCuda();
+  Exl3LinearCuda(CudaContext& ctx, const char* name, const uint16_t* trellis, int64_t in_features,
+                 int64_t out_features, int K, trellis::Codebook cb, const uint16_t* suh,
+                 const uint16_t* svh, const float* bias, const LinearOptions& opts = {});
   Exl3LinearCuda(const Exl3LinearCuda&) = delete;
   Exl3LinearCuda& operator=(const Exl3LinearCuda&) = delete;
 
@@ -72,14 +74,15 @@ class Exl3LinearCuda {
   int64_t out_features() const { return out_; }
   int bits() const { return K_; }
   trellis::Codebook codebook() const { return cb_; }
-  int split_k() const { return split_k_; }        // tensor-core path
+  int split_k() const { return split_k_; }  // tensor-core path
   int gemv_split_k() const { return gemv_split_k_; }
   // Split-K slices run() uses at this m (1 on the cuBLAS path).
   int splits_for(int64_t m) const;
   const LinearOptions& options() const { return opts_; }
 
   LinearPath path_for(int64_t m) const;
-  // Workspace bytes needed by run() for any m <= max_m (256-byte aligned sub-buffers).
+  // Workspace bytes needed by run() for any m <= max_m (256-byte aligned sub-buffers; cuBLAS's
+  // own workspace is the context's).
   size_t workspace_bytes() const;
   // Workspace bytes for one path at one m (what the benchmark reports).
   size_t workspace_bytes(int64_t m) const;
@@ -96,10 +99,10 @@ class Exl3LinearCuda {
   void init(const char* name, const uint16_t* trellis, const uint16_t* suh, const uint16_t* svh,
             const float* bias);
   cudaError_t run_folded(const void* x, DType in_type, void* y, DType out_type, int64_t m, void* w,
-                         float* f32_out, void* cublas_ws, cudaStream_t stream) const;
+                         float* f32_out, cudaStream_t stream) const;
   // x_type / y_type are cudaDataType_t values (kept out of this header).
   cudaError_t cublas_gemm(const void* x, int x_type, const void* w, void* y, int y_type, int64_t m,
-                          void* cublas_ws, cudaStream_t stream) const;
+                          cudaStream_t stream) const;
 
   int64_t in_ = 0, out_ = 0;
   int K_ = 0;
@@ -107,11 +110,11 @@ class Exl3LinearCuda {
   LinearOptions opts_;
   int split_k_ = 1;
   int gemv_split_k_ = 1;
-  uint16_t* d_trellis_ = nullptr;
-  uint16_t* d_suh_ = nullptr;
-  uint16_t* d_svh_ = nullptr;
-  float* d_bias_ = nullptr;
-  void* cublas_ = nullptr;  // cublasHandle_t, created only when the cuBLAS path is reachable
+  CudaContext* ctx_ = nullptr;  // cuBLAS handle and workspace (not owned)
+  DeviceBuffer trellis_;        // int16 [in/16, out/16, 16K]
+  DeviceBuffer suh_;            // fp16 [in]
+  DeviceBuffer svh_;            // fp16 [out]
+  DeviceBuffer bias_;           // fp32 [out], or empty
 };
 
 // Convenience for tools and tests: copies fp32 x [m, in] to the device, runs the layer (fp32 in

@@ -10,19 +10,19 @@
 
 #include <cuda_runtime_api.h>
 
-#include "exl3/cuda/linear.hpp"
+#include "exl3/cuda/dtype.hpp"
 
 namespace exl3::cuda {
 
 // out[n, hidden] (fp32) = rows ids[0..n) of table [vocab, hidden] (f16 / bf16 / f32).
-cudaError_t embed_rows(const void* table, DType table_type, int64_t hidden, const int32_t* ids, int64_t n,
-                       float* out, cudaStream_t stream);
+cudaError_t embed_rows(const void* table, DType table_type, int64_t hidden, const int32_t* ids,
+                       int64_t n, float* out, cudaStream_t stream);
 
 // Per row r < rows: when `add` is non-null x[r] += add[r] first (the residual update, in place);
 // then y[r] = x[src] * rsqrt(mean(x[src]^2) + eps) * w, where src = row_index ? row_index[r] : r
 // (row_index gathers e.g. the last token of each sequence before the head). y may not alias x.
-cudaError_t add_rms_norm(float* x, const float* add, const float* w, const int32_t* row_index, int64_t rows,
-                         int64_t n, float eps, float* y, cudaStream_t stream);
+cudaError_t add_rms_norm(float* x, const float* add, const float* w, const int32_t* row_index,
+                         int64_t rows, int64_t n, float eps, float* y, cudaStream_t stream);
 
 // The paged KV cache of one layer as kernels see it: token `pos` of the sequence whose page
 // table row is `r` lives in slot page_tables[r * max_pages + pos / page_size] * page_size +
@@ -45,7 +45,7 @@ struct TokenMeta {
 struct AttnShape {
   int num_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;   // 64 or 128
+  int head_dim = 0;     // 64 or 128
   int rotary_half = 0;  // rotary_dim / 2 (<= head_dim / 2)
 };
 
@@ -53,9 +53,10 @@ struct AttnShape {
 // k_norm weights [hd], null = none), NeoX RoPE on the first 2 * rotary_half channels with
 // cos/sin from rope_cs [max_pos, 2, rotary_half] at pos[t], then k and v [n, kv, hd] stored (fp16)
 // in the cache slot of (seq_row[t], pos[t]). q is updated in place (fp32).
-cudaError_t qk_norm_rope_store(float* q, const float* k, const float* v, const float* q_norm, const float* k_norm,
-                               float eps, const float* rope_cs, TokenMeta meta, int64_t n, const AttnShape& shape,
-                               const PagedKv& kv, cudaStream_t stream);
+cudaError_t qk_norm_rope_store(float* q, const float* k, const float* v, const float* q_norm,
+                               const float* k_norm, float eps, const float* rope_cs, TokenMeta meta,
+                               int64_t n, const AttnShape& shape, const PagedKv& kv,
+                               cudaStream_t stream);
 
 // Causal attention of queries q [n, heads, hd] (after RoPE) over keys/values 0..pos[t] of their
 // sequence -> out [n, heads, hd] (fp32; softmax in fp32).
@@ -67,9 +68,9 @@ cudaError_t qk_norm_rope_store(float* q, const float* k, const float* v, const f
 cudaError_t attention_decode(const float* q, const int32_t* tokens, int64_t count, TokenMeta meta,
                              const AttnShape& shape, float scale, const PagedKv& kv, float* out,
                              cudaStream_t stream);
-cudaError_t attention_prefill(const float* q, const int32_t* tile_first, const int32_t* tile_len, int64_t count,
-                              TokenMeta meta, const AttnShape& shape, float scale, const PagedKv& kv, float* out,
-                              cudaStream_t stream);
+cudaError_t attention_prefill(const float* q, const int32_t* tile_first, const int32_t* tile_len,
+                              int64_t count, TokenMeta meta, const AttnShape& shape, float scale,
+                              const PagedKv& kv, float* out, cudaStream_t stream);
 // Head dims the attention kernels are built for.
 bool attention_supports_head_dim(int head_dim);
 
@@ -92,12 +93,12 @@ struct RouterParams {
   float routed_scaling_factor = 1.0f;
   const float* correction_bias = nullptr;  // [E] or null
 };
-cudaError_t route_topk(const float* logits, int64_t m, const RouterParams& p, int32_t* ids, float* weights,
-                       cudaStream_t stream);
+cudaError_t route_topk(const float* logits, int64_t m, const RouterParams& p, int32_t* ids,
+                       float* weights, cudaStream_t stream);
 
 // dst[m, n] (f16 / bf16 / f32) = src[m, n] (fp32), row strides ld_src / ld_dst (elements).
-cudaError_t convert_rows(const float* src, int64_t ld_src, void* dst, DType dst_type, int64_t ld_dst, int64_t m,
-                         int64_t n, cudaStream_t stream);
+cudaError_t convert_rows(const float* src, int64_t ld_src, void* dst, DType dst_type,
+                         int64_t ld_dst, int64_t m, int64_t n, cudaStream_t stream);
 
 // y[m, n] += bias[n].
 cudaError_t add_bias(float* y, const float* bias, int64_t m, int64_t n, cudaStream_t stream);

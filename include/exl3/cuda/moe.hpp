@@ -33,6 +33,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/linear.hpp"
 #include "exl3/moe/layout.hpp"
 #include "exl3/trellis/codebook.hpp"
@@ -48,9 +49,9 @@ struct MoeGemvArgs;
 
 // Tunables: plain fields, with environment overrides applied by moe_options_from_env.
 struct MoeOptions {
-  int64_t capacity = 0;        // most tokens per run(); required (0 is an error: no guessing)
-  int64_t decode_max_m = 32;   // EXL3_MOE_DECODE_MAX_M: m up to this uses the decode plan
-  int64_t prefill_chunk = 0;   // EXL3_MOE_PREFILL_CHUNK: tokens per prefill pass; 0 = fit budget
+  int64_t capacity = 0;       // most tokens per run(); required (0 is an error: no guessing)
+  int64_t decode_max_m = 32;  // EXL3_MOE_DECODE_MAX_M: m up to this uses the decode plan
+  int64_t prefill_chunk = 0;  // EXL3_MOE_PREFILL_CHUNK: tokens per prefill pass; 0 = fit budget
   int64_t arena_budget_mib = 256;  // EXL3_MOE_ARENA_MIB: prefill_chunk = 0 sizes chunks to this
   // EXL3_MOE_TIERS: how the expert GEMVs meet mixed bit widths (K3 + K4 tiers). kGrid: one grid,
   // each block switching to its expert's K; kPasses: one homogeneous pass per K present, each a
@@ -73,7 +74,6 @@ class MoeLayerCuda {
   // Uploads the layer (one device slab for all trellises, rotation tables as loaded: shared-H
   // rows stay one [1, H] row). Throws exl3::Error on invalid options or CUDA failures.
   MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOptions& opts);
-  ~MoeLayerCuda();
   MoeLayerCuda(const MoeLayerCuda&) = delete;
   MoeLayerCuda& operator=(const MoeLayerCuda&) = delete;
 
@@ -97,15 +97,17 @@ class MoeLayerCuda {
   // x [m, H] (in_type), topk_ids int32 [m, k], topk_weights fp32 [m, k] -> out fp32 [m, H]
   // (overwritten); all device pointers. m in 1..capacity. Returns the first CUDA error;
   // cudaErrorInvalidValue for m outside the plan or a short arena.
-  cudaError_t run(const void* x, DType in_type, const int32_t* topk_ids, const float* topk_weights, float* out,
-                  int64_t m, void* arena, size_t arena_size, cudaStream_t stream) const;
+  cudaError_t run(const void* x, DType in_type, const int32_t* topk_ids, const float* topk_weights,
+                  float* out, int64_t m, void* arena, size_t arena_size, cudaStream_t stream) const;
 
  private:
   struct Carve;
   Carve carve(void* base, int64_t tokens, MoePlan plan) const;
-  cudaError_t gemv_tiers(detail::MoeGemvArgs& a, int nt, int max_groups, MoePlan plan, cudaStream_t stream) const;
-  cudaError_t run_pass(const void* x, DType in_type, const int32_t* ids, const float* weights, float* out,
-                       int64_t m, MoePlan plan, const Carve& c, cudaStream_t stream) const;
+  cudaError_t gemv_tiers(detail::MoeGemvArgs& a, int nt, int max_groups, MoePlan plan,
+                         cudaStream_t stream) const;
+  cudaError_t run_pass(const void* x, DType in_type, const int32_t* ids, const float* weights,
+                       float* out, int64_t m, MoePlan plan, const Carve& c,
+                       cudaStream_t stream) const;
 
   int64_t H_ = 0, I_ = 0;
   int E_ = 0, k_ = 0;
@@ -118,13 +120,13 @@ class MoeLayerCuda {
   int sms_ = 132;
   size_t device_bytes_ = 0;
   // Device allocations.
-  void* slab_ = nullptr;              // all trellises
-  void* ptrs_ = nullptr;              // [3][E] trellis pointers (gate, up, down)
-  void* bits_ = nullptr;              // [3][E] int8 K
-  uint16_t* gate_suh_ = nullptr;      // [h_rows, H]
-  uint16_t* up_suh_ = nullptr;
-  uint16_t* down_svh_ = nullptr;
-  uint16_t* intermediate_ = nullptr;  // [E, 3I]
+  DeviceBuffer slab_;          // all trellises
+  DeviceBuffer ptrs_;          // [3][E] trellis pointers (gate, up, down)
+  DeviceBuffer bits_;          // [3][E] int8 K
+  DeviceBuffer gate_suh_;      // fp16 [h_rows, H]
+  DeviceBuffer up_suh_;        // fp16 [h_rows, H]
+  DeviceBuffer down_svh_;      // fp16 [h_rows, H]
+  DeviceBuffer intermediate_;  // fp16 [E, 3I]
 };
 
 }  // namespace exl3::cuda

@@ -5,7 +5,8 @@
 //   y[m, out] = x[m, in] @ dq(W)^T (+ bias), fp32 accumulation
 //
 // Paths, by m (Mxfp8LinearCuda::path_for):
-//   kGemv   : m <= gemv_max_m (default 32, at most 64). Bandwidth bound at decode: the weight is uploaded in
+//   kGemv   : m <= gemv_max_m (default 32, at most 64). Bandwidth bound at decode: the weight is
+//   uploaded in
 //             a tiled layout (src/cuda/mxfp8_tiles.hpp) whose 16-byte lane loads are mma.sync
 //             A fragments; E4M3 codes become bf16 with shifts and masks (exact), mma.sync
 //             m16n8k16 multiplies 16 rows x 16 inputs by up to 8 activation rows per tile, and
@@ -15,7 +16,8 @@
 //   kCublas : m > gemv_max_m. The weight is dequantized to BF16 into the caller's workspace and
 //             cuBLAS multiplies (fp32 accumulation): at large m the GEMM is compute bound and
 //             the dequant pass (3 bytes/weight of traffic) costs a few percent. Deterministic,
-//             not batch-invariant (cuBLAS picks its algorithm by shape).
+//             not batch-invariant (cuBLAS picks its algorithm by shape). cuBLAS runs on the
+//             CudaContext's handle and workspace.
 // Why not FP8 tensor cores with per-block scaling on sm_90: Hopper's FP8 wgmma has no per-32
 // block scale, so each 32-wide K step would need its own accumulator rescale, and the BF16
 // activations would have to be quantized to E4M3, changing the numerics against the BF16
@@ -30,6 +32,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/linear.hpp"
 
 namespace exl3::mxfp8 {
@@ -42,22 +45,25 @@ enum class Mxfp8Path : uint8_t { kGemv, kCublas };
 const char* mxfp8_path_name(Mxfp8Path p);  // "gemv" | "cublas"
 
 struct Mxfp8Options {
-  int64_t max_m = 4096;     // largest batch the workspace is sized for
-  int64_t gemv_max_m = 32;  // m up to this (0..64) uses the tensor-core GEMV, above: dequant + cuBLAS
-                            // (H200: GEMV faster up to 32 on 7 shapes, slower at 64 on 5; docs/mxfp8.md)
-  int split_k = 0;          // GEMV split-K; 0 = planned from (in, out) and the SM count
+  int64_t max_m = 4096;  // largest batch the workspace is sized for
+  int64_t gemv_max_m =
+      32;           // m up to this (0..64) uses the tensor-core GEMV, above: dequant + cuBLAS
+                    // (H200: GEMV faster up to 32 on 7 shapes, slower at 64 on 5; docs/mxfp8.md)
+  int split_k = 0;  // GEMV split-K; 0 = planned from (in, out) and the SM count
 };
 
 class Mxfp8LinearCuda {
  public:
   // Uploads the planes (and bias, fp32, may be empty). Throws exl3::Error naming the layer on
-  // bad shapes (in % 32, empty), bad options or CUDA failures.
-  Mxfp8LinearCuda(const mxfp8::Weight& w, const std::vector<float>& bias = {}, const Mxfp8Options& opts = {});
+  // bad shapes (in % 32, empty), bad options or CUDA failures. `ctx` (cuBLAS) must outlive the
+  // layer.
+  Mxfp8LinearCuda(CudaContext& ctx, const mxfp8::Weight& w, const std::vector<float>& bias = {},
+                  const Mxfp8Options& opts = {});
   // Raw form: host planes values [out, in], scales [out, in / 32]; NaN codes (E4M3 S.1111.111,
   // UE8M0 255) are refused naming the layer, as mxfp8::Weight does for checkpoints.
-  Mxfp8LinearCuda(const char* name, const uint8_t* values, const uint8_t* scales, int64_t in_features,
-                  int64_t out_features, const float* bias, const Mxfp8Options& opts = {});
-  ~Mxfp8LinearCuda();
+  Mxfp8LinearCuda(CudaContext& ctx, const char* name, const uint8_t* values, const uint8_t* scales,
+                  int64_t in_features, int64_t out_features, const float* bias,
+                  const Mxfp8Options& opts = {});
   Mxfp8LinearCuda(const Mxfp8LinearCuda&) = delete;
   Mxfp8LinearCuda& operator=(const Mxfp8LinearCuda&) = delete;
 
@@ -84,18 +90,20 @@ class Mxfp8LinearCuda {
   cudaError_t dequantize_bf16(uint16_t* out, cudaStream_t stream) const;
 
  private:
-  // check_codes: refuse NaN codes and out-of-range scales (raw planes; an mxfp8::Weight is checked).
-  void init(const char* name, const uint8_t* values, const uint8_t* scales, const float* bias, bool check_codes);
+  // check_codes: refuse NaN codes and out-of-range scales (raw planes; an mxfp8::Weight is
+  // checked).
+  void init(const char* name, const uint8_t* values, const uint8_t* scales, const float* bias,
+            bool check_codes);
   int64_t padded_rows() const { return (out_ + 15) / 16 * 16; }
 
   std::string name_;
   int64_t in_ = 0, out_ = 0;
   Mxfp8Options opts_;
-  int split_k_ = 1;  // GEMV
-  uint8_t* d_values_ = nullptr;  // tiled (src/cuda/mxfp8_tiles.hpp)
-  uint8_t* d_scales_ = nullptr;
-  float* d_bias_ = nullptr;
-  void* cublas_ = nullptr;  // cublasHandle_t, created only when the cuBLAS path is reachable
+  int split_k_ = 1;             // GEMV
+  CudaContext* ctx_ = nullptr;  // cuBLAS handle and workspace (not owned)
+  DeviceBuffer values_;         // tiled (src/cuda/mxfp8_tiles.hpp)
+  DeviceBuffer scales_;
+  DeviceBuffer bias_;  // fp32 [out], or empty
 };
 
 // `base` with the environment's tuning override applied: EXL3_MXFP8_GEMV_MAX_M (1..64) moves the

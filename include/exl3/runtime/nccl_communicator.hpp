@@ -25,6 +25,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/runtime/communicator.hpp"
 
 namespace exl3::runtime {
@@ -64,8 +65,7 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<NcclGroupState> group_;
   int rank_ = 0;
   cudaStream_t stream_ = nullptr;  // host collectives
-  float* staging_ = nullptr;       // device, host collectives
-  size_t staging_floats_ = 0;
+  cuda::DeviceBuffer staging_;     // host collectives, grown on demand
 };
 
 // One communicator per device of `devices` (distinct CUDA ordinals; rank r runs on devices[r]),
