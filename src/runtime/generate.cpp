@@ -43,12 +43,14 @@ Sampler::Sampler(const SamplingOptions& opts) : opts_(opts), rng_(opts.seed) {
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   if (logits.empty()) fail("sample: no logits");
   if (opts_.repetition_penalty != 1.0f && !history.empty()) {
+    // Each distinct id once: a flag per vocabulary entry, so a step costs O(vocab + history)
+    // (the logits copy is O(vocab) already) rather than a sort of the whole history.
     penalized_.assign(logits.begin(), logits.end());
-    seen_.assign(history.begin(), history.end());
-    std::sort(seen_.begin(), seen_.end());
-    seen_.erase(std::unique(seen_.begin(), seen_.end()), seen_.end());
-    for (const int32_t t : seen_) {
-      if (t < 0 || static_cast<size_t>(t) >= penalized_.size()) continue;
+    seen_.assign(logits.size(), 0);
+    for (const int32_t t : history) {
+      if (t < 0 || static_cast<size_t>(t) >= penalized_.size() || seen_[static_cast<size_t>(t)])
+        continue;
+      seen_[static_cast<size_t>(t)] = 1;
       float& l = penalized_[static_cast<size_t>(t)];
       l = l > 0.0f ? l / opts_.repetition_penalty : l * opts_.repetition_penalty;
     }

@@ -47,7 +47,7 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> scratch_;
   std::vector<float> penalized_;
-  std::vector<int32_t> seen_;
+  std::vector<uint8_t> seen_;  // repetition penalty: ids already penalized this step
 };
 
 struct GenerateOptions {
