@@ -170,11 +170,13 @@ Runner add_serve(CLI::App& app, Common&) {
     so.scheduler.max_queue = o->max_queue;
     so.scheduler.max_context = o->max_context;
     so.scheduler.step_tokens = o->step_tokens;
-    so.max_connections = o->max_connections;
+    so.http.max_connections = o->max_connections;
     so.api_key = o->api_key;
-    so.max_body_bytes = o->max_body_mib << 20;
-    so.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(o->read_timeout * 1000.0));
-    so.write_timeout = std::chrono::milliseconds(static_cast<int64_t>(o->write_timeout * 1000.0));
+    so.http.max_body_bytes = o->max_body_mib << 20;
+    so.http.read_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(o->read_timeout * 1000.0));
+    so.http.write_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(o->write_timeout * 1000.0));
     if (!o->quiet) {
       so.log = [](const std::string& line) {
         char ts[32];

@@ -143,7 +143,7 @@ struct HttpServer::Impl {
         sched(engine, tok, opts.scheduler),
         created(static_cast<int64_t>(std::time(nullptr))),
         transport(
-            limits(opts), [this](const http::Request& q) { return handle(q); },
+            opts.http, [this](const http::Request& q) { return handle(q); },
             [](int status, std::string msg) {
               return error_response(api_error(status, std::move(msg), status_type(status)));
             },
@@ -156,16 +156,6 @@ struct HttpServer::Impl {
     }
   }
 
-  static http::Limits limits(const ServerOptions& o) {
-    http::Limits l;
-    l.max_body_bytes = o.max_body_bytes;
-    l.max_header_bytes = o.max_header_bytes;
-    l.max_connections = o.max_connections;
-    l.read_timeout = o.read_timeout;
-    l.write_timeout = o.write_timeout;
-    l.threads = o.http_threads;
-    return l;
-  }
   static http::AccessLog access_log(const ServerOptions& o) {
     if (!o.log) return {};
     return [log = o.log](const http::Request& q, int status, double ms) {
@@ -215,7 +205,7 @@ struct HttpServer::Impl {
             {"failed", s.failed},
             {"steps", s.steps},
             {"connections", transport.open_connections()},
-            {"max_connections", opts.max_connections}};
+            {"max_connections", opts.http.max_connections}};
   }
 };
 
@@ -294,7 +284,7 @@ http::Reply HttpServer::Impl::handle(const http::Request& q) {
       http::Response m;
       m.content_type = "text/plain; version=0.0.4; charset=utf-8";
       m.body = prometheus_metrics(
-          {sched.stats(), transport.open_connections(), opts.max_connections, draining});
+          {sched.stats(), transport.open_connections(), opts.http.max_connections, draining});
       return m;
     }
     if (!one_model)

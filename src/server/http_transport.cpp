@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cctype>
 #include <cstdio>
-#include <sstream>
 #include <thread>
 
 #include <boost/asio/dispatch.hpp>
@@ -84,21 +83,36 @@ namespace {
 // One connection: read a request, answer it, repeat while keep-alive holds.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket&& sock, Transport::Impl& t)
-      : stream_(std::move(sock)), t_(t), tick_(stream_.get_executor()) {
-    ++t_.open;
+  // `refused`: a connection over the cap, counted apart from the open ones and given a short
+  // write deadline (see refuse()).
+  Session(tcp::socket&& sock, Transport::Impl& t, bool refused = false)
+      : stream_(std::move(sock)),
+        t_(t),
+        tick_(stream_.get_executor()),
+        refused_(refused),
+        write_timeout_(refused ? std::chrono::milliseconds(1000) : t.limits.write_timeout) {
+    ++(refused_ ? t_.refusing : t_.open);
   }
   ~Session() {
     if (late_) {
       late_->abandon();
       --t_.busy;
     }
-    --t_.open;
+    --(refused_ ? t_.refusing : t_.open);
   }
 
   void start() {
     net::dispatch(stream_.get_executor(),
                   beast::bind_front_handler(&Session::read, shared_from_this()));
+  }
+
+  // Answers `r` at once without reading a request, then closes after the lingering drain
+  // (closing with the request unread would reset the connection before the answer arrives).
+  void refuse(Response r) {
+    keep_alive_ = false;
+    net::dispatch(stream_.get_executor(), [self = shared_from_this(), r = std::move(r)]() mutable {
+      self->send(std::move(r), true);
+    });
   }
 
  private:
@@ -237,7 +251,7 @@ class Session : public std::enable_shared_from_this<Session> {
     status_ = head.status;
     auto sr = std::make_shared<bhttp::response_serializer<bhttp::empty_body>>(*res);
     writing_ = true;
-    stream_.expires_after(t_.limits.write_timeout);
+    stream_.expires_after(write_timeout_);
     bhttp::async_write_header(stream_, *sr,
                               [self = shared_from_this(), res, sr](beast::error_code ec, size_t) {
                                 self->writing_ = false;
@@ -273,7 +287,7 @@ class Session : public std::enable_shared_from_this<Session> {
       frame = data;
     }
     writing_ = true;
-    stream_.expires_after(t_.limits.write_timeout);
+    stream_.expires_after(write_timeout_);
     net::async_write(
         stream_, net::buffer(*frame),
         [self = shared_from_this(), frame, done = u.done](beast::error_code ec, size_t) {
@@ -309,7 +323,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res->prepare_payload();
     status_ = r.status;
     writing_ = true;
-    stream_.expires_after(t_.limits.write_timeout);
+    stream_.expires_after(write_timeout_);
     bhttp::async_write(stream_, *res,
                        [self = shared_from_this(), res, close_after](beast::error_code ec, size_t) {
                          self->writing_ = false;
@@ -381,54 +395,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   int status_ = 0;
   std::shared_ptr<LateReply> late_;
+  const bool refused_;
+  const std::chrono::milliseconds write_timeout_;
 };
-
-// A connection over the cap: answered 503 at once, then closed once the client has seen it
-// (closing with its request unread would reset the connection before the answer arrives).
-class Refusal : public std::enable_shared_from_this<Refusal> {
- public:
-  Refusal(tcp::socket&& sock, Transport::Impl& t, std::string bytes)
-      : stream_(std::move(sock)), t_(t), bytes_(std::move(bytes)) {
-    ++t_.refusing;
-  }
-  ~Refusal() { --t_.refusing; }
-  void start() {
-    stream_.expires_after(std::chrono::seconds(2));
-    net::async_write(stream_, net::buffer(bytes_),
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       if (ec) return self->stream_.close();
-                       beast::error_code ig;
-                       self->stream_.socket().shutdown(tcp::socket::shutdown_send, ig);
-                       self->drain();
-                     });
-  }
-
- private:
-  void drain() {
-    stream_.async_read_some(net::buffer(sink_),
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
-                              if (ec) return self->stream_.close();
-                              self->drain();
-                            });
-  }
-  beast::tcp_stream stream_;
-  Transport::Impl& t_;
-  std::string bytes_;
-  char sink_[4096];
-};
-
-std::string refusal_bytes(const Response& r) {
-  bhttp::response<bhttp::string_body> res{static_cast<bhttp::status>(r.status), 11};
-  res.set(bhttp::field::server, "exl3");
-  res.set(bhttp::field::content_type, r.content_type);
-  for (const auto& [k, v] : r.headers) res.set(k, v);
-  res.body() = r.body;
-  res.keep_alive(false);
-  res.prepare_payload();
-  std::ostringstream os;
-  os << res;
-  return os.str();
-}
 
 }  // namespace
 
@@ -462,7 +431,7 @@ void Transport::Impl::refuse(tcp::socket sock) {
   auto r = error_body(503, "the server has " + std::to_string(limits.max_connections) +
                                " open connections, its limit; retry later");
   r.headers.emplace_back("Retry-After", "1");
-  std::make_shared<Refusal>(std::move(sock), *this, refusal_bytes(r))->start();
+  std::make_shared<Session>(std::move(sock), *this, /*refused=*/true)->refuse(std::move(r));
 }
 
 Transport::Transport(Limits limits, Handler handler, ErrorBody error_body, AccessLog log) {

@@ -27,6 +27,8 @@
 #include <variant>
 #include <vector>
 
+#include "exl3/server/http_limits.hpp"
+
 namespace exl3::server::http {
 
 struct Request {
@@ -80,15 +82,7 @@ using ErrorBody = std::function<Response(int status, std::string message)>;
 // One line per answered request: method, path, status, milliseconds.
 using AccessLog = std::function<void(const Request&, int status, double ms)>;
 
-struct Limits {
-  size_t max_body_bytes = size_t{8} << 20;
-  size_t max_header_bytes = size_t{64} << 10;
-  int max_connections = 512;
-  std::chrono::milliseconds read_timeout{30'000};
-  std::chrono::milliseconds write_timeout{30'000};
-  std::chrono::milliseconds tick{500};  // how often a late reply is polled without news
-  int threads = 4;                      // handler threads
-};
+using Limits = HttpLimits;
 
 class Transport {
  public:

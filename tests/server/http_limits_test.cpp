@@ -36,7 +36,7 @@ ServerOptions options() {
   o.scheduler.max_seqs = 4;
   o.scheduler.max_queue = 8;
   o.scheduler.step_tokens = 64;
-  o.max_body_bytes = 64 * 1024;
+  o.http.max_body_bytes = 64 * 1024;
   return o;
 }
 
@@ -158,7 +158,7 @@ TEST(HttpLimits, MaxTokensNearTwoToThe63Is400) {
 TEST(HttpLimits, TricklingClientsDoNotStarveOthers) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto o = options();
-  o.http_threads = 2;
+  o.http.threads = 2;
   LiveServer s(tiny_model(conf), o);
   // Far more trickling clients than handler threads, each holding a request half-sent.
   std::vector<std::unique_ptr<Raw>> slow;
@@ -176,7 +176,7 @@ TEST(HttpLimits, TricklingClientsDoNotStarveOthers) {
 TEST(HttpLimits, ARequestMustArriveWithinTheReadTimeout) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto o = options();
-  o.read_timeout = std::chrono::milliseconds(800);
+  o.http.read_timeout = std::chrono::milliseconds(800);
   LiveServer s(tiny_model(conf), o);
   Raw trickle(s.port());
   ASSERT_TRUE(trickle.connected());
@@ -235,7 +235,7 @@ TEST(HttpLimits, ChunkedBodyOverTheLimitIs413) {
 TEST(HttpLimits, ConnectionsOverTheCapGetAnImmediate503) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto o = options();
-  o.max_connections = 8;
+  o.http.max_connections = 8;
   LiveServer s(tiny_model(conf), o);
   std::vector<std::unique_ptr<Raw>> held;
   for (int i = 0; i < 8; ++i) {

@@ -36,7 +36,7 @@ ServerOptions options(int max_seqs = 4, int max_queue = 8) {
   o.scheduler.max_seqs = max_seqs;
   o.scheduler.max_queue = max_queue;
   o.scheduler.step_tokens = 64;
-  o.max_body_bytes = 64 * 1024;
+  o.http.max_body_bytes = 64 * 1024;
   return o;
 }
 
@@ -53,10 +53,12 @@ struct Expect {
   int64_t completion_tokens;
   std::string finish_reason;
 };
-Expect expected(const LiveServer& s, const std::filesystem::path& model, const std::vector<int32_t>& prompt,
-                int64_t max_tokens, std::vector<int32_t> stops) {
+Expect expected(const LiveServer& s, const std::filesystem::path& model,
+                const std::vector<int32_t>& prompt, int64_t max_tokens,
+                std::vector<int32_t> stops) {
   const auto ref = reference_generate(model, prompt, max_tokens, stops);
-  return {s.tokenizer().decode(ref.tokens, true), static_cast<int64_t>(ref.tokens.size()) + (ref.stopped ? 1 : 0),
+  return {s.tokenizer().decode(ref.tokens, true),
+          static_cast<int64_t>(ref.tokens.size()) + (ref.stopped ? 1 : 0),
           ref.stopped ? "stop" : "length"};
 }
 
@@ -85,7 +87,8 @@ Streamed stream(const LiveServer& s, const std::string& path, json body) {
     auto j = json::parse(d);
     for (const auto& c : j["choices"]) {
       if (c.contains("text")) out.text += c["text"].get<std::string>();
-      if (c.contains("delta") && c["delta"].contains("content")) out.text += c["delta"]["content"].get<std::string>();
+      if (c.contains("delta") && c["delta"].contains("content"))
+        out.text += c["delta"]["content"].get<std::string>();
     }
     out.chunks.push_back(std::move(j));
   }
@@ -130,8 +133,9 @@ TEST(HttpServer, GreedyCompletionEqualsGenerate) {
   LiveServer s(model, options());
   const auto prompt = random_prompt(rng, 12);
   const auto want = expected(s, model, prompt, 24, s.options().stop_tokens);
-  const auto [status, j] = post(s, "/v1/completions",
-                                json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}}.dump());
+  const auto [status, j] = post(
+      s, "/v1/completions",
+      json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}}.dump());
   ASSERT_EQ(status, 200) << j.dump();
   EXPECT_EQ(j["object"], "text_completion");
   EXPECT_EQ(j["model"], "tiny");
@@ -146,7 +150,8 @@ TEST(HttpServer, GreedyCompletionEqualsGenerate) {
   const std::string text = "Once upon a time";
   const auto ids = s.tokenizer().encode(text, true);
   const auto want2 = expected(s, model, ids, 10, s.options().stop_tokens);
-  const auto [status2, j2] = post(s, "/v1/completions", json{{"prompt", text}, {"max_tokens", 10}, {"temperature", 0}}.dump());
+  const auto [status2, j2] = post(
+      s, "/v1/completions", json{{"prompt", text}, {"max_tokens", 10}, {"temperature", 0}}.dump());
   ASSERT_EQ(status2, 200) << j2.dump();
   EXPECT_EQ(j2["choices"][0]["text"], want2.text);
   EXPECT_EQ(j2["usage"]["prompt_tokens"], static_cast<int64_t>(ids.size()));
@@ -163,16 +168,19 @@ TEST(HttpServer, ConcurrentStreamsEachEqualTheirSoloResult) {
   for (int i = 0; i < kN; ++i) {
     prompts.push_back(random_prompt(rng, 4 + rng() % 24));
     // Half ignore EOS, so the streams surely overlap for 20 tokens (the batching check below).
-    want.push_back(expected(s, model, prompts.back(), 20, i % 2 == 0 ? std::vector<int32_t>{} : s.options().stop_tokens));
+    want.push_back(expected(s, model, prompts.back(), 20,
+                            i % 2 == 0 ? std::vector<int32_t>{} : s.options().stop_tokens));
   }
   std::vector<Streamed> got(kN);
   std::vector<std::thread> threads;
   for (int i = 0; i < kN; ++i) {
     threads.emplace_back([&, i] {
-      got[static_cast<size_t>(i)] =
-          stream(s, "/v1/completions",
-                 json{{"prompt", prompts[static_cast<size_t>(i)]}, {"max_tokens", 20}, {"temperature", 0},
-                      {"ignore_eos", i % 2 == 0}, {"stream_options", {{"include_usage", true}}}});
+      got[static_cast<size_t>(i)] = stream(s, "/v1/completions",
+                                           json{{"prompt", prompts[static_cast<size_t>(i)]},
+                                                {"max_tokens", 20},
+                                                {"temperature", 0},
+                                                {"ignore_eos", i % 2 == 0},
+                                                {"stream_options", {{"include_usage", true}}}});
     });
   }
   for (auto& t : threads) t.join();
@@ -184,11 +192,14 @@ TEST(HttpServer, ConcurrentStreamsEachEqualTheirSoloResult) {
     EXPECT_EQ(g.text, want[static_cast<size_t>(i)].text) << "stream " << i;
     ASSERT_GE(g.chunks.size(), 2u);
     const auto& fin = g.chunks[g.chunks.size() - 2];
-    EXPECT_EQ(fin["choices"][0]["finish_reason"], want[static_cast<size_t>(i)].finish_reason) << "stream " << i;
+    EXPECT_EQ(fin["choices"][0]["finish_reason"], want[static_cast<size_t>(i)].finish_reason)
+        << "stream " << i;
     const auto& usage = g.chunks.back();
     EXPECT_TRUE(usage["choices"].empty());
-    EXPECT_EQ(usage["usage"]["completion_tokens"], want[static_cast<size_t>(i)].completion_tokens) << "stream " << i;
-    EXPECT_EQ(usage["usage"]["prompt_tokens"], static_cast<int64_t>(prompts[static_cast<size_t>(i)].size()));
+    EXPECT_EQ(usage["usage"]["completion_tokens"], want[static_cast<size_t>(i)].completion_tokens)
+        << "stream " << i;
+    EXPECT_EQ(usage["usage"]["prompt_tokens"],
+              static_cast<int64_t>(prompts[static_cast<size_t>(i)].size()));
     tokens += usage["usage"]["completion_tokens"].get<int64_t>();
     for (const auto& c : g.chunks) EXPECT_EQ(c["object"], "text_completion");
   }
@@ -201,9 +212,11 @@ TEST(HttpServer, ConcurrentStreamsEachEqualTheirSoloResult) {
 TEST(HttpServer, ChatCompletionsWithAChatFormat) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   const auto model = tiny_model(conf);
-  const json body = {{"messages", {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}}},
-                     {"max_tokens", 8},
-                     {"temperature", 0}};
+  const json body = {
+      {"messages",
+       {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}}},
+      {"max_tokens", 8},
+      {"temperature", 0}};
   {
     // The conformance model has no chat_template: chat needs --chat-format, and says so.
     LiveServer s(model, options());
@@ -216,7 +229,8 @@ TEST(HttpServer, ChatCompletionsWithAChatFormat) {
   LiveServer s(model, o);
   const std::vector<ChatMessage> msgs = {{"system", "Be brief."}, {"user", "Hi"}};
   const ChatTemplate plain(ChatFormat::kPlain);
-  const auto prompt = s.tokenizer().encode(plain.render(msgs, true), plain.encode_adds_special_tokens());
+  const auto prompt =
+      s.tokenizer().encode(plain.render(msgs, true), plain.encode_adds_special_tokens());
   const auto want = expected(s, model, prompt, 8, s.options().stop_tokens);
   const auto [status, j] = post(s, "/v1/chat/completions", body.dump());
   ASSERT_EQ(status, 200) << j.dump();
@@ -260,7 +274,8 @@ TEST(HttpServer, BadRequestsGetOpenAiErrors) {
     EXPECT_EQ(status, c.status) << c.body;
     ASSERT_TRUE(j.is_object() && j.contains("error")) << c.body;
     EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr(c.says)) << c.body;
-    EXPECT_TRUE(j["error"].contains("type") && j["error"].contains("param") && j["error"].contains("code"));
+    EXPECT_TRUE(j["error"].contains("type") && j["error"].contains("param") &&
+                j["error"].contains("code"));
   }
   auto cl = s.client();
   auto r = cl->Get("/v1/completions");
@@ -274,12 +289,15 @@ TEST(HttpServer, BadRequestsGetOpenAiErrors) {
   r = cl->Get("/v2/nothing");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 404);
-  EXPECT_THAT(json::parse(r->body)["error"]["message"].get<std::string>(), HasSubstr("/v1/completions"));
+  EXPECT_THAT(json::parse(r->body)["error"]["message"].get<std::string>(),
+              HasSubstr("/v1/completions"));
   // A body over the 64 KiB limit.
-  r = cl->Post("/v1/completions", json{{"prompt", std::string(100000, 'a')}}.dump(), "application/json");
+  r = cl->Post("/v1/completions", json{{"prompt", std::string(100000, 'a')}}.dump(),
+               "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 413);
-  EXPECT_THAT(json::parse(r->body)["error"]["message"].get<std::string>(), HasSubstr("65536 bytes"));
+  EXPECT_THAT(json::parse(r->body)["error"]["message"].get<std::string>(),
+              HasSubstr("65536 bytes"));
   // Still serving after all of that.
   EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": [5, 6], "max_tokens": 2})").first, 200);
   EXPECT_EQ(s.health()["failed"], 0);
@@ -295,12 +313,14 @@ TEST(HttpServer, OversizedPromptIs400) {
   EXPECT_EQ(status, 400);
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
   EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("256 tokens"));
-  std::tie(status, j) = post(s, "/v1/completions", json{{"prompt", random_prompt(rng, 200)}, {"max_tokens", 100}}.dump());
+  std::tie(status, j) = post(s, "/v1/completions",
+                             json{{"prompt", random_prompt(rng, 200)}, {"max_tokens", 100}}.dump());
   EXPECT_EQ(status, 400);
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
   EXPECT_EQ(j["error"]["param"], "max_tokens");
   // Without max_tokens, the default fits what is left of the context.
-  std::tie(status, j) = post(s, "/v1/completions", json{{"prompt", random_prompt(rng, 250)}, {"ignore_eos", true}}.dump());
+  std::tie(status, j) = post(
+      s, "/v1/completions", json{{"prompt", random_prompt(rng, 250)}, {"ignore_eos", true}}.dump());
   EXPECT_EQ(status, 200) << j.dump();
   EXPECT_EQ(j["usage"]["completion_tokens"], 6);
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
@@ -352,7 +372,8 @@ TEST(HttpServer, FullQueueIs503) {
   ASSERT_TRUE(s.wait_health([](const json& h) { return h["running"] == 1; })) << s.health().dump();
   HangingStream b(s, endless);
   ASSERT_TRUE(s.wait_health([](const json& h) { return h["queued"] == 1; })) << s.health().dump();
-  auto r = s.client()->Post("/v1/completions", R"({"prompt": [5], "max_tokens": 1})", "application/json");
+  auto r = s.client()->Post("/v1/completions", R"({"prompt": [5], "max_tokens": 1})",
+                            "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 503);
   const auto j = json::parse(r->body);
@@ -374,17 +395,20 @@ TEST(HttpServer, DisconnectMidStreamDropsTheSequence) {
   {
     HangingStream h(s, {{"prompt", {9, 10, 11, 12}}, {"max_tokens", 4000}, {"ignore_eos", true}});
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (h.chunks() < 3 && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    while (h.chunks() < 3 && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     ASSERT_GE(h.chunks(), 3);
     EXPECT_LT(s.health()["free_cache_tokens"], s.health()["cache_tokens"]);
     h.hang_up();
   }
-  EXPECT_TRUE(s.wait_health([](const json& h) { return h["running"] == 0 && h["free_cache_tokens"] == h["cache_tokens"]; }))
-      << s.health().dump();
+  EXPECT_TRUE(s.wait_health([](const json& h) {
+    return h["running"] == 0 && h["free_cache_tokens"] == h["cache_tokens"];
+  })) << s.health().dump();
   const auto h = s.health();
   EXPECT_EQ(h["cancelled"], 1);
   EXPECT_EQ(h["completed"], 0);  // it was dropped, not run to its 4000 tokens
   // The server carries on.
-  const auto [status, j] = post(s, "/v1/completions", R"({"prompt": [5, 6], "max_tokens": 3, "temperature": 0})");
+  const auto [status, j] =
+      post(s, "/v1/completions", R"({"prompt": [5, 6], "max_tokens": 3, "temperature": 0})");
   EXPECT_EQ(status, 200) << j.dump();
 }

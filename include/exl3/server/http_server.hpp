@@ -13,9 +13,9 @@
 // a client that goes away mid-stream cancels its request (its KV pages return to the pool at the
 // next scheduler step). Errors are OpenAI error objects: 400 (bad JSON, wrong field types or
 // values, prompt + max_tokens over the context), 404 (unknown model or path), 405 (wrong method),
-// 413 (body over max_body_bytes), 431 (headers over max_header_bytes), 503 (queue full, connection
-// cap, shutting down), 500 (engine failure). Non-streamed requests run to completion even when the
-// client disconnects (max_tokens bounds them).
+// 413 (body over http.max_body_bytes), 431 (headers over http.max_header_bytes), 503 (queue full,
+// connection cap, shutting down), 500 (engine failure). Non-streamed requests run to completion
+// even when the client disconnects (max_tokens bounds them).
 #pragma once
 
 #include <atomic>
@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "exl3/runtime/engine.hpp"
+#include "exl3/server/http_limits.hpp"
 #include "exl3/server/scheduler.hpp"
 #include "exl3/text/chat_template.hpp"
 #include "exl3/text/tokenizer.hpp"
@@ -40,12 +41,7 @@ struct ServerOptions {
   std::optional<ChatFormat> chat_format;  // overrides detection from the tokenizer's chat_template
   std::vector<int32_t> stop_tokens;       // the model's end-of-sequence ids (model_stop_tokens)
   SchedulerOptions scheduler;
-  size_t max_body_bytes = size_t{8} << 20;
-  size_t max_header_bytes = size_t{64} << 10;
-  int max_connections = 512;  // open connections; one more gets 503 and is closed at once
-  std::chrono::milliseconds read_timeout{30'000};   // to receive one whole request (else: closed)
-  std::chrono::milliseconds write_timeout{30'000};  // for each write to the client
-  int http_threads = 4;  // threads running request handlers (never blocked on a socket)
+  HttpLimits http;  // connections, deadlines, byte limits, handler threads
   // Non-empty: every /v1/ request must carry `Authorization: Bearer <api_key>` (else 401);
   // /health stays open for load balancers.
   std::string api_key;
