@@ -7,20 +7,8 @@
 # Logits: 300 tokens (EXL3 and MXFP8 linears on the cuBLAS path), 5 (GEMV), 40 (MMA / MXFP8 cuBLAS).
 set -uo pipefail
 out="$OUT"
-python3 -c "import tarfile; tarfile.open('.devpack/cuda-hygiene/bundle.tar.xz').extractall('.')" || exit 1
-nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
-export LD_LIBRARY_PATH=$PWD/.devbundle/lib:/usr/local/cuda/lib64:${nccl:-} EXL3_CONFORMANCE_DIR=$PWD/.conf
-export NCCL_NVLS_ENABLE=0
-bin=$PWD/.devbundle/bin
-log="$out/gpu_tests.log"
-nvidia-smi --query-gpu=name,driver_version --format=csv > "$log" 2>&1
-for t in "$bin"/cuda_*_test; do
-  name=$(basename "$t")
-  echo "=== $name" >> "$log"
-  start=$(date +%s)
-  timeout 240 "$t" --gtest_brief=1 >> "$log" 2>&1
-  echo "$name rc=$? $(( $(date +%s) - start ))s $(grep -E '^\[  (PASSED|FAILED) ' "$log" | tail -n 1)" | tee -a "$out/summary.txt"
-done
+source bench/device_env.sh .devpack/cuda-hygiene/bundle.tar.xz || exit 1
+gpu_tests "$out/gpu_tests.log" "$out/summary.txt"
 M=.conf/models/tiny-qwen3moe-exl3
 T300=$(python3 -c "print(','.join(str((i*37+11)%512) for i in range(300)))")
 T5=$(python3 -c "print(','.join(str((i*53+7)%512) for i in range(5)))")

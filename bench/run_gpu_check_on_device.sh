@@ -6,21 +6,8 @@
 set -uo pipefail
 out="$1"; shift
 mkdir -p "$out"
-python3 -c "import tarfile; tarfile.open('.devpack/bundle.tar.xz').extractall('.')" || exit 1
-nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
-export LD_LIBRARY_PATH=$PWD/.devbundle/lib:/usr/local/cuda/lib64:${nccl:-} EXL3_CONFORMANCE_DIR=$PWD/.conf
-export NCCL_NVLS_ENABLE=0
-bin=$PWD/.devbundle/bin
-log="$out/gpu_tests.log"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv > "$log" 2>&1
-for t in "$bin"/cuda_*_test "$bin"/runtime_test; do
-  [ -x "$t" ] || continue
-  name=$(basename "$t")
-  echo "=== $name" >> "$log"
-  start=$(date +%s)
-  timeout 240 "$t" --gtest_brief=1 >> "$log" 2>&1
-  echo "$name rc=$? $(( $(date +%s) - start ))s $(grep -E '^\[  (PASSED|FAILED) ' "$log" | tail -n 2 | tr '\n' ' ')" | tee -a "$out/summary.txt"
-done
+source bench/device_env.sh .devpack/bundle.tar.xz || exit 1
+gpu_tests "$out/gpu_tests.log" "$out/summary.txt"
 for bits in "$@"; do
   timeout 300 "$bin/exl3" bench model --synthetic qwen3-30b-a3b --bits "$bits" --out "/tmp/q30-k$bits" \
     --batch 1,8,64 --prefill 2048 --json "$out/bench_model_qwen3_30b_a3b_k$bits.json" > "$out/bench_k$bits.txt" 2>&1

@@ -1,0 +1,26 @@
+# Sourced by the bench/run_*_on_device.sh scripts on the GPU machine:
+#   source bench/device_env.sh BUNDLE.tar.xz || exit 1
+# unpacks the carried bundle (scripts/device_bundle.sh, then `tar -cf - .devbundle | xz`) with
+# Python (no xz binary needed there), points the loader at its libraries, the CUDA toolkit and the
+# image's NCCL wheel (NVLink multicast off), the tests at the carried conformance folder .conf/,
+# and sets `bin`. gpu_tests LOG SUMMARY then runs every GPU test binary of the bundle.
+python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('.')" "$1" || return 1
+nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+export LD_LIBRARY_PATH=$PWD/.devbundle/lib:/usr/local/cuda/lib64:${nccl:-} EXL3_CONFORMANCE_DIR=$PWD/.conf
+export NCCL_NVLS_ENABLE=0
+bin=$PWD/.devbundle/bin
+
+# gpu_tests LOG SUMMARY: the GPU's name, driver and clocks, then each cuda_*_test (and runtime_test
+# when bundled) into LOG, with one line per binary (exit status, seconds, its result) into SUMMARY.
+gpu_tests() {
+  local log="$1" summary="$2" t name start
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw --format=csv > "$log" 2>&1
+  for t in "$bin"/cuda_*_test "$bin"/runtime_test; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    echo "=== $name" >> "$log"
+    start=$(date +%s)
+    timeout 240 "$t" --gtest_brief=1 >> "$log" 2>&1
+    echo "$name rc=$? $(( $(date +%s) - start ))s $(grep -E '^\[  (PASSED|FAILED) ' "$log" | tail -n 1)" | tee -a "$summary"
+  done
+}
