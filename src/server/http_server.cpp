@@ -47,14 +47,26 @@ http::Response json_response(const json& j) {
   return r;
 }
 
-// A completion answered in one piece once its generation ends.
-class WholeReply final : public http::LateReply {
+// What both reply forms share: the request's stream from the scheduler, which notifies the
+// transport, and is cancelled when the connection ends first.
+class CompletionReply : public http::LateReply {
  public:
-  WholeReply(ResponseMeta meta, std::shared_ptr<RequestStream> s)
+  CompletionReply(ResponseMeta meta, std::shared_ptr<RequestStream> s)
       : meta_(std::move(meta)), stream_(std::move(s)) {}
   void subscribe(std::function<void()> notify) override {
     stream_->set_listener(std::move(notify));
   }
+  void abandon() override { stream_->cancel(); }
+
+ protected:
+  ResponseMeta meta_;
+  std::shared_ptr<RequestStream> stream_;
+};
+
+// A completion answered in one piece once its generation ends.
+class WholeReply final : public CompletionReply {
+ public:
+  using CompletionReply::CompletionReply;
   std::optional<http::Response> stream_head() override { return std::nullopt; }
   Update poll() override {
     Update out;
@@ -73,22 +85,16 @@ class WholeReply final : public http::LateReply {
     }
     return out;
   }
-  void abandon() override { stream_->cancel(); }
 
  private:
-  ResponseMeta meta_;
-  std::shared_ptr<RequestStream> stream_;
   std::string text_;
 };
 
 // A completion streamed as server-sent events; a client that goes away cancels it.
-class EventStreamReply final : public http::LateReply {
+class EventStreamReply final : public CompletionReply {
  public:
   EventStreamReply(ResponseMeta meta, std::shared_ptr<RequestStream> s, bool include_usage)
-      : meta_(std::move(meta)), stream_(std::move(s)), include_usage_(include_usage) {}
-  void subscribe(std::function<void()> notify) override {
-    stream_->set_listener(std::move(notify));
-  }
+      : CompletionReply(std::move(meta), std::move(s)), include_usage_(include_usage) {}
   std::optional<http::Response> stream_head() override {
     http::Response head;
     head.content_type = "text/event-stream";
@@ -123,11 +129,8 @@ class EventStreamReply final : public http::LateReply {
     if (!s.empty()) last_write_ = Clock::now();
     return out;
   }
-  void abandon() override { stream_->cancel(); }
 
  private:
-  ResponseMeta meta_;
-  std::shared_ptr<RequestStream> stream_;
   bool include_usage_ = false;
   bool role_sent_ = false;
   Clock::time_point last_write_ = Clock::now();
