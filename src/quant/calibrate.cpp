@@ -25,7 +25,7 @@
 #include "exl3/format/safetensors.hpp"
 #include "exl3/runtime/cpu_ops.hpp"
 #include "exl3/runtime/linear.hpp"
-#include "exl3/runtime/model_spec.hpp"
+#include "exl3/model/spec.hpp"
 #include "exl3/text/tokenizer.hpp"
 #include "quant/convert_internal.hpp"
 

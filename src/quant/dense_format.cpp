@@ -14,7 +14,7 @@
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/mxfp8/weight.hpp"
 #include "exl3/quant/convert.hpp"
-#include "exl3/runtime/model_spec.hpp"
+#include "exl3/model/spec.hpp"
 #include "exl3/runtime/overlay.hpp"
 #include "exl3/trellis/half.hpp"
 #include "quant/convert_internal.hpp"

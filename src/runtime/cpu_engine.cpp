@@ -1,68 +1,71 @@
-// The CPU reference engine: every module of a ModelSpec on the host, fp32 activations.
+// The CPU reference engine: the model (exl3/model/decoder.hpp) on CpuBackends, fp32 activations.
+// At TP 1 one backend holds every weight; at TP N each of N ranks holds its slice (the TpPlan's)
+// and runs on its own std::thread, the ranks joined by the in-process communicator (an
+// all-reduce after every row-parallel block, an all-gather of the vocab-parallel logits). The
+// residual stream is replicated: after each all-reduce every rank holds the same bits, so the
+// replicated parts (norms, the MoE router) agree. Threads, not TBB tasks: a rank blocks in
+// collectives, and a blocked TBB task could starve the others; each rank's kernels use TBB.
 //
-//   x = embed(tokens)
-//   per layer:  x += attention(rms_norm(x)),  x += mlp(rms_norm(x))
-//   logits = lm_head(rms_norm(x))
-//
-// The layers are DecoderLayers (cpu_layer.cpp); MoE layers whose experts the checkpoint's
-// exl3::moe layout holds run them as EXL3 views, others load the experts as runtime Linears
-// (unquantized HF weights).
-#include <algorithm>
-#include <optional>
-#include <variant>
-
+// All ranks share one paged KV cache: rank r's attention layers are cache layers
+// r * layers .. (r + 1) * layers - 1, so sequences and pages are counted once.
 #include "cpu_engine.hpp"
-#include "paged_engine.hpp"
+
+#include <exception>
+#include <optional>
+#include <thread>
+
+#include "cpu_backend.hpp"
 #include "exl3/error.hpp"
+#include "exl3/model/decoder.hpp"
+#include "exl3/model/tp_plan.hpp"
 #include "exl3/moe/layout.hpp"
-#include "exl3/runtime/decoder_layer.hpp"
-#include "exl3/runtime/cpu_ops.hpp"
-#include "exl3/runtime/linear.hpp"
+#include "exl3/runtime/communicator.hpp"
 #include "exl3/runtime/overlay.hpp"
+#include "paged_engine.hpp"
 
 namespace exl3::runtime {
 namespace {
 
-// ---- the engine ------------------------------------------------------------------------------
-
 class CpuEngine final : public PagedEngine {
  public:
   CpuEngine(const Checkpoint& ckpt, ModelSpec spec, const EngineOptions& opts)
-      : ckpt_(ckpt),
-        spec_(std::move(spec)),
-        embed_(DenseMatrix::load(ckpt_.store(), spec_.embed_tokens, 0, spec_.hidden_size)) {
-    const int64_t hidden = spec_.hidden_size;
-    const auto& store = ckpt_.store();
-    if (embed_.rows() < spec_.vocab_size) {
-      fail("{}: tensor '{}' has {} rows, fewer than vocab_size {} (config.json)",
-           ckpt_.path().string(), spec_.embed_tokens, embed_.rows(), spec_.vocab_size);
-    }
-    final_norm_ = load_vector(store, spec_.final_norm, hidden);
-    // Every linear loads with its MXFP8 overlay decision (none without a policy).
-    const OverlayPlan plan = OverlayPlan::build(opts.overlay, ckpt_, spec_);
+      : ckpt_(ckpt), spec_(std::move(spec)) {
+    const int tp = opts.tp;
+    const bool sliced = tp > 1 || opts.force_tp_engine;
+    if (sliced) plan_ = plan_tensor_parallel(spec_, tp, tp_weight_info(ckpt_));
+    if (spec_.is_moe()) layout_ = moe::read_moe_layout(ckpt_);
+    // Every whole linear loads with its MXFP8 overlay decision (none without a policy).
+    overlay_ = OverlayPlan::build(opts.overlay, ckpt_, spec_);
     const bool overlay = opts.overlay.any();
-    const LinearLoadFn load = [&](const std::string& prefix, int64_t in, int64_t out) {
-      OverlayDecision d = plan.decision(prefix);
+    const LinearLoadFn load = [this, overlay](const std::string& prefix, int64_t in, int64_t out) {
+      OverlayDecision d = overlay_.decision(prefix);
       if (!overlay) d.reason.clear();  // nothing to report as "kept" without a policy
       return Linear::load(ckpt_, prefix, in, out, d, &overlay_report_);
     };
-    head_ = spec_.lm_head_tied ? Linear::dense(DenseMatrix::load(store, spec_.embed_tokens, 0, hidden))
-                               : load(spec_.lm_head, hidden, spec_.vocab_size);
-
-    // EXL3 experts go through the exl3::moe layout; layers it has no experts for load their
-    // routed experts as per-projection Linears (unquantized HF weights).
-    std::optional<moe::MoeLayout> layout;
-    if (spec_.is_moe()) layout = moe::read_moe_layout(ckpt_);
+    auto embedding = std::make_shared<const DenseMatrix>(
+        DenseMatrix::load(ckpt_.store(), spec_.embed_tokens, 0, spec_.hidden_size));
     std::vector<KvLayerShape> kv;
-    LoadProgressReporter progress(opts.load_progress, static_cast<int64_t>(spec_.layers.size()));
-    for (const auto& ls : spec_.layers) {
-      const bool exl3_experts = layout && layout->has_layer(ls.index);
-      layers_.emplace_back(ckpt_, spec_, ls, exl3_experts ? &*layout : nullptr, load);
-      kv.push_back(layers_.back().kv_shape());
-      progress.layer_done();
+    const int layers = static_cast<int>(spec_.layers.size());
+    for (int r = 0; r < tp; ++r) {
+      CpuBackend::Options bo;
+      bo.load = load;
+      bo.moe_layout = layout_ ? &*layout_ : nullptr;
+      bo.embedding = embedding;
+      bo.first_cache_layer = r * layers;
+      if (plan_) bo.vocab = plan_->vocab;
+      Rank rk;
+      rk.backend = std::make_unique<CpuBackend>(ckpt_, spec_, std::move(bo));
+      const model::RankOf of{plan_ ? &*plan_ : nullptr, r};
+      const LoadProgressFn& report = r == 0 ? opts.load_progress : silent_;
+      LoadProgressReporter progress(report, layers);
+      rk.modules = model::load_decoder(*rk.backend, spec_, of, [&] { progress.layer_done(); });
+      const auto& shapes = rk.backend->kv_shapes();
+      kv.insert(kv.end(), shapes.begin(), shapes.end());
+      ranks_.push_back(std::move(rk));
     }
     if (opts.page_size <= 0) fail("engine: page size {} must be positive", opts.page_size);
-    if (opts.cache_tokens <= 0) fail("engine: cache size {} tokens must be positive", opts.cache_tokens);
+    if (opts.cache_tokens <= 0)
+      fail("engine: cache size {} tokens must be positive", opts.cache_tokens);
     const int64_t pages = (opts.cache_tokens + opts.page_size - 1) / opts.page_size;
     cache_ = std::make_unique<PagedKvCache>(std::move(kv), opts.page_size, pages);
   }
@@ -73,40 +76,82 @@ class CpuEngine final : public PagedEngine {
 
   std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
     const BatchEntry entry{seq, tokens, mode};
-    validate_batch(*this, std::span<const BatchEntry>(&entry, 1));  // ids, KV room (also for direct calls)
+    validate_batch(*this, std::span<const BatchEntry>(&entry, 1));  // ids, KV room
     const auto n = static_cast<int64_t>(tokens.size());
-    const int64_t start = cache_->length(seq);
-    cache_->reserve(seq, n);
-    const int64_t hidden = spec_.hidden_size;
-    const auto size = static_cast<size_t>(n * hidden);
-    std::vector<float> x(size), h(size);
-    for (int64_t t = 0; t < n; ++t) embed_.row(tokens[static_cast<size_t>(t)], x.data() + t * hidden);
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      layers_[l].forward(x.data(), n, start, *cache_, static_cast<int>(l), seq);
-    }
-    const double eps = spec_.rms_norm_eps;
     const int64_t rows = mode == LogitsMode::kAll ? n : 1;
-    cpu_ops::rms_norm(x.data() + (n - rows) * hidden, final_norm_.data(), rows, hidden, eps, h.data());
-    const int64_t out = head_.out_features(), vocab = spec_.vocab_size;
-    std::vector<float> logits(static_cast<size_t>(rows * out));
-    head_.forward(h.data(), rows, logits.data());
-    if (out != vocab) {  // a tied head over a padded embedding
-      for (int64_t r = 0; r < rows; ++r)
-        std::copy_n(logits.data() + r * out, vocab, logits.data() + r * vocab);
-      logits.resize(static_cast<size_t>(rows * vocab));
-    }
+    std::vector<float> logits(static_cast<size_t>(rows * spec_.vocab_size));
+    CpuBackend::Step step;
+    step.cache = cache_.get();
+    step.seq = seq;
+    step.start = cache_->length(seq);
+    step.n = n;
+    step.tokens = tokens;
+    step.logit_rows = rows;
+    cache_->reserve(seq, n);  // throws (nothing taken) when full
+    run_ranks(step, logits.data());
     cache_->advance(seq, n);
     return logits;
   }
 
  private:
+  struct Rank {
+    std::unique_ptr<CpuBackend> backend;
+    model::DecoderModules modules;
+  };
+
+  void run_rank(size_t r, CpuBackend::Step step) {
+    Rank& rk = ranks_[r];
+    rk.backend->begin(step);
+    model::decoder_forward(*rk.backend, rk.modules, spec_.hidden_size);
+  }
+
+  // Every rank's forward pass; rank 0 writes the logits.
+  void run_ranks(CpuBackend::Step step, float* logits) {
+    const size_t tp = ranks_.size();
+    if (!plan_) {
+      step.logits = logits;
+      run_rank(0, step);
+      return;
+    }
+    auto comms = make_in_process_group(static_cast<int>(tp));
+    std::vector<std::exception_ptr> errors(tp);
+    auto body = [&](size_t r) {
+      try {
+        CpuBackend::Step s = step;
+        s.comm = comms[r].get();
+        s.logits = r == 0 ? logits : nullptr;
+        run_rank(r, s);
+      } catch (...) {
+        errors[r] = std::current_exception();
+        comms[r]->abort();
+      }
+    };
+    std::vector<std::thread> threads;
+    for (size_t r = 1; r < tp; ++r) threads.emplace_back(body, r);
+    body(0);
+    for (auto& t : threads) t.join();
+    // The first failure is the cause; the others are aborts it triggered.
+    for (const auto& e : errors) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const Error& err) {
+        if (std::string_view(err.what()).find("was aborted") == std::string_view::npos) throw;
+      }
+    }
+    for (const auto& e : errors) {
+      if (e) std::rethrow_exception(e);
+    }
+  }
+
   Checkpoint ckpt_;  // keeps the mapped files alive
   ModelSpec spec_;
-  DenseMatrix embed_;
-  std::vector<float> final_norm_;
-  Linear head_;
-  std::vector<DecoderLayer> layers_;
+  std::optional<model::TpPlan> plan_;  // tensor parallelism (also at TP 1 when forced)
+  std::optional<moe::MoeLayout> layout_;
+  OverlayPlan overlay_;
   OverlayReport overlay_report_;
+  std::vector<Rank> ranks_;
+  static inline const LoadProgressFn silent_{};
 };
 
 }  // namespace

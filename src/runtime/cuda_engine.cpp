@@ -44,7 +44,7 @@
 #include "exl3/runtime/linear.hpp"
 #include "exl3/runtime/nccl_communicator.hpp"
 #include "exl3/runtime/overlay.hpp"
-#include "exl3/runtime/rope.hpp"
+#include "exl3/model/rope.hpp"
 #include "exl3/runtime/tp_linear.hpp"
 
 namespace exl3::runtime {

@@ -5,7 +5,7 @@
 
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/runtime/engine.hpp"
-#include "exl3/runtime/tp_plan.hpp"
+#include "exl3/model/tp_plan.hpp"
 
 namespace exl3::runtime {
 

@@ -29,7 +29,7 @@
 #include "exl3/cuda/device_buffer.hpp"
 #include "exl3/error.hpp"
 #include "exl3/runtime/nccl_communicator.hpp"
-#include "exl3/runtime/tp_plan.hpp"
+#include "exl3/model/tp_plan.hpp"
 
 namespace exl3::runtime {
 namespace {

@@ -6,7 +6,6 @@
 #include "cpu_engine.hpp"
 #include "cuda_engine.hpp"
 #include "cuda_tp_engine.hpp"
-#include "tp_engine.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 
@@ -47,7 +46,6 @@ std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions&
          "without nvcc); hint: rebuild with the CUDA toolkit installed, or use --device cpu");
 #endif
   }
-  if (tp_engine) return make_tp_cpu_engine(ckpt, std::move(spec), opts);
   return make_cpu_engine(ckpt, std::move(spec), opts);
 }
 

@@ -25,7 +25,7 @@
 #include "exl3/format/dtype.hpp"
 #include "exl3/runtime/overlay.hpp"
 #include "exl3/runtime/tp_linear.hpp"
-#include "exl3/runtime/tp_plan.hpp"
+#include "exl3/model/tp_plan.hpp"
 
 namespace exl3::runtime {
 

@@ -6,9 +6,11 @@
 #include <span>
 
 #include "exl3/moe/router.hpp"
-#include "exl3/runtime/model_spec.hpp"
+#include "exl3/model/spec.hpp"
 
 namespace exl3::runtime {
+// The runtime runs the model layer's descriptions and plans: their names are its vocabulary.
+using namespace exl3::model;  // NOLINT(google-build-using-namespace)
 
 // Routes of m tokens from their router logits [m, num_experts]; `correction_bias` is
 // e_score_correction_bias (kSigmoidGrouped with correction_bias only, else empty).

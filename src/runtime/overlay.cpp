@@ -10,7 +10,7 @@
 #include "exl3/format/safetensors.hpp"
 #include "exl3/mxfp8/codec.hpp"
 #include "exl3/mxfp8/weight.hpp"
-#include "exl3/runtime/model_spec.hpp"
+#include "exl3/model/spec.hpp"
 
 namespace exl3::runtime {
 namespace {

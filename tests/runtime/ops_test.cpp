@@ -12,7 +12,7 @@
 #include "exl3/runtime/generate.hpp"
 #include "exl3/runtime/kv_cache.hpp"
 #include "exl3/runtime/linear.hpp"
-#include "exl3/runtime/rope.hpp"
+#include "exl3/model/rope.hpp"
 #include "test_support.hpp"
 
 namespace exl3::runtime {

@@ -22,8 +22,8 @@
 #include "exl3/format/safetensors.hpp"
 #include "exl3/format/synthetic_hf.hpp"
 #include "exl3/runtime/generate.hpp"
-#include "exl3/runtime/model_spec.hpp"
-#include "exl3/runtime/rope.hpp"
+#include "exl3/model/spec.hpp"
+#include "exl3/model/rope.hpp"
 #include "exl3/trellis/codebook.hpp"
 #include "exl3/trellis/half.hpp"
 

@@ -1,7 +1,7 @@
-// One decoder layer on the CPU, built from any checkpoint (or tensor overlay) and run over the
-// hidden states of one sequence: what the engine stacks, and what calibrated conversion runs
-// layer by layer (original weights with an observer capturing each linear's inputs, then the
-// freshly quantized weights to produce the next layer's inputs).
+// One decoder layer on the CPU (the model's layer on a CPU backend of its own), built from any
+// checkpoint (or tensor overlay) and run over the hidden states of one sequence: what calibrated
+// conversion runs layer by layer (original weights with an observer capturing each linear's inputs,
+// then the freshly quantized weights to produce the next layer's inputs).
 //
 //   x += attention(rms_norm(x, input_norm));  x += mlp(rms_norm(x, post_attention_norm))
 #pragma once
@@ -12,8 +12,8 @@
 #include <span>
 #include <string>
 
+#include "exl3/model/spec.hpp"
 #include "exl3/runtime/kv_cache.hpp"
-#include "exl3/runtime/model_spec.hpp"
 
 namespace exl3 {
 class Checkpoint;
@@ -23,6 +23,8 @@ struct MoeLayout;
 }
 
 namespace exl3::runtime {
+// The runtime runs the model layer's descriptions and plans: their names are its vocabulary.
+using namespace exl3::model;  // NOLINT(google-build-using-namespace)
 
 // Sees the input of every linear as the layer runs. `linears` are the prefixes of the linears
 // that read this same input x[m, in] (q/k/v together, gate/up together, then o_proj, down_proj;
@@ -55,12 +57,9 @@ class DecoderLayer {
   // What this layer keeps per token in the KV cache.
   KvLayerShape kv_shape() const;
 
-  // x[m, hidden] (updated in place): the new tokens at positions start .. start + m - 1 of
-  // `seq`, whose cache entries of `cache_layer` the caller reserved.
-  void forward(float* x, int64_t m, int64_t start, PagedKvCache& cache, int cache_layer,
-               PagedKvCache::SeqId seq, LinearObserver* observer = nullptr) const;
-  // x[n, hidden] of one whole sequence (positions 0 .. n-1), with a cache of its own that is
-  // dropped afterwards. An observer needs routed experts as Linears (moe_layout nullptr).
+  // x[n, hidden] (updated in place) of one whole sequence (positions 0 .. n-1), with a cache of
+  // its own that is dropped afterwards. An observer needs routed experts as Linears (moe_layout
+  // nullptr).
   void forward_sequence(float* x, int64_t n, LinearObserver* observer = nullptr) const;
 
  private:

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "exl3/runtime/kv_cache.hpp"
-#include "exl3/runtime/model_spec.hpp"
+#include "exl3/model/spec.hpp"
 #include "exl3/runtime/load_progress.hpp"
 #include "exl3/runtime/overlay.hpp"
 
@@ -26,6 +26,8 @@ class Checkpoint;
 }
 
 namespace exl3::runtime {
+// The runtime runs the model layer's descriptions and plans: their names are its vocabulary.
+using namespace exl3::model;  // NOLINT(google-build-using-namespace)
 
 enum class Device : uint8_t { kCpu, kCuda };
 std::string_view device_name(Device d);  // "cpu" | "cuda"

@@ -33,10 +33,13 @@
 namespace exl3 {
 class Checkpoint;
 }
+namespace exl3::model {
+struct ModelSpec;
+}
 
 namespace exl3::runtime {
-
-struct ModelSpec;
+// The runtime runs the model layer's descriptions and plans: their names are its vocabulary.
+using namespace exl3::model;  // NOLINT(google-build-using-namespace)
 
 struct OverlayPolicy {
   bool linear = false;          // attention and dense-MLP projections -> MXFP8

@@ -20,9 +20,11 @@
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/moe/weights.hpp"
 #include "exl3/runtime/linear.hpp"
-#include "exl3/runtime/tp_plan.hpp"
+#include "exl3/model/tp_plan.hpp"
 
 namespace exl3::runtime {
+// The runtime runs the model layer's descriptions and plans: their names are its vocabulary.
+using namespace exl3::model;  // NOLINT(google-build-using-namespace)
 
 // An EXL3 linear's slice: a view over the parent's tensors, with its own tile copy (column
 // slices) and bias. Move-only (the view points into the owned vectors).

@@ -1,5 +1,5 @@
 // RoPE settings from config.json and the cos/sin tables (see rope.hpp).
-#include "exl3/runtime/rope.hpp"
+#include "exl3/model/rope.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "exl3/error.hpp"
 
-namespace exl3::runtime {
+namespace exl3::model {
 namespace {
 
 using nlohmann::json;
@@ -27,7 +27,8 @@ double number(const json& j, const char* key, const std::string& where, const st
     if (def) return *def;
     fail("{}: key '{}{}' is required for this rope type", label, where, key);
   }
-  if (!v->is_number()) fail("{}: key '{}{}': expected a number, got {}", label, where, key, v->dump());
+  if (!v->is_number())
+    fail("{}: key '{}{}': expected a number, got {}", label, where, key, v->dump());
   const double d = v->get<double>();
   if (!std::isfinite(d) || (positive && d <= 0.0)) {
     fail("{}: key '{}{}': expected a positive number, got {}", label, where, key, v->dump());
@@ -39,10 +40,14 @@ double number(const json& j, const char* key, const std::string& where, const st
 
 std::string_view rope_type_name(RopeType t) {
   switch (t) {
-    case RopeType::kDefault: return "default";
-    case RopeType::kLinear: return "linear";
-    case RopeType::kLlama3: return "llama3";
-    case RopeType::kYarn: return "yarn";
+    case RopeType::kDefault:
+      return "default";
+    case RopeType::kLinear:
+      return "linear";
+    case RopeType::kLlama3:
+      return "llama3";
+    case RopeType::kYarn:
+      return "yarn";
   }
   return "?";
 }
@@ -78,20 +83,23 @@ RopeSpec parse_rope(const json& config, int64_t head_dim, const std::string& lab
     partial = number(config, "partial_rotary_factor", "", label, 1.0);
   }
   if (partial > 1.0) {
-    fail("{}: key 'partial_rotary_factor': {} is above 1 (the rotated part of a head)", label, partial);
+    fail("{}: key 'partial_rotary_factor': {} is above 1 (the rotated part of a head)", label,
+         partial);
   }
   r.rotary_dim = static_cast<int64_t>(static_cast<double>(head_dim) * partial);  // python int()
   if (r.rotary_dim <= 0 || r.rotary_dim % 2 != 0) {
-    fail("{}: key 'partial_rotary_factor': head_dim {} x {} gives {} rotary channels; expected a "
-         "positive even number",
-         label, head_dim, partial, r.rotary_dim);
+    fail(
+        "{}: key 'partial_rotary_factor': head_dim {} x {} gives {} rotary channels; expected a "
+        "positive even number",
+        label, head_dim, partial, r.rotary_dim);
   }
 
   std::string type = "default";
   const char* type_key = "rope_type";
   for (const char* key : {"rope_type", "type"}) {
     if (const json* t = get(p, key)) {
-      if (!t->is_string()) fail("{}: key '{}{}': expected a string, got {}", label, where, key, t->dump());
+      if (!t->is_string())
+        fail("{}: key '{}{}': expected a string, got {}", label, where, key, t->dump());
       type = t->get<std::string>();
       type_key = key;
       break;
@@ -150,13 +158,15 @@ RopeSpec parse_rope(const json& config, int64_t head_dim, const std::string& lab
     } else {
       const double ms = number(p, "mscale", where, label, 0.0, false);
       const double msa = number(p, "mscale_all_dim", where, label, 0.0, false);
-      r.attention_factor = (ms != 0.0 && msa != 0.0) ? mscale_of(r.factor, ms) / mscale_of(r.factor, msa)
-                                                     : mscale_of(r.factor, 1.0);
+      r.attention_factor = (ms != 0.0 && msa != 0.0)
+                               ? mscale_of(r.factor, ms) / mscale_of(r.factor, msa)
+                               : mscale_of(r.factor, 1.0);
     }
   } else {
-    fail("{}: key '{}{}': rope type '{}' is not supported (supported: default, linear, llama3, "
-         "yarn)",
-         label, where, type_key, type);
+    fail(
+        "{}: key '{}{}': rope type '{}' is not supported (supported: default, linear, llama3, "
+        "yarn)",
+        label, where, type_key, type);
   }
   return r;
 }
@@ -170,11 +180,13 @@ std::vector<float> rope_inv_freq(const RopeSpec& r) {
     // transformers: 1 / theta^(arange(0, dim, 2).float() / dim), in fp32.
     const float expo = static_cast<float>(2 * i) / static_cast<float>(r.rotary_dim);
     base[static_cast<size_t>(i)] = static_cast<double>(static_cast<float>(
-        1.0 / static_cast<double>(static_cast<float>(std::pow(r.theta, static_cast<double>(expo))))));
+        1.0 /
+        static_cast<double>(static_cast<float>(std::pow(r.theta, static_cast<double>(expo))))));
   }
   switch (r.type) {
     case RopeType::kDefault:
-      for (int64_t i = 0; i < half; ++i) out[static_cast<size_t>(i)] = static_cast<float>(base[static_cast<size_t>(i)]);
+      for (int64_t i = 0; i < half; ++i)
+        out[static_cast<size_t>(i)] = static_cast<float>(base[static_cast<size_t>(i)]);
       break;
     case RopeType::kLinear:
       for (int64_t i = 0; i < half; ++i)
@@ -204,7 +216,8 @@ std::vector<float> rope_inv_freq(const RopeSpec& r) {
     case RopeType::kYarn: {
       const double orig = static_cast<double>(r.original_max_position_embeddings);
       auto correction_dim = [&](double rotations) {
-        return dim * std::log(orig / (rotations * 2.0 * std::numbers::pi)) / (2.0 * std::log(r.theta));
+        return dim * std::log(orig / (rotations * 2.0 * std::numbers::pi)) /
+               (2.0 * std::log(r.theta));
       };
       double low = correction_dim(r.beta_fast), high = correction_dim(r.beta_slow);
       if (r.truncate) {
@@ -246,4 +259,4 @@ void apply_rope(float* x, const float* cos, const float* sin, int64_t half) {
   }
 }
 
-}  // namespace exl3::runtime
+}  // namespace exl3::model

@@ -5,11 +5,12 @@
 #include <gtest/gtest.h>
 
 #include "exl3/error.hpp"
-#include "exl3/runtime/tp_plan.hpp"
+#include "exl3/model/tp_plan.hpp"
 #include "runtime_test_util.hpp"
 #include "test_support.hpp"
 
-namespace exl3::runtime {
+namespace exl3::model {
+namespace test = exl3::runtime::test;  // the tiny-checkpoint writers of the runtime tests
 namespace {
 
 using ::testing::HasSubstr;
@@ -203,4 +204,4 @@ TEST(TpPlan, RejectsTpOutOfRange) {
 }
 
 }  // namespace
-}  // namespace exl3::runtime
+}  // namespace exl3::model

@@ -1,5 +1,6 @@
-// describe_model: config.json (+ the checkpoint's head) -> ModelSpec (see model_spec.hpp).
-#include "exl3/runtime/model_spec.hpp"
+// describe_model: config.json (+ the checkpoint's head) -> ModelSpec (see exl3/model/spec.hpp): the
+// keys every family shares here, then the family's own function (model/families/).
+#include "exl3/model/spec.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -10,8 +11,9 @@
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/config_keys.hpp"
+#include "model/families/family.hpp"
 
-namespace exl3::runtime {
+namespace exl3::model {
 namespace {
 
 using nlohmann::json;
@@ -45,7 +47,6 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
          config.architecture, supported_architecture_names());
   }
   s.architecture = arch->arch;
-  const bool moe_arch = arch->moe;
 
   s.hidden_size = k.integer("hidden_size");
   s.vocab_size = k.integer("vocab_size");
@@ -96,14 +97,12 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
     if (k.has(key)) fail("{}: key '{}': logit soft-capping is not supported", label, key);
   }
 
-  GqaAttentionSpec attn;
+  families::Family f{config, k, label, s, {}, num_layers};
+  GqaAttentionSpec& attn = f.attention;
   attn.num_heads = heads;
   attn.num_kv_heads = kv_heads;
   attn.head_dim = head_dim;
   attn.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  attn.qk_norm = s.architecture == Architecture::kQwen3 ||
-                 s.architecture == Architecture::kQwen3Moe ||
-                 (s.architecture == Architecture::kGlm4Moe && k.boolean("use_qk_norm", false));
   if (s.architecture != Architecture::kGlm4Moe && k.has("partial_rotary_factor") &&
       k.number("partial_rotary_factor") != 1.0) {
     fail(
@@ -112,96 +111,22 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
         label, config.architecture);
   }
   attn.rope = parse_rope(raw, head_dim, label);
-
-  // MoE parameters.
-  MoeSpec moe;
-  std::set<int64_t> dense_layers;
-  int64_t intermediate = 0;
-  auto need_intermediate = [&] {
-    if (intermediate == 0) intermediate = k.integer("intermediate_size");
-    return intermediate;
-  };
-  if (moe_arch) {
-    moe.num_experts = config.num_experts;
-    if (moe.num_experts <= 0) {
-      fail("{}: key '{}' is missing or 0", label,
-           s.architecture == Architecture::kGlm4Moe ? "n_routed_experts" : "num_experts");
-    }
-    const int64_t top_k = k.integer("num_experts_per_tok");
-    if (top_k > moe.num_experts) {
-      fail("{}: key 'num_experts_per_tok': {} is more than the {} experts", label, top_k,
-           moe.num_experts);
-    }
-    moe.top_k = static_cast<int>(top_k);
-    moe.intermediate = k.integer("moe_intermediate_size");
-    if (s.architecture == Architecture::kQwen3Moe) {
-      moe.router = RouterKind::kSoftmax;
-      moe.renormalize = k.boolean("norm_topk_prob", false);  // Qwen3MoeConfig's default
-      const int64_t step = k.integer("decoder_sparse_step", 1);
-      if (step == 0) fail("{}: key 'decoder_sparse_step' is 0; expected >= 1", label);
-      const auto only = k.int_list("mlp_only_layers");
-      for (const int64_t l : only) {
-        if (l >= num_layers) {
-          fail("{}: key 'mlp_only_layers': layer {} is outside 0..{}", label, l, num_layers - 1);
-        }
-        dense_layers.insert(l);
-      }
-      for (int64_t l = 0; l < num_layers; ++l)
-        if ((l + 1) % step != 0) dense_layers.insert(l);
-      if (k.integer("shared_expert_intermediate_size", 0) != 0) {
-        fail("{}: key 'shared_expert_intermediate_size': Qwen3-MoE has no shared expert", label);
-      }
-    } else {
-      moe.router = RouterKind::kSigmoidGrouped;
-      moe.renormalize = k.boolean("norm_topk_prob", true);
-      moe.n_group = static_cast<int>(k.integer("n_group", 1));
-      moe.topk_group = static_cast<int>(k.integer("topk_group", 1));
-      if (moe.n_group == 0 || moe.num_experts % moe.n_group != 0) {
-        fail("{}: key 'n_group': {} does not divide the {} routed experts", label, moe.n_group,
-             moe.num_experts);
-      }
-      if (moe.topk_group == 0 || moe.topk_group > moe.n_group) {
-        fail("{}: key 'topk_group': {} is outside 1..n_group ({})", label, moe.topk_group,
-             moe.n_group);
-      }
-      if (moe.top_k > moe.topk_group * (moe.num_experts / moe.n_group)) {
-        fail(
-            "{}: key 'num_experts_per_tok': {} is more than the {} experts of topk_group {} groups",
-            label, moe.top_k, moe.topk_group * (moe.num_experts / moe.n_group), moe.topk_group);
-      }
-      moe.routed_scaling_factor = k.number("routed_scaling_factor", 1.0);
-      moe.correction_bias = true;
-      const std::string method = k.string("topk_method", "noaux_tc");
-      if (method != "noaux_tc") {
-        fail("{}: key 'topk_method': '{}' is not supported (GLM-4.5 routing is noaux_tc)", label,
-             method);
-      }
-      const int64_t shared = k.integer("n_shared_experts", 1);
-      if (shared > 0) moe.shared = DenseMlpSpec{"", moe.intermediate * shared};
-      const int64_t first_dense = k.integer("first_k_dense_replace", 1);
-      for (int64_t l = 0; l < std::min(first_dense, num_layers); ++l) dense_layers.insert(l);
-    }
-  }
-
-  for (int64_t l = 0; l < num_layers; ++l) {
-    LayerSpec layer;
-    layer.index = static_cast<int>(l);
-    layer.prefix = fmt::format("model.layers.{}", l);
-    layer.input_norm = layer.prefix + ".input_layernorm.weight";
-    layer.post_attention_norm = layer.prefix + ".post_attention_layernorm.weight";
-    GqaAttentionSpec a = attn;
-    a.prefix = layer.prefix + ".self_attn";
-    layer.attention = a;
-    const std::string mlp_prefix = layer.prefix + ".mlp";
-    if (moe_arch && dense_layers.count(l) == 0) {
-      MoeSpec m = moe;
-      m.prefix = mlp_prefix;
-      if (m.shared) m.shared->prefix = mlp_prefix + ".shared_experts";
-      layer.mlp = m;
-    } else {
-      layer.mlp = DenseMlpSpec{mlp_prefix, need_intermediate()};
-    }
-    s.layers.push_back(std::move(layer));
+  switch (s.architecture) {
+    case Architecture::kLlama:
+      families::describe_llama(f);
+      break;
+    case Architecture::kQwen2:
+      families::describe_qwen2(f);
+      break;
+    case Architecture::kQwen3:
+      families::describe_qwen3(f);
+      break;
+    case Architecture::kQwen3Moe:
+      families::describe_qwen3_moe(f);
+      break;
+    case Architecture::kGlm4Moe:
+      families::describe_glm4_moe(f);
+      break;
   }
   s.lm_head_tied = false;
   return s;
@@ -271,4 +196,4 @@ nlohmann::json spec_summary(const ModelSpec& s) {
   return j;
 }
 
-}  // namespace exl3::runtime
+}  // namespace exl3::model

@@ -30,14 +30,14 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/format/architectures.hpp"
-#include "exl3/runtime/rope.hpp"
+#include "exl3/model/rope.hpp"
 
 namespace exl3 {
 struct ModelConfig;
 class Checkpoint;
 }  // namespace exl3
 
-namespace exl3::runtime {
+namespace exl3::model {
 
 // The supported families and their traits are one table in the format layer
 // (exl3/format/architectures.hpp).
@@ -126,4 +126,4 @@ ModelSpec describe_model(const Checkpoint& ckpt);
 // A summary for `--json` outputs and logs.
 nlohmann::json spec_summary(const ModelSpec& spec);
 
-}  // namespace exl3::runtime
+}  // namespace exl3::model

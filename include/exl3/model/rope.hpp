@@ -25,7 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace exl3::runtime {
+namespace exl3::model {
 
 enum class RopeType : uint8_t { kDefault, kLinear, kLlama3, kYarn };
 std::string_view rope_type_name(RopeType t);  // "default" | "linear" | "llama3" | "yarn"
@@ -34,8 +34,8 @@ struct RopeSpec {
   RopeType type = RopeType::kDefault;
   double theta = 10000.0;
   int64_t head_dim = 0;
-  int64_t rotary_dim = 0;  // even, <= head_dim; head_dim * partial_rotary_factor
-  double factor = 1.0;     // linear / llama3 / yarn
+  int64_t rotary_dim = 0;         // even, <= head_dim; head_dim * partial_rotary_factor
+  double factor = 1.0;            // linear / llama3 / yarn
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
   int64_t original_max_position_embeddings = 0;  // llama3 / yarn
@@ -75,4 +75,4 @@ class RopeTable {
 //   x[i + half] = x[i + half] * cos[i] + x[i] * sin[i]
 void apply_rope(float* x, const float* cos, const float* sin, int64_t half);
 
-}  // namespace exl3::runtime
+}  // namespace exl3::model

@@ -1,5 +1,5 @@
 // Tensor-parallel slicing rules (see tp_plan.hpp).
-#include "exl3/runtime/tp_plan.hpp"
+#include "exl3/model/tp_plan.hpp"
 
 #include <algorithm>
 
@@ -10,7 +10,7 @@
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/moe/layout.hpp"
 
-namespace exl3::runtime {
+namespace exl3::model {
 namespace {
 
 // A plan or the reason there is none (so working_tp_sizes can probe without exceptions).
@@ -29,16 +29,18 @@ std::string check_blocks(const TpLinearPlan& l, int tp, std::string_view what) {
     if (e.empty()) continue;
     if (e.begin % kTpBlock != 0 || (e.end() % kTpBlock != 0 && e.end() != axis)) {
       return fmt::format(
-          "{}: TP {} gives rank {} {} = {} channels [{}, {}) of {}, which cuts a 128-channel EXL3 block "
+          "{}: TP {} gives rank {} {} = {} channels [{}, {}) of {}, which cuts a 128-channel EXL3 "
+          "block "
           "(the Hadamard-128 rotations and 16x16 trellis tiles cannot be split)",
-          l.prefix, tp, r, what, l.split == TpSplit::kColumn ? "output" : "input", e.begin, e.end(), axis);
+          l.prefix, tp, r, what, l.split == TpSplit::kColumn ? "output" : "input", e.begin, e.end(),
+          axis);
     }
   }
   return {};
 }
 
-TpLinearPlan linear_plan(std::string prefix, TpSplit split, int64_t in, int64_t out, const TpWeightInfo& w,
-                         std::vector<Extent> ranks) {
+TpLinearPlan linear_plan(std::string prefix, TpSplit split, int64_t in, int64_t out,
+                         const TpWeightInfo& w, std::vector<Extent> ranks) {
   TpLinearPlan l;
   l.exl3 = w.exl3.contains(prefix);
   l.prefix = std::move(prefix);
@@ -77,9 +79,12 @@ std::string plan_attention(const GqaAttentionSpec& a, int64_t hidden, int tp, co
   }
   p.kv_replicas = *std::max_element(holders.begin(), holders.end());
   const int64_t q_out = h * hd, kv_out = a.num_kv_heads * hd;
-  p.q = linear_plan(a.prefix + ".q_proj", TpSplit::kColumn, hidden, q_out, w, scaled(p.q_heads, hd));
-  p.k = linear_plan(a.prefix + ".k_proj", TpSplit::kColumn, hidden, kv_out, w, scaled(p.kv_heads, hd));
-  p.v = linear_plan(a.prefix + ".v_proj", TpSplit::kColumn, hidden, kv_out, w, scaled(p.kv_heads, hd));
+  p.q =
+      linear_plan(a.prefix + ".q_proj", TpSplit::kColumn, hidden, q_out, w, scaled(p.q_heads, hd));
+  p.k = linear_plan(a.prefix + ".k_proj", TpSplit::kColumn, hidden, kv_out, w,
+                    scaled(p.kv_heads, hd));
+  p.v = linear_plan(a.prefix + ".v_proj", TpSplit::kColumn, hidden, kv_out, w,
+                    scaled(p.kv_heads, hd));
   p.o = linear_plan(a.prefix + ".o_proj", TpSplit::kRow, q_out, hidden, w, scaled(p.q_heads, hd));
   for (const auto* l : {&p.q, &p.o}) {
     if (auto err = check_blocks(*l, tp, "its q heads"); !err.empty()) return err;
@@ -91,31 +96,38 @@ std::string plan_attention(const GqaAttentionSpec& a, int64_t hidden, int tp, co
     if (!l->exl3) continue;
     for (auto& e : l->ranks) {
       if (e.empty()) continue;
-      const int64_t b = e.begin / kTpBlock * kTpBlock, end = std::min((e.end() + kTpBlock - 1) / kTpBlock * kTpBlock, kv_out);
+      const int64_t b = e.begin / kTpBlock * kTpBlock,
+                    end = std::min((e.end() + kTpBlock - 1) / kTpBlock * kTpBlock, kv_out);
       e = {b, end - b};
     }
   }
   return {};
 }
 
-TpMlpPlan plan_mlp(const std::string& prefix, int64_t inter, int tp, const TpWeightInfo& w) {
+TpMlpPlan plan_mlp(const std::string& prefix, int64_t inter, int64_t hidden, int tp,
+                   const TpWeightInfo& w) {
   TpMlpPlan p;
   p.prefix = prefix;
   p.intermediate = inter;
   p.exl3 = w.exl3.contains(prefix + ".gate_proj") || w.exl3.contains(prefix + ".up_proj") ||
            w.exl3.contains(prefix + ".down_proj");
   p.ranks = deal_extents(inter, tp, p.exl3 ? kTpBlock : 1);
+  p.gate = linear_plan(prefix + ".gate_proj", TpSplit::kColumn, hidden, inter, w, p.ranks);
+  p.up = linear_plan(prefix + ".up_proj", TpSplit::kColumn, hidden, inter, w, p.ranks);
+  p.down = linear_plan(prefix + ".down_proj", TpSplit::kRow, inter, hidden, w, p.ranks);
   return p;
 }
 
-std::string plan_moe(const MoeSpec& m, int tp, const TpWeightInfo& w, TpMoePlan& p) {
+std::string plan_moe(const MoeSpec& m, int64_t hidden, int tp, const TpWeightInfo& w,
+                     TpMoePlan& p) {
   p.prefix = m.prefix;
   p.num_experts = m.num_experts;
   p.intermediate = m.intermediate;
   if (w.checkpoint_tp > 1 && tp > 1) {
     if (tp != w.checkpoint_tp) {
       return fmt::format(
-          "{}: the experts are stored rank-sliced for TP {} (config.json hybrid_tr3_tail.tp), the runtime asks "
+          "{}: the experts are stored rank-sliced for TP {} (config.json hybrid_tr3_tail.tp), the "
+          "runtime asks "
           "for TP {}; a rank-sliced checkpoint is never reshuffled",
           m.prefix, w.checkpoint_tp, tp);
     }
@@ -125,7 +137,7 @@ std::string plan_moe(const MoeSpec& m, int tp, const TpWeightInfo& w, TpMoePlan&
   } else {
     p.ranks = deal_extents(m.intermediate, tp, kTpBlock);  // routed experts are always EXL3
   }
-  if (m.shared) p.shared = plan_mlp(m.shared->prefix, m.shared->intermediate, tp, w);
+  if (m.shared) p.shared = plan_mlp(m.shared->prefix, m.shared->intermediate, hidden, tp, w);
   return {};
 }
 
@@ -143,12 +155,15 @@ Attempt try_plan(const ModelSpec& spec, int tp, const TpWeightInfo& w) {
     TpLayerPlan lp;
     lp.index = ls.index;
     const auto& gqa = std::get<GqaAttentionSpec>(ls.attention);
-    if (a.error = plan_attention(gqa, spec.hidden_size, tp, w, lp.attention); !a.error.empty()) return a;
+    if (a.error = plan_attention(gqa, spec.hidden_size, tp, w, lp.attention); !a.error.empty())
+      return a;
     if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
-      lp.mlp = plan_mlp(d->prefix, d->intermediate, tp, w);
+      lp.mlp = plan_mlp(d->prefix, d->intermediate, spec.hidden_size, tp, w);
     } else {
       TpMoePlan mp;
-      if (a.error = plan_moe(std::get<MoeSpec>(ls.mlp), tp, w, mp); !a.error.empty()) return a;
+      if (a.error = plan_moe(std::get<MoeSpec>(ls.mlp), spec.hidden_size, tp, w, mp);
+          !a.error.empty())
+        return a;
       lp.mlp = std::move(mp);
     }
     p.layers.push_back(std::move(lp));
@@ -169,7 +184,8 @@ std::string_view tp_split_name(TpSplit s) {
 }
 
 std::vector<Extent> deal_extents(int64_t count, int tp, int64_t block) {
-  if (tp < 1 || block < 1 || count < 0) fail("deal_extents: {} units over {} ranks in blocks of {}", count, tp, block);
+  if (tp < 1 || block < 1 || count < 0)
+    fail("deal_extents: {} units over {} ranks in blocks of {}", count, tp, block);
   const int64_t blocks = (count + block - 1) / block, q = blocks / tp, rem = blocks % tp;
   std::vector<Extent> out;
   int64_t at = 0;
@@ -185,7 +201,8 @@ std::vector<Extent> deal_extents(int64_t count, int tp, int64_t block) {
 TpWeightInfo tp_weight_info(const Checkpoint& ckpt) {
   TpWeightInfo w;
   for (const auto& l : ckpt.linears()) w.exl3.insert(l.prefix);
-  if (const auto layout = moe::read_moe_layout(ckpt); layout && layout->rank_sliced()) w.checkpoint_tp = layout->tp;
+  if (const auto layout = moe::read_moe_layout(ckpt); layout && layout->rank_sliced())
+    w.checkpoint_tp = layout->tp;
   return w;
 }
 
@@ -202,7 +219,8 @@ TpPlan plan_tensor_parallel(const ModelSpec& spec, int tp, const TpWeightInfo& w
   Attempt a = try_plan(spec, tp, weights);
   if (!a.error.empty()) {
     const auto ok = working_tp_sizes(spec, weights);
-    fail("{} ({}); hint: TP sizes that work for this model: {}", spec.label, a.error, fmt::join(ok, ", "));
+    fail("{} ({}); hint: TP sizes that work for this model: {}", spec.label, a.error,
+         fmt::join(ok, ", "));
   }
   return std::move(a.plan);
 }
@@ -231,4 +249,4 @@ nlohmann::json tp_plan_summary(const TpPlan& plan) {
   return j;
 }
 
-}  // namespace exl3::runtime
+}  // namespace exl3::model

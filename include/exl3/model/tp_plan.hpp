@@ -34,13 +34,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "exl3/runtime/model_spec.hpp"
+#include "exl3/model/spec.hpp"
 
 namespace exl3 {
 class Checkpoint;
 }
 
-namespace exl3::runtime {
+namespace exl3::model {
 
 inline constexpr int64_t kTpBlock = 128;  // EXL3 slices are whole Hadamard-128 blocks
 inline constexpr int kMaxTp = 64;
@@ -74,9 +74,9 @@ struct TpAttentionPlan {
   int64_t padded_heads = 0;  // ceil(num_heads / tp) * tp
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  int64_t kv_replicas = 1;        // most ranks holding one kv head (> 1: replicated)
-  std::vector<Extent> q_heads;    // real q heads of each rank
-  std::vector<Extent> kv_heads;   // kv heads each rank holds
+  int64_t kv_replicas = 1;       // most ranks holding one kv head (> 1: replicated)
+  std::vector<Extent> q_heads;   // real q heads of each rank
+  std::vector<Extent> kv_heads;  // kv heads each rank holds
   // q/o extents are the q heads' channels; k/v extents cover the kv heads' channels (whole
   // 128-channel blocks for EXL3, so they may include a neighbouring kv head).
   TpLinearPlan q, k, v, o;
@@ -86,7 +86,8 @@ struct TpMlpPlan {  // SwiGLU: gate/up column-parallel, down row-parallel over t
   std::string prefix;
   int64_t intermediate = 0;
   bool exl3 = false;
-  std::vector<Extent> ranks;  // intermediate channels of each rank
+  std::vector<Extent> ranks;    // intermediate channels of each rank
+  TpLinearPlan gate, up, down;  // over `ranks`: column, column, row
 };
 
 struct TpMoePlan {
@@ -123,7 +124,8 @@ TpWeightInfo tp_weight_info(const Checkpoint& ckpt);
 // checkpoint at fault and listing the TP sizes that work for this model.
 TpPlan plan_tensor_parallel(const ModelSpec& spec, int tp, const TpWeightInfo& weights);
 // Every TP in 1..max_tp that plan_tensor_parallel accepts.
-std::vector<int> working_tp_sizes(const ModelSpec& spec, const TpWeightInfo& weights, int max_tp = kMaxTp);
+std::vector<int> working_tp_sizes(const ModelSpec& spec, const TpWeightInfo& weights,
+                                  int max_tp = kMaxTp);
 
 // `count` units dealt to `tp` ranks in whole blocks of `block` (the last block may be short):
 // rank r gets q or q + 1 blocks (the first count_blocks % tp ranks the extra one).
@@ -132,4 +134,4 @@ std::vector<Extent> deal_extents(int64_t count, int tp, int64_t block);
 // Per rank: heads, kv heads, channels and vocabulary rows (for --json and logs).
 nlohmann::json tp_plan_summary(const TpPlan& plan);
 
-}  // namespace exl3::runtime
+}  // namespace exl3::model

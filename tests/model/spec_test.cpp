@@ -5,11 +5,12 @@
 
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
-#include "exl3/runtime/model_spec.hpp"
+#include "exl3/model/spec.hpp"
 #include "runtime_test_util.hpp"
 #include "test_support.hpp"
 
-namespace exl3::runtime {
+namespace exl3::model {
+namespace test = exl3::runtime::test;  // the tiny-checkpoint writers of the runtime tests
 namespace {
 
 using test::base_config;
@@ -191,4 +192,4 @@ TEST(ModelSpec, NoConfigOrHeadFails) {
 }
 
 }  // namespace
-}  // namespace exl3::runtime
+}  // namespace exl3::model

@@ -1,0 +1,88 @@
+// The decoder-only transformer, written once over the backend op layer (exl3/model/ops.hpp):
+// every supported family (Llama, Qwen2, Qwen3, Qwen3-MoE, GLM-4.5-MoE) is this module tree with
+// the traits its ModelSpec gives (q/k norm, partial rotary, router kind, shared experts, dense
+// layers), run on any backend, whole or as one tensor-parallel rank.
+//
+//   x = embed(tokens)
+//   per layer:  h = rms_norm(x += pending)
+//               y = all_reduce(o(attention(q(h), k(h), v(h))))       GQA; MLA is the next kind
+//               h = rms_norm(x += y)
+//               y = all_reduce(mlp(h))         SwiGLU, or routed experts (+ shared experts)
+//               pending = y
+//   logits = head(rms_norm(x += pending))     only the rows the step wants, vocab gathered
+//
+// The residual add is folded into the next norm, as the fused CUDA kernel does; a backend that
+// keeps the residual stream replicated sees the same bits on every rank.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <variant>
+#include <vector>
+
+#include "exl3/model/ops.hpp"
+#include "exl3/model/spec.hpp"
+#include "exl3/model/tp_plan.hpp"
+
+namespace exl3::model {
+
+struct GqaModules {
+  Extent q_heads, kv_heads;  // this rank's (all of them at TP 1)
+  int64_t head_dim = 0;
+  ModulePtr q, k, v, o, attention;
+};
+
+struct DenseMlpModules {
+  int64_t intermediate = 0;  // this rank's channels
+  ModulePtr gate, up, down;
+};
+
+struct MoeModules {
+  ModulePtr routed;                       // router + routed experts
+  std::optional<DenseMlpModules> shared;  // shared experts, added to the routed sum
+};
+
+struct LayerModules {
+  ModulePtr input_norm, post_norm;
+  std::variant<GqaModules> attention;
+  std::variant<DenseMlpModules, MoeModules> mlp;
+};
+
+// One rank's view of the model: tp == 1 loads everything whole.
+struct RankOf {
+  const TpPlan* plan = nullptr;  // nullptr: no tensor parallelism
+  int rank = 0;
+};
+
+// Loads layer `spec` (cache layer `cache_layer`) through `b`.
+LayerModules load_layer(Backend& b, const ModelSpec& model, const LayerSpec& spec, int cache_layer,
+                        RankOf rank = {});
+
+struct DecoderModules {
+  ModulePtr embedding, final_norm, head;
+  std::vector<LayerModules> layers;
+};
+
+// Every module of `model` through `b`; `layer_done` is called after each layer.
+template <typename OnLayer>
+DecoderModules load_decoder(Backend& b, const ModelSpec& model, RankOf rank, OnLayer&& layer_done);
+DecoderModules load_decoder_head(Backend& b, const ModelSpec& model, RankOf rank);
+
+// One layer over x [n, hidden]: `pending` is the previous layer's output not yet added to x (null
+// at the first layer); returns this layer's output (the Y slot), likewise not yet added.
+Act layer_forward(Backend& b, const LayerModules& l, int64_t hidden, Act x, const Act* pending);
+
+// The whole step: embedding, every layer, the logits of the rows the step wants.
+void decoder_forward(Backend& b, const DecoderModules& m, int64_t hidden);
+
+template <typename OnLayer>
+DecoderModules load_decoder(Backend& b, const ModelSpec& model, RankOf rank, OnLayer&& layer_done) {
+  DecoderModules m = load_decoder_head(b, model, rank);
+  for (size_t i = 0; i < model.layers.size(); ++i) {
+    m.layers.push_back(load_layer(b, model, model.layers[i], static_cast<int>(i), rank));
+    layer_done();
+  }
+  return m;
+}
+
+}  // namespace exl3::model

@@ -1,0 +1,113 @@
+// The backend op layer: what a model needs from a device, and nothing about how. The decoder
+// (exl3/model/decoder.hpp) is written once over it; the CPU backend (fp32 reference) and the CUDA
+// backend implement it in the runtime layer.
+//
+// Two halves:
+//   load  the backend turns a tensor name (or one tensor-parallel rank's slice of it, as the
+//         model's TpPlan says) into a Module it owns the weights of; the model keeps the handles.
+//   run   ops over the current step's activations. The step (which tokens, which sequences and
+//         positions, which rows want logits) is backend state set by the engine before the model
+//         runs; ops read it. On CUDA an op only enqueues kernels (no allocation, no host sync),
+//         so a whole step can be captured as a graph.
+//
+// Activations are fp32 [rows, width] in the backend's memory (host or device). Tensor
+// parallelism is rank slicing at load plus all_reduce (identity at TP 1) inside the model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "exl3/model/spec.hpp"
+#include "exl3/model/tp_plan.hpp"
+
+namespace exl3::model {
+
+// fp32 activations [rows, width] in the backend's memory.
+struct Act {
+  float* data = nullptr;
+  int64_t rows = 0;
+  int64_t width = 0;
+};
+
+// A loaded module (a linear, a norm weight, an attention layer with its KV cache, a routed
+// experts layer). Only the backend that made it looks inside.
+class Module {
+ public:
+  virtual ~Module() = default;
+};
+using ModulePtr = std::unique_ptr<Module>;
+
+// Where a linear's weights come from: the whole linear of the checkpoint, or one rank's slice of
+// it (a column slice's outputs may be cut further to [out_offset, out_offset + out_count): an
+// EXL3 k/v slice covers whole 128-channel blocks around the rank's kv heads).
+struct LinearSource {
+  std::string prefix;  // "model.layers.3.self_attn.q_proj"
+  int64_t in = 0, out = 0;
+  const TpLinearPlan* slice = nullptr;  // nullptr: the whole linear
+  int rank = 0;
+  int64_t out_offset = 0;
+  int64_t out_count = -1;  // -1: every output of the slice
+};
+
+// The activation buffers a step uses, by role. A backend sizes each for the widest width the
+// model reserves at load.
+enum class Slot : uint8_t { kX, kH, kY, kQ, kK, kV, kAttn, kGate, kUp, kShared, kCount };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // ---- load ----------------------------------------------------------------------------------
+  // The token embedding (every rank holds all of it: the lookup needs no collective).
+  virtual ModulePtr load_embedding() = 0;
+  // An RMSNorm weight [width].
+  virtual ModulePtr load_norm(const std::string& tensor, int64_t width) = 0;
+  virtual ModulePtr load_linear(const LinearSource& src) = 0;
+  // The tied head: the embedding's rows `vocab` (one rank's, or all) as a linear.
+  virtual ModulePtr load_tied_head(Extent vocab) = 0;
+  // GQA attention over `local` heads (a rank's window when first_q_head > 0 or heads are fewer
+  // than the spec's): q/k norms, RoPE, this layer's KV cache. `cache_layer` numbers the
+  // attention layers in load order.
+  virtual ModulePtr load_gqa(const GqaAttentionSpec& spec, Extent q_heads, Extent kv_heads,
+                             int cache_layer) = 0;
+  // The router and routed experts of MoE layer `layer` (shared experts are the model's dense
+  // MLP): the whole layer, or rank `rank`'s intermediate channels when `plan` is given.
+  virtual ModulePtr load_moe(const MoeSpec& spec, int layer, const TpMoePlan* plan, int rank) = 0;
+  // The widest activation a slot holds (per token).
+  virtual void reserve(Slot slot, int64_t width) = 0;
+
+  // ---- run (over the current step) -----------------------------------------------------------
+  // An activation buffer of the slot for the step's tokens.
+  virtual Act act(Slot slot, int64_t width) = 0;
+  // x = the step's token embeddings.
+  virtual void embed(const Module& embedding, Act x) = 0;
+  // x += residual (when given), then out = rms_norm(x) * weight.
+  virtual void add_rms_norm(Act x, const Act* residual, const Module& norm, Act out) = 0;
+  // ys[i] = x @ linears[i]^T (+ bias): linears that read the same input (q/k/v, gate/up), so a
+  // backend may fuse them and an observer sees the input once. A linear with no input
+  // features (a rank without heads) writes its bias or zeros.
+  virtual void linears(std::span<const Module* const> linears, Act x, std::span<const Act> ys) = 0;
+  void linear(const Module& l, Act x, Act y) {
+    const Module* ls[] = {&l};
+    const Act ys[] = {y};
+    linears(ls, x, ys);
+  }
+  // Per-head q/k norm and RoPE at the step's positions, k/v written to the cache, causal
+  // attention over everything the sequence holds: out [n, q_heads * head_dim].
+  virtual void attention(const Module& attn, Act q, Act k, Act v, Act out) = 0;
+  // gate = SiLU(gate) * up.
+  virtual void silu_mul(Act gate, Act up) = 0;
+  // out = the routed experts' top-k weighted sum for x (router included).
+  virtual void moe(const Module& moe, Act x, Act out) = 0;
+  // y += x.
+  virtual void add(Act y, Act x) = 0;
+  // Sums y over the tensor-parallel ranks (in place); nothing at TP 1. `what` names it in errors.
+  virtual void all_reduce(Act y, const char* what) = 0;
+  // x += residual, then the head over rms_norm of the rows the step wants logits for, gathered
+  // over the ranks' vocabulary slices into the backend's logits.
+  virtual void logits(Act x, const Act* residual, const Module& norm, const Module& head) = 0;
+};
+
+}  // namespace exl3::model

@@ -1,0 +1,181 @@
+// The decoder written once over the backend op layer (see exl3/model/decoder.hpp): which modules
+// a layer loads (whole, or one rank's slice as the TpPlan cuts it) and the order its ops run in.
+#include "exl3/model/decoder.hpp"
+
+#include <fmt/format.h>
+
+#include "exl3/error.hpp"
+
+namespace exl3::model {
+namespace {
+
+LinearSource whole(std::string prefix, int64_t in, int64_t out) {
+  return {std::move(prefix), in, out};
+}
+
+LinearSource sliced(const TpLinearPlan& p, int rank, int64_t out_offset = 0,
+                    int64_t out_count = -1) {
+  return {p.prefix, p.in, p.out, &p, rank, out_offset, out_count};
+}
+
+GqaModules load_gqa(Backend& b, const ModelSpec& model, const GqaAttentionSpec& s, int cache_layer,
+                    const TpAttentionPlan* ap, int rank) {
+  const int64_t hidden = model.hidden_size, hd = s.head_dim;
+  GqaModules m;
+  m.head_dim = hd;
+  if (ap == nullptr) {
+    m.q_heads = {0, s.num_heads};
+    m.kv_heads = {0, s.num_kv_heads};
+    m.q = b.load_linear(whole(s.prefix + ".q_proj", hidden, s.num_heads * hd));
+    m.k = b.load_linear(whole(s.prefix + ".k_proj", hidden, s.num_kv_heads * hd));
+    m.v = b.load_linear(whole(s.prefix + ".v_proj", hidden, s.num_kv_heads * hd));
+    m.o = b.load_linear(whole(s.prefix + ".o_proj", s.num_heads * hd, hidden));
+  } else {
+    const auto r = static_cast<size_t>(rank);
+    m.q_heads = ap->q_heads[r];
+    m.kv_heads = ap->kv_heads[r];
+    if (ap->k.ranks[r] != ap->v.ranks[r]) {
+      fail(
+          "{}: k_proj and v_proj are stored differently (one EXL3, one not); hint: tensor "
+          "parallelism needs both in one form",
+          s.prefix);
+    }
+    // An EXL3 k/v slice covers whole 128-channel blocks: the rank's kv heads start kv_offset in.
+    const int64_t kv_offset = m.kv_heads.begin * hd - ap->k.ranks[r].begin;
+    const int64_t kv_width = m.kv_heads.count * hd;
+    m.q = b.load_linear(sliced(ap->q, rank, 0, m.q_heads.count * hd));
+    m.k = b.load_linear(sliced(ap->k, rank, kv_offset, kv_width));
+    m.v = b.load_linear(sliced(ap->v, rank, kv_offset, kv_width));
+    m.o = b.load_linear(sliced(ap->o, rank));
+  }
+  m.attention = b.load_gqa(s, m.q_heads, m.kv_heads, cache_layer);
+  b.reserve(Slot::kQ, m.q_heads.count * hd);
+  b.reserve(Slot::kAttn, m.q_heads.count * hd);
+  b.reserve(Slot::kK, m.kv_heads.count * hd);
+  b.reserve(Slot::kV, m.kv_heads.count * hd);
+  return m;
+}
+
+DenseMlpModules load_dense(Backend& b, const std::string& prefix, int64_t hidden, int64_t inter,
+                           const TpMlpPlan* p, int rank) {
+  DenseMlpModules m;
+  if (p == nullptr) {
+    m.intermediate = inter;
+    m.gate = b.load_linear(whole(prefix + ".gate_proj", hidden, inter));
+    m.up = b.load_linear(whole(prefix + ".up_proj", hidden, inter));
+    m.down = b.load_linear(whole(prefix + ".down_proj", inter, hidden));
+  } else {
+    m.intermediate = p->ranks[static_cast<size_t>(rank)].count;
+    m.gate = b.load_linear(sliced(p->gate, rank));
+    m.up = b.load_linear(sliced(p->up, rank));
+    m.down = b.load_linear(sliced(p->down, rank));
+  }
+  b.reserve(Slot::kGate, m.intermediate);
+  b.reserve(Slot::kUp, m.intermediate);
+  return m;
+}
+
+// y = down(SiLU(gate(h)) * up(h)).
+void dense_mlp(Backend& b, const DenseMlpModules& m, Act h, Act y) {
+  const Act g = b.act(Slot::kGate, m.intermediate), u = b.act(Slot::kUp, m.intermediate);
+  const Module* gate_up[] = {m.gate.get(), m.up.get()};
+  const Act outs[] = {g, u};
+  b.linears(gate_up, h, outs);
+  b.silu_mul(g, u);
+  b.linear(*m.down, g, y);
+}
+
+// y = o(attention(q(h), k(h), v(h))) over this rank's heads.
+void gqa_attention(Backend& b, const GqaModules& a, Act h, Act y) {
+  const int64_t qw = a.q_heads.count * a.head_dim, kvw = a.kv_heads.count * a.head_dim;
+  if (a.q_heads.count == 0) {  // a rank holding only padding heads: o_proj's bias or zeros
+    b.linear(*a.o, Act{nullptr, h.rows, 0}, y);
+    return;
+  }
+  const Act q = b.act(Slot::kQ, qw), k = b.act(Slot::kK, kvw), v = b.act(Slot::kV, kvw);
+  const Module* qkv[] = {a.q.get(), a.k.get(), a.v.get()};
+  const Act outs[] = {q, k, v};
+  b.linears(qkv, h, outs);
+  const Act attn = b.act(Slot::kAttn, qw);
+  b.attention(*a.attention, q, k, v, attn);
+  b.linear(*a.o, attn, y);
+}
+
+}  // namespace
+
+LayerModules load_layer(Backend& b, const ModelSpec& model, const LayerSpec& ls, int cache_layer,
+                        RankOf rank) {
+  const int64_t hidden = model.hidden_size;
+  const TpLayerPlan* lp = nullptr;
+  if (rank.plan != nullptr) lp = &rank.plan->layers[static_cast<size_t>(cache_layer)];
+  LayerModules l;
+  l.input_norm = b.load_norm(ls.input_norm, hidden);
+  l.post_norm = b.load_norm(ls.post_attention_norm, hidden);
+  const auto& a = std::get<GqaAttentionSpec>(ls.attention);
+  l.attention = load_gqa(b, model, a, cache_layer, lp ? &lp->attention : nullptr, rank.rank);
+  if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
+    l.mlp = load_dense(b, d->prefix, hidden, d->intermediate,
+                       lp ? &std::get<TpMlpPlan>(lp->mlp) : nullptr, rank.rank);
+  } else {
+    const auto& s = std::get<MoeSpec>(ls.mlp);
+    const TpMoePlan* mp = lp ? &std::get<TpMoePlan>(lp->mlp) : nullptr;
+    MoeModules m;
+    m.routed = b.load_moe(s, ls.index, mp, rank.rank);
+    if (s.shared) {
+      m.shared = load_dense(b, s.shared->prefix, hidden, s.shared->intermediate,
+                            mp && mp->shared ? &*mp->shared : nullptr, rank.rank);
+      b.reserve(Slot::kShared, hidden);
+    }
+    l.mlp = std::move(m);
+  }
+  for (const Slot s : {Slot::kX, Slot::kH, Slot::kY}) b.reserve(s, hidden);
+  return l;
+}
+
+DecoderModules load_decoder_head(Backend& b, const ModelSpec& model, RankOf rank) {
+  DecoderModules m;
+  m.embedding = b.load_embedding();
+  m.final_norm = b.load_norm(model.final_norm, model.hidden_size);
+  if (rank.plan == nullptr) {
+    m.head = model.lm_head_tied
+                 ? b.load_tied_head({0, model.vocab_size})
+                 : b.load_linear(whole(model.lm_head, model.hidden_size, model.vocab_size));
+  } else {
+    m.head = model.lm_head_tied ? b.load_tied_head(rank.plan->vocab[static_cast<size_t>(rank.rank)])
+                                : b.load_linear(sliced(rank.plan->lm_head, rank.rank));
+  }
+  return m;
+}
+
+Act layer_forward(Backend& b, const LayerModules& l, int64_t hidden, Act x, const Act* pending) {
+  const Act h = b.act(Slot::kH, hidden);
+  const Act y = b.act(Slot::kY, hidden);
+  b.add_rms_norm(x, pending, *l.input_norm, h);
+  std::visit([&](const auto& a) { gqa_attention(b, a, h, y); }, l.attention);
+  b.all_reduce(y, "attention output");
+  b.add_rms_norm(x, &y, *l.post_norm, h);
+  if (const auto* d = std::get_if<DenseMlpModules>(&l.mlp)) {
+    dense_mlp(b, *d, h, y);
+  } else {
+    const auto& m = std::get<MoeModules>(l.mlp);
+    b.moe(*m.routed, h, y);
+    if (m.shared) {
+      const Act s = b.act(Slot::kShared, hidden);
+      dense_mlp(b, *m.shared, h, s);
+      b.add(y, s);
+    }
+  }
+  b.all_reduce(y, "MLP output");
+  return y;
+}
+
+void decoder_forward(Backend& b, const DecoderModules& m, int64_t hidden) {
+  const Act x = b.act(Slot::kX, hidden);
+  b.embed(*m.embedding, x);
+  std::optional<Act> pending;
+  for (const auto& l : m.layers)
+    pending = layer_forward(b, l, hidden, x, pending ? &*pending : nullptr);
+  b.logits(x, pending ? &*pending : nullptr, *m.final_norm, *m.head);
+}
+
+}  // namespace exl3::model

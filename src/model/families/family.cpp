@@ -1,0 +1,53 @@
+// The layer builders every family shares (see family.hpp).
+#include <fmt/format.h>
+
+#include "exl3/error.hpp"
+#include "model/families/family.hpp"
+
+namespace exl3::model::families {
+
+void dense_layers(Family& f) {
+  moe_layers(f, MoeSpec{}, {});
+}
+
+void moe_layers(Family& f, const MoeSpec& moe, const std::set<int64_t>& dense) {
+  const bool any_moe = moe.num_experts > 0;
+  int64_t intermediate = 0;  // read only when some layer is dense
+  for (int64_t l = 0; l < f.num_layers; ++l) {
+    LayerSpec layer;
+    layer.index = static_cast<int>(l);
+    layer.prefix = fmt::format("model.layers.{}", l);
+    layer.input_norm = layer.prefix + ".input_layernorm.weight";
+    layer.post_attention_norm = layer.prefix + ".post_attention_layernorm.weight";
+    GqaAttentionSpec a = f.attention;
+    a.prefix = layer.prefix + ".self_attn";
+    layer.attention = a;
+    const std::string mlp_prefix = layer.prefix + ".mlp";
+    if (any_moe && dense.count(l) == 0) {
+      MoeSpec m = moe;
+      m.prefix = mlp_prefix;
+      if (m.shared) m.shared->prefix = mlp_prefix + ".shared_experts";
+      layer.mlp = m;
+    } else {
+      if (intermediate == 0) intermediate = f.keys.integer("intermediate_size");
+      layer.mlp = DenseMlpSpec{mlp_prefix, intermediate};
+    }
+    f.spec.layers.push_back(std::move(layer));
+  }
+}
+
+MoeSpec routed_experts(const Family& f, int64_t experts, const char* experts_key) {
+  MoeSpec moe;
+  moe.num_experts = experts;
+  if (moe.num_experts <= 0) fail("{}: key '{}' is missing or 0", f.label, experts_key);
+  const int64_t top_k = f.keys.integer("num_experts_per_tok");
+  if (top_k > moe.num_experts) {
+    fail("{}: key 'num_experts_per_tok': {} is more than the {} experts", f.label, top_k,
+         moe.num_experts);
+  }
+  moe.top_k = static_cast<int>(top_k);
+  moe.intermediate = f.keys.integer("moe_intermediate_size");
+  return moe;
+}
+
+}  // namespace exl3::model::families

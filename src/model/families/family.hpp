@@ -1,0 +1,42 @@
+// What one model family adds to the description every supported family shares. spec.cpp reads
+// the keys all of them have (sizes, heads, RoPE, norms, ids) into a Family, then hands it to the
+// family's own function, which sets its attention traits and builds each layer's MLP. Adding a
+// family is one file here (its function, registered in spec.cpp's table), a row in
+// exl3/format/architectures.hpp and its tests.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/format/config_keys.hpp"
+#include "exl3/model/spec.hpp"
+
+namespace exl3::model::families {
+
+// The shared part of a description, before the family's function runs.
+struct Family {
+  const ModelConfig& config;
+  const ConfigKeys& keys;
+  const std::string& label;    // config.json, for errors
+  ModelSpec& spec;             // architecture, sizes, ids filled in
+  GqaAttentionSpec attention;  // heads, head_dim, scale, RoPE; qk_norm false
+  int64_t num_layers = 0;
+};
+
+// The layers of a model whose MLP is dense SwiGLU everywhere (intermediate_size).
+void dense_layers(Family& f);
+// The layers of a MoE model: `moe` (prefix filled per layer) except the `dense` ones, which are
+// dense SwiGLU of intermediate_size.
+void moe_layers(Family& f, const MoeSpec& moe, const std::set<int64_t>& dense);
+// num_experts_per_tok and moe_intermediate_size, checked against `experts`.
+MoeSpec routed_experts(const Family& f, int64_t experts, const char* experts_key);
+
+void describe_llama(Family& f);
+void describe_qwen2(Family& f);
+void describe_qwen3(Family& f);
+void describe_qwen3_moe(Family& f);
+void describe_glm4_moe(Family& f);
+
+}  // namespace exl3::model::families

@@ -1,0 +1,436 @@
+// CpuBackend (see cpu_backend.hpp): the op layer's fp32 reference on the host.
+#include "cpu_backend.hpp"
+
+#include <algorithm>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include <tbb/parallel_for.h>
+
+#include "exl3/error.hpp"
+#include "exl3/model/rope.hpp"
+#include "exl3/moe/layout.hpp"
+#include "exl3/moe/reference.hpp"
+#include "exl3/moe/weights.hpp"
+#include "exl3/runtime/cpu_ops.hpp"
+#include "exl3/runtime/tp_linear.hpp"
+#include "moe_routing.hpp"
+
+namespace exl3::runtime {
+namespace {
+
+using model::Act;
+using model::Extent;
+using model::Module;
+using model::ModulePtr;
+
+struct CpuEmbedding final : Module {
+  std::shared_ptr<const DenseMatrix> table;
+};
+
+struct CpuNorm final : Module {
+  std::vector<float> weight;
+};
+
+// A whole Linear, or one rank's slice of it (outputs cut to a window when the slice is wider
+// than the rank's share: EXL3 k/v blocks around its kv heads).
+struct CpuLinear final : Module {
+  std::optional<Linear> whole;
+  std::optional<RankLinear> slice;
+  std::string name;
+  int64_t out_offset = 0, out_count = 0;  // the window of the slice's outputs kept
+
+  int64_t in_features() const { return whole ? whole->in_features() : slice->in_features(); }
+  int64_t out_features() const { return whole ? whole->out_features() : slice->out_features(); }
+
+  void forward(const float* x, int64_t m, float* y) const {
+    if (whole) {
+      whole->forward(x, m, y);
+      return;
+    }
+    const int64_t wide = slice->out_features();
+    if (out_offset == 0 && out_count == wide) {
+      slice->forward(x, m, y);
+      return;
+    }
+    std::vector<float> full(static_cast<size_t>(m * wide));
+    slice->forward(x, m, full.data());
+    for (int64_t t = 0; t < m; ++t)
+      std::copy_n(full.data() + t * wide + out_offset, out_count, y + t * out_count);
+  }
+};
+
+struct CpuGqa final : Module {
+  GqaAttentionSpec spec;
+  Extent q_heads, kv_heads;
+  bool window = false;  // a rank's heads of a larger layer
+  int cache_layer = 0;
+  double eps = 0.0;
+  std::optional<model::RopeTable> rope;
+  std::vector<float> q_norm, k_norm;
+};
+
+// The dense SwiGLU of one unquantized routed expert, observed like any MLP.
+struct DenseExpert {
+  Linear gate, up, down;
+  std::string gate_up_names[2], down_names[1];
+
+  void forward(const float* x, int64_t m, float* y, LinearObserver* obs) const {
+    const int64_t inter = gate.out_features();
+    std::vector<float> g(static_cast<size_t>(m * inter)), u(g.size());
+    if (obs != nullptr) obs->observe(gate_up_names, x, m, gate.in_features());
+    gate.forward(x, m, g.data());
+    up.forward(x, m, u.data());
+    cpu_ops::silu_mul(g.data(), u.data(), m * inter);
+    if (obs != nullptr) obs->observe(down_names, g.data(), m, inter);
+    down.forward(g.data(), m, y);
+  }
+};
+
+// Routed experts in one of four storages: the exl3::moe layout whole (views), the layout stored
+// rank-sliced and run whole (every rank's part summed), one rank's stored slice, one rank's
+// slices cut here from the whole layout; or unquantized experts as Linears.
+struct CpuMoe final : Module {
+  MoeSpec spec;
+  int64_t hidden = 0;
+  std::shared_ptr<const DenseMatrix> router;
+  std::vector<float> correction_bias;
+  std::vector<moe::MoeLayerWeights> ranks;             // layout experts (one, or every stored rank)
+  std::vector<moe::MlpView> views;                     // over ranks[0] or `owned`
+  std::shared_ptr<const moe::MoeLayerWeights> parent;  // what `owned` slices view
+  std::vector<Exl3Slice> owned;
+  std::vector<DenseExpert> dense;
+  bool empty_rank = false;  // a rank with no intermediate channels: contributes zeros
+};
+
+}  // namespace
+
+CpuBackend::CpuBackend(const Checkpoint& ckpt, const ModelSpec& spec, Options opts)
+    : ckpt_(ckpt), spec_(spec), opts_(std::move(opts)) {}
+
+CpuBackend::~CpuBackend() = default;
+
+// ---- load --------------------------------------------------------------------------------------
+
+ModulePtr CpuBackend::load_embedding() {
+  auto e = std::make_unique<CpuEmbedding>();
+  e->table = opts_.embedding;
+  if (!e->table) {
+    e->table = std::make_shared<const DenseMatrix>(
+        DenseMatrix::load(ckpt_.store(), spec_.embed_tokens, 0, spec_.hidden_size));
+  }
+  if (e->table->rows() < spec_.vocab_size) {
+    fail("{}: tensor '{}' has {} rows, fewer than vocab_size {} (config.json)",
+         ckpt_.path().string(), spec_.embed_tokens, e->table->rows(), spec_.vocab_size);
+  }
+  return e;
+}
+
+ModulePtr CpuBackend::load_norm(const std::string& tensor, int64_t width) {
+  auto n = std::make_unique<CpuNorm>();
+  n->weight = load_vector(ckpt_.store(), tensor, width);
+  return n;
+}
+
+ModulePtr CpuBackend::load_linear(const model::LinearSource& src) {
+  auto l = std::make_unique<CpuLinear>();
+  l->name = src.prefix;
+  if (src.slice == nullptr) {
+    l->whole.emplace(opts_.load ? opts_.load(src.prefix, src.in, src.out)
+                                : Linear::load(ckpt_, src.prefix, src.in, src.out));
+    return l;
+  }
+  l->slice.emplace(RankLinear::slice(ckpt_, *src.slice, src.rank));
+  l->out_offset = src.out_offset;
+  l->out_count = src.out_count < 0 ? l->slice->out_features() : src.out_count;
+  if (l->out_offset < 0 || l->out_offset + l->out_count > l->slice->out_features()) {
+    fail("{}: rank {} keeps outputs [{}, {}) of a slice of {}", src.prefix, src.rank, l->out_offset,
+         l->out_offset + l->out_count, l->slice->out_features());
+  }
+  return l;
+}
+
+ModulePtr CpuBackend::load_tied_head(Extent vocab) {
+  auto l = std::make_unique<CpuLinear>();
+  l->name = spec_.embed_tokens;
+  auto table = DenseMatrix::load(ckpt_.store(), spec_.embed_tokens, 0, spec_.hidden_size);
+  if (vocab.begin == 0 && vocab.count == spec_.vocab_size) {
+    l->whole.emplace(Linear::dense(std::move(table)));
+  } else {
+    l->slice.emplace(std::move(RankLinear::slice_dense(table, {vocab}).front()));
+    l->out_count = l->slice->out_features();
+  }
+  return l;
+}
+
+ModulePtr CpuBackend::load_gqa(const GqaAttentionSpec& s, Extent q_heads, Extent kv_heads,
+                               int cache_layer) {
+  auto a = std::make_unique<CpuGqa>();
+  a->spec = s;
+  a->q_heads = q_heads;
+  a->kv_heads = kv_heads;
+  a->window = q_heads.count != s.num_heads || kv_heads.count != s.num_kv_heads;
+  a->cache_layer = opts_.first_cache_layer + cache_layer;
+  a->eps = spec_.rms_norm_eps;
+  a->rope.emplace(s.rope);
+  if (s.qk_norm) {
+    a->q_norm = load_vector(ckpt_.store(), s.prefix + ".q_norm.weight", s.head_dim);
+    a->k_norm = load_vector(ckpt_.store(), s.prefix + ".k_norm.weight", s.head_dim);
+  }
+  const int64_t width = kv_heads.count * s.head_dim;
+  kv_.push_back({width, width});
+  return a;
+}
+
+ModulePtr CpuBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoePlan* plan,
+                               int rank) {
+  auto m = std::make_unique<CpuMoe>();
+  const auto& store = ckpt_.store();
+  const std::string path = ckpt_.path().string();
+  m->spec = s;
+  m->hidden = spec_.hidden_size;
+  const int64_t hidden = spec_.hidden_size;
+  m->router = std::make_shared<const DenseMatrix>(
+      DenseMatrix::load(store, s.prefix + ".gate.weight", s.num_experts, hidden));
+  if (s.correction_bias) {
+    m->correction_bias =
+        load_vector(store, s.prefix + ".gate.e_score_correction_bias", s.num_experts);
+  }
+  const int experts = static_cast<int>(s.num_experts);
+  const moe::MoeLayout* layout = opts_.moe_layout;
+  const bool exl3 = layout != nullptr && layout->has_layer(layer);
+  if (!exl3) {
+    if (plan != nullptr) {
+      fail(
+          "{}: config.json makes layer {} a MoE layer, but the checkpoint has no EXL3 experts "
+          "for it; hint: tensor parallelism runs quantized experts only",
+          path, layer);
+    }
+    for (int e = 0; e < experts; ++e) {
+      const std::string p = fmt::format("{}.experts.{}", s.prefix, e);
+      auto ld = [&](const char* proj, int64_t in, int64_t out) {
+        const std::string prefix = p + proj;
+        return opts_.load ? opts_.load(prefix, in, out) : Linear::load(ckpt_, prefix, in, out);
+      };
+      DenseExpert x{ld(".gate_proj", hidden, s.intermediate),
+                    ld(".up_proj", hidden, s.intermediate),
+                    ld(".down_proj", s.intermediate, hidden),
+                    {},
+                    {}};
+      x.gate_up_names[0] = x.gate.name();
+      x.gate_up_names[1] = x.up.name();
+      x.down_names[0] = x.down.name();
+      m->dense.push_back(std::move(x));
+    }
+    return m;
+  }
+  for (int e = 0; e < experts; ++e) {
+    for (const auto p : moe::kProjs) {
+      const std::string w = fmt::format("{}.experts.{}.{}.weight", s.prefix, e, moe::proj_name(p));
+      if (store.contains(w)) {
+        fail(
+            "{}: MoE layer {} mixes EXL3 experts with unquantized ones (e.g. '{}'); hint: "
+            "quantize all routed experts of a layer, or none",
+            path, layer, w);
+      }
+    }
+  }
+  if (plan == nullptr) {  // the whole layer: one stored rank, or every stored rank summed
+    for (int r = 0; r < layout->tp; ++r) {
+      m->ranks.push_back(moe::load_moe_layer(store, *layout, layer, r, layout->tp, experts));
+    }
+    const auto& w0 = m->ranks.front();
+    if (w0.hidden != hidden || w0.intermediate * layout->tp != s.intermediate) {
+      fail(
+          "{}: MoE layer {} experts are {} -> {} (x TP {}), but config.json gives hidden_size "
+          "{} and moe_intermediate_size {}",
+          path, layer, w0.hidden, w0.intermediate, layout->tp, hidden, s.intermediate);
+    }
+    if (layout->tp == 1) {
+      for (const auto& e : w0.experts) m->views.push_back(moe::MlpView::of(e, w0.codebook));
+    }
+    return m;
+  }
+  const int tp = static_cast<int>(plan->ranks.size());
+  const Extent ext = plan->ranks[static_cast<size_t>(rank)];
+  if (plan->rank_sliced) {  // only this rank's `.rank{r}` tensors are read
+    m->ranks.push_back(moe::load_moe_layer(store, *layout, layer, rank, tp, experts));
+    const auto& w = m->ranks.front();
+    if (w.hidden != hidden || w.intermediate != ext.count) {
+      fail(
+          "{}: MoE layer {} rank {} experts are {} -> {}, expected {} -> {} "
+          "(moe_intermediate_size {} / TP {})",
+          path, layer, rank, w.hidden, w.intermediate, hidden, ext.count, s.intermediate, tp);
+    }
+    for (const auto& e : w.experts) m->views.push_back(moe::MlpView::of(e, w.codebook));
+    return m;
+  }
+  auto full = std::make_shared<const moe::MoeLayerWeights>(
+      moe::load_moe_layer(store, *layout, layer, 0, layout->tp, experts));
+  if (full->hidden != hidden || full->intermediate != s.intermediate) {
+    fail(
+        "{}: MoE layer {} experts are {} -> {}, but config.json gives hidden_size {} and "
+        "moe_intermediate_size {}",
+        path, layer, full->hidden, full->intermediate, hidden, s.intermediate);
+  }
+  if (ext.empty()) {
+    m->empty_rank = true;
+    return m;
+  }
+  m->parent = full;
+  m->owned.reserve(full->experts.size() * 3);
+  for (const auto& ew : full->experts) {
+    const auto v = moe::MlpView::of(ew, full->codebook);
+    m->owned.push_back(slice_exl3(v.gate, model::TpSplit::kColumn, ext.begin, ext.end(), true));
+    m->owned.push_back(slice_exl3(v.up, model::TpSplit::kColumn, ext.begin, ext.end(), true));
+    m->owned.push_back(slice_exl3(v.down, model::TpSplit::kRow, ext.begin, ext.end(), rank == 0));
+  }
+  for (size_t i = 0; i < full->experts.size(); ++i) {
+    m->views.push_back({m->owned[3 * i].view, m->owned[3 * i + 1].view, m->owned[3 * i + 2].view});
+  }
+  return m;
+}
+
+// ---- run ---------------------------------------------------------------------------------------
+
+Act CpuBackend::act(model::Slot slot, int64_t width) {
+  auto& v = slots_[static_cast<size_t>(slot)];
+  v.resize(static_cast<size_t>(step_.n * width));
+  return {v.data(), step_.n, width};
+}
+
+void CpuBackend::embed(const Module& embedding, Act x) {
+  const auto& e = static_cast<const CpuEmbedding&>(embedding);
+  for (int64_t t = 0; t < x.rows; ++t) {
+    e.table->row(step_.tokens[static_cast<size_t>(t)], x.data + t * x.width);
+  }
+}
+
+void CpuBackend::add_rms_norm(Act x, const Act* residual, const Module& norm, Act out) {
+  if (residual != nullptr) add(x, *residual);
+  cpu_ops::rms_norm(x.data, static_cast<const CpuNorm&>(norm).weight.data(), x.rows, x.width,
+                    spec_.rms_norm_eps, out.data);
+}
+
+void CpuBackend::linears(std::span<const Module* const> linears, Act x, std::span<const Act> ys) {
+  if (step_.observer != nullptr && x.width > 0) {
+    std::vector<std::string> names;
+    for (const Module* l : linears) names.push_back(static_cast<const CpuLinear*>(l)->name);
+    step_.observer->observe(names, x.data, x.rows, x.width);
+  }
+  for (size_t i = 0; i < linears.size(); ++i) {
+    static_cast<const CpuLinear*>(linears[i])->forward(x.data, x.rows, ys[i].data);
+  }
+}
+
+void CpuBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
+  const auto& a = static_cast<const CpuGqa&>(attn);
+  const int64_t m = q.rows, nh = a.q_heads.count, nkv = a.kv_heads.count, hd = a.spec.head_dim;
+  PagedKvCache& cache = *step_.cache;
+  const auto seq = step_.seq;
+  const int64_t start = step_.start;
+  const int layer = a.cache_layer;
+  if (a.spec.qk_norm) {
+    cpu_ops::rms_norm(q.data, a.q_norm.data(), m * nh, hd, a.eps, q.data);
+    cpu_ops::rms_norm(k.data, a.k_norm.data(), m * nkv, hd, a.eps, k.data);
+  }
+  const int64_t half = a.rope->half();
+  tbb::parallel_for(int64_t{0}, m, [&](int64_t t) {
+    std::vector<float> cs(static_cast<size_t>(2 * half));
+    a.rope->at(start + t, cs.data(), cs.data() + half);
+    for (int64_t h = 0; h < nh; ++h)
+      model::apply_rope(q.data + (t * nh + h) * hd, cs.data(), cs.data() + half, half);
+    for (int64_t h = 0; h < nkv; ++h)
+      model::apply_rope(k.data + (t * nkv + h) * hd, cs.data(), cs.data() + half, half);
+    std::copy_n(k.data + t * nkv * hd, nkv * hd, cache.key(layer, seq, start + t));
+    std::copy_n(v.data + t * nkv * hd, nkv * hd, cache.value(layer, seq, start + t));
+  });
+  cpu_ops::GqaShape shape{nh, nkv, hd};
+  if (a.window) {
+    shape.q_per_kv = a.spec.q_per_kv();
+    shape.first_q_head = a.q_heads.begin;
+  }
+  cpu_ops::gqa_attention(q.data, m, start, cache, layer, seq, shape,
+                         static_cast<float>(a.spec.scale), out.data);
+}
+
+void CpuBackend::silu_mul(Act gate, Act up) {
+  cpu_ops::silu_mul(gate.data, up.data, gate.rows * gate.width);
+}
+
+void CpuBackend::moe(const Module& moe, Act x, Act out) {
+  const auto& l = static_cast<const CpuMoe&>(moe);
+  const int64_t m = x.rows, e = l.spec.num_experts;
+  LinearObserver* obs = step_.observer;
+  if (obs != nullptr && l.dense.empty()) {
+    fail(
+        "{}: observing expert inputs needs the experts loaded as Linears (no MoE layout); "
+        "hint: this is a calibration forward over an EXL3 layout",
+        l.spec.prefix);
+  }
+  if (l.empty_rank) {
+    std::fill_n(out.data, m * l.hidden, 0.0f);
+    return;
+  }
+  std::vector<float> logits(static_cast<size_t>(m * e));
+  l.router->matmul_t(x.data, m, logits.data());
+  const moe::TopK routes = route_moe(l.spec, logits, m, l.correction_bias);
+  if (!l.dense.empty()) {
+    moe::routed_forward(static_cast<int>(e), l.hidden, routes, x.data, m, out.data,
+                        [&](int id, const float* xs, int64_t rows, float* ys) {
+                          l.dense[static_cast<size_t>(id)].forward(xs, rows, ys, obs);
+                        });
+  } else if (!l.views.empty()) {
+    moe::moe_forward(l.views, routes, x.data, m, out.data);
+  } else {
+    moe::moe_forward_ranks(l.ranks, routes, x.data, m, out.data);
+  }
+}
+
+void CpuBackend::add(Act y, Act x) {
+  const int64_t n = y.rows * y.width;
+  for (int64_t i = 0; i < n; ++i) y.data[i] += x.data[i];
+}
+
+void CpuBackend::all_reduce(Act y, const char* what) {
+  (void)what;  // the in-process communicator names the collective itself
+  if (step_.comm == nullptr) return;
+  step_.comm->all_reduce_sum(std::span<float>(y.data, static_cast<size_t>(y.rows * y.width)));
+}
+
+void CpuBackend::logits(Act x, const Act* residual, const Module& norm, const Module& head) {
+  if (residual != nullptr) add(x, *residual);
+  const int64_t rows = step_.logit_rows, n = x.rows, hidden = x.width;
+  if (rows == 0) return;
+  std::vector<float> h(static_cast<size_t>(rows * hidden));
+  cpu_ops::rms_norm(x.data + (n - rows) * hidden, static_cast<const CpuNorm&>(norm).weight.data(),
+                    rows, hidden, spec_.rms_norm_eps, h.data());
+  const auto& l = static_cast<const CpuLinear&>(head);
+  const int64_t out = l.out_features(), vocab = spec_.vocab_size;
+  std::vector<float> local(static_cast<size_t>(rows * out));
+  l.forward(h.data(), rows, local.data());
+  if (step_.comm == nullptr) {  // the whole vocabulary (a tied head may cover padded rows)
+    if (step_.logits == nullptr) return;
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(local.data() + r * out, vocab, step_.logits + r * vocab);
+    return;
+  }
+  // Vocab-parallel: every rank's block padded to the widest so the gather is uniform.
+  const auto& ranks = opts_.vocab;
+  int64_t widest = 0;
+  for (const auto& e : ranks) widest = std::max(widest, e.count);
+  std::vector<float> block(static_cast<size_t>(rows * widest), 0.0f);
+  for (int64_t t = 0; t < rows; ++t)
+    std::copy_n(local.data() + t * out, out, block.data() + t * widest);
+  std::vector<float> all(ranks.size() * block.size());
+  step_.comm->all_gather(block, all);
+  if (step_.logits == nullptr) return;
+  for (size_t q = 0; q < ranks.size(); ++q) {
+    const float* b = all.data() + q * block.size();
+    for (int64_t t = 0; t < rows; ++t)
+      std::copy_n(b + t * widest, ranks[q].count, step_.logits + t * vocab + ranks[q].begin);
+  }
+}
+
+}  // namespace exl3::runtime

@@ -1,0 +1,102 @@
+// The CPU backend of the op layer (exl3/model/ops.hpp): the fp32 reference. One instance is one
+// tensor-parallel rank (or the whole model at TP 1); the engine sets each step before the model
+// runs. Linears are runtime Linears (EXL3 through cpu::linear_forward, unquantized, MXFP8) or
+// RankLinear slices; routed experts run through the exl3::moe reference (EXL3 layouts, whole,
+// rank-sliced or cut here) or as runtime Linears (unquantized experts); attention reads the
+// paged KV cache with fp32 storage. A LinearObserver sees every linear's input (calibration).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/model/ops.hpp"
+#include "exl3/runtime/communicator.hpp"
+#include "exl3/runtime/decoder_layer.hpp"
+#include "exl3/runtime/kv_cache.hpp"
+#include "exl3/runtime/linear.hpp"
+
+namespace exl3::moe {
+struct MoeLayout;
+}
+
+namespace exl3::runtime {
+
+class CpuBackend final : public model::Backend {
+ public:
+  struct Options {
+    // How whole linears load (the engine's MXFP8 overlay); empty = Linear::load.
+    LinearLoadFn load;
+    // The checkpoint's EXL3 expert layout; nullptr (or a layer it lacks) loads routed experts as
+    // runtime Linears, which only a single rank runs.
+    const moe::MoeLayout* moe_layout = nullptr;
+    // The embedding, shared by every rank of an engine (loaded here when null).
+    std::shared_ptr<const DenseMatrix> embedding;
+    // This rank's attention layers are cache layers first_cache_layer + i of the engine's cache.
+    int first_cache_layer = 0;
+    // Tensor parallelism: every rank's vocabulary rows (the plan's), which the logits gather
+    // puts in place; empty at TP 1.
+    std::vector<model::Extent> vocab;
+  };
+
+  // `ckpt` and `spec` must outlive the backend.
+  CpuBackend(const Checkpoint& ckpt, const ModelSpec& spec, Options opts);
+  ~CpuBackend() override;
+
+  // What each attention layer loaded so far keeps per token, in load order.
+  const std::vector<KvLayerShape>& kv_shapes() const { return kv_; }
+
+  // The step the next ops run over: `n` tokens of `seq` at positions start .. start + n - 1
+  // (cache entries reserved by the caller), their ids (embedding) and the last `logit_rows`
+  // rows' logits written to `logits` [logit_rows, vocab] (null: this rank hands none out).
+  struct Step {
+    PagedKvCache* cache = nullptr;
+    PagedKvCache::SeqId seq = -1;
+    int64_t start = 0;
+    int64_t n = 0;
+    std::span<const int32_t> tokens;
+    int64_t logit_rows = 0;
+    float* logits = nullptr;
+    Communicator* comm = nullptr;  // null at TP 1
+    LinearObserver* observer = nullptr;
+  };
+  void begin(const Step& step) { step_ = step; }
+
+  // ---- the op layer ----
+  model::ModulePtr load_embedding() override;
+  model::ModulePtr load_norm(const std::string& tensor, int64_t width) override;
+  model::ModulePtr load_linear(const model::LinearSource& src) override;
+  model::ModulePtr load_tied_head(model::Extent vocab) override;
+  model::ModulePtr load_gqa(const GqaAttentionSpec& spec, model::Extent q_heads,
+                            model::Extent kv_heads, int cache_layer) override;
+  model::ModulePtr load_moe(const MoeSpec& spec, int layer, const model::TpMoePlan* plan,
+                            int rank) override;
+  void reserve(model::Slot, int64_t) override {}
+
+  model::Act act(model::Slot slot, int64_t width) override;
+  void embed(const model::Module& embedding, model::Act x) override;
+  void add_rms_norm(model::Act x, const model::Act* residual, const model::Module& norm,
+                    model::Act out) override;
+  void linears(std::span<const model::Module* const> linears, model::Act x,
+               std::span<const model::Act> ys) override;
+  void attention(const model::Module& attn, model::Act q, model::Act k, model::Act v,
+                 model::Act out) override;
+  void silu_mul(model::Act gate, model::Act up) override;
+  void moe(const model::Module& moe, model::Act x, model::Act out) override;
+  void add(model::Act y, model::Act x) override;
+  void all_reduce(model::Act y, const char* what) override;
+  void logits(model::Act x, const model::Act* residual, const model::Module& norm,
+              const model::Module& head) override;
+
+ private:
+  const Checkpoint& ckpt_;
+  const ModelSpec& spec_;
+  Options opts_;
+  std::vector<KvLayerShape> kv_;
+  Step step_;
+  std::vector<float> slots_[static_cast<size_t>(model::Slot::kCount)];
+};
+
+}  // namespace exl3::runtime
