@@ -19,7 +19,7 @@
 #include "exl3/format/safetensors.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
-#include "exl3/runtime/model_spec.hpp"
+#include "exl3/model/spec.hpp"
 #include "exl3/text/chat_template.hpp"
 #include "exl3/text/stop_tokens.hpp"
 #include "exl3/text/tokenizer.hpp"
