@@ -15,11 +15,14 @@ int64_t round_up(int64_t v, int64_t to) {
 
 }  // namespace
 
-Exl3Slice slice_exl3(const cpu::LinearView& full, TpSplit split, int64_t begin, int64_t end, bool with_bias) {
+Exl3Slice slice_exl3(const cpu::LinearView& full, TpSplit split, int64_t begin, int64_t end,
+                     bool with_bias) {
   const int64_t axis = split == TpSplit::kColumn ? full.out_features : full.in_features;
   if (begin < 0 || end <= begin || end > axis || begin % 16 != 0 || end % 16 != 0) {
-    fail("slice_exl3: channels [{}, {}) are not whole 16-channel tiles inside the {} stored {} features", begin,
-         end, axis, split == TpSplit::kColumn ? "output" : "input");
+    fail(
+        "slice_exl3: channels [{}, {}) are not whole 16-channel tiles inside the {} stored {} "
+        "features",
+        begin, end, axis, split == TpSplit::kColumn ? "output" : "input");
   }
   Exl3Slice s;
   s.view = full;
@@ -30,15 +33,19 @@ Exl3Slice slice_exl3(const cpu::LinearView& full, TpSplit split, int64_t begin, 
     const size_t rows = static_cast<size_t>(full.in_features / 16), cols = (e - b) / 16;
     s.trellis.resize(rows * cols * tile_words);
     for (size_t i = 0; i < rows; ++i) {
-      std::copy_n(full.trellis.begin() + static_cast<ptrdiff_t>((i * tiles_out + b / 16) * tile_words),
-                  cols * tile_words, s.trellis.begin() + static_cast<ptrdiff_t>(i * cols * tile_words));
+      std::copy_n(
+          full.trellis.begin() + static_cast<ptrdiff_t>((i * tiles_out + b / 16) * tile_words),
+          cols * tile_words, s.trellis.begin() + static_cast<ptrdiff_t>(i * cols * tile_words));
     }
     s.view.trellis = s.trellis;
     s.view.out_features = end - begin;
     s.view.svh = full.svh.subspan(b, e - b);
-    if (!full.bias.empty()) s.bias.assign(full.bias.begin() + static_cast<ptrdiff_t>(b), full.bias.begin() + static_cast<ptrdiff_t>(e));
+    if (!full.bias.empty())
+      s.bias.assign(full.bias.begin() + static_cast<ptrdiff_t>(b),
+                    full.bias.begin() + static_cast<ptrdiff_t>(e));
   } else {
-    s.view.trellis = full.trellis.subspan(b / 16 * tiles_out * tile_words, (e - b) / 16 * tiles_out * tile_words);
+    s.view.trellis = full.trellis.subspan(b / 16 * tiles_out * tile_words,
+                                          (e - b) / 16 * tiles_out * tile_words);
     s.view.in_features = end - begin;
     s.view.suh = full.suh.subspan(b, e - b);
     if (with_bias) s.bias.assign(full.bias.begin(), full.bias.end());
@@ -48,28 +55,16 @@ Exl3Slice slice_exl3(const cpu::LinearView& full, TpSplit split, int64_t begin, 
   return s;
 }
 
-MlpLinearPlans mlp_linear_plans(const Checkpoint& ckpt, const TpMlpPlan& p, int64_t hidden) {
-  MlpLinearPlans m;
-  m.gate = {p.prefix + ".gate_proj", TpSplit::kColumn, ckpt.find_linear(p.prefix + ".gate_proj") != nullptr, hidden,
-            p.intermediate, p.ranks};
-  m.up = m.gate;
-  m.up.prefix = p.prefix + ".up_proj";
-  m.up.exl3 = ckpt.find_linear(m.up.prefix) != nullptr;
-  m.down = m.gate;
-  m.down.prefix = p.prefix + ".down_proj";
-  m.down.exl3 = ckpt.find_linear(m.down.prefix) != nullptr;
-  m.down.split = TpSplit::kRow;
-  m.down.in = p.intermediate;
-  m.down.out = hidden;
-  return m;
-}
-
-moe::MoeLayerWeights slice_moe_layer(const moe::MoeLayerWeights& full, Extent ext, int rank, int tp) {
+moe::MoeLayerWeights slice_moe_layer(const moe::MoeLayerWeights& full, Extent ext, int rank,
+                                     int tp) {
   const int64_t H = full.hidden, I = full.intermediate, b = ext.begin, n = ext.count;
-  if (full.tp != 1) fail("MoE layer {}: slicing needs the whole experts, but they are sliced for TP {}", full.layer, full.tp);
-  if (n <= 0 || b < 0 || ext.end() > I || b % kTpBlock != 0 || (n % kTpBlock != 0 && ext.end() != I)) {
-    fail("MoE layer {}: intermediate channels [{}, {}) are not whole 128-channel blocks of its {}", full.layer, b,
-         ext.end(), I);
+  if (full.tp != 1)
+    fail("MoE layer {}: slicing needs the whole experts, but they are sliced for TP {}", full.layer,
+         full.tp);
+  if (n <= 0 || b < 0 || ext.end() > I || b % kTpBlock != 0 ||
+      (n % kTpBlock != 0 && ext.end() != I)) {
+    fail("MoE layer {}: intermediate channels [{}, {}) are not whole 128-channel blocks of its {}",
+         full.layer, b, ext.end(), I);
   }
   moe::MoeLayerWeights w;
   w.layer = full.layer;
@@ -90,8 +85,11 @@ moe::MoeLayerWeights slice_moe_layer(const moe::MoeLayerWeights& full, Extent ex
   w.rotations.intermediate.resize(E * static_cast<size_t>(3 * n));
   for (size_t e = 0; e < E; ++e) {
     for (int part = 0; part < 3; ++part) {  // gate_svh | up_svh | down_suh
-      const auto* src = fr.intermediate.data() + e * static_cast<size_t>(3 * I) + static_cast<size_t>(part * I + b);
-      std::copy_n(src, n, w.rotations.intermediate.data() + e * static_cast<size_t>(3 * n) + static_cast<size_t>(part * n));
+      const auto* src = fr.intermediate.data() + e * static_cast<size_t>(3 * I) +
+                        static_cast<size_t>(part * I + b);
+      std::copy_n(src, n,
+                  w.rotations.intermediate.data() + e * static_cast<size_t>(3 * n) +
+                      static_cast<size_t>(part * n));
     }
   }
   // The hidden-side row an expert's span points at (one shared row under shared-H).
@@ -110,14 +108,27 @@ moe::MoeLayerWeights slice_moe_layer(const moe::MoeLayerWeights& full, Extent ex
     const auto gate = slice_exl3(fe.gate.view(full.codebook), TpSplit::kColumn, b, b + n, false);
     const auto up = slice_exl3(fe.up.view(full.codebook), TpSplit::kColumn, b, b + n, false);
     const auto down = slice_exl3(fe.down.view(full.codebook), TpSplit::kRow, b, b + n, false);
-    x.gate = {own(gate.view.trellis), fe.gate.bits, H, n,
-              std::span<const uint16_t>(w.rotations.gate_suh).subspan(row_of(fe.gate.suh, fr.gate_suh) * H, H),
+    x.gate = {own(gate.view.trellis),
+              fe.gate.bits,
+              H,
+              n,
+              std::span<const uint16_t>(w.rotations.gate_suh)
+                  .subspan(row_of(fe.gate.suh, fr.gate_suh) * H, H),
               std::span<const uint16_t>(inter, n)};
-    x.up = {own(up.view.trellis), fe.up.bits, H, n,
-            std::span<const uint16_t>(w.rotations.up_suh).subspan(row_of(fe.up.suh, fr.up_suh) * H, H),
-            std::span<const uint16_t>(inter + n, n)};
-    x.down = {own(down.view.trellis), fe.down.bits, n, H, std::span<const uint16_t>(inter + 2 * n, n),
-              std::span<const uint16_t>(w.rotations.down_svh).subspan(row_of(fe.down.svh, fr.down_svh) * H, H)};
+    x.up = {
+        own(up.view.trellis),
+        fe.up.bits,
+        H,
+        n,
+        std::span<const uint16_t>(w.rotations.up_suh).subspan(row_of(fe.up.suh, fr.up_suh) * H, H),
+        std::span<const uint16_t>(inter + n, n)};
+    x.down = {own(down.view.trellis),
+              fe.down.bits,
+              n,
+              H,
+              std::span<const uint16_t>(inter + 2 * n, n),
+              std::span<const uint16_t>(w.rotations.down_svh)
+                  .subspan(row_of(fe.down.svh, fr.down_svh) * H, H)};
     w.experts.push_back(x);
   }
   return w;
@@ -136,7 +147,8 @@ RankLinear::Source RankLinear::load_source(const Checkpoint& ckpt, const TpLinea
     return src;
   }
   src.w.emplace(DenseMatrix::load(ckpt.store(), plan.prefix + ".weight", plan.out, plan.in));
-  if (ckpt.store().contains(plan.prefix + ".bias")) src.bias = load_vector(ckpt.store(), plan.prefix + ".bias", plan.out);
+  if (ckpt.store().contains(plan.prefix + ".bias"))
+    src.bias = load_vector(ckpt.store(), plan.prefix + ".bias", plan.out);
   return src;
 }
 
@@ -152,7 +164,8 @@ RankLinear RankLinear::cut(const Source& src, const TpLinearPlan& plan, size_t r
     l.parent_ = src.data;
     if (!e.empty()) {
       const int64_t end = std::min(round_up(e.end(), kTpBlock), stored);
-      l.exl3_ = std::make_shared<const Exl3Slice>(slice_exl3(full, plan.split, e.begin, end, r == 0));
+      l.exl3_ =
+          std::make_shared<const Exl3Slice>(slice_exl3(full, plan.split, e.begin, end, r == 0));
     } else if (!column && r == 0) {
       l.bias_ = src.data->bias();
     }
@@ -169,13 +182,14 @@ RankLinear RankLinear::cut(const Source& src, const TpLinearPlan& plan, size_t r
   l.out_ = plan.out;
   if (r == 0) l.bias_ = src.bias;
   if (!e.empty()) {
-    std::vector<float> row(static_cast<size_t>(plan.in)), v(static_cast<size_t>(plan.out * e.count));
+    std::vector<float> row(static_cast<size_t>(plan.in)),
+        v(static_cast<size_t>(plan.out * e.count));
     for (int64_t o = 0; o < plan.out; ++o) {
       w.row(o, row.data());
       std::copy_n(row.begin() + e.begin, e.count, v.begin() + o * e.count);
     }
-    l.dense_ = std::make_shared<const DenseMatrix>(
-        DenseMatrix::from_f32(std::move(v), plan.out, e.count, fmt::format("{}[:, {}:{}]", w.name(), e.begin, e.end())));
+    l.dense_ = std::make_shared<const DenseMatrix>(DenseMatrix::from_f32(
+        std::move(v), plan.out, e.count, fmt::format("{}[:, {}:{}]", w.name(), e.begin, e.end())));
   }
   return l;
 }
@@ -194,18 +208,20 @@ RankLinear RankLinear::slice(const Checkpoint& ckpt, const TpLinearPlan& plan, i
   return cut(load_source(ckpt, plan), plan, static_cast<size_t>(rank));
 }
 
-std::vector<RankLinear> RankLinear::slice_dense(const DenseMatrix& w, const std::vector<Extent>& ranks) {
+std::vector<RankLinear> RankLinear::slice_dense(const DenseMatrix& w,
+                                                const std::vector<Extent>& ranks) {
   std::vector<RankLinear> out;
   for (const Extent& e : ranks) {
-    if (e.end() > w.rows()) fail("{}: rows [{}, {}) are outside its {} rows", w.name(), e.begin, e.end(), w.rows());
+    if (e.end() > w.rows())
+      fail("{}: rows [{}, {}) are outside its {} rows", w.name(), e.begin, e.end(), w.rows());
     RankLinear l;
     l.in_ = w.cols();
     l.out_ = e.count;
     if (!e.empty()) {
       std::vector<float> v(static_cast<size_t>(e.count * w.cols()));
       for (int64_t o = 0; o < e.count; ++o) w.row(e.begin + o, v.data() + o * w.cols());
-      l.dense_ = std::make_shared<const DenseMatrix>(
-          DenseMatrix::from_f32(std::move(v), e.count, w.cols(), fmt::format("{}[{}:{}]", w.name(), e.begin, e.end())));
+      l.dense_ = std::make_shared<const DenseMatrix>(DenseMatrix::from_f32(
+          std::move(v), e.count, w.cols(), fmt::format("{}[{}:{}]", w.name(), e.begin, e.end())));
     }
     out.push_back(std::move(l));
   }
@@ -220,7 +236,8 @@ void RankLinear::forward(const float* x, int64_t m, float* y) const {
   }
   if (!exl3_) {  // an empty row slice: rank 0 adds the bias, the others nothing
     for (int64_t t = 0; t < m; ++t) {
-      for (int64_t o = 0; o < out_; ++o) y[t * out_ + o] = bias_.empty() ? 0.0f : bias_[static_cast<size_t>(o)];
+      for (int64_t o = 0; o < out_; ++o)
+        y[t * out_ + o] = bias_.empty() ? 0.0f : bias_[static_cast<size_t>(o)];
     }
     return;
   }

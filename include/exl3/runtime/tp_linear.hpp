@@ -18,9 +18,9 @@
 
 #include "exl3/cpu/linear.hpp"
 #include "exl3/format/checkpoint.hpp"
+#include "exl3/model/tp_plan.hpp"
 #include "exl3/moe/weights.hpp"
 #include "exl3/runtime/linear.hpp"
-#include "exl3/model/tp_plan.hpp"
 
 namespace exl3::runtime {
 // The runtime runs the model layer's descriptions and plans: their names are its vocabulary.
@@ -43,20 +43,16 @@ struct Exl3Slice {
 // The stored channels [begin, end) (multiples of 16 inside the stored dims) along the split
 // axis of `full`. Row slices keep the bias only when `with_bias`. The parent's tensors must
 // outlive the slice.
-Exl3Slice slice_exl3(const cpu::LinearView& full, TpSplit split, int64_t begin, int64_t end, bool with_bias);
+Exl3Slice slice_exl3(const cpu::LinearView& full, TpSplit split, int64_t begin, int64_t end,
+                     bool with_bias);
 
 // The routed experts of one MoE layer cut to the intermediate channels `ext` (whole 128-channel
 // blocks) of every expert: what rank `rank` of `tp` runs from a plain (TP 1) checkpoint. Gate/up
 // are column slices, down a row slice (its output is a partial sum); the rotation tables are cut
 // to match (hidden-side rows kept, shared-H included). Owns everything it points to except the
 // checkpoint mappings, which it keeps alive.
-moe::MoeLayerWeights slice_moe_layer(const moe::MoeLayerWeights& full, Extent ext, int rank, int tp);
-
-// The gate/up (column) and down (row) linear plans of a SwiGLU plan (dense or shared experts).
-struct MlpLinearPlans {
-  TpLinearPlan gate, up, down;
-};
-MlpLinearPlans mlp_linear_plans(const Checkpoint& ckpt, const TpMlpPlan& p, int64_t hidden);
+moe::MoeLayerWeights slice_moe_layer(const moe::MoeLayerWeights& full, Extent ext, int rank,
+                                     int tp);
 
 class RankLinear {
  public:
@@ -65,9 +61,10 @@ class RankLinear {
   // Rank `rank`'s slice alone (a device rank that loads only its own part).
   static RankLinear slice(const Checkpoint& ckpt, const TpLinearPlan& plan, int rank);
   // The column slices of an unquantized matrix [out, in] (the tied embedding as lm_head).
-  static std::vector<RankLinear> slice_dense(const DenseMatrix& w, const std::vector<Extent>& ranks);
+  static std::vector<RankLinear> slice_dense(const DenseMatrix& w,
+                                             const std::vector<Extent>& ranks);
 
-  int64_t in_features() const { return in_; }   // local (real) features
+  int64_t in_features() const { return in_; }  // local (real) features
   int64_t out_features() const { return out_; }
   // y[m, out_features()] = this rank's part of x[m, in_features()] @ W^T (+ its bias). A row
   // slice's output is a partial sum; an empty row slice writes its bias (rank 0) or zeros.

@@ -1,0 +1,441 @@
+// CudaBackend (see cuda_backend.hpp): the op layer on one GPU.
+#include "cuda_backend.hpp"
+
+#if defined(EXL3_HAVE_CUDA)
+
+#include <algorithm>
+#include <optional>
+
+#include "exl3/cuda/check.hpp"
+#include "exl3/cuda/moe.hpp"
+#include "exl3/error.hpp"
+#include "exl3/model/rope.hpp"
+#include "exl3/moe/layout.hpp"
+#include "exl3/moe/weights.hpp"
+#include "exl3/runtime/linear.hpp"
+#include "exl3/runtime/nccl_communicator.hpp"
+#include "exl3/runtime/tp_linear.hpp"
+
+namespace exl3::runtime {
+
+using cuda::DType;
+using model::Act;
+using model::Extent;
+using model::Module;
+using model::ModulePtr;
+
+namespace {
+
+struct CudaEmbedding final : Module {
+  DeviceBuffer table;
+  DType dtype = DType::kBF16;
+};
+
+struct CudaNorm final : Module {
+  DeviceBuffer weight;
+};
+
+struct CudaLinear final : Module {
+  GpuLinear linear;
+};
+
+struct CudaMoe final : Module {
+  GpuLinear router;
+  DeviceBuffer bias;
+  cuda::RouterParams params;
+  std::unique_ptr<cuda::MoeLayerCuda> layer;
+};
+
+}  // namespace
+
+struct CudaBackend::Gqa final : Module {
+  GqaAttentionSpec spec;  // this rank's heads
+  DeviceBuffer q_norm, k_norm;
+  int rope = 0;                 // index into the backend's RoPE tables
+  DeviceBuffer kcache, vcache;  // fp16 [pages * page_size, kv_heads * head_dim]
+};
+
+struct CudaBackend::Rope {
+  std::vector<float> inv_freq;
+  double factor = 1.0;
+  DeviceBuffer table;  // cos/sin [max_seq_tokens, 2, half]
+};
+
+CudaBackend::CudaBackend(cuda::CudaContext& ctx, const Checkpoint& ckpt, const ModelSpec& spec,
+                         Options opts)
+    : ctx_(ctx), stream_(ctx.stream()), ckpt_(ckpt), spec_(spec), opts_(std::move(opts)) {
+  if (opts_.plan == nullptr) overlay_plan_ = OverlayPlan::build(opts_.overlay, ckpt_, spec_);
+}
+
+CudaBackend::~CudaBackend() = default;
+
+int CudaBackend::tp_size() const {
+  return opts_.plan != nullptr ? opts_.plan->tp : 1;
+}
+
+// ---- load --------------------------------------------------------------------------------------
+
+ModulePtr CudaBackend::load_embedding() {
+  const TensorRef* emb = ckpt_.store().find(spec_.embed_tokens);
+  if (emb == nullptr) fail("{}: tensor '{}' is missing", ckpt_.path().string(), spec_.embed_tokens);
+  if (emb->info->rank() != 2 || emb->info->shape[1] != spec_.hidden_size ||
+      emb->info->shape[0] < spec_.vocab_size) {
+    fail("{}: tensor '{}' is not [>= vocab_size {}, hidden_size {}]", ckpt_.path().string(),
+         spec_.embed_tokens, spec_.vocab_size, spec_.hidden_size);
+  }
+  auto e = std::make_unique<CudaEmbedding>();
+  e->dtype = cuda_dtype(emb->info->dtype, spec_.embed_tokens);
+  const auto bytes = emb->bytes();
+  e->table = DeviceBuffer(bytes.data(), bytes.size(), spec_.embed_tokens);
+  weight_bytes_ += bytes.size();
+  return e;
+}
+
+ModulePtr CudaBackend::load_norm(const std::string& tensor, int64_t width) {
+  auto n = std::make_unique<CudaNorm>();
+  n->weight = DeviceBuffer::upload(load_vector(ckpt_.store(), tensor, width), tensor);
+  return n;
+}
+
+// A whole linear with its MXFP8 overlay decision from the plan the CPU engine builds, so both
+// engines overlay the same linears (dense and shared-expert MLPs, attention; lm_head is kept).
+GpuLinear CudaBackend::whole_linear(const std::string& prefix, int64_t in, int64_t out) {
+  OverlayDecision d = overlay_plan_.decision(prefix);
+  if (!opts_.overlay.any()) d.reason.clear();  // nothing to report as "kept" without a policy
+  return GpuLinear::load(ctx_, ckpt_, prefix, in, out, opts_.capacity, false, d, &overlay_report_);
+}
+
+ModulePtr CudaBackend::load_linear(const model::LinearSource& src) {
+  auto l = std::make_unique<CudaLinear>();
+  if (src.slice == nullptr) {
+    l->linear = whole_linear(src.prefix, src.in, src.out);
+  } else {
+    // This rank's slice (`out_count` columns from `out_offset`); an unquantized slice goes up in
+    // its checkpoint tensor's dtype.
+    const model::TpLinearPlan& p = *src.slice;
+    const int64_t out = src.out_count >= 0 ? src.out_count
+                        : p.split == model::TpSplit::kColumn
+                            ? p.ranks[static_cast<size_t>(src.rank)].count
+                            : p.out;
+    const TensorRef* ref = ckpt_.store().find(p.prefix + ".weight");
+    l->linear = GpuLinear::from_rank(ctx_, RankLinear::slice(ckpt_, p, src.rank), p.prefix,
+                                     src.out_offset, out, opts_.capacity,
+                                     ref != nullptr ? ref->info->dtype : exl3::DType::kF32);
+  }
+  track(l->linear);
+  return l;
+}
+
+ModulePtr CudaBackend::load_tied_head(Extent vocab) {
+  auto l = std::make_unique<CudaLinear>();
+  const bool whole = vocab.begin == 0 && vocab.count == spec_.vocab_size && opts_.plan == nullptr;
+  l->linear =
+      whole ? GpuLinear::dense(ctx_, ckpt_.store(), spec_.embed_tokens, {}, opts_.capacity, false)
+            : GpuLinear::dense(ctx_, ckpt_.store(), spec_.embed_tokens, {}, opts_.capacity, false,
+                               vocab);
+  track(l->linear);
+  return l;
+}
+
+ModulePtr CudaBackend::load_gqa(const GqaAttentionSpec& s, Extent hq, Extent hk, int cache_layer) {
+  (void)cache_layer;  // layers own their cache buffers, in load order
+  if (!cuda::attention_supports_head_dim(static_cast<int>(s.head_dim))) {
+    fail(
+        "{}: {} has head_dim {}; the CUDA attention kernels are built for 64 and 128 (hint: "
+        "--device cpu)",
+        spec_.label, s.prefix, s.head_dim);
+  }
+  auto a = std::make_unique<Gqa>();
+  a->spec = s;
+  if (hq.count != s.num_heads || hk.count != s.num_kv_heads) {
+    // This rank's heads: local q heads [b, b + nh) read local kv heads [kb, kb + nkv). The
+    // kernels map local q head i to kv head i / (nh / nkv), which must be the head GQA assigns.
+    const int64_t qpk = s.num_heads / s.num_kv_heads;
+    bool maps = hq.count > 0 && hk.count > 0 && hq.count % hk.count == 0;
+    for (int64_t i = 0; maps && i < hq.count; ++i)
+      maps = (hq.begin + i) / qpk - hk.begin == i / (hq.count / hk.count);
+    if (!maps) {
+      fail(
+          "{}: at TP {} rank {} holds q heads [{}, {}) and kv heads [{}, {}), a grouping the "
+          "CUDA attention kernels cannot run (each rank needs whole GQA groups, or a part of "
+          "one); hint: a TP that divides the {} kv heads, or a multiple of them that divides "
+          "the {} q heads, or --device cpu",
+          s.prefix, tp_size(), opts_.rank, hq.begin, hq.end(), hk.begin, hk.end(), s.num_kv_heads,
+          s.num_heads);
+    }
+    a->spec.num_heads = hq.count;
+    a->spec.num_kv_heads = hk.count;
+  }
+  if (s.qk_norm) {
+    a->q_norm = DeviceBuffer::upload(
+        load_vector(ckpt_.store(), s.prefix + ".q_norm.weight", s.head_dim), "q_norm");
+    a->k_norm = DeviceBuffer::upload(
+        load_vector(ckpt_.store(), s.prefix + ".k_norm.weight", s.head_dim), "k_norm");
+  }
+  a->rope = rope_table(s.rope);
+  attention_.push_back(a.get());
+  return a;
+}
+
+ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoePlan* p, int rank) {
+  const moe::MoeLayout* layout = opts_.moe_layout;
+  if (layout == nullptr) {
+    fail(
+        "{}: config.json describes a MoE model but the checkpoint has no EXL3 experts; the CUDA "
+        "engine runs quantized experts only (hint: quantize the model with `exl3 quantize`, or "
+        "use --device cpu)",
+        ckpt_.path().string());
+  }
+  if (!layout->has_layer(layer)) {
+    fail("{}: config.json makes layer {} a MoE layer, but the checkpoint has no experts for it",
+         ckpt_.path().string(), layer);
+  }
+  auto m = std::make_unique<CudaMoe>();
+  const auto& store = ckpt_.store();
+  m->router = GpuLinear::load(ctx_, ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts,
+                              opts_.capacity, /*fp32=*/true);
+  track(m->router);
+  m->params.num_experts = static_cast<int>(s.num_experts);
+  m->params.top_k = s.top_k;
+  m->params.renormalize = s.renormalize;
+  m->params.sigmoid_grouped = s.router == RouterKind::kSigmoidGrouped;
+  m->params.n_group = s.n_group;
+  m->params.topk_group = s.topk_group;
+  m->params.routed_scaling_factor = static_cast<float>(s.routed_scaling_factor);
+  if (s.num_experts > 1024 || s.top_k > 32 || s.n_group > 32) {
+    fail(
+        "{}: {}: the GPU router handles up to 1024 experts, top-k 32 and 32 groups (this "
+        "layer: {}, {}, {})",
+        spec_.label, s.prefix, s.num_experts, s.top_k, s.n_group);
+  }
+  if (s.correction_bias) {
+    m->bias = DeviceBuffer::upload(
+        load_vector(store, s.prefix + ".gate.e_score_correction_bias", s.num_experts),
+        "e_score_correction_bias");
+    m->params.correction_bias = m->bias.as<float>();
+  }
+  const int experts = static_cast<int>(s.num_experts);
+  moe::MoeLayerWeights w;
+  int64_t inter = s.intermediate;
+  if (p == nullptr) {
+    w = moe::load_moe_layer(store, *layout, layer, 0, 1, experts);
+  } else {
+    // Rank-sliced checkpoints: only this rank's `.rank{r}` tensors; plain ones: cut here.
+    const Extent ext = p->ranks[static_cast<size_t>(rank)];
+    if (ext.empty()) {
+      fail(
+          "{}: MoE layer {} has no intermediate channels for rank {} at TP {}; hint: use a "
+          "smaller --tp",
+          ckpt_.path().string(), layer, rank, tp_size());
+    }
+    inter = ext.count;
+    w = p->rank_sliced ? moe::load_moe_layer(store, *layout, layer, rank, tp_size(), experts)
+                       : slice_moe_layer(moe::load_moe_layer(store, *layout, layer, 0, 1, experts),
+                                         ext, rank, tp_size());
+  }
+  if (w.hidden != spec_.hidden_size || w.intermediate != inter) {
+    fail(
+        "{}: MoE layer {} experts are {} -> {}, expected {} -> {} (config.json's hidden_size "
+        "and moe_intermediate_size{})",
+        ckpt_.path().string(), layer, w.hidden, w.intermediate, spec_.hidden_size, inter,
+        p ? fmt::format(", rank {} of TP {}", rank, tp_size()) : "");
+  }
+  cuda::MoeOptions mo;
+  mo.capacity = opts_.capacity;
+  m->layer = std::make_unique<cuda::MoeLayerCuda>(w, s.top_k, cuda::moe_options_from_env(mo));
+  weight_bytes_ += m->layer->device_bytes();
+  ws_bytes_ = std::max(ws_bytes_, m->layer->arena_bytes());
+  widest_experts_ = std::max<int64_t>(widest_experts_, s.num_experts);
+  widest_topk_ = std::max<int64_t>(widest_topk_, s.top_k);
+  return m;
+}
+
+void CudaBackend::reserve(model::Slot slot, int64_t width) {
+  auto& w = widths_[static_cast<size_t>(slot)];
+  w = std::max(w, width);
+}
+
+void CudaBackend::track(const GpuLinear& l) {
+  weight_bytes_ += l.device_bytes();
+  ws_bytes_ = std::max(ws_bytes_, l.workspace_bytes());
+  if (l.stored_in() != l.in()) widest_pad_in_ = std::max(widest_pad_in_, l.stored_in());
+  if (l.stored_out() != l.out()) widest_pad_out_ = std::max(widest_pad_out_, l.stored_out());
+}
+
+// cos/sin tables [max_seq_tokens, 2, half] per distinct RoPE (every layer shares one in the
+// supported architectures).
+int CudaBackend::rope_table(const RopeSpec& r) {
+  const model::RopeTable table(r);
+  for (size_t i = 0; i < ropes_.size(); ++i) {
+    if (ropes_[i].inv_freq == table.inv_freq() && ropes_[i].factor == r.attention_factor)
+      return static_cast<int>(i);
+  }
+  const int64_t half = table.half(), positions = opts_.max_seq_tokens;
+  std::vector<float> cs(static_cast<size_t>(positions * 2 * half));
+  for (int64_t p = 0; p < positions; ++p) {
+    table.at(p, cs.data() + p * 2 * half, cs.data() + p * 2 * half + half);
+  }
+  ropes_.push_back(
+      {table.inv_freq(), r.attention_factor, DeviceBuffer::upload(cs, "the RoPE table")});
+  return static_cast<int>(ropes_.size() - 1);
+}
+
+std::vector<KvLayerShape> CudaBackend::kv_shapes() const {
+  std::vector<KvLayerShape> kv;
+  for (const Gqa* a : attention_) {
+    const int64_t w = a->spec.num_kv_heads * a->spec.head_dim;
+    kv.push_back({w, w});
+  }
+  return kv;
+}
+
+void CudaBackend::allocate(int64_t pages, int64_t page_size, int64_t max_pages,
+                           const Module& head) {
+  head_out_ = static_cast<const CudaLinear&>(head).linear.out();
+  page_size_ = page_size;
+  max_pages_ = max_pages;
+  for (Gqa* a : attention_) {
+    const auto bytes =
+        static_cast<size_t>(pages * page_size * a->spec.num_kv_heads * a->spec.head_dim) * 2;
+    a->kcache = DeviceBuffer(bytes, "the KV cache");
+    a->vcache = DeviceBuffer(bytes, "the KV cache");
+    kv_bytes_ += 2 * bytes;
+  }
+  const int64_t cap = opts_.capacity;
+  const auto f = [&](int64_t width, const char* what) {
+    return DeviceBuffer(static_cast<size_t>(cap * std::max<int64_t>(width, 1)) * 4, what);
+  };
+  for (size_t s = 0; s < static_cast<size_t>(model::Slot::kCount); ++s) {
+    if (widths_[s] > 0) slots_[s] = f(widths_[s], "activations");
+  }
+  router_ = f(widest_experts_, "router logits");
+  ids_ = f(widest_topk_, "routes");
+  wts_ = f(widest_topk_, "routes");
+  if (opts_.plan != nullptr) {
+    for (const Extent& e : opts_.plan->vocab) rank_vocab_ = std::max(rank_vocab_, e.count);
+    logits_local_ = f(rank_vocab_, "logits");
+    logits_ = DeviceBuffer(static_cast<size_t>(tp_size() * cap * rank_vocab_) * 4, "logits");
+    logits_width_ = tp_size() * rank_vocab_;
+  } else {
+    logits_ = f(head_out_, "logits");
+    logits_width_ = head_out_;
+  }
+  if (widest_pad_in_ > 0) pad_in_ = f(widest_pad_in_, "padding");
+  if (widest_pad_out_ > 0) pad_out_ = f(widest_pad_out_, "padding");
+  ws_ = DeviceBuffer(ws_bytes_, "the workspace");
+  meta_capacity_ = 7 * cap + cap * max_pages;  // the largest MetaLayout::total()
+  meta_ = DeviceBuffer(static_cast<size_t>(meta_capacity_) * 4, "step metadata");
+  pads_ = {pad_in_.as<float>(), pad_out_.as<float>()};
+}
+
+// ---- run ---------------------------------------------------------------------------------------
+
+Act CudaBackend::act(model::Slot slot, int64_t width) {
+  const auto s = static_cast<size_t>(slot);
+  if (width > widths_[s]) {
+    fail("CUDA backend: an activation of width {} in a slot sized for {}", width, widths_[s]);
+  }
+  return {slots_[s].as<float>(), ml_.n, width};
+}
+
+void CudaBackend::embed(const Module& embedding, Act x) {
+  const auto& e = static_cast<const CudaEmbedding&>(embedding);
+  EXL3_CUDA_CHECK(cuda::embed_rows(e.table.get(), e.dtype, x.width, meta() + ml_.ids(), x.rows,
+                                   x.data, stream_),
+                  "embedding");
+}
+
+void CudaBackend::add_rms_norm(Act x, const Act* residual, const Module& norm, Act out) {
+  EXL3_CUDA_CHECK(
+      cuda::add_rms_norm(x.data, residual ? residual->data : nullptr,
+                         static_cast<const CudaNorm&>(norm).weight.as<float>(), nullptr, x.rows,
+                         x.width, static_cast<float>(spec_.rms_norm_eps), out.data, stream_),
+      "norm");
+}
+
+void CudaBackend::linears(std::span<const Module* const> linears, Act x, std::span<const Act> ys) {
+  for (size_t i = 0; i < linears.size(); ++i) {
+    static_cast<const CudaLinear*>(linears[i])
+        ->linear.run(x.data, ys[i].data, x.rows, ws_.get(), ws_.bytes(), pads_, stream_);
+  }
+}
+
+void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
+  const auto& a = static_cast<const Gqa&>(attn);
+  const auto& s = a.spec;
+  const cuda::TokenMeta tm{meta() + ml_.pos(), meta() + ml_.seq_row()};
+  cuda::PagedKv kv{a.kcache.as<uint16_t>(), a.vcache.as<uint16_t>(), meta() + ml_.page_tables(),
+                   static_cast<int32_t>(max_pages_), static_cast<int32_t>(page_size_)};
+  const cuda::AttnShape shape{static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
+                              static_cast<int>(s.head_dim), static_cast<int>(s.rope.half())};
+  EXL3_CUDA_CHECK(
+      cuda::qk_norm_rope_store(q.data, k.data, v.data, a.q_norm.as<float>(), a.k_norm.as<float>(),
+                               static_cast<float>(spec_.rms_norm_eps),
+                               ropes_[static_cast<size_t>(a.rope)].table.as<float>(), tm, q.rows,
+                               shape, kv, stream_),
+      "rope");
+  const auto scale = static_cast<float>(s.scale);
+  EXL3_CUDA_CHECK(cuda::attention_decode(q.data, meta() + ml_.decode_list(), ml_.decode, tm, shape,
+                                         scale, kv, out.data, stream_),
+                  "attention (decode)");
+  EXL3_CUDA_CHECK(
+      cuda::attention_prefill(q.data, meta() + ml_.tile_first(), meta() + ml_.tile_len(), ml_.tiles,
+                              tm, shape, scale, kv, out.data, stream_),
+      "attention (prefill)");
+}
+
+void CudaBackend::silu_mul(Act gate, Act up) {
+  EXL3_CUDA_CHECK(cuda::silu_mul(gate.data, up.data, gate.rows * gate.width, stream_), "SiLU");
+}
+
+void CudaBackend::moe(const Module& moe, Act x, Act out) {
+  const auto& m = static_cast<const CudaMoe&>(moe);
+  float* logits = router_.as<float>();
+  m.router.run(x.data, logits, x.rows, ws_.get(), ws_.bytes(), pads_, stream_);
+  auto* ids = ids_.as<int32_t>();
+  auto* wts = wts_.as<float>();
+  EXL3_CUDA_CHECK(cuda::route_topk(logits, x.rows, m.params, ids, wts, stream_), "routing");
+  EXL3_CUDA_CHECK(m.layer->run(x.data, DType::kF32, ids, wts, out.data, x.rows, ws_.get(),
+                               ws_.bytes(), stream_),
+                  "MoE layer");
+}
+
+void CudaBackend::add(Act y, Act x) {
+  EXL3_CUDA_CHECK(cuda::add_inplace(y.data, x.data, y.rows * y.width, stream_), "residual add");
+}
+
+void CudaBackend::all_reduce([[maybe_unused]] Act y, [[maybe_unused]] const char* what) {
+#if defined(EXL3_HAVE_NCCL)
+  if (opts_.comm == nullptr) return;
+  const std::string err =
+      opts_.comm->all_reduce_sum_device(y.data, static_cast<size_t>(y.rows * y.width), stream_);
+  if (!err.empty()) fail("tensor parallel rank {}: {}: {}", opts_.rank, what, err);
+#endif
+}
+
+void CudaBackend::logits(Act x, const Act* residual, const Module& norm, const Module& head) {
+  if (ml_.rows == 0) return;
+  const Act h = act(model::Slot::kH, x.width);
+  EXL3_CUDA_CHECK(cuda::add_rms_norm(x.data, residual ? residual->data : nullptr,
+                                     static_cast<const CudaNorm&>(norm).weight.as<float>(),
+                                     meta() + ml_.row_index(), ml_.rows, x.width,
+                                     static_cast<float>(spec_.rms_norm_eps), h.data, stream_),
+                  "final norm");
+  const GpuLinear& l = static_cast<const CudaLinear&>(head).linear;
+  if (opts_.plan == nullptr) {
+    l.run(h.data, logits_.as<float>(), ml_.rows, ws_.get(), ws_.bytes(), pads_, stream_);
+    return;
+  }
+#if defined(EXL3_HAVE_NCCL)
+  // Each rank's [rows, its vocabulary] block, gathered as [tp, rows, widest rank vocabulary].
+  l.run(h.data, logits_local_.as<float>(), ml_.rows, ws_.get(), ws_.bytes(), pads_, stream_);
+  const std::string err =
+      opts_.comm->all_gather_device(logits_local_.as<float>(), logits_.as<float>(),
+                                    static_cast<size_t>(ml_.rows * rank_vocab_), stream_);
+  if (!err.empty()) fail("tensor parallel rank {}: logits: {}", opts_.rank, err);
+#endif
+}
+
+}  // namespace exl3::runtime
+
+#endif  // EXL3_HAVE_CUDA

@@ -1,0 +1,148 @@
+// The CUDA backend of the op layer (exl3/model/ops.hpp), for one GPU (one tensor-parallel rank or
+// the whole model). Linears are GpuLinears (EXL3, cuBLAS dense or MXFP8, the overlay planned as
+// the CPU engine plans it), the routed experts a fused MoeLayerCuda behind the GPU router, and
+// attention reads an fp16 paged KV cache whose page tables come with the step.
+//
+// Every buffer is sized once: the model reserves each slot's widest width while it loads, and
+// allocate() then sizes the slots for `capacity` tokens, the KV cache for the pool and the
+// workspace for the hungriest linear or MoE layer. A step's geometry (ids, positions, page
+// tables, attention tiles, the rows that want logits) lives in a device buffer the engine fills;
+// ops read it there and only enqueue kernels on the context's stream, so a decode step can be
+// captured as a graph and replayed.
+#pragma once
+
+#if defined(EXL3_HAVE_CUDA)
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda_buffers.hpp"
+#include "exl3/cuda/context.hpp"
+#include "exl3/cuda/model_ops.hpp"
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/model/ops.hpp"
+#include "exl3/runtime/kv_cache.hpp"
+#include "exl3/runtime/overlay.hpp"
+#include "gpu_linear.hpp"
+
+namespace exl3::moe {
+struct MoeLayout;
+}
+
+namespace exl3::runtime {
+
+class NcclCommunicator;
+
+// Offsets (int32 elements) of one step's geometry in the meta buffer; a function of the counts
+// only, so a graph captured for a count finds its data at the same addresses on replay.
+struct MetaLayout {
+  int64_t n = 0, decode = 0, tiles = 0, rows = 0, seqs = 0, max_pages = 0;
+  int64_t ids() const { return 0; }
+  int64_t pos() const { return n; }
+  int64_t seq_row() const { return 2 * n; }
+  int64_t decode_list() const { return 3 * n; }
+  int64_t tile_first() const { return 3 * n + decode; }
+  int64_t tile_len() const { return 3 * n + decode + tiles; }
+  int64_t row_index() const { return 3 * n + decode + 2 * tiles; }
+  int64_t page_tables() const { return 3 * n + decode + 2 * tiles + rows; }
+  int64_t total() const { return page_tables() + seqs * max_pages; }
+};
+
+class CudaBackend final : public model::Backend {
+ public:
+  struct Options {
+    int64_t capacity = 0;        // most tokens one step runs
+    int64_t max_seq_tokens = 0;  // RoPE tables cover positions below this
+    const moe::MoeLayout* moe_layout = nullptr;
+    OverlayPolicy overlay;
+    // Tensor parallelism: this rank of the plan, its communicator (must outlive the backend).
+    const model::TpPlan* plan = nullptr;
+    int rank = 0;
+    NcclCommunicator* comm = nullptr;
+  };
+
+  // `ckpt`, `spec` and `ctx` must outlive the backend.
+  CudaBackend(cuda::CudaContext& ctx, const Checkpoint& ckpt, const ModelSpec& spec, Options opts);
+  ~CudaBackend() override;
+
+  // After loading: the KV cache (pages x page_size tokens per attention layer), every slot,
+  // the workspace, the logits of `head` and the step metadata for max_pages pages per sequence.
+  void allocate(int64_t pages, int64_t page_size, int64_t max_pages, const model::Module& head);
+  // The KV widths of the attention layers, in load order.
+  std::vector<KvLayerShape> kv_shapes() const;
+
+  // The step's geometry (counts; its data is already in meta()).
+  void begin(const MetaLayout& ml) { ml_ = ml; }
+  int32_t* meta() const { return meta_.as<int32_t>(); }
+  int64_t meta_capacity() const { return meta_capacity_; }
+  // The logits of the last step: [rows, logits_width()] (TP: [tp, rows, widest rank vocab]).
+  const float* logits_device() const { return logits_.as<float>(); }
+  int64_t logits_width() const { return logits_width_; }
+  int64_t rank_vocab() const { return rank_vocab_; }  // TP: the widest rank's vocabulary
+  int64_t head_out() const { return head_out_; }      // TP 1: the head's outputs (>= vocab)
+
+  OverlayReport overlay_report() const { return overlay_report_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+  size_t kv_bytes() const { return kv_bytes_; }
+
+  // ---- the op layer ----
+  model::ModulePtr load_embedding() override;
+  model::ModulePtr load_norm(const std::string& tensor, int64_t width) override;
+  model::ModulePtr load_linear(const model::LinearSource& src) override;
+  model::ModulePtr load_tied_head(model::Extent vocab) override;
+  model::ModulePtr load_gqa(const GqaAttentionSpec& spec, model::Extent q_heads,
+                            model::Extent kv_heads, int cache_layer) override;
+  model::ModulePtr load_moe(const MoeSpec& spec, int layer, const model::TpMoePlan* plan,
+                            int rank) override;
+  void reserve(model::Slot slot, int64_t width) override;
+
+  model::Act act(model::Slot slot, int64_t width) override;
+  void embed(const model::Module& embedding, model::Act x) override;
+  void add_rms_norm(model::Act x, const model::Act* residual, const model::Module& norm,
+                    model::Act out) override;
+  void linears(std::span<const model::Module* const> linears, model::Act x,
+               std::span<const model::Act> ys) override;
+  void attention(const model::Module& attn, model::Act q, model::Act k, model::Act v,
+                 model::Act out) override;
+  void silu_mul(model::Act gate, model::Act up) override;
+  void moe(const model::Module& moe, model::Act x, model::Act out) override;
+  void add(model::Act y, model::Act x) override;
+  void all_reduce(model::Act y, const char* what) override;
+  void logits(model::Act x, const model::Act* residual, const model::Module& norm,
+              const model::Module& head) override;
+
+ private:
+  struct Rope;
+  struct Gqa;
+  GpuLinear whole_linear(const std::string& prefix, int64_t in, int64_t out);
+  void track(const GpuLinear& l);
+  int rope_table(const RopeSpec& r);
+  int tp_size() const;
+
+  cuda::CudaContext& ctx_;
+  cudaStream_t stream_ = nullptr;
+  const Checkpoint& ckpt_;
+  const ModelSpec& spec_;
+  Options opts_;
+  OverlayPlan overlay_plan_;
+  OverlayReport overlay_report_;
+  std::vector<Rope> ropes_;
+  std::vector<Gqa*> attention_;  // every attention layer loaded, for the KV allocation
+  int64_t widths_[static_cast<size_t>(model::Slot::kCount)] = {};
+  int64_t widest_experts_ = 0, widest_topk_ = 0, widest_pad_in_ = 0, widest_pad_out_ = 0;
+  int64_t rank_vocab_ = 0, head_out_ = 0, logits_width_ = 0, meta_capacity_ = 0;
+  size_t ws_bytes_ = 0, weight_bytes_ = 0, kv_bytes_ = 0;
+  int64_t page_size_ = 0, max_pages_ = 0;
+  DeviceBuffer slots_[static_cast<size_t>(model::Slot::kCount)];
+  DeviceBuffer router_, ids_, wts_, logits_, logits_local_, pad_in_, pad_out_, ws_, meta_;
+  GpuLinear::Pads pads_;
+  MetaLayout ml_;
+};
+
+}  // namespace exl3::runtime
+
+#endif  // EXL3_HAVE_CUDA
