@@ -61,13 +61,41 @@ struct CudaBackend::Rope {
   DeviceBuffer table;  // cos/sin [max_seq_tokens, 2, half]
 };
 
-CudaBackend::CudaBackend(cuda::CudaContext& ctx, const Checkpoint& ckpt, const ModelSpec& spec,
-                         Options opts)
-    : ctx_(ctx), stream_(ctx.stream()), ckpt_(ckpt), spec_(spec), opts_(std::move(opts)) {
+CudaBackend::CudaBackend(const Checkpoint& ckpt, const ModelSpec& spec, Options opts)
+    : ctx_(std::make_unique<cuda::CudaContext>()),
+      stream_(ctx_->stream()),
+      ckpt_(ckpt),
+      spec_(spec),
+      opts_(std::move(opts)) {
   if (opts_.plan == nullptr) overlay_plan_ = OverlayPlan::build(opts_.overlay, ckpt_, spec_);
 }
 
-CudaBackend::~CudaBackend() = default;
+CudaBackend::~CudaBackend() {
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
+}
+
+void CudaBackend::run_graph(int64_t key, const std::function<void()>& enqueue) {
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    cudaGraph_t graph = nullptr;
+    EXL3_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                    "capturing the decode step");
+    try {
+      enqueue();
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    EXL3_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph), "capturing the decode step");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    EXL3_CUDA_CHECK(instantiated, "instantiating the decode graph");
+    it = graphs_.emplace(key, exec).first;
+  }
+  EXL3_CUDA_CHECK(cudaGraphLaunch(it->second, stream_), "replaying the decode graph");
+}
 
 int CudaBackend::tp_size() const {
   return opts_.plan != nullptr ? opts_.plan->tp : 1;
@@ -102,7 +130,7 @@ ModulePtr CudaBackend::load_norm(const std::string& tensor, int64_t width) {
 GpuLinear CudaBackend::whole_linear(const std::string& prefix, int64_t in, int64_t out) {
   OverlayDecision d = overlay_plan_.decision(prefix);
   if (!opts_.overlay.any()) d.reason.clear();  // nothing to report as "kept" without a policy
-  return GpuLinear::load(ctx_, ckpt_, prefix, in, out, opts_.capacity, false, d, &overlay_report_);
+  return GpuLinear::load(*ctx_, ckpt_, prefix, in, out, opts_.capacity, false, d, &overlay_report_);
 }
 
 ModulePtr CudaBackend::load_linear(const model::LinearSource& src) {
@@ -118,7 +146,7 @@ ModulePtr CudaBackend::load_linear(const model::LinearSource& src) {
                             ? p.ranks[static_cast<size_t>(src.rank)].count
                             : p.out;
     const TensorRef* ref = ckpt_.store().find(p.prefix + ".weight");
-    l->linear = GpuLinear::from_rank(ctx_, RankLinear::slice(ckpt_, p, src.rank), p.prefix,
+    l->linear = GpuLinear::from_rank(*ctx_, RankLinear::slice(ckpt_, p, src.rank), p.prefix,
                                      src.out_offset, out, opts_.capacity,
                                      ref != nullptr ? ref->info->dtype : exl3::DType::kF32);
   }
@@ -130,8 +158,8 @@ ModulePtr CudaBackend::load_tied_head(Extent vocab) {
   auto l = std::make_unique<CudaLinear>();
   const bool whole = vocab.begin == 0 && vocab.count == spec_.vocab_size && opts_.plan == nullptr;
   l->linear =
-      whole ? GpuLinear::dense(ctx_, ckpt_.store(), spec_.embed_tokens, {}, opts_.capacity, false)
-            : GpuLinear::dense(ctx_, ckpt_.store(), spec_.embed_tokens, {}, opts_.capacity, false,
+      whole ? GpuLinear::dense(*ctx_, ckpt_.store(), spec_.embed_tokens, {}, opts_.capacity, false)
+            : GpuLinear::dense(*ctx_, ckpt_.store(), spec_.embed_tokens, {}, opts_.capacity, false,
                                vocab);
   track(l->linear);
   return l;
@@ -192,7 +220,7 @@ ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoeP
   }
   auto m = std::make_unique<CudaMoe>();
   const auto& store = ckpt_.store();
-  m->router = GpuLinear::load(ctx_, ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts,
+  m->router = GpuLinear::load(*ctx_, ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts,
                               opts_.capacity, /*fp32=*/true);
   track(m->router);
   m->params.num_experts = static_cast<int>(s.num_experts);

@@ -8,12 +8,15 @@
 // workspace for the hungriest linear or MoE layer. A step's geometry (ids, positions, page
 // tables, attention tiles, the rows that want logits) lives in a device buffer the engine fills;
 // ops read it there and only enqueue kernels on the context's stream, so a decode step can be
-// captured as a graph and replayed.
+// captured as a graph and replayed. The backend owns everything of the device's: the context
+// (stream, one cuBLAS handle and workspace), the slots and workspace, the KV cache and graphs.
 #pragma once
 
 #if defined(EXL3_HAVE_CUDA)
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,9 +68,16 @@ class CudaBackend final : public model::Backend {
     NcclCommunicator* comm = nullptr;
   };
 
-  // `ckpt`, `spec` and `ctx` must outlive the backend.
-  CudaBackend(cuda::CudaContext& ctx, const Checkpoint& ckpt, const ModelSpec& spec, Options opts);
+  // Makes the backend's context (stream, cuBLAS handle and workspace) on the current device.
+  // `ckpt` and `spec` must outlive the backend.
+  CudaBackend(const Checkpoint& ckpt, const ModelSpec& spec, Options opts);
   ~CudaBackend() override;
+
+  cudaStream_t stream() const { return stream_; }
+  // Runs `enqueue` (which only enqueues work on stream()) as a CUDA graph: captured the first
+  // time `key` is seen, replayed afterwards. The caller keeps every device address the work
+  // reads the same for a key (the step geometry's layout is a function of the counts).
+  void run_graph(int64_t key, const std::function<void()>& enqueue);
 
   // After loading: the KV cache (pages x page_size tokens per attention layer), every slot,
   // the workspace, the logits of `head` and the step metadata for max_pages pages per sequence.
@@ -123,8 +133,10 @@ class CudaBackend final : public model::Backend {
   int rope_table(const RopeSpec& r);
   int tp_size() const;
 
-  cuda::CudaContext& ctx_;
-  cudaStream_t stream_ = nullptr;
+  // Declared before everything that keeps a pointer to it (the linears), so destroyed after.
+  std::unique_ptr<cuda::CudaContext> ctx_;
+  cudaStream_t stream_ = nullptr;  // ctx_->stream()
+  std::map<int64_t, cudaGraphExec_t> graphs_;
   const Checkpoint& ckpt_;
   const ModelSpec& spec_;
   Options opts_;

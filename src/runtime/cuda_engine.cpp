@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -23,7 +22,6 @@
 #include <tbb/parallel_for.h>
 
 #include "exl3/cuda/check.hpp"
-#include "exl3/cuda/context.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/model/decoder.hpp"
@@ -83,9 +81,6 @@ class CudaEngine final : public PagedEngine {
     if (opts.max_batch_tokens <= 0)
       fail("engine: max batch tokens {} must be positive", opts.max_batch_tokens);
     cap_ = opts.max_batch_tokens;
-    // The stream, the one cuBLAS handle bound to it and its workspace, shared by every linear.
-    ctx_ = std::make_unique<cuda::CudaContext>();
-    stream_ = ctx_->stream();
     const int64_t pages = (opts.cache_tokens + opts.page_size - 1) / opts.page_size;
     max_seq_tokens_ = pages * opts.page_size;
     if (spec_.max_position_embeddings > 0)
@@ -109,7 +104,8 @@ class CudaEngine final : public PagedEngine {
       bo.rank = tp_->rank;
       bo.comm = tp_->comm;
     }
-    backend_ = std::make_unique<CudaBackend>(*ctx_, ckpt_, spec_, std::move(bo));
+    backend_ = std::make_unique<CudaBackend>(ckpt_, spec_, std::move(bo));
+    stream_ = backend_->stream();
     static const LoadProgressFn kSilent;
     LoadProgressReporter progress(!tp_ || tp_->rank == 0 ? opts_.load_progress : kSilent,
                                   static_cast<int64_t>(spec_.layers.size()));
@@ -124,10 +120,6 @@ class CudaEngine final : public PagedEngine {
       logits_host_ =
           pinned<float>(static_cast<size_t>(cap_ * backend_->logits_width()), "the logits");
     }
-  }
-
-  ~CudaEngine() override {
-    for (auto& [n, g] : graphs_) cudaGraphExecDestroy(g);
   }
 
   const ModelSpec& spec() const override {
@@ -244,7 +236,8 @@ class CudaEngine final : public PagedEngine {
         "uploading the step");
     backend_->begin(ml);
     if (pure_decode && opts_.cuda_graphs) {
-      launch_graph(ml);
+      backend_->run_graph(ml.n,
+                          [&] { model::decoder_forward(*backend_, modules_, spec_.hidden_size); });
     } else {
       model::decoder_forward(*backend_, modules_, spec_.hidden_size);
     }
@@ -297,29 +290,6 @@ class CudaEngine final : public PagedEngine {
     });
   }
 
-  void launch_graph(const MetaLayout& ml) {
-    auto it = graphs_.find(ml.n);
-    if (it == graphs_.end()) {
-      cudaGraph_t graph = nullptr;
-      EXL3_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
-                      "capturing the decode step");
-      try {
-        model::decoder_forward(*backend_, modules_, spec_.hidden_size);
-      } catch (...) {
-        cudaStreamEndCapture(stream_, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        throw;
-      }
-      EXL3_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph), "capturing the decode step");
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      EXL3_CUDA_CHECK(instantiated, "instantiating the decode graph");
-      it = graphs_.emplace(ml.n, exec).first;
-    }
-    EXL3_CUDA_CHECK(cudaGraphLaunch(it->second, stream_), "replaying the decode graph");
-  }
-
   int tp_size() const {
     return tp_ ? tp_->plan->tp : 1;
   }
@@ -330,14 +300,12 @@ class CudaEngine final : public PagedEngine {
   std::optional<CudaRank> tp_;  // set: one rank of a tensor-parallel group
   std::optional<moe::MoeLayout> layout_;
   int64_t cap_ = 0, max_seq_tokens_ = 0, max_pages_ = 0;
-  // Declared before the backend and the modules (they keep a pointer to it), so destroyed after.
-  std::unique_ptr<cuda::CudaContext> ctx_;
-  cudaStream_t stream_ = nullptr;  // ctx_->stream()
+  // Declared before the modules (they are its), so destroyed after them.
   std::unique_ptr<CudaBackend> backend_;
+  cudaStream_t stream_ = nullptr;  // backend_->stream()
   model::DecoderModules modules_;
   Pinned<int32_t> meta_host_;
   Pinned<float> logits_host_;
-  std::map<int64_t, cudaGraphExec_t> graphs_;
 };
 
 }  // namespace
