@@ -161,6 +161,153 @@ size_t mxfp8_workspace_bytes(const Mxfp8Shape& s, const Mxfp8Options& opts, cons
                           [&](int64_t m) { return plan_mxfp8(s, opts, t, m); });
 }
 
+// ---- fused MoE ---------------------------------------------------------------------------------
+
+const char* moe_path_name(MoePath p) {
+  return p == MoePath::kDecode ? "decode" : "prefill";
+}
+
+MoePath moe_path(const MoeOptions& opts, int64_t m) {
+  return m <= opts.decode_max_m ? MoePath::kDecode : MoePath::kPrefill;
+}
+
+int moe_split_k(int64_t base_blocks, int64_t k_tiles, int sms, int64_t max_splits) {
+  const int64_t target = 8LL * sms;
+  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(max_splits, k_tiles / 8));
+  const int64_t s = (target + base_blocks - 1) / base_blocks;
+  return static_cast<int>(std::clamp<int64_t>(s, 1, cap));
+}
+
+std::pair<int, int> moe_decode_splits(const MoeShape& s, const MoeTraits& t) {
+  return {moe_split_k(2 * (s.intermediate / 128) * s.top_k, s.hidden / 16, t.sms),
+          moe_split_k((s.hidden / 128) * s.top_k, s.intermediate / 16, t.sms)};
+}
+
+MoeArena moe_arena(const MoeShape& s, MoePath p, int64_t cap_tokens, int split_fc1, int split_fc2) {
+  MoeArena a;
+  Carver c;
+  const int64_t H = s.hidden, I = s.intermediate;
+  const int64_t cap = cap_tokens * s.top_k;  // route slots
+  const int64_t rot_rows = s.shared_h ? cap_tokens : cap;
+  if (p == MoePath::kPrefill) {
+    const int64_t max_groups = cap / kMoePrefillGroup + s.experts;
+    a.counts = c.take(4 * static_cast<size_t>(s.experts));
+    a.fill = c.take(4 * static_cast<size_t>(s.experts));
+    a.offsets = c.take(4 * static_cast<size_t>(s.experts));
+    a.num_groups = c.take(4);
+    a.group_expert = c.take(4 * static_cast<size_t>(max_groups));
+    a.group_begin = c.take(4 * static_cast<size_t>(max_groups));
+    a.group_count = c.take(4 * static_cast<size_t>(max_groups));
+    a.slot_of_route = c.take(4 * static_cast<size_t>(cap));
+    a.route_of_slot = c.take(4 * static_cast<size_t>(cap));
+  }
+  a.xg = c.take(2 * static_cast<size_t>(rot_rows * H));
+  a.xu = c.take(2 * static_cast<size_t>(rot_rows * H));
+  a.scale_g = c.take(4 * static_cast<size_t>(rot_rows));
+  a.scale_u = c.take(4 * static_cast<size_t>(rot_rows));
+  a.partial1 = c.take(4 * static_cast<size_t>(split_fc1 * cap * 2 * I));
+  a.act = c.take(2 * static_cast<size_t>(cap * I));
+  a.act_scale = c.take(4 * static_cast<size_t>(cap));
+  a.partial2 = c.take(4 * static_cast<size_t>(split_fc2 * cap * H));
+  a.bytes = c.bytes();
+  return a;
+}
+
+int64_t moe_prefill_chunk(const MoeShape& s, const MoeOptions& opts) {
+  if (opts.capacity <= opts.decode_max_m) return 0;
+  if (opts.prefill_chunk > 0) return std::min(opts.prefill_chunk, opts.capacity);
+  // The most tokens whose arena fits the budget (at least 1).
+  const size_t budget = static_cast<size_t>(opts.arena_budget_mib) << 20;
+  int64_t lo = 1, hi = opts.capacity;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (moe_arena(s, MoePath::kPrefill, mid, 1, 1).bytes <= budget) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+bool moe_tier_passes(MoeOptions::Tiers tiers, int tier_count, MoePath p) {
+  if (tier_count <= 1) return true;  // one K: its own kernel, one pass
+  switch (tiers) {
+    case MoeOptions::Tiers::kGrid:
+      return false;
+    case MoeOptions::Tiers::kPasses:
+      return true;
+    case MoeOptions::Tiers::kAuto:
+      break;
+  }
+  // Measured on the H200 (GLM-5.2 geometry, 148 K3 + 108 K4,
+  // bench/results/2026-11-29_h200_moe_tiers_*): per-K passes are 4-24% slower than the one grid at
+  // every m from 1 to 3072 (each pass pays its own launch, fill and tail), so auto keeps the grid
+  // on both paths.
+  (void)p;
+  return false;
+}
+
+namespace {
+
+int64_t decode_cap_tokens(const MoeOptions& opts) {
+  return std::min(opts.decode_max_m, opts.capacity);
+}
+
+size_t arena_bytes_with(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t,
+                        int64_t chunk) {
+  const auto [s1, s2] = moe_decode_splits(s, t);
+  size_t bytes = moe_arena(s, MoePath::kDecode, decode_cap_tokens(opts), s1, s2).bytes;
+  if (chunk > 0) bytes = std::max(bytes, moe_arena(s, MoePath::kPrefill, chunk, 1, 1).bytes);
+  return bytes;
+}
+
+// A prefill pass of `tokens` live tokens: split-K from its grid, within the arena (partials hold
+// chunk * top_k routes per split).
+MoePass prefill_pass(const MoeShape& s, const MoeTraits& t, int64_t chunk, int64_t tokens,
+                     int64_t count) {
+  MoePass p;
+  p.tokens = tokens;
+  p.count = count;
+  p.routes = tokens * s.top_k;
+  p.max_groups = p.routes / kMoePrefillGroup + std::min<int64_t>(s.experts, p.routes);
+  const int64_t room = std::max<int64_t>(1, chunk / tokens);
+  p.split_fc1 = moe_split_k(2 * (s.intermediate / 128) * p.max_groups, s.hidden / 16, t.sms, room);
+  p.split_fc2 = moe_split_k((s.hidden / 128) * p.max_groups, s.intermediate / 16, t.sms, room);
+  return p;
+}
+
+}  // namespace
+
+size_t moe_arena_bytes(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t) {
+  return arena_bytes_with(s, opts, t, moe_prefill_chunk(s, opts));
+}
+
+MoePlan plan_moe(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t, int64_t m) {
+  MoePlan p;
+  p.m = m;
+  p.path = moe_path(opts, m);
+  p.tier_passes = moe_tier_passes(opts.tiers, s.tier_count, p.path);
+  p.chunk = moe_prefill_chunk(s, opts);
+  p.arena_bytes = arena_bytes_with(s, opts, t, p.chunk);
+  if (p.path == MoePath::kDecode) {
+    const auto [s1, s2] = moe_decode_splits(s, t);
+    p.arena = moe_arena(s, MoePath::kDecode, decode_cap_tokens(opts), s1, s2);
+    p.full.tokens = m;
+    p.full.count = 1;
+    p.full.split_fc1 = s1;
+    p.full.split_fc2 = s2;
+    p.full.routes = m * s.top_k;
+    p.full.max_groups = p.full.routes;
+    return p;
+  }
+  p.arena = moe_arena(s, MoePath::kPrefill, p.chunk, 1, 1);
+  if (p.chunk < 1 || m < 1) return p;  // no prefill path here: run() refuses this m
+  if (m / p.chunk > 0) p.full = prefill_pass(s, t, p.chunk, p.chunk, m / p.chunk);
+  if (m % p.chunk > 0) p.tail = prefill_pass(s, t, p.chunk, m % p.chunk, 1);
+  return p;
+}
+
 // ---- JSON --------------------------------------------------------------------------------------
 
 namespace {
@@ -177,6 +324,29 @@ Enum enum_of(const nlohmann::json& j, const char* field, const Enum (&values)[N]
 
 constexpr LinearPath kLinearPaths[] = {LinearPath::kGemv, LinearPath::kMma, LinearPath::kCublas};
 constexpr Mxfp8Path kMxfp8Paths[] = {Mxfp8Path::kGemv, Mxfp8Path::kCublas};
+constexpr MoePath kMoePaths[] = {MoePath::kDecode, MoePath::kPrefill};
+
+// The arena's spans by name, in carve order (one list for both directions).
+template <typename Arena, typename F>
+void for_each_span(Arena& a, F f) {
+  f("counts", a.counts);
+  f("fill", a.fill);
+  f("offsets", a.offsets);
+  f("num_groups", a.num_groups);
+  f("group_expert", a.group_expert);
+  f("group_begin", a.group_begin);
+  f("group_count", a.group_count);
+  f("slot_of_route", a.slot_of_route);
+  f("route_of_slot", a.route_of_slot);
+  f("xg", a.xg);
+  f("xu", a.xu);
+  f("scale_g", a.scale_g);
+  f("scale_u", a.scale_u);
+  f("partial1", a.partial1);
+  f("act", a.act);
+  f("act_scale", a.act_scale);
+  f("partial2", a.partial2);
+}
 
 }  // namespace
 
@@ -187,6 +357,20 @@ void to_json(nlohmann::json& j, const Span& s) {
 void from_json(const nlohmann::json& j, Span& s) {
   j.at("offset").get_to(s.offset);
   j.at("bytes").get_to(s.bytes);
+}
+
+void to_json(nlohmann::json& j, const MoePass& p) {
+  j = {{"tokens", p.tokens},       {"count", p.count},   {"split_fc1", p.split_fc1},
+       {"split_fc2", p.split_fc2}, {"routes", p.routes}, {"max_groups", p.max_groups}};
+}
+
+void from_json(const nlohmann::json& j, MoePass& p) {
+  j.at("tokens").get_to(p.tokens);
+  j.at("count").get_to(p.count);
+  j.at("split_fc1").get_to(p.split_fc1);
+  j.at("split_fc2").get_to(p.split_fc2);
+  j.at("routes").get_to(p.routes);
+  j.at("max_groups").get_to(p.max_groups);
 }
 
 void to_json(nlohmann::json& j, const LinearPlan& p) {
@@ -230,6 +414,32 @@ void from_json(const nlohmann::json& j, Mxfp8Plan& p) {
   w.at("bytes").get_to(p.workspace.bytes);
   w.at("partial").get_to(p.workspace.partial);
   w.at("w_bf16").get_to(p.workspace.w_bf16);
+}
+
+void to_json(nlohmann::json& j, const MoePlan& p) {
+  nlohmann::json arena = {{"bytes", p.arena.bytes}};
+  for_each_span(p.arena, [&](const char* name, const Span& s) { arena[name] = s; });
+  j = {{"m", p.m},
+       {"path", moe_path_name(p.path)},
+       {"tier_passes", p.tier_passes},
+       {"chunk", p.chunk},
+       {"full", p.full},
+       {"tail", p.tail},
+       {"arena", arena},
+       {"arena_bytes", p.arena_bytes}};
+}
+
+void from_json(const nlohmann::json& j, MoePlan& p) {
+  j.at("m").get_to(p.m);
+  p.path = enum_of(j, "path", kMoePaths, moe_path_name);
+  j.at("tier_passes").get_to(p.tier_passes);
+  j.at("chunk").get_to(p.chunk);
+  j.at("full").get_to(p.full);
+  j.at("tail").get_to(p.tail);
+  const auto& arena = j.at("arena");
+  arena.at("bytes").get_to(p.arena.bytes);
+  for_each_span(p.arena, [&](const char* name, Span& s) { arena.at(name).get_to(s); });
+  j.at("arena_bytes").get_to(p.arena_bytes);
 }
 
 }  // namespace exl3::cuda

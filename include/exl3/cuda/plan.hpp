@@ -3,9 +3,9 @@
 // A plan names the path (kernel family), the split-K counts, the prefill chunking and where each
 // scratch buffer sits in the caller's workspace or arena. It is a pure function of the layer's
 // shape, its options and device traits read once when the layer is built (SM count, the
-// kernels' resident blocks per SM): no CUDA call, no state. Exl3LinearCuda and Mxfp8LinearCuda
-// keep their traits, answer plan(m) with the functions below and run(plan, ...) only launches
-// what the plan says, so a plan can be computed, printed, compared and tested on
+// kernels' resident blocks per SM): no CUDA call, no state. Exl3LinearCuda, Mxfp8LinearCuda and
+// MoeLayerCuda keep their traits, answer plan(m) with the functions below and run(plan, ...)
+// only launches what the plan says, so a plan can be computed, printed, compared and tested on
 // a machine without a GPU, and the CUDA layers' accessors (path_for, splits_for, workspace_bytes,
 // ...) read the same functions: there is one planner per layer.
 //
@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -151,6 +152,100 @@ Mxfp8Plan plan_mxfp8(const Mxfp8Shape& s, const Mxfp8Options& opts, const Mxfp8T
                      int64_t m);
 size_t mxfp8_workspace_bytes(const Mxfp8Shape& s, const Mxfp8Options& opts, const Mxfp8Traits& t);
 
+// ---- fused MoE (MoeLayerCuda, exl3/cuda/moe.hpp) ----------------------------------------------
+
+// Tunables: plain fields, with environment overrides applied by moe_options_from_env.
+struct MoeOptions {
+  int64_t capacity = 0;       // most tokens per run(); required (0 is an error: no guessing)
+  int64_t decode_max_m = 32;  // EXL3_MOE_DECODE_MAX_M: m up to this uses the decode path
+  int64_t prefill_chunk = 0;  // EXL3_MOE_PREFILL_CHUNK: tokens per prefill pass; 0 = fit budget
+  int64_t arena_budget_mib = 256;  // EXL3_MOE_ARENA_MIB: prefill_chunk = 0 sizes chunks to this
+  // EXL3_MOE_TIERS: how the expert GEMVs meet mixed bit widths (K3 + K4 tiers). kGrid: one grid,
+  // each block switching to its expert's K; kPasses: one homogeneous pass per K present, each a
+  // kernel built for that K alone; kAuto: the grid on both paths (measured faster at every m:
+  // docs/performance.md). A layer of one K always runs that K's own kernel.
+  enum class Tiers : uint8_t { kAuto, kGrid, kPasses };
+  Tiers tiers = Tiers::kAuto;
+};
+
+enum class MoePath : uint8_t { kDecode, kPrefill };
+const char* moe_path_name(MoePath p);  // "decode" | "prefill"
+
+struct MoeShape {
+  int64_t hidden = 0, intermediate = 0;  // H, I (per rank); multiples of 128
+  int experts = 0, top_k = 0;
+  bool shared_h = false;  // hidden-side rotations per token (shared_h_v1), not per route
+  int tier_count = 1;     // distinct K among the experts
+};
+
+struct MoeTraits {
+  int sms = 132;
+};
+
+// Slots per prefill group (the grouped GEMV's 4 x 8-token B groups).
+inline constexpr int kMoePrefillGroup = 32;
+
+// The arena of one path, laid out for the path's capacity in tokens (min(decode_max_m,
+// capacity) on decode, the chunk on prefill) so that a pass of any live size fits, including a
+// prefill pass's split-K partials (splits * live routes <= capacity routes). The route-packing
+// tables (counts .. route_of_slot) exist on prefill only.
+struct MoeArena {
+  Span counts, fill, offsets;                   // int32 [E]
+  Span num_groups;                              // int32 scalar
+  Span group_expert, group_begin, group_count;  // int32 [capacity routes / 32 + E]
+  Span slot_of_route, route_of_slot;            // int32 [capacity routes]
+  Span xg, xu;                                  // fp16 [rotation rows, H]
+  Span scale_g, scale_u;                        // fp32 [rotation rows]
+  Span partial1;                                // fp32 [splits, routes, 2I]
+  Span act;                                     // fp16 [routes, I]
+  Span act_scale;                               // fp32 [routes]
+  Span partial2;                                // fp32 [splits, routes, H]
+  size_t bytes = 0;
+  bool operator==(const MoeArena&) const = default;
+};
+
+// `count` consecutive passes of `tokens` tokens each (count 0: none).
+struct MoePass {
+  int64_t tokens = 0;
+  int64_t count = 0;
+  int split_fc1 = 1, split_fc2 = 1;  // split-K of FC1 (gate | up) and FC2 (down)
+  int64_t routes = 0;                // tokens * top_k
+  int64_t max_groups = 0;            // the grouped GEMV's grid rows (decode: one per route)
+  bool operator==(const MoePass&) const = default;
+};
+
+struct MoePlan {
+  int64_t m = 0;
+  MoePath path = MoePath::kDecode;
+  bool tier_passes = false;  // one GEMV pass per K present (else one grid, or a single K)
+  int64_t chunk = 0;         // tokens per prefill pass (0: the layer has no prefill path)
+  // Runs `full`'s passes, then `tail`'s, over consecutive tokens. Decode: full = one pass of m.
+  MoePass full, tail;
+  MoeArena arena;          // carve of this path (all passes share it; the stream orders them)
+  size_t arena_bytes = 0;  // arena size run() requires, for any m <= capacity
+  bool operator==(const MoePlan&) const = default;
+};
+
+MoePath moe_path(const MoeOptions& opts, int64_t m);
+// Split-K for about 8 blocks (32 warps) per SM: each warp's k-chain is a serial sequence of
+// decode -> mma steps, so short chains on many warps beat long ones on few (more splits cost the
+// activation and combine kernels more partials to sum). ceil(8 * sms / base_blocks), clamped to
+// 1..min(max_splits, k_tiles / 8).
+int moe_split_k(int64_t base_blocks, int64_t k_tiles, int sms, int64_t max_splits = 32);
+// Decode split-K of FC1 and FC2 (base blocks: 2 * I / 128 * top_k and H / 128 * top_k).
+std::pair<int, int> moe_decode_splits(const MoeShape& s, const MoeTraits& t);
+// The carve of one path for `cap_tokens` tokens; split_fc1/split_fc2 size the partials (prefill
+// passes give 1: a pass splits only as far as its live routes leave room in the capacity's).
+MoeArena moe_arena(const MoeShape& s, MoePath p, int64_t cap_tokens, int split_fc1, int split_fc2);
+// Tokens per prefill pass: opts.prefill_chunk (at most capacity) when set, else the most tokens
+// whose prefill arena fits arena_budget_mib; 0 when capacity <= decode_max_m (no prefill path).
+int64_t moe_prefill_chunk(const MoeShape& s, const MoeOptions& opts);
+// Whether a path runs the experts' K tiers as separate GEMV passes.
+bool moe_tier_passes(MoeOptions::Tiers tiers, int tier_count, MoePath p);
+// The arena every m in 1..capacity fits in (the larger of the two paths' carves).
+size_t moe_arena_bytes(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t);
+MoePlan plan_moe(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t, int64_t m);
+
 // ---- JSON (stable field names: docs/cuda-linear.md, *Plans*) ----------------------------------
 
 void to_json(nlohmann::json& j, const Span& s);
@@ -159,5 +254,9 @@ void to_json(nlohmann::json& j, const LinearPlan& p);
 void from_json(const nlohmann::json& j, LinearPlan& p);
 void to_json(nlohmann::json& j, const Mxfp8Plan& p);
 void from_json(const nlohmann::json& j, Mxfp8Plan& p);
+void to_json(nlohmann::json& j, const MoePass& p);
+void from_json(const nlohmann::json& j, MoePass& p);
+void to_json(nlohmann::json& j, const MoePlan& p);
+void from_json(const nlohmann::json& j, MoePlan& p);
 
 }  // namespace exl3::cuda
