@@ -194,12 +194,12 @@ struct MoeArena {
   Span num_groups;                              // int32 scalar
   Span group_expert, group_begin, group_count;  // int32 [capacity routes / 32 + E]
   Span slot_of_route, route_of_slot;            // int32 [capacity routes]
-  Span xg, xu;                                  // fp16 [rotation rows, H]
-  Span scale_g, scale_u;                        // fp32 [rotation rows]
-  Span partial1;                                // fp32 [splits, routes, 2I]
-  Span act;                                     // fp16 [routes, I]
-  Span act_scale;                               // fp32 [routes]
-  Span partial2;                                // fp32 [splits, routes, H]
+  Span xg, xu;            // fp16 [rotation rows, H]: capacity tokens (shared-H) or routes
+  Span scale_g, scale_u;  // fp32 [rotation rows]
+  Span partial1;          // fp32 [split_fc1, capacity routes, 2I]
+  Span act;               // fp16 [capacity routes, I]
+  Span act_scale;         // fp32 [capacity routes]
+  Span partial2;          // fp32 [split_fc2, capacity routes, H]
   size_t bytes = 0;
   bool operator==(const MoeArena&) const = default;
 };
