@@ -87,7 +87,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--mma-max-m", mma_max_m, "Largest m on the tensor-core paths (above: cuBLAS)")
       ->capture_default_str();
-  app.add_option("--json", json_path, "Write all results to this JSON file");
+  app.add_option("--json", json_path,
+                 "Write all results to this JSON file; each case carries the layer's plan at its m "
+                 "(\"plan\": path, split-K, workspace carve; docs/cuda-linear.md)");
   std::string had_shape = "8192x8192";
   bool had_only = false;
   app.add_option("--hadamard", had_shape,
@@ -245,8 +247,9 @@ int main(int argc, char** argv) {
           const double bytes =
               static_cast<double>(tbytes) + 2.0 * (k + n) + 2.0 * m * k + 2.0 * m * n;
           const double gbs = bytes / (us * 1e-6) / 1e9;
-          const char* path = exl3::cuda::path_name(layers[0]->path_for(m));
-          const int splits = layers[0]->splits_for(m);
+          const exl3::cuda::LinearPlan plan = layers[0]->plan(m);  // what the graphs ran
+          const char* path = exl3::cuda::path_name(plan.path);
+          const int splits = plan.split_k;
           const double vs_cublas = cublas_us[m] / us;
           fmt::print(
               "{:>5}x{:<5} K={} m={:<5} {:>9.1f} us  {:>6.0f} GB/s  {:>5.1f}% copy  {:>5.2f}x "
@@ -264,6 +267,7 @@ int main(int argc, char** argv) {
                                   {"speedup_vs_cublas", vs_cublas},
                                   {"path", path},
                                   {"split_k", splits},
+                                  {"plan", plan},
                                   {"weight_sets", nb}});
         }
       }

@@ -67,7 +67,9 @@ int main(int argc, char** argv) {
   app.add_option("--split-k", base.split_k,
                  "GEMV split-K (0 = planned from the shape and the SM count)")
       ->capture_default_str();
-  app.add_option("--json", json_path, "Write all results to this JSON file");
+  app.add_option("--json", json_path,
+                 "Write all results to this JSON file; each case carries the layer's plan at its m "
+                 "(\"plan\": path, split-K, workspace carve; docs/cuda-linear.md)");
   app.footer(
       "Prints, per shape and m: the time of the path --gemv-max-m picks, the tensor-core GEMV and "
       "the\n"
@@ -222,7 +224,8 @@ int main(int argc, char** argv) {
                             {"mxfp8_bytes", mbytes},
                             {"workspace_bytes", layers.front()->workspace_bytes(m)},
                             {"dequant_cublas_us", cb_us},
-                            {"gemv_split_k", layers.front()->gemv_split_k()}};
+                            {"gemv_split_k", layers.front()->gemv_split_k()},
+                            {"plan", layers.front()->plan(m)}};
         if (both) c["gemv_us"] = gemv_us;
         out["cases"].push_back(c);
       }

@@ -388,11 +388,12 @@ int run_moe_bench(const MoeBenchOptions& o) {
       base_us = tm.median_us(o.reps, [&](int r) { gemms(r % kRouteSets); });
     }
 
-    const char* plan = cuda::moe_plan_name(L0.plan_for(m));
+    const cuda::MoePlan plan = L0.plan(m);  // what every replay above ran
+    const char* path = cuda::moe_path_name(plan.path);
     const char* tier_mode =
-        L0.tiers().size() <= 1 ? "uniform" : (L0.tier_passes(L0.plan_for(m)) ? "passes" : "grid");
+        L0.tiers().size() <= 1 ? "uniform" : (plan.tier_passes ? "passes" : "grid");
     fmt::print("m={:<5} {:>9.1f} us  {:>6.0f} GB/s  {:>5.1f}% copy  [{}, {}]", m, us, gbs,
-               100.0 * gbs / copy_gbs, plan, tier_mode);
+               100.0 * gbs / copy_gbs, path, tier_mode);
     if (o.baseline) fmt::print("  BF16 grouped {:>9.1f} us  ratio {:.2f}x", base_us, us / base_us);
     fmt::print("\n");
     cases.push_back(
@@ -401,6 +402,7 @@ int run_moe_bench(const MoeBenchOptions& o) {
          {"touched_bytes", touched},
          {"gbs", gbs},
          {"pct_copy", 100.0 * gbs / copy_gbs},
+         {"path", path},
          {"plan", plan},
          {"tiers_mode", tier_mode},
          {"bf16_grouped_us", o.baseline ? nlohmann::json(base_us) : nlohmann::json(nullptr)},
@@ -464,7 +466,9 @@ Runner add_moe_bench(CLI::App& app, Common& /*common*/) {
   app.add_option("--reps", o->reps, "Timed replays per case (median)")->capture_default_str();
   app.add_option("--seed", o->seed, "Random seed")->capture_default_str();
   app.add_flag("!--no-baseline", o->baseline, "Skip the BF16 cuBLAS baseline");
-  app.add_option("--json", o->json_path, "Write the results as JSON");
+  app.add_option("--json", o->json_path,
+                 "Write the results as JSON; each case carries the layer's plan at its m "
+                 "(\"plan\": path, tier passes, split-K and arena carve; docs/moe.md)");
   return [o]() -> int {
 #if defined(EXL3_HAVE_CUDA)
     return run_moe_bench(*o);

@@ -1,5 +1,5 @@
-// Exl3LinearCuda: upload once, plan split-K from the shape and the device, then run either path
-// with only kernel launches (graph-capturable).
+// Exl3LinearCuda: upload once and read the device traits, then run the plan of each m
+// (exl3/cuda/plan.hpp) with only kernel launches (graph-capturable).
 #include "exl3/cuda/linear.hpp"
 
 #include <algorithm>
@@ -21,78 +21,15 @@ namespace exl3::cuda {
 
 namespace {
 
-constexpr size_t kAlign = 256;
-
-size_t align_up(size_t v) {
-  return (v + kAlign - 1) / kAlign * kAlign;
-}
-
-// Sub-buffers of the caller's workspace for one run.
-struct Carve {
-  __half* xr = nullptr;
-  float* row_scale = nullptr;
-  float* partial = nullptr;
-  uint16_t* w_hat = nullptr;
-  size_t bytes = 0;
-};
-
-Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas) {
-  Carve c;
-  auto* p = static_cast<char*>(base);
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    char* at = p == nullptr ? nullptr : p + off;
-    off += align_up(bytes);
-    return at;
-  };
-  c.xr = reinterpret_cast<__half*>(take(static_cast<size_t>(m * k) * 2));
-  c.row_scale = reinterpret_cast<float*>(take(static_cast<size_t>(m) * 4));
-  c.partial = reinterpret_cast<float*>(take(static_cast<size_t>(splits) * m * n * 4));
-  if (cublas) {
-    c.w_hat = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(k * n) * 2));
-  }
-  c.bytes = off;
-  return c;
-}
-
-// Split-K from the shape and the device only (never from m, so rows stay batch-invariant).
-// Each split gets >= 8 k-tiles; among 1..16 splits take the fewest whose last wave of blocks is
-// well filled (>= 88% over all waves), since a nearly empty last wave nearly doubles the time.
-// `blocks_per_sm` is the occupancy of the kernel the plan is for; both small-m kernels use
-// 128-column blocks.
-int plan_split_k(int64_t k, int64_t n, int blocks_per_sm) {
+// The device's SM count (132, an H100/H200's, when it cannot be read).
+int sm_count() {
   int dev = 0, sms = 132;
   if (cudaGetDevice(&dev) == cudaSuccess)
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const int64_t slots = static_cast<int64_t>(sms) * blocks_per_sm;
-  const int64_t blocks_x = n / 128;
-  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(16, k / 16 / 8));
-  int64_t best = 1;
-  double best_eff = 0.0;
-  for (int64_t s = 1; s <= cap; ++s) {
-    const double waves = static_cast<double>(blocks_x * s) / static_cast<double>(slots);
-    const double score = waves / std::ceil(waves);  // fill of the GPU over all waves
-    if (score >= 0.88) return static_cast<int>(s);
-    if (score > best_eff) {
-      best_eff = score;
-      best = s;
-    }
-  }
-  return static_cast<int>(best);
+  return sms;
 }
 
 }  // namespace
-
-const char* path_name(LinearPath p) {
-  switch (p) {
-    case LinearPath::kGemv:
-      return "gemv";
-    case LinearPath::kMma:
-      return "mma";
-    default:
-      return "cublas";
-  }
-}
 
 size_t dtype_size(DType t) {
   return t == DType::kF32 ? 4 : 2;
@@ -157,12 +94,13 @@ void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint1
         "CUDA linear '{}': max_m {} must be positive and gemv_max_m {} / mma_max_m {} non-negative",
         name, opts_.max_m, opts_.gemv_max_m, opts_.mma_max_m);
   }
-  split_k_ = opts_.split_k > 0 ? opts_.split_k
-                               : plan_split_k(in_, out_, detail::mma_blocks_per_sm(K_, cb_));
-  gemv_split_k_ = opts_.split_k > 0 ? opts_.split_k
-                                    : plan_split_k(in_, out_, detail::gemv_blocks_per_sm(K_, cb_));
-  if (split_k_ > in_ / 16)
-    fail("CUDA linear '{}': split_k {} exceeds the {} k-tiles", name, split_k_, in_ / 16);
+  traits_.sms = sm_count();
+  if (opts_.split_k == 0) {  // the occupancies only feed the split-K rule
+    traits_.mma_blocks_per_sm = detail::mma_blocks_per_sm(K_, cb_);
+    traits_.gemv_blocks_per_sm = detail::gemv_blocks_per_sm(K_, cb_);
+  }
+  if (split_k() > in_ / 16)
+    fail("CUDA linear '{}': split_k {} exceeds the {} k-tiles", name, split_k(), in_ / 16);
 
   const size_t tbytes = static_cast<size_t>(in_ / 16 * (out_ / 16) * 16 * K_) * 2;
   const auto of = [&](const char* tensor) {
@@ -178,33 +116,24 @@ void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint1
   }
 }
 
+LinearPlan Exl3LinearCuda::plan(int64_t m) const {
+  return plan_linear(shape(), opts_, traits_, m);
+}
+
+int Exl3LinearCuda::split_k() const {
+  return linear_splits(shape(), opts_, traits_, LinearPath::kMma);
+}
+
+int Exl3LinearCuda::gemv_split_k() const {
+  return linear_splits(shape(), opts_, traits_, LinearPath::kGemv);
+}
+
 LinearPath Exl3LinearCuda::path_for(int64_t m) const {
-  if (m <= opts_.gemv_max_m) return LinearPath::kGemv;
-  return m <= opts_.mma_max_m ? LinearPath::kMma : LinearPath::kCublas;
-}
-
-int Exl3LinearCuda::splits_for(int64_t m) const {
-  switch (path_for(m)) {
-    case LinearPath::kGemv:
-      return gemv_split_k_;
-    case LinearPath::kMma:
-      return split_k_;
-    default:
-      return 1;
-  }
-}
-
-size_t Exl3LinearCuda::workspace_bytes(int64_t m) const {
-  return carve(nullptr, m, in_, out_, splits_for(m), path_for(m) == LinearPath::kCublas).bytes;
+  return linear_path(opts_, m);
 }
 
 size_t Exl3LinearCuda::workspace_bytes() const {
-  // Every term grows with m inside a path, so the largest m of each reachable path bounds it.
-  size_t bytes = 0;
-  for (int64_t m : {opts_.gemv_max_m, opts_.mma_max_m, opts_.max_m}) {
-    if (m >= 1) bytes = std::max(bytes, workspace_bytes(std::min(m, opts_.max_m)));
-  }
-  return bytes;
+  return linear_workspace_bytes(shape(), opts_, traits_);
 }
 
 cudaError_t Exl3LinearCuda::reconstruct(uint16_t* out, cudaStream_t stream) const {
@@ -213,33 +142,40 @@ cudaError_t Exl3LinearCuda::reconstruct(uint16_t* out, cudaStream_t stream) cons
 
 cudaError_t Exl3LinearCuda::run(const void* x, DType in_type, void* y, DType out_type, int64_t m,
                                 void* workspace, size_t workspace_size, cudaStream_t stream) const {
-  if (m < 1 || m > opts_.max_m || x == nullptr || y == nullptr) return cudaErrorInvalidValue;
-  const LinearPath path = path_for(m);
-  const bool cublas = path == LinearPath::kCublas;
-  const int splits = splits_for(m);
-  const Carve ws = carve(workspace, m, in_, out_, splits, cublas);
-  if (workspace == nullptr || workspace_size < ws.bytes) return cudaErrorInvalidValue;
+  return run(plan(m), x, in_type, y, out_type, workspace, workspace_size, stream);
+}
 
-  if (cublas && in_type != DType::kF32)
-    return run_folded(x, in_type, y, out_type, m, ws.w_hat, ws.partial, stream);
+cudaError_t Exl3LinearCuda::run(const LinearPlan& plan, const void* x, DType in_type, void* y,
+                                DType out_type, void* workspace, size_t workspace_size,
+                                cudaStream_t stream) const {
+  const int64_t m = plan.m;
+  if (m < 1 || m > opts_.max_m || x == nullptr || y == nullptr) return cudaErrorInvalidValue;
+  if (workspace == nullptr || workspace_size < plan.workspace.bytes) return cudaErrorInvalidValue;
+  auto* xr = plan.workspace.xr.in<__half>(workspace);
+  auto* row_scale = plan.workspace.row_scale.in<float>(workspace);
+  auto* partial = plan.workspace.partial.in<float>(workspace);
+  auto* w_hat = plan.workspace.w_hat.in<uint16_t>(workspace);
+
+  if (plan.path == LinearPath::kCublas && in_type != DType::kF32)
+    return run_folded(x, in_type, y, out_type, m, w_hat, partial, stream);
 
   cudaError_t e =
-      detail::rotate_input(x, in_type, suh_.as<uint16_t>(), m, in_, ws.xr, ws.row_scale, stream);
+      detail::rotate_input(x, in_type, suh_.as<uint16_t>(), m, in_, xr, row_scale, stream);
   if (e != cudaSuccess) return e;
-  if (path == LinearPath::kGemv) {
-    e = detail::gemv(trellis_.as<uint16_t>(), K_, cb_, ws.xr, m, in_, out_, splits, ws.partial,
+  if (plan.path == LinearPath::kGemv) {
+    e = detail::gemv(trellis_.as<uint16_t>(), K_, cb_, xr, m, in_, out_, plan.split_k, partial,
                      stream);
-  } else if (path == LinearPath::kMma) {
-    e = detail::mma_gemm(trellis_.as<uint16_t>(), K_, cb_, ws.xr, m, in_, out_, splits, ws.partial,
+  } else if (plan.path == LinearPath::kMma) {
+    e = detail::mma_gemm(trellis_.as<uint16_t>(), K_, cb_, xr, m, in_, out_, plan.split_k, partial,
                          stream);
   } else {
     // fp32 activations: rotate them to fp16 (with the range guard) and multiply W_hat.
-    e = reconstruct_w_hat(trellis_.as<uint16_t>(), in_, out_, K_, cb_, ws.w_hat, stream);
+    e = reconstruct_w_hat(trellis_.as<uint16_t>(), in_, out_, K_, cb_, w_hat, stream);
     if (e != cudaSuccess) return e;
-    e = cublas_gemm(ws.xr, CUDA_R_16F, ws.w_hat, ws.partial, CUDA_R_32F, m, stream);
+    e = cublas_gemm(xr, CUDA_R_16F, w_hat, partial, CUDA_R_32F, m, stream);
   }
   if (e != cudaSuccess) return e;
-  return detail::rotate_output(ws.partial, splits, ws.row_scale, svh_.as<uint16_t>(),
+  return detail::rotate_output(partial, plan.split_k, row_scale, svh_.as<uint16_t>(),
                                bias_.as<float>(), m, out_, y, out_type, stream);
 }
 

@@ -1,5 +1,5 @@
-// Mxfp8LinearCuda: permute the planes into the GEMV's tiled layout and upload once, plan split-K
-// from (in, out) and the device, then run one of two paths with only kernel launches
+// Mxfp8LinearCuda: permute the planes into the GEMV's tiled layout and upload once, read the
+// device traits, then run the plan of each m (exl3/cuda/plan.hpp) with only kernel launches
 // (graph-capturable). See exl3/cuda/mxfp8.hpp.
 #include "exl3/cuda/mxfp8.hpp"
 
@@ -20,31 +20,15 @@
 namespace exl3::cuda {
 namespace {
 
-constexpr size_t kAlign = 256;
+static_assert(detail::kMxfp8TileRows == kMxfp8PlanTileRows,
+              "the split-K rule counts the GEMV's weight tiles");
 
-size_t align_up(size_t v) {
-  return (v + kAlign - 1) / kAlign * kAlign;
-}
-
+// The device's SM count (132, an H100/H200's, when it cannot be read).
 int sm_count() {
   int dev = 0, sms = 132;
   if (cudaGetDevice(&dev) == cudaSuccess)
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   return sms;
-}
-
-// Split-K from the shape and the device only (never from m, so rows stay batch-invariant). One
-// 8-warp block per 16-row tile already streams at copy bandwidth once there is a tile per SM;
-// below that (e.g. 2048 outputs: 128 tiles on 132 SMs), split K for ~4 blocks per SM, each warp
-// of a split keeping >= 2 of its 32-input blocks. Measured on the H200 (docs/mxfp8.md): 256 to
-// 1792 tiles run fastest unsplit (split-K 2-3 cost 2-6 us of partials and reduction), 128 tiles
-// fastest at 5.
-int plan_splits(int64_t k, int64_t n) {
-  const int64_t tiles = (n + detail::kMxfp8TileRows - 1) / detail::kMxfp8TileRows;
-  if (tiles >= sm_count()) return 1;
-  const int64_t want = (4LL * sm_count() + tiles - 1) / tiles;
-  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(16, k / 32 / 16));
-  return static_cast<int>(std::clamp<int64_t>(want, 1, cap));
 }
 
 // The checkpoint planes in the tiled layout. offset(row, col) = tile base + a row part + a column
@@ -68,42 +52,7 @@ void tile_planes(const uint8_t* values, const uint8_t* scales, int64_t k, int64_
   }
 }
 
-struct Carve {
-  float* partial = nullptr;
-  uint16_t* w_bf16 = nullptr;
-  size_t bytes = 0;
-};
-
-Carve carve(void* base, int64_t m, int64_t k, int64_t n, int splits, bool cublas, bool bias) {
-  Carve c;
-  auto* p = static_cast<char*>(base);
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    char* at = p == nullptr ? nullptr : p + off;
-    off += align_up(bytes);
-    return at;
-  };
-  if (splits > 1 || (cublas && bias)) {
-    c.partial =
-        reinterpret_cast<float*>(take(static_cast<size_t>(std::max(splits, 1)) * m * n * 4));
-  }
-  if (cublas) {
-    c.w_bf16 = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(k * n) * 2));
-  }
-  c.bytes = off;
-  return c;
-}
-
 }  // namespace
-
-const char* mxfp8_path_name(Mxfp8Path p) {
-  switch (p) {
-    case Mxfp8Path::kGemv:
-      return "gemv";
-    default:
-      return "cublas";
-  }
-}
 
 Mxfp8LinearCuda::Mxfp8LinearCuda(CudaContext& ctx, const mxfp8::Weight& w,
                                  const std::vector<float>& bias, const Mxfp8Options& opts)
@@ -138,9 +87,9 @@ void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_
     fail("CUDA MXFP8 linear '{}': max_m {} must be positive and gemv_max_m {} in 0..{}", name,
          opts_.max_m, opts_.gemv_max_m, detail::kMxfp8GemvMaxM);
   }
-  split_k_ = opts_.split_k > 0 ? opts_.split_k : plan_splits(in_, out_);
-  if (split_k_ > in_ / 32)
-    fail("CUDA MXFP8 linear '{}': split_k {} exceeds the {} 32-wide blocks", name, split_k_,
+  traits_.sms = sm_count();
+  if (gemv_split_k() > in_ / 32)
+    fail("CUDA MXFP8 linear '{}': split_k {} exceeds the {} 32-wide blocks", name, gemv_split_k(),
          in_ / 32);
   if (check_codes)
     mxfp8::check_planes(fmt::format("CUDA MXFP8 linear '{}'", name), values, scales, out_, in_);
@@ -154,26 +103,20 @@ void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_
   if (bias != nullptr) bias_ = DeviceBuffer(bias, static_cast<size_t>(out_) * 4, of("bias"));
 }
 
+Mxfp8Plan Mxfp8LinearCuda::plan(int64_t m) const {
+  return plan_mxfp8(shape(), opts_, traits_, m);
+}
+
+int Mxfp8LinearCuda::gemv_split_k() const {
+  return mxfp8_splits(shape(), opts_, traits_, Mxfp8Path::kGemv);
+}
+
 Mxfp8Path Mxfp8LinearCuda::path_for(int64_t m) const {
-  return m <= opts_.gemv_max_m ? Mxfp8Path::kGemv : Mxfp8Path::kCublas;
-}
-
-int Mxfp8LinearCuda::splits_for(int64_t m) const {
-  return path_for(m) == Mxfp8Path::kGemv ? split_k_ : 1;
-}
-
-size_t Mxfp8LinearCuda::workspace_bytes(int64_t m) const {
-  return carve(nullptr, m, in_, out_, splits_for(m), path_for(m) == Mxfp8Path::kCublas,
-               !bias_.empty())
-      .bytes;
+  return mxfp8_path(opts_, m);
 }
 
 size_t Mxfp8LinearCuda::workspace_bytes() const {
-  size_t bytes = 0;  // every term grows with m inside a path
-  for (int64_t m : {opts_.gemv_max_m, opts_.max_m}) {
-    if (m >= 1) bytes = std::max(bytes, workspace_bytes(std::min(m, opts_.max_m)));
-  }
-  return bytes;
+  return mxfp8_workspace_bytes(shape(), opts_, traits_);
 }
 
 cudaError_t Mxfp8LinearCuda::dequantize_bf16(uint16_t* out, cudaStream_t stream) const {
@@ -183,40 +126,45 @@ cudaError_t Mxfp8LinearCuda::dequantize_bf16(uint16_t* out, cudaStream_t stream)
 
 cudaError_t Mxfp8LinearCuda::run(const void* x, void* y, DType out_type, int64_t m, void* workspace,
                                  size_t workspace_size, cudaStream_t stream) const {
+  return run(plan(m), x, y, out_type, workspace, workspace_size, stream);
+}
+
+cudaError_t Mxfp8LinearCuda::run(const Mxfp8Plan& plan, const void* x, void* y, DType out_type,
+                                 void* workspace, size_t workspace_size,
+                                 cudaStream_t stream) const {
+  const int64_t m = plan.m;
   if (m < 1 || m > opts_.max_m || x == nullptr || y == nullptr) return cudaErrorInvalidValue;
   if (out_type != DType::kF32 && out_type != DType::kBF16) return cudaErrorInvalidValue;
-  const Mxfp8Path path = path_for(m);
-  const int splits = splits_for(m);
-  const Carve ws =
-      carve(workspace, m, in_, out_, splits, path == Mxfp8Path::kCublas, !bias_.empty());
-  if (ws.bytes > 0 && (workspace == nullptr || workspace_size < ws.bytes))
+  const int splits = plan.split_k;
+  if (plan.workspace.bytes > 0 && (workspace == nullptr || workspace_size < plan.workspace.bytes))
     return cudaErrorInvalidValue;
+  auto* partial = plan.workspace.partial.in<float>(workspace);
+  auto* w_bf16 = plan.workspace.w_bf16.in<uint16_t>(workspace);
   cudaError_t e = cudaSuccess;
-  if (path == Mxfp8Path::kGemv) {
+  if (plan.path == Mxfp8Path::kGemv) {
     e = detail::mxfp8_gemv(values_.as<uint8_t>(), scales_.as<uint8_t>(), x, m, in_, out_, splits,
-                           ws.partial, bias_.as<float>(), y, out_type, stream);
+                           partial, bias_.as<float>(), y, out_type, stream);
     if (e != cudaSuccess || splits == 1) return e;
-    return detail::mxfp8_reduce(ws.partial, splits, bias_.as<float>(), m, out_, y, out_type,
-                                stream);
+    return detail::mxfp8_reduce(partial, splits, bias_.as<float>(), m, out_, y, out_type, stream);
   }
-  e = detail::mxfp8_dequant_bf16(values_.as<uint8_t>(), scales_.as<uint8_t>(), in_, out_, ws.w_bf16,
+  e = detail::mxfp8_dequant_bf16(values_.as<uint8_t>(), scales_.as<uint8_t>(), in_, out_, w_bf16,
                                  stream);
   if (e != cudaSuccess) return e;
   // Row-major y[m, n] = x[m, k] W[n, k]^T is column-major y^T = W^T(k x n, transposed) x^T.
   cublasHandle_t h = ctx_->cublas(stream, CudaContext::kCublasWorkspaceBytes);
   if (h == nullptr) return cudaErrorUnknown;
   const bool via_partial = !bias_.empty();  // bias added in fp32 before the output rounding
-  void* dst = via_partial ? static_cast<void*>(ws.partial) : y;
+  void* dst = via_partial ? static_cast<void*>(partial) : y;
   const cudaDataType_t dt = via_partial || out_type == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
   const float alpha = 1.0f, beta = 0.0f;
   const auto n = static_cast<int>(out_), mm = static_cast<int>(m), k = static_cast<int>(in_);
-  if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mm, k, &alpha, ws.w_bf16, CUDA_R_16BF, k, x,
+  if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, mm, k, &alpha, w_bf16, CUDA_R_16BF, k, x,
                    CUDA_R_16BF, k, &beta, dst, dt, n, CUBLAS_COMPUTE_32F,
                    CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
     return cudaErrorUnknown;
   }
   if (!via_partial) return cudaGetLastError();
-  return detail::mxfp8_reduce(ws.partial, 1, bias_.as<float>(), m, out_, y, out_type, stream);
+  return detail::mxfp8_reduce(partial, 1, bias_.as<float>(), m, out_, y, out_type, stream);
 }
 
 Mxfp8Options mxfp8_options_from_env(Mxfp8Options base) {

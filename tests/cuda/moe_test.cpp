@@ -147,7 +147,7 @@ void expect_matches(const Fixture& f, const MoeOptions& opts, const std::vector<
     const auto got = run_gpu(L, x, r);
     for (float v : got) ASSERT_TRUE(std::isfinite(v)) << what << " m=" << m;
     EXPECT_LE(exl3::test::rel_l2(std::span<const float>(got), std::span<const float>(ref)), 1e-3)
-        << what << " m=" << m << " plan " << exl3::cuda::moe_plan_name(L.plan_for(m));
+        << what << " m=" << m << " path " << exl3::cuda::moe_path_name(L.path_for(m));
   }
 }
 
@@ -183,8 +183,8 @@ TEST(CudaMoe, MixedK3K4TiersBothLayouts) {
       o.tiers = tiers;
       const MoeLayerCuda L(f->w, f->top_k, o);
       EXPECT_EQ(L.tiers(), (std::vector<int>{3, 4}));
-      EXPECT_EQ(L.tier_passes(exl3::cuda::MoePlan::kDecode), tiers == MoeOptions::Tiers::kPasses);
-      EXPECT_EQ(L.tier_passes(exl3::cuda::MoePlan::kPrefill), tiers == MoeOptions::Tiers::kPasses);
+      EXPECT_EQ(L.tier_passes(exl3::cuda::MoePath::kDecode), tiers == MoeOptions::Tiers::kPasses);
+      EXPECT_EQ(L.tier_passes(exl3::cuda::MoePath::kPrefill), tiers == MoeOptions::Tiers::kPasses);
       expect_matches(*f, o, {1, 3, 8, 33, 3072}, moe::rotation_layout_name(layout).data());
     }
   }

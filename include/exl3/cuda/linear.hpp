@@ -3,7 +3,7 @@
 //
 //   y = had128(had128(x * suh) @ W_hat) * svh + bias
 //
-// Paths, chosen by the row count m against the plan (Exl3LinearCuda::path_for):
+// Paths, chosen by the row count m (Exl3LinearCuda::plan, exl3/cuda/plan.hpp):
 //   kGemv   : m <= gemv_max_m. Same prologue and epilogue as kMma around a swap-AB kernel (the
 //             weight tile is the mma A operand, up to 8 tokens the B operand) that multiplies
 //             3INST/MCG weights as their unrounded two-half sum (<= 2^-11 relative per weight
@@ -34,6 +34,7 @@
 
 #include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/dtype.hpp"
+#include "exl3/cuda/plan.hpp"
 #include "exl3/trellis/codebook.hpp"
 
 namespace exl3 {
@@ -43,18 +44,6 @@ class Exl3LinearData;
 namespace exl3::cuda {
 
 class CudaContext;
-
-enum class LinearPath : uint8_t { kGemv, kMma, kCublas };
-
-struct LinearOptions {
-  int64_t max_m = 4096;     // largest batch the workspace is sized for
-  int64_t gemv_max_m = 16;  // m up to this uses the swap-AB GEMV (0 = never)
-  int64_t mma_max_m = 128;  // m above this uses the cuBLAS path (crossover measured on H200)
-  int split_k = 0;          // 0 = planned from (k, n) and the SM count
-};
-
-// "gemv" | "mma" | "cublas".
-const char* path_name(LinearPath p);
 
 class Exl3LinearCuda {
  public:
@@ -74,21 +63,31 @@ class Exl3LinearCuda {
   int64_t out_features() const { return out_; }
   int bits() const { return K_; }
   trellis::Codebook codebook() const { return cb_; }
-  int split_k() const { return split_k_; }  // tensor-core path
-  int gemv_split_k() const { return gemv_split_k_; }
-  // Split-K slices run() uses at this m (1 on the cuBLAS path).
-  int splits_for(int64_t m) const;
   const LinearOptions& options() const { return opts_; }
+  LinearShape shape() const { return {in_, out_}; }
+  // The device traits read when the layer was built.
+  const LinearTraits& traits() const { return traits_; }
 
+  // What run() does at m rows: plan_linear(shape(), options(), traits(), m).
+  LinearPlan plan(int64_t m) const;
+  // The planner's answers, for reports and tests.
+  int split_k() const;  // tensor-core path
+  int gemv_split_k() const;
+  int splits_for(int64_t m) const { return plan(m).split_k; }  // 1 on the cuBLAS path
   LinearPath path_for(int64_t m) const;
   // Workspace bytes needed by run() for any m <= max_m (256-byte aligned sub-buffers; cuBLAS's
   // own workspace is the context's).
   size_t workspace_bytes() const;
   // Workspace bytes for one path at one m (what the benchmark reports).
-  size_t workspace_bytes(int64_t m) const;
+  size_t workspace_bytes(int64_t m) const { return plan(m).workspace.bytes; }
 
-  // x: [m, in] in `in_type`; y: [m, out] in `out_type`; both device pointers. m in 1..max_m.
-  // Asynchronous on `stream`; returns the first CUDA error (never throws, never syncs).
+  // Runs `plan` (from plan(m) of this layer): x: [m, in] in `in_type`; y: [m, out] in
+  // `out_type`; both device pointers; m in 1..max_m. Only launches: asynchronous on `stream`,
+  // returns the first CUDA error (never throws, never syncs). 16-bit activations on the cuBLAS
+  // path multiply the raw x by the folded weight; fp32 ones go through the rotations.
+  cudaError_t run(const LinearPlan& plan, const void* x, DType in_type, void* y, DType out_type,
+                  void* workspace, size_t workspace_size, cudaStream_t stream) const;
+  // run(plan(m), ...).
   cudaError_t run(const void* x, DType in_type, void* y, DType out_type, int64_t m, void* workspace,
                   size_t workspace_size, cudaStream_t stream) const;
 
@@ -108,8 +107,7 @@ class Exl3LinearCuda {
   int K_ = 0;
   trellis::Codebook cb_ = trellis::Codebook::k3Inst;
   LinearOptions opts_;
-  int split_k_ = 1;
-  int gemv_split_k_ = 1;
+  LinearTraits traits_;
   CudaContext* ctx_ = nullptr;  // cuBLAS handle and workspace (not owned)
   DeviceBuffer trellis_;        // int16 [in/16, out/16, 16K]
   DeviceBuffer suh_;            // fp16 [in]

@@ -7,7 +7,8 @@
 //     d = down_e(a)
 //   out_t = sum_j weights[t, j] * d           FP32, route order j = 0..k-1
 //
-// Plans, built once from (H, I, E, top-k, tiers, capacity) and chosen by m at run time:
+// Paths, chosen by m (MoeLayerCuda::plan, exl3/cuda/plan.hpp; split-K and chunking from (H, I,
+// E, top-k, tiers, capacity) and the SM count):
 //   decode  (m <= decode_max_m): every route is its own group (no packing), the input rotation
 //           per token (shared-H) or per route (per-expert suh), split-K FC1 and FC2 over the
 //           routes' experts in one grid each, then activation and combine kernels.
@@ -35,6 +36,7 @@
 
 #include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/linear.hpp"
+#include "exl3/cuda/plan.hpp"
 #include "exl3/moe/layout.hpp"
 #include "exl3/trellis/codebook.hpp"
 
@@ -47,27 +49,10 @@ namespace detail {
 struct MoeGemvArgs;
 }
 
-// Tunables: plain fields, with environment overrides applied by moe_options_from_env.
-struct MoeOptions {
-  int64_t capacity = 0;       // most tokens per run(); required (0 is an error: no guessing)
-  int64_t decode_max_m = 32;  // EXL3_MOE_DECODE_MAX_M: m up to this uses the decode plan
-  int64_t prefill_chunk = 0;  // EXL3_MOE_PREFILL_CHUNK: tokens per prefill pass; 0 = fit budget
-  int64_t arena_budget_mib = 256;  // EXL3_MOE_ARENA_MIB: prefill_chunk = 0 sizes chunks to this
-  // EXL3_MOE_TIERS: how the expert GEMVs meet mixed bit widths (K3 + K4 tiers). kGrid: one grid,
-  // each block switching to its expert's K; kPasses: one homogeneous pass per K present, each a
-  // kernel built for that K alone; kAuto: the grid on both plans (measured faster at every m:
-  // docs/performance.md). A layer of one K always runs that K's own kernel.
-  enum class Tiers : uint8_t { kAuto, kGrid, kPasses };
-  Tiers tiers = Tiers::kAuto;
-};
-
 // Applies EXL3_MOE_DECODE_MAX_M, EXL3_MOE_PREFILL_CHUNK, EXL3_MOE_ARENA_MIB (positive integers)
 // and EXL3_MOE_TIERS (auto | grid | passes) to `base`. Blank values count as unset; anything
 // else throws exl3::Error naming the variable.
 MoeOptions moe_options_from_env(MoeOptions base);
-
-enum class MoePlan : uint8_t { kDecode, kPrefill };
-const char* moe_plan_name(MoePlan p);  // "decode" | "prefill"
 
 class MoeLayerCuda {
  public:
@@ -82,31 +67,40 @@ class MoeLayerCuda {
   int num_experts() const { return E_; }
   int top_k() const { return k_; }
   const MoeOptions& options() const { return opts_; }
-  int64_t prefill_chunk() const { return chunk_; }
-  MoePlan plan_for(int64_t m) const;
-  // Split-K of FC1 / FC2 on the decode plan (1 on prefill).
-  std::pair<int, int> decode_splits() const { return {split1_, split2_}; }
-  // The distinct K of the experts (ascending), and whether a plan runs them as per-K passes.
+  const MoeShape& shape() const { return shape_; }
+  const MoeTraits& traits() const { return traits_; }
+
+  // What run() does at m tokens: plan_moe(shape(), options(), traits(), m).
+  MoePlan plan(int64_t m) const;
+  // The planner's answers, for reports and tests.
+  int64_t prefill_chunk() const;
+  MoePath path_for(int64_t m) const;
+  // Split-K of FC1 / FC2 on the decode path (prefill passes plan their own).
+  std::pair<int, int> decode_splits() const;
+  // The distinct K of the experts (ascending), and whether a path runs them as per-K passes.
   const std::vector<int>& tiers() const { return tiers_; }
-  bool tier_passes(MoePlan p) const;
+  bool tier_passes(MoePath p) const;
   // Bytes of the caller-owned scratch arena run() needs for any m <= capacity.
   size_t arena_bytes() const;
   // Device bytes this layer holds (trellis slab + tables).
   size_t device_bytes() const { return device_bytes_; }
 
-  // x [m, H] (in_type), topk_ids int32 [m, k], topk_weights fp32 [m, k] -> out fp32 [m, H]
-  // (overwritten); all device pointers. m in 1..capacity. Returns the first CUDA error;
-  // cudaErrorInvalidValue for m outside the plan or a short arena.
+  // Runs `plan` (from plan(m) of this layer): x [m, H] (in_type), topk_ids int32 [m, k],
+  // topk_weights fp32 [m, k] -> out fp32 [m, H] (overwritten); all device pointers; m in
+  // 1..capacity. Only launches. Returns the first CUDA error; cudaErrorInvalidValue for m
+  // outside 1..capacity or a short arena.
+  cudaError_t run(const MoePlan& plan, const void* x, DType in_type, const int32_t* topk_ids,
+                  const float* topk_weights, float* out, void* arena, size_t arena_size,
+                  cudaStream_t stream) const;
+  // run(plan(m), ...).
   cudaError_t run(const void* x, DType in_type, const int32_t* topk_ids, const float* topk_weights,
                   float* out, int64_t m, void* arena, size_t arena_size, cudaStream_t stream) const;
 
  private:
-  struct Carve;
-  Carve carve(void* base, int64_t tokens, MoePlan plan) const;
-  cudaError_t gemv_tiers(detail::MoeGemvArgs& a, int nt, int max_groups, MoePlan plan,
+  cudaError_t gemv_tiers(detail::MoeGemvArgs& a, int nt, int max_groups, bool per_k_passes,
                          cudaStream_t stream) const;
   cudaError_t run_pass(const void* x, DType in_type, const int32_t* ids, const float* weights,
-                       float* out, int64_t m, MoePlan plan, const Carve& c,
+                       float* out, const MoePlan& plan, const MoePass& pass, void* arena,
                        cudaStream_t stream) const;
 
   int64_t H_ = 0, I_ = 0;
@@ -114,10 +108,9 @@ class MoeLayerCuda {
   bool shared_h_ = false;
   trellis::Codebook cb_ = trellis::Codebook::kMcg;
   MoeOptions opts_;
-  int64_t chunk_ = 0;
-  int split1_ = 1, split2_ = 1;
+  MoeShape shape_;
+  MoeTraits traits_;
   std::vector<int> tiers_;
-  int sms_ = 132;
   size_t device_bytes_ = 0;
   // Device allocations.
   DeviceBuffer slab_;          // all trellises

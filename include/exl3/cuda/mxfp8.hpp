@@ -4,7 +4,7 @@
 //
 //   y[m, out] = x[m, in] @ dq(W)^T (+ bias), fp32 accumulation
 //
-// Paths, by m (Mxfp8LinearCuda::path_for):
+// Paths, by m (Mxfp8LinearCuda::plan, exl3/cuda/plan.hpp):
 //   kGemv   : m <= gemv_max_m (default 32, at most 64). Bandwidth bound at decode: the weight is
 //   uploaded in
 //             a tiled layout (src/cuda/mxfp8_tiles.hpp) whose 16-byte lane loads are mma.sync
@@ -34,23 +34,13 @@
 
 #include "exl3/cuda/device_buffer.hpp"
 #include "exl3/cuda/linear.hpp"
+#include "exl3/cuda/plan.hpp"
 
 namespace exl3::mxfp8 {
 class Weight;
 }
 
 namespace exl3::cuda {
-
-enum class Mxfp8Path : uint8_t { kGemv, kCublas };
-const char* mxfp8_path_name(Mxfp8Path p);  // "gemv" | "cublas"
-
-struct Mxfp8Options {
-  int64_t max_m = 4096;  // largest batch the workspace is sized for
-  int64_t gemv_max_m =
-      32;           // m up to this (0..64) uses the tensor-core GEMV, above: dequant + cuBLAS
-                    // (H200: GEMV faster up to 32 on 7 shapes, slower at 64 on 5; docs/mxfp8.md)
-  int split_k = 0;  // GEMV split-K; 0 = planned from (in, out) and the SM count
-};
 
 class Mxfp8LinearCuda {
  public:
@@ -69,20 +59,29 @@ class Mxfp8LinearCuda {
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
-  int gemv_split_k() const { return split_k_; }
-  // Split-K slices run() uses at this m (1 on the cuBLAS path).
-  int splits_for(int64_t m) const;
   const Mxfp8Options& options() const { return opts_; }
+  Mxfp8Shape shape() const { return {in_, out_, !bias_.empty()}; }
+  const Mxfp8Traits& traits() const { return traits_; }
+
+  // What run() does at m rows: plan_mxfp8(shape(), options(), traits(), m).
+  Mxfp8Plan plan(int64_t m) const;
+  // The planner's answers, for reports and tests.
+  int gemv_split_k() const;
+  int splits_for(int64_t m) const { return plan(m).split_k; }  // 1 on the cuBLAS path
   Mxfp8Path path_for(int64_t m) const;
   // Device bytes of the weight (both planes; rows padded to a multiple of 16).
   size_t weight_bytes() const { return static_cast<size_t>((in_ + in_ / 32) * padded_rows()); }
 
   // Workspace bytes run() needs for any m <= max_m, and for one m.
   size_t workspace_bytes() const;
-  size_t workspace_bytes(int64_t m) const;
+  size_t workspace_bytes(int64_t m) const { return plan(m).workspace.bytes; }
 
-  // x: [m, in] BF16; y: [m, out] BF16 or F32; device pointers, m in 1..max_m. Asynchronous on
-  // `stream`; returns the first CUDA error (never throws, never syncs).
+  // Runs `plan` (from plan(m) of this layer): x: [m, in] BF16; y: [m, out] BF16 or F32; device
+  // pointers, m in 1..max_m. Only launches: asynchronous on `stream`, returns the first CUDA
+  // error (never throws, never syncs).
+  cudaError_t run(const Mxfp8Plan& plan, const void* x, void* y, DType out_type, void* workspace,
+                  size_t workspace_size, cudaStream_t stream) const;
+  // run(plan(m), ...).
   cudaError_t run(const void* x, void* y, DType out_type, int64_t m, void* workspace,
                   size_t workspace_size, cudaStream_t stream) const;
 
@@ -99,7 +98,7 @@ class Mxfp8LinearCuda {
   std::string name_;
   int64_t in_ = 0, out_ = 0;
   Mxfp8Options opts_;
-  int split_k_ = 1;             // GEMV
+  Mxfp8Traits traits_;
   CudaContext* ctx_ = nullptr;  // cuBLAS handle and workspace (not owned)
   DeviceBuffer values_;         // tiled (src/cuda/mxfp8_tiles.hpp)
   DeviceBuffer scales_;
