@@ -210,7 +210,22 @@ TEST_P(CudaOverlayEngine, MatchesTheCpuEngine) {
   // the CPU the overlay moves these models' logits by 2-9% rel-L2 with shared_experts only and
   // 9-27% with linear, against the 5-7e-3 CUDA-vs-CPU difference).
   EXPECT_LT(err, overlay_effect) << c.name;
-  test::expect_same_argmax(got, want, vocab, c.name);
+  // The same argmax wherever the unoverlaid engines agree: a token whose router flips between the
+  // BF16 CUDA and CPU engines (rel-L2 > 0.1 there; seeds 3 and 4 of 2026-12-01 give one at token
+  // 25) is a rounding discontinuity the overlay did not cause.
+  std::vector<float> got_kept, want_kept;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const auto row = [&](const std::vector<float>& v) {
+      return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(t * vocab),
+                                v.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
+    };
+    if (exl3::test::rel_l2(row(plain), row(plain_cpu)) > 0.1) continue;
+    const auto g = row(got), w = row(want);
+    got_kept.insert(got_kept.end(), g.begin(), g.end());
+    want_kept.insert(want_kept.end(), w.begin(), w.end());
+  }
+  EXPECT_GE(want_kept.size(), (ids.size() - 3) * vocab) << c.name << ": more than 3 routing flips";
+  test::expect_same_argmax(got_kept, want_kept, vocab, c.name);
 
   // A 30-token prefill then decode steps (GEMV path, replayed as CUDA graphs) against the one
   // 40-token pass (dequant + cuBLAS path), beside the same comparison on the unoverlaid engine.
