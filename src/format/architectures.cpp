@@ -6,14 +6,17 @@
 namespace exl3 {
 namespace {
 
-constexpr std::array<ArchitectureInfo, 5> kArchitectures = {{
-    // arch, HF class, model_type, CLI, moe, shared experts, qk_norm, qkv_bias
-    {Architecture::kLlama, "LlamaForCausalLM", "llama", "llama", false, false, false, false},
-    {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2", "qwen2", false, false, false, true},
-    {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3", "qwen3", false, false, true, false},
+constexpr std::array<ArchitectureInfo, 6> kArchitectures = {{
+    // arch, HF class, model_type, CLI, moe, shared experts, qk_norm, qkv_bias, mla
+    {Architecture::kLlama, "LlamaForCausalLM", "llama", "llama", false, false, false, false, false},
+    {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2", "qwen2", false, false, false, true, false},
+    {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3", "qwen3", false, false, true, false, false},
     {Architecture::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe", "qwen3-moe", true, false, true,
+     false, false},
+    {Architecture::kGlm4Moe, "Glm4MoeForCausalLM", "glm4_moe", "glm4-moe", true, true, false, true,
      false},
-    {Architecture::kGlm4Moe, "Glm4MoeForCausalLM", "glm4_moe", "glm4-moe", true, true, false, true},
+    {Architecture::kDeepseekV3, "DeepseekV3ForCausalLM", "deepseek_v3", "deepseek-v3", true, true,
+     false, false, true},
 }};
 
 }  // namespace

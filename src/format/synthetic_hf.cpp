@@ -110,6 +110,11 @@ void validate(const SyntheticHfSpec& s) {
            s.num_experts);
     }
   }
+  if (architecture_info(s.arch).mla) {
+    fail("synthetic HF model: {} (multi-head latent attention) is not written by the synthetic "
+         "writer; hint: make a tiny one with transformers (tests/model/data/make_deepseek_v3.py)",
+         architecture_info(s.arch).hf_name);
+  }
   if (s.arch == HfArch::kGlm4Moe && (s.first_k_dense_replace < 0 || s.n_shared_experts < 0)) {
     fail("synthetic HF model: first_k_dense_replace and n_shared_experts must be >= 0");
   }

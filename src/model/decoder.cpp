@@ -56,6 +56,34 @@ GqaModules load_gqa(Backend& b, const ModelSpec& model, const GqaAttentionSpec& 
   return m;
 }
 
+MlaModules load_mla(Backend& b, const ModelSpec& model, const MlaAttentionSpec& s,
+                    int cache_layer) {
+  const int64_t hidden = model.hidden_size;
+  MlaModules m;
+  m.heads = s.num_heads;
+  m.q_lora_rank = s.q_lora_rank;
+  m.qk_head_dim = s.qk_head_dim();
+  m.kv_a_width = s.kv_lora_rank + s.qk_rope_head_dim;
+  m.v_head_dim = s.v_head_dim;
+  const int64_t q_width = s.num_heads * s.qk_head_dim();
+  if (s.q_lora_rank > 0) {
+    m.q_a = b.load_linear(whole(s.prefix + ".q_a_proj", hidden, s.q_lora_rank));
+    m.q_a_norm = b.load_norm(s.prefix + ".q_a_layernorm.weight", s.q_lora_rank, s.latent_norm_eps);
+    m.q = b.load_linear(whole(s.prefix + ".q_b_proj", s.q_lora_rank, q_width));
+    b.reserve(Slot::kLatentQ, s.q_lora_rank);
+    b.reserve(Slot::kLatentQNormed, s.q_lora_rank);
+  } else {
+    m.q = b.load_linear(whole(s.prefix + ".q_proj", hidden, q_width));
+  }
+  m.kv_a = b.load_linear(whole(s.prefix + ".kv_a_proj_with_mqa", hidden, m.kv_a_width));
+  m.o = b.load_linear(whole(s.prefix + ".o_proj", s.num_heads * s.v_head_dim, hidden));
+  m.attention = b.load_mla(s, cache_layer);
+  b.reserve(Slot::kQ, q_width);
+  b.reserve(Slot::kLatentKv, m.kv_a_width);
+  b.reserve(Slot::kAttn, s.num_heads * s.v_head_dim);
+  return m;
+}
+
 DenseMlpModules load_dense(Backend& b, const std::string& prefix, int64_t hidden, int64_t inter,
                            const TpMlpPlan* p, int rank) {
   DenseMlpModules m;
@@ -101,6 +129,34 @@ void gqa_attention(Backend& b, const GqaModules& a, Act h, Act y) {
   b.linear(*a.o, attn, y);
 }
 
+// y = o(attention over the latent cache of q(h) and kv_a(h)).
+void mla_attention(Backend& b, const MlaModules& a, Act h, Act y) {
+  const Act q = b.act(Slot::kQ, a.heads * a.qk_head_dim), kv = b.act(Slot::kLatentKv, a.kv_a_width);
+  if (a.q_a) {  // the q LoRA and kv_a both read h
+    const Act qa = b.act(Slot::kLatentQ, a.q_lora_rank);
+    const Module* first[] = {a.q_a.get(), a.kv_a.get()};
+    const Act outs[] = {qa, kv};
+    b.linears(first, h, outs);
+    const Act qn = b.act(Slot::kLatentQNormed, a.q_lora_rank);
+    b.add_rms_norm(qa, nullptr, *a.q_a_norm, qn);
+    b.linear(*a.q, qn, q);
+  } else {
+    const Module* first[] = {a.q.get(), a.kv_a.get()};
+    const Act outs[] = {q, kv};
+    b.linears(first, h, outs);
+  }
+  const Act attn = b.act(Slot::kAttn, a.heads * a.v_head_dim);
+  b.mla_attention(*a.attention, q, kv, attn);
+  b.linear(*a.o, attn, y);
+}
+
+void attention(Backend& b, const GqaModules& a, Act h, Act y) {
+  gqa_attention(b, a, h, y);
+}
+void attention(Backend& b, const MlaModules& a, Act h, Act y) {
+  mla_attention(b, a, h, y);
+}
+
 }  // namespace
 
 LayerModules load_layer(Backend& b, const ModelSpec& model, const LayerSpec& ls, int cache_layer,
@@ -111,8 +167,14 @@ LayerModules load_layer(Backend& b, const ModelSpec& model, const LayerSpec& ls,
   LayerModules l;
   l.input_norm = b.load_norm(ls.input_norm, hidden);
   l.post_norm = b.load_norm(ls.post_attention_norm, hidden);
-  const auto& a = std::get<GqaAttentionSpec>(ls.attention);
-  l.attention = load_gqa(b, model, a, cache_layer, lp ? &lp->attention : nullptr, rank.rank);
+  if (const auto* a = std::get_if<GqaAttentionSpec>(&ls.attention)) {
+    l.attention = load_gqa(b, model, *a, cache_layer, lp ? &lp->attention : nullptr, rank.rank);
+  } else {
+    if (rank.plan != nullptr && rank.plan->tp > 1) {
+      fail("{}: MLA attention runs at TP 1 only so far", ls.prefix);  // the plan refuses first
+    }
+    l.attention = load_mla(b, model, std::get<MlaAttentionSpec>(ls.attention), cache_layer);
+  }
   if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
     l.mlp = load_dense(b, d->prefix, hidden, d->intermediate,
                        lp ? &std::get<TpMlpPlan>(lp->mlp) : nullptr, rank.rank);
@@ -151,7 +213,7 @@ Act layer_forward(Backend& b, const LayerModules& l, int64_t hidden, Act x, cons
   const Act h = b.act(Slot::kH, hidden);
   const Act y = b.act(Slot::kY, hidden);
   b.add_rms_norm(x, pending, *l.input_norm, h);
-  std::visit([&](const auto& a) { gqa_attention(b, a, h, y); }, l.attention);
+  std::visit([&](const auto& a) { attention(b, a, h, y); }, l.attention);
   b.all_reduce(y, "attention output");
   b.add_rms_norm(x, &y, *l.post_norm, h);
   if (const auto* d = std::get_if<DenseMlpModules>(&l.mlp)) {

@@ -97,7 +97,7 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
     if (k.has(key)) fail("{}: key '{}': logit soft-capping is not supported", label, key);
   }
 
-  families::Family f{config, k, label, s, {}, num_layers};
+  families::Family f{config, k, label, s, {}, {}, num_layers};
   GqaAttentionSpec& attn = f.attention;
   attn.num_heads = heads;
   attn.num_kv_heads = kv_heads;
@@ -126,6 +126,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
       break;
     case Architecture::kGlm4Moe:
       families::describe_glm4_moe(f);
+      break;
+    case Architecture::kDeepseekV3:
+      families::describe_deepseek_v3(f);
       break;
   }
   s.lm_head_tied = false;
@@ -170,17 +173,28 @@ nlohmann::json spec_summary(const ModelSpec& s) {
   j["moe_layers"] = moe_layers;
   j["dense_layers"] = s.num_layers() - moe_layers;
   if (!s.layers.empty()) {
-    const auto& a = std::get<GqaAttentionSpec>(s.layers[0].attention);
-    j["attention"] = {{"kind", "gqa"},
-                      {"num_heads", a.num_heads},
-                      {"num_kv_heads", a.num_kv_heads},
-                      {"head_dim", a.head_dim},
-                      {"qk_norm", a.qk_norm},
-                      {"rope",
-                       {{"type", std::string(rope_type_name(a.rope.type))},
-                        {"theta", a.rope.theta},
-                        {"rotary_dim", a.rope.rotary_dim},
-                        {"factor", a.rope.factor}}}};
+    const auto rope = [](const RopeSpec& r) {
+      return json{{"type", std::string(rope_type_name(r.type))},
+                  {"theta", r.theta},
+                  {"rotary_dim", r.rotary_dim},
+                  {"factor", r.factor}};
+    };
+    if (const auto* a = std::get_if<GqaAttentionSpec>(&s.layers[0].attention)) {
+      j["attention"] = {
+          {"kind", "gqa"},           {"num_heads", a->num_heads}, {"num_kv_heads", a->num_kv_heads},
+          {"head_dim", a->head_dim}, {"qk_norm", a->qk_norm},     {"rope", rope(a->rope)}};
+    } else {
+      const auto& m = std::get<MlaAttentionSpec>(s.layers[0].attention);
+      j["attention"] = {{"kind", "mla"},
+                        {"num_heads", m.num_heads},
+                        {"q_lora_rank", m.q_lora_rank},
+                        {"kv_lora_rank", m.kv_lora_rank},
+                        {"qk_nope_head_dim", m.qk_nope_head_dim},
+                        {"qk_rope_head_dim", m.qk_rope_head_dim},
+                        {"v_head_dim", m.v_head_dim},
+                        {"rope_interleave", m.rope_interleave},
+                        {"rope", rope(m.rope)}};
+    }
     for (const auto& l : s.layers) {
       if (const auto* m = std::get_if<MoeSpec>(&l.mlp)) {
         j["moe"] = {{"num_experts", m->num_experts},

@@ -154,9 +154,14 @@ Attempt try_plan(const ModelSpec& spec, int tp, const TpWeightInfo& w) {
   for (const auto& ls : spec.layers) {
     TpLayerPlan lp;
     lp.index = ls.index;
-    const auto& gqa = std::get<GqaAttentionSpec>(ls.attention);
-    if (a.error = plan_attention(gqa, spec.hidden_size, tp, w, lp.attention); !a.error.empty())
+    if (const auto* gqa = std::get_if<GqaAttentionSpec>(&ls.attention)) {
+      if (a.error = plan_attention(*gqa, spec.hidden_size, tp, w, lp.attention); !a.error.empty())
+        return a;
+    } else if (tp > 1) {
+      a.error = fmt::format(
+          "{}: MLA attention runs at TP 1 only so far (its heads are not sliced yet)", ls.prefix);
       return a;
+    }
     if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
       lp.mlp = plan_mlp(d->prefix, d->intermediate, spec.hidden_size, tp, w);
     } else {

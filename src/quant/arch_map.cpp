@@ -488,6 +488,11 @@ ConversionPlan plan_conversion(const ModelConfig& config, const TensorStore& sto
   if (config.num_hidden_layers <= 0) {
     fail("{}: config.json: num_hidden_layers must be positive", store.root().string());
   }
+  if (arch->mla) {
+    fail("{}: converting {} (multi-head latent attention) is not supported yet; hint: exl3 runs "
+         "such models unquantized or from EXL3 checkpoints exllamav3 wrote",
+         store.root().string(), arch->hf_name);
+  }
   if (arch->moe && config.num_experts <= 0) {
     fail("{}: config.json: {} needs num_experts (or num_local_experts / n_routed_experts)",
          store.root().string(), arch->hf_name);

@@ -2,6 +2,7 @@
 #include "cpu_backend.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include <fmt/format.h>
@@ -31,6 +32,7 @@ struct CpuEmbedding final : Module {
 
 struct CpuNorm final : Module {
   std::vector<float> weight;
+  double eps = 0.0;
 };
 
 // A whole Linear, or one rank's slice of it (outputs cut to a window when the slice is wider
@@ -70,6 +72,33 @@ struct CpuGqa final : Module {
   std::optional<model::RopeTable> rope;
   std::vector<float> q_norm, k_norm;
 };
+
+// Multi-head latent attention: the latent norm, kv_b_proj and RoPE of one layer.
+struct CpuMla final : Module {
+  MlaAttentionSpec spec;
+  int cache_layer = 0;
+  std::vector<float> kv_norm;
+  std::optional<Linear> kv_b;  // [heads * (qk_nope + v), kv_lora_rank]
+  std::optional<model::RopeTable> rope;
+};
+
+// RoPE on the first 2 * half channels of x: pairs (i, i + half), or with `interleave` pairs
+// (2i, 2i + 1) written back de-interleaved (evens, then odds), as transformers does; queries and
+// keys get the same order, so their products are the same as in place.
+void rope_mla(float* x, const float* cos, const float* sin, int64_t half, bool interleave) {
+  if (!interleave) {
+    model::apply_rope(x, cos, sin, half);
+    return;
+  }
+  float tmp[512];
+  const int64_t d = 2 * half;
+  for (int64_t i = 0; i < half; ++i) {
+    tmp[i] = x[2 * i];
+    tmp[i + half] = x[2 * i + 1];
+  }
+  std::copy_n(tmp, d, x);
+  model::apply_rope(x, cos, sin, half);
+}
 
 // The dense SwiGLU of one unquantized routed expert, observed like any MLP.
 struct DenseExpert {
@@ -127,9 +156,11 @@ ModulePtr CpuBackend::load_embedding() {
   return e;
 }
 
-ModulePtr CpuBackend::load_norm(const std::string& tensor, int64_t width) {
+ModulePtr CpuBackend::load_norm(const std::string& tensor, int64_t width,
+                                std::optional<double> eps) {
   auto n = std::make_unique<CpuNorm>();
   n->weight = load_vector(ckpt_.store(), tensor, width);
+  n->eps = eps.value_or(spec_.rms_norm_eps);
   return n;
 }
 
@@ -180,6 +211,25 @@ ModulePtr CpuBackend::load_gqa(const GqaAttentionSpec& s, Extent q_heads, Extent
   }
   const int64_t width = kv_heads.count * s.head_dim;
   kv_.push_back({width, width});
+  return a;
+}
+
+ModulePtr CpuBackend::load_mla(const MlaAttentionSpec& s, int cache_layer) {
+  if (s.qk_rope_head_dim > 512) {
+    fail("{}: qk_rope_head_dim {} is above the 512 the CPU backend handles", s.prefix,
+         s.qk_rope_head_dim);
+  }
+  auto a = std::make_unique<CpuMla>();
+  a->spec = s;
+  a->cache_layer = opts_.first_cache_layer + cache_layer;
+  a->kv_norm = load_vector(ckpt_.store(), s.prefix + ".kv_a_layernorm.weight", s.kv_lora_rank);
+  const std::string kv_b = s.prefix + ".kv_b_proj";
+  const int64_t kv_b_out = s.num_heads * (s.qk_nope_head_dim + s.v_head_dim);
+  a->kv_b.emplace(opts_.load ? opts_.load(kv_b, s.kv_lora_rank, kv_b_out)
+                             : Linear::load(ckpt_, kv_b, s.kv_lora_rank, kv_b_out));
+  a->rope.emplace(s.rope);
+  // The latent cache: the normed latent and the roped shared key part, nothing per head.
+  kv_.push_back({s.kv_lora_rank + s.qk_rope_head_dim, 0});
   return a;
 }
 
@@ -309,8 +359,8 @@ void CpuBackend::embed(const Module& embedding, Act x) {
 
 void CpuBackend::add_rms_norm(Act x, const Act* residual, const Module& norm, Act out) {
   if (residual != nullptr) add(x, *residual);
-  cpu_ops::rms_norm(x.data, static_cast<const CpuNorm&>(norm).weight.data(), x.rows, x.width,
-                    spec_.rms_norm_eps, out.data);
+  const auto& n = static_cast<const CpuNorm&>(norm);
+  cpu_ops::rms_norm(x.data, n.weight.data(), x.rows, x.width, n.eps, out.data);
 }
 
 void CpuBackend::linears(std::span<const Module* const> linears, Act x, std::span<const Act> ys) {
@@ -353,6 +403,70 @@ void CpuBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
   }
   cpu_ops::gqa_attention(q.data, m, start, cache, layer, seq, shape,
                          static_cast<float>(a.spec.scale), out.data);
+}
+
+// The expanded form: every cached latent goes through kv_b_proj into per-head keys and values,
+// then plain causal attention. (The absorbed form that folds W_UK into q is a decode
+// optimisation; as the fp32 reference this computes what transformers computes.)
+void CpuBackend::mla_attention(const Module& attn, Act q, Act kv_a, Act out) {
+  const auto& a = static_cast<const CpuMla&>(attn);
+  const MlaAttentionSpec& s = a.spec;
+  const int64_t m = q.rows, nh = s.num_heads, nope = s.qk_nope_head_dim, rd = s.qk_rope_head_dim;
+  const int64_t qk = s.qk_head_dim(), vd = s.v_head_dim, lora = s.kv_lora_rank;
+  const int64_t half = a.rope->half(), width = lora + rd;
+  PagedKvCache& cache = *step_.cache;
+  const auto seq = step_.seq;
+  const int64_t start = step_.start, total = start + m;
+  const int layer = a.cache_layer;
+  tbb::parallel_for(int64_t{0}, m, [&](int64_t t) {
+    std::vector<float> cs(static_cast<size_t>(2 * half));
+    a.rope->at(start + t, cs.data(), cs.data() + half);
+    for (int64_t h = 0; h < nh; ++h) {
+      rope_mla(q.data + (t * nh + h) * qk + nope, cs.data(), cs.data() + half, half,
+               s.rope_interleave);
+    }
+    float* slot = cache.key(layer, seq, start + t);
+    const float* kv = kv_a.data + t * width;
+    cpu_ops::rms_norm(kv, a.kv_norm.data(), 1, lora, s.latent_norm_eps, slot);
+    std::copy_n(kv + lora, rd, slot + lora);
+    rope_mla(slot + lora, cs.data(), cs.data() + half, half, s.rope_interleave);
+  });
+  // Keys and values of every position the new tokens attend to.
+  std::vector<float> latents(static_cast<size_t>(total * lora));
+  for (int64_t j = 0; j < total; ++j) {
+    std::copy_n(cache.key(layer, seq, j), lora, latents.data() + j * lora);
+  }
+  const int64_t kvw = nh * (nope + vd);
+  std::vector<float> kvs(static_cast<size_t>(total * kvw));
+  a.kv_b->forward(latents.data(), total, kvs.data());
+  const auto scale = static_cast<float>(s.scale);
+  tbb::parallel_for(int64_t{0}, m * nh, [&](int64_t task) {
+    const int64_t t = task / nh, h = task % nh, n = start + t + 1;
+    const float* qv = q.data + (t * nh + h) * qk;
+    std::vector<float> p(static_cast<size_t>(n));
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      const float* kn = kvs.data() + j * kvw + h * (nope + vd);
+      const float* kr = cache.key(layer, seq, j) + lora;
+      float acc = 0.0f;
+      for (int64_t d = 0; d < nope; ++d) acc += qv[d] * kn[d];
+      for (int64_t d = 0; d < rd; ++d) acc += qv[nope + d] * kr[d];
+      p[static_cast<size_t>(j)] = acc * scale;
+      mx = std::max(mx, p[static_cast<size_t>(j)]);
+    }
+    float sum = 0.0f;
+    for (auto& v : p) {
+      v = std::exp(v - mx);
+      sum += v;
+    }
+    float* o = out.data + (t * nh + h) * vd;
+    std::fill_n(o, vd, 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      const float w = p[static_cast<size_t>(j)] / sum;
+      const float* vv = kvs.data() + j * kvw + h * (nope + vd) + nope;
+      for (int64_t d = 0; d < vd; ++d) o[d] += w * vv[d];
+    }
+  });
 }
 
 void CpuBackend::silu_mul(Act gate, Act up) {
@@ -404,8 +518,8 @@ void CpuBackend::logits(Act x, const Act* residual, const Module& norm, const Mo
   const int64_t rows = step_.logit_rows, n = x.rows, hidden = x.width;
   if (rows == 0) return;
   std::vector<float> h(static_cast<size_t>(rows * hidden));
-  cpu_ops::rms_norm(x.data + (n - rows) * hidden, static_cast<const CpuNorm&>(norm).weight.data(),
-                    rows, hidden, spec_.rms_norm_eps, h.data());
+  const auto& fn = static_cast<const CpuNorm&>(norm);
+  cpu_ops::rms_norm(x.data + (n - rows) * hidden, fn.weight.data(), rows, hidden, fn.eps, h.data());
   const auto& l = static_cast<const CpuLinear&>(head);
   const int64_t out = l.out_features(), vocab = spec_.vocab_size;
   std::vector<float> local(static_cast<size_t>(rows * out));

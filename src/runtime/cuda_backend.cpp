@@ -33,6 +33,7 @@ struct CudaEmbedding final : Module {
 
 struct CudaNorm final : Module {
   DeviceBuffer weight;
+  float eps = 0.0f;
 };
 
 struct CudaLinear final : Module {
@@ -119,8 +120,10 @@ ModulePtr CudaBackend::load_embedding() {
   return e;
 }
 
-ModulePtr CudaBackend::load_norm(const std::string& tensor, int64_t width) {
+ModulePtr CudaBackend::load_norm(const std::string& tensor, int64_t width,
+                                 std::optional<double> eps) {
   auto n = std::make_unique<CudaNorm>();
+  n->eps = static_cast<float>(eps.value_or(spec_.rms_norm_eps));
   n->weight = DeviceBuffer::upload(load_vector(ckpt_.store(), tensor, width), tensor);
   return n;
 }
@@ -203,6 +206,14 @@ ModulePtr CudaBackend::load_gqa(const GqaAttentionSpec& s, Extent hq, Extent hk,
   a->rope = rope_table(s.rope);
   attention_.push_back(a.get());
   return a;
+}
+
+ModulePtr CudaBackend::load_mla(const MlaAttentionSpec& s, int cache_layer) {
+  (void)cache_layer;
+  fail(
+      "{}: {} uses multi-head latent attention, which runs on the CPU backend so far (hint: "
+      "--device cpu)",
+      spec_.label, s.prefix);
 }
 
 ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoePlan* p, int rank) {
@@ -377,7 +388,7 @@ void CudaBackend::add_rms_norm(Act x, const Act* residual, const Module& norm, A
   EXL3_CUDA_CHECK(
       cuda::add_rms_norm(x.data, residual ? residual->data : nullptr,
                          static_cast<const CudaNorm&>(norm).weight.as<float>(), nullptr, x.rows,
-                         x.width, static_cast<float>(spec_.rms_norm_eps), out.data, stream_),
+                         x.width, static_cast<const CudaNorm&>(norm).eps, out.data, stream_),
       "norm");
 }
 
@@ -410,6 +421,10 @@ void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
       cuda::attention_prefill(q.data, meta() + ml_.tile_first(), meta() + ml_.tile_len(), ml_.tiles,
                               tm, shape, scale, kv, out.data, stream_),
       "attention (prefill)");
+}
+
+void CudaBackend::mla_attention(const Module&, Act, Act, Act) {
+  fail("CUDA backend: MLA attention is not built (load_mla refuses it)");
 }
 
 void CudaBackend::silu_mul(Act gate, Act up) {
@@ -447,7 +462,7 @@ void CudaBackend::logits(Act x, const Act* residual, const Module& norm, const M
   EXL3_CUDA_CHECK(cuda::add_rms_norm(x.data, residual ? residual->data : nullptr,
                                      static_cast<const CudaNorm&>(norm).weight.as<float>(),
                                      meta() + ml_.row_index(), ml_.rows, x.width,
-                                     static_cast<float>(spec_.rms_norm_eps), h.data, stream_),
+                                     static_cast<const CudaNorm&>(norm).eps, h.data, stream_),
                   "final norm");
   const GpuLinear& l = static_cast<const CudaLinear&>(head).linear;
   if (opts_.plan == nullptr) {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -101,11 +102,13 @@ class CudaBackend final : public model::Backend {
 
   // ---- the op layer ----
   model::ModulePtr load_embedding() override;
-  model::ModulePtr load_norm(const std::string& tensor, int64_t width) override;
+  model::ModulePtr load_norm(const std::string& tensor, int64_t width,
+                             std::optional<double> eps) override;
   model::ModulePtr load_linear(const model::LinearSource& src) override;
   model::ModulePtr load_tied_head(model::Extent vocab) override;
   model::ModulePtr load_gqa(const GqaAttentionSpec& spec, model::Extent q_heads,
                             model::Extent kv_heads, int cache_layer) override;
+  model::ModulePtr load_mla(const MlaAttentionSpec& spec, int cache_layer) override;
   model::ModulePtr load_moe(const MoeSpec& spec, int layer, const model::TpMoePlan* plan,
                             int rank) override;
   void reserve(model::Slot slot, int64_t width) override;
@@ -118,6 +121,8 @@ class CudaBackend final : public model::Backend {
                std::span<const model::Act> ys) override;
   void attention(const model::Module& attn, model::Act q, model::Act k, model::Act v,
                  model::Act out) override;
+  void mla_attention(const model::Module& attn, model::Act q, model::Act kv_a,
+                     model::Act out) override;
   void silu_mul(model::Act gate, model::Act up) override;
   void moe(const model::Module& moe, model::Act x, model::Act out) override;
   void add(model::Act y, model::Act x) override;

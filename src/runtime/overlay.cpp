@@ -8,9 +8,9 @@
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
+#include "exl3/model/spec.hpp"
 #include "exl3/mxfp8/codec.hpp"
 #include "exl3/mxfp8/weight.hpp"
-#include "exl3/model/spec.hpp"
 
 namespace exl3::runtime {
 namespace {
@@ -27,7 +27,8 @@ std::regex compile_ignore(const std::string& entry, const std::string& label) {
 
 void validate_ignore(const std::vector<std::string>& ignore, const std::string& label) {
   for (const auto& e : ignore) {
-    if (e.empty() || e == kRegexPrefix) fail("{}: empty ignore entry; give a prefix or 're:REGEX'", label);
+    if (e.empty() || e == kRegexPrefix)
+      fail("{}: empty ignore entry; give a prefix or 're:REGEX'", label);
     if (e.starts_with(kRegexPrefix)) compile_ignore(e, label);
   }
 }
@@ -36,16 +37,18 @@ void validate_ignore(const std::vector<std::string>& ignore, const std::string& 
 bool parse_format(std::string_view key, std::string_view value, const std::string& label) {
   if (value == "mxfp8") return true;
   if (value == "bf16" || value == "none") return false;
-  fail("{}: '{}' = '{}' is not a weight format; use mxfp8 (or bf16 / none to keep the layers "
-       "unquantized)",
-       label, key, value);
+  fail(
+      "{}: '{}' = '{}' is not a weight format; use mxfp8 (or bf16 / none to keep the layers "
+      "unquantized)",
+      label, key, value);
 }
 
 enum class Storage : uint8_t { kMissing, kExl3, kMxfp8, kDense };
 
 Storage storage_of(const Checkpoint& ckpt, const std::string& prefix) {
   const auto& store = ckpt.store();
-  if (ckpt.find_linear(prefix) != nullptr || store.contains(prefix + ".trellis")) return Storage::kExl3;
+  if (ckpt.find_linear(prefix) != nullptr || store.contains(prefix + ".trellis"))
+    return Storage::kExl3;
   if (mxfp8::Weight::stored_in(store, prefix)) return Storage::kMxfp8;
   if (store.contains(prefix + ".weight")) return Storage::kDense;
   return Storage::kMissing;
@@ -53,10 +56,14 @@ Storage storage_of(const Checkpoint& ckpt, const std::string& prefix) {
 
 std::string_view storage_name(Storage s) {
   switch (s) {
-    case Storage::kExl3: return "EXL3";
-    case Storage::kMxfp8: return "MXFP8 (stored)";
-    case Storage::kDense: return "unquantized";
-    case Storage::kMissing: break;
+    case Storage::kExl3:
+      return "EXL3";
+    case Storage::kMxfp8:
+      return "MXFP8 (stored)";
+    case Storage::kDense:
+      return "unquantized";
+    case Storage::kMissing:
+      break;
   }
   return "missing";
 }
@@ -73,8 +80,11 @@ class Planner {
       : policy_(p), ckpt_(c), out_(out) {}
 
   // One fused group: shards that a fused kernel would run as one matrix.
-  void group(const std::string& base, std::initializer_list<const char*> names, int64_t in, LinearRole role) {
-    const bool on = role == LinearRole::kLinear ? policy_.linear : role == LinearRole::kSharedExpert && policy_.shared_experts;
+  void group(const std::string& base, std::initializer_list<const char*> names, int64_t in,
+             LinearRole role) {
+    const bool on = role == LinearRole::kLinear
+                        ? policy_.linear
+                        : role == LinearRole::kSharedExpert && policy_.shared_experts;
     std::vector<Shard> shards;
     for (const char* n : names) {
       Shard s{base + "." + n, storage_of(ckpt_, base + "." + n), {}};
@@ -82,8 +92,10 @@ class Planner {
       shards.push_back(std::move(s));
     }
     if (on && shards.size() > 1) {
-      const bool exl3 = std::any_of(shards.begin(), shards.end(), [](const Shard& s) { return s.storage == Storage::kExl3; });
-      const bool dense = std::any_of(shards.begin(), shards.end(), [](const Shard& s) { return s.storage == Storage::kDense; });
+      const bool exl3 = std::any_of(shards.begin(), shards.end(),
+                                    [](const Shard& s) { return s.storage == Storage::kExl3; });
+      const bool dense = std::any_of(shards.begin(), shards.end(),
+                                     [](const Shard& s) { return s.storage == Storage::kDense; });
       // The format each shard runs in: stored MXFP8 and converted shards agree.
       auto runs_mxfp8 = [](const Shard& s) {
         return s.storage == Storage::kMxfp8 || s.decision.action == OverlayAction::kMxfp8;
@@ -94,12 +106,16 @@ class Planner {
       if ((exl3 && dense) || disagree) {
         std::string detail;
         for (const auto& s : shards) {
-          detail += fmt::format("{}{} ({}, {})", detail.empty() ? "" : "; ", s.prefix, storage_name(s.storage),
-                                s.decision.action == OverlayAction::kMxfp8 ? "-> mxfp8" : "kept: " + s.decision.reason);
+          detail += fmt::format(
+              "{}{} ({}, {})", detail.empty() ? "" : "; ", s.prefix, storage_name(s.storage),
+              s.decision.action == OverlayAction::kMxfp8 ? "-> mxfp8"
+                                                         : "kept: " + s.decision.reason);
         }
-        fail("{}: the fused shards of '{}' disagree under the MXFP8 overlay: {}; hint: ignore all of "
-             "them or none (a fused layer runs as one matrix, in one format)",
-             ckpt_.path().string(), base, detail);
+        fail(
+            "{}: the fused shards of '{}' disagree under the MXFP8 overlay: {}; hint: ignore all "
+            "of "
+            "them or none (a fused layer runs as one matrix, in one format)",
+            ckpt_.path().string(), base, detail);
       }
     }
     for (auto& s : shards) out_[s.prefix] = std::move(s.decision);
@@ -113,15 +129,22 @@ class Planner {
  private:
   OverlayDecision decide(const Shard& s, int64_t in, LinearRole role, bool on) const {
     switch (s.storage) {
-      case Storage::kExl3: return {OverlayAction::kKeep, "exl3"};
-      case Storage::kMxfp8: return {OverlayAction::kKeep, "mxfp8 (checkpoint)"};
-      case Storage::kMissing: return {OverlayAction::kKeep, "missing"};
-      case Storage::kDense: break;
+      case Storage::kExl3:
+        return {OverlayAction::kKeep, "exl3"};
+      case Storage::kMxfp8:
+        return {OverlayAction::kKeep, "mxfp8 (checkpoint)"};
+      case Storage::kMissing:
+        return {OverlayAction::kKeep, "missing"};
+      case Storage::kDense:
+        break;
     }
     if (role == LinearRole::kLmHead) return {OverlayAction::kKeep, "lm_head is never overlaid"};
-    if (!on) return {OverlayAction::kKeep, role == LinearRole::kSharedExpert ? "shared_experts off" : "linear off"};
+    if (!on)
+      return {OverlayAction::kKeep,
+              role == LinearRole::kSharedExpert ? "shared_experts off" : "linear off"};
     if (policy_.ignored(s.prefix)) return {OverlayAction::kKeep, "ignored"};
-    if (in % mxfp8::kBlock != 0) return {OverlayAction::kKeep, fmt::format("input width {} is not a multiple of 32", in)};
+    if (in % mxfp8::kBlock != 0)
+      return {OverlayAction::kKeep, fmt::format("input width {} is not a multiple of 32", in)};
     return {OverlayAction::kMxfp8, ""};
   }
 
@@ -157,14 +180,18 @@ OverlayPolicy parse_overlay_spec(std::string_view spec) {
     const std::string_view item = spec.substr(pos, end - pos);
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos) {
-      fail("--overlay: item '{}' is not KEY=FORMAT; e.g. --overlay linear=mxfp8,shared_experts=mxfp8", item);
+      fail(
+          "--overlay: item '{}' is not KEY=FORMAT; e.g. --overlay "
+          "linear=mxfp8,shared_experts=mxfp8",
+          item);
     }
     const std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
     bool& seen = key == "linear" ? seen_linear : seen_shared;
     if (key != "linear" && key != "shared_experts") {
-      fail("--overlay: key '{}' is unknown; the keys are linear and shared_experts (routed experts "
-           "and EXL3 layers keep their own format)",
-           key);
+      fail(
+          "--overlay: key '{}' is unknown; the keys are linear and shared_experts (routed experts "
+          "and EXL3 layers keep their own format)",
+          key);
     }
     if (seen) fail("--overlay: key '{}' is given twice", key);
     seen = true;
@@ -184,7 +211,8 @@ OverlayPolicy parse_overlay_config(const nlohmann::json& j, const std::string& l
       }
       for (const auto& [k2, v2] : value.items()) {
         if (k2 != "weight") {
-          fail("{}: '{}.{}' is not supported; only \"weight\" is (activations stay BF16)", label, key, k2);
+          fail("{}: '{}.{}' is not supported; only \"weight\" is (activations stay BF16)", label,
+               key, k2);
         }
         if (!v2.is_string()) fail("{}: '{}.weight' must be a string", label, key);
       }
@@ -216,15 +244,27 @@ OverlayPolicy load_overlay_config(const std::filesystem::path& path) {
   return parse_overlay_config(j, path.string());
 }
 
-OverlayPlan OverlayPlan::build(const OverlayPolicy& policy, const Checkpoint& ckpt, const ModelSpec& spec) {
+OverlayPlan OverlayPlan::build(const OverlayPolicy& policy, const Checkpoint& ckpt,
+                               const ModelSpec& spec) {
   validate_ignore(policy.ignore, "overlay");
   OverlayPlan plan;
   Planner pl(policy, ckpt, plan.decisions_);
   const int64_t hidden = spec.hidden_size;
   for (const auto& layer : spec.layers) {
-    const auto& a = std::get<GqaAttentionSpec>(layer.attention);
-    pl.group(a.prefix, {"q_proj", "k_proj", "v_proj"}, hidden, LinearRole::kLinear);
-    pl.group(a.prefix, {"o_proj"}, a.num_heads * a.head_dim, LinearRole::kLinear);
+    if (const auto* a = std::get_if<GqaAttentionSpec>(&layer.attention)) {
+      pl.group(a->prefix, {"q_proj", "k_proj", "v_proj"}, hidden, LinearRole::kLinear);
+      pl.group(a->prefix, {"o_proj"}, a->num_heads * a->head_dim, LinearRole::kLinear);
+    } else {
+      const auto& m = std::get<MlaAttentionSpec>(layer.attention);
+      if (m.q_lora_rank > 0) {
+        pl.group(m.prefix, {"q_a_proj", "kv_a_proj_with_mqa"}, hidden, LinearRole::kLinear);
+        pl.group(m.prefix, {"q_b_proj"}, m.q_lora_rank, LinearRole::kLinear);
+      } else {
+        pl.group(m.prefix, {"q_proj", "kv_a_proj_with_mqa"}, hidden, LinearRole::kLinear);
+      }
+      pl.group(m.prefix, {"kv_b_proj"}, m.kv_lora_rank, LinearRole::kLinear);
+      pl.group(m.prefix, {"o_proj"}, m.num_heads * m.v_head_dim, LinearRole::kLinear);
+    }
     if (const auto* d = std::get_if<DenseMlpSpec>(&layer.mlp)) {
       pl.mlp(d->prefix, hidden, d->intermediate, LinearRole::kLinear);
     } else if (const auto& m = std::get<MoeSpec>(layer.mlp); m.shared) {
@@ -233,8 +273,9 @@ OverlayPlan OverlayPlan::build(const OverlayPolicy& policy, const Checkpoint& ck
   }
   if (!spec.lm_head_tied) {  // never overlaid, whatever its storage
     const Storage st = storage_of(ckpt, spec.lm_head);
-    plan.decisions_[spec.lm_head] = {OverlayAction::kKeep, st == Storage::kDense ? "lm_head is never overlaid"
-                                                                                 : std::string(storage_name(st))};
+    plan.decisions_[spec.lm_head] = {OverlayAction::kKeep, st == Storage::kDense
+                                                               ? "lm_head is never overlaid"
+                                                               : std::string(storage_name(st))};
   }
   return plan;
 }
@@ -246,7 +287,8 @@ OverlayDecision OverlayPlan::decision(const std::string& prefix) const {
 
 size_t OverlayReport::saved_bytes() const {
   size_t s = 0;
-  for (const auto& l : layers) s += l.source_bytes > l.mxfp8_bytes ? l.source_bytes - l.mxfp8_bytes : 0;
+  for (const auto& l : layers)
+    s += l.source_bytes > l.mxfp8_bytes ? l.source_bytes - l.mxfp8_bytes : 0;
   return s;
 }
 
@@ -254,14 +296,24 @@ nlohmann::json OverlayReport::to_json() const {
   nlohmann::json layers_j = nlohmann::json::array(), kept_j = nlohmann::json::array();
   size_t src = 0, mx = 0;
   for (const auto& l : layers) {
-    layers_j.push_back({{"name", l.name}, {"out", l.out}, {"in", l.in}, {"source", dtype_name(l.source)},
-                        {"source_bytes", l.source_bytes}, {"mxfp8_bytes", l.mxfp8_bytes},
-                        {"rel_l2", l.rel_l2}, {"max_abs", l.max_abs}, {"from_checkpoint", l.from_checkpoint}});
+    layers_j.push_back({{"name", l.name},
+                        {"out", l.out},
+                        {"in", l.in},
+                        {"source", dtype_name(l.source)},
+                        {"source_bytes", l.source_bytes},
+                        {"mxfp8_bytes", l.mxfp8_bytes},
+                        {"rel_l2", l.rel_l2},
+                        {"max_abs", l.max_abs},
+                        {"from_checkpoint", l.from_checkpoint}});
     src += l.source_bytes;
     mx += l.mxfp8_bytes;
   }
-  for (const auto& [name, reason] : kept_unquantized) kept_j.push_back({{"name", name}, {"reason", reason}});
-  return {{"layers", layers_j}, {"kept_unquantized", kept_j}, {"source_bytes", src}, {"mxfp8_bytes", mx},
+  for (const auto& [name, reason] : kept_unquantized)
+    kept_j.push_back({{"name", name}, {"reason", reason}});
+  return {{"layers", layers_j},
+          {"kept_unquantized", kept_j},
+          {"source_bytes", src},
+          {"mxfp8_bytes", mx},
           {"saved_bytes", saved_bytes()}};
 }
 

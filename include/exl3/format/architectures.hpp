@@ -11,7 +11,7 @@
 
 namespace exl3 {
 
-enum class Architecture : uint8_t { kLlama, kQwen2, kQwen3, kQwen3Moe, kGlm4Moe };
+enum class Architecture : uint8_t { kLlama, kQwen2, kQwen3, kQwen3Moe, kGlm4Moe, kDeepseekV3 };
 
 struct ArchitectureInfo {
   Architecture arch;
@@ -22,6 +22,7 @@ struct ArchitectureInfo {
   bool shared_experts;          // mlp.shared_experts.* beside them (GLM-4.5)
   bool qk_norm;                 // per-head RMSNorm of q and k (Qwen3)
   bool qkv_bias;                // biases on q/k/v_proj (Qwen2, GLM-4.5)
+  bool mla;                     // multi-head latent attention (DeepSeek-V3): no q/k/v_proj
 };
 
 std::span<const ArchitectureInfo> supported_architectures();

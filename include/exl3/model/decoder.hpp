@@ -5,7 +5,7 @@
 //
 //   x = embed(tokens)
 //   per layer:  h = rms_norm(x += pending)
-//               y = all_reduce(o(attention(q(h), k(h), v(h))))       GQA; MLA is the next kind
+//               y = all_reduce(o(attention(q(h), k(h), v(h))))       GQA, or MLA (latent KV)
 //               h = rms_norm(x += y)
 //               y = all_reduce(mlp(h))         SwiGLU, or routed experts (+ shared experts)
 //               pending = y
@@ -32,6 +32,13 @@ struct GqaModules {
   ModulePtr q, k, v, o, attention;
 };
 
+struct MlaModules {
+  int64_t heads = 0, q_lora_rank = 0, qk_head_dim = 0, kv_a_width = 0, v_head_dim = 0;
+  ModulePtr q_a, q_a_norm;  // the q LoRA (null with a plain q_proj)
+  ModulePtr q;              // q_proj, or q_b_proj after the LoRA
+  ModulePtr kv_a, o, attention;
+};
+
 struct DenseMlpModules {
   int64_t intermediate = 0;  // this rank's channels
   ModulePtr gate, up, down;
@@ -44,7 +51,7 @@ struct MoeModules {
 
 struct LayerModules {
   ModulePtr input_norm, post_norm;
-  std::variant<GqaModules> attention;
+  std::variant<GqaModules, MlaModules> attention;
   std::variant<DenseMlpModules, MoeModules> mlp;
 };
 

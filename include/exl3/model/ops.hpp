@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -53,7 +54,22 @@ struct LinearSource {
 
 // The activation buffers a step uses, by role. A backend sizes each for the widest width the
 // model reserves at load.
-enum class Slot : uint8_t { kX, kH, kY, kQ, kK, kV, kAttn, kGate, kUp, kShared, kCount };
+enum class Slot : uint8_t {
+  kX,
+  kH,
+  kY,
+  kQ,
+  kK,
+  kV,
+  kAttn,
+  kGate,
+  kUp,
+  kShared,
+  kLatentQ,
+  kLatentQNormed,
+  kLatentKv,  // MLA: q_a_proj output, its norm, kv_a_proj_with_mqa output
+  kCount
+};
 
 class Backend {
  public:
@@ -62,8 +78,9 @@ class Backend {
   // ---- load ----------------------------------------------------------------------------------
   // The token embedding (every rank holds all of it: the lookup needs no collective).
   virtual ModulePtr load_embedding() = 0;
-  // An RMSNorm weight [width].
-  virtual ModulePtr load_norm(const std::string& tensor, int64_t width) = 0;
+  // An RMSNorm weight [width]; `eps` defaults to the model's rms_norm_eps.
+  virtual ModulePtr load_norm(const std::string& tensor, int64_t width,
+                              std::optional<double> eps = std::nullopt) = 0;
   virtual ModulePtr load_linear(const LinearSource& src) = 0;
   // The tied head: the embedding's rows `vocab` (one rank's, or all) as a linear.
   virtual ModulePtr load_tied_head(Extent vocab) = 0;
@@ -72,6 +89,9 @@ class Backend {
   // attention layers in load order.
   virtual ModulePtr load_gqa(const GqaAttentionSpec& spec, Extent q_heads, Extent kv_heads,
                              int cache_layer) = 0;
+  // Multi-head latent attention (whole, TP 1): kv_a_layernorm, kv_b_proj and this layer's latent
+  // KV cache (kv_lora_rank + qk_rope_head_dim floats per token).
+  virtual ModulePtr load_mla(const MlaAttentionSpec& spec, int cache_layer) = 0;
   // The router and routed experts of MoE layer `layer` (shared experts are the model's dense
   // MLP): the whole layer, or rank `rank`'s intermediate channels when `plan` is given.
   virtual ModulePtr load_moe(const MoeSpec& spec, int layer, const TpMoePlan* plan, int rank) = 0;
@@ -97,6 +117,10 @@ class Backend {
   // Per-head q/k norm and RoPE at the step's positions, k/v written to the cache, causal
   // attention over everything the sequence holds: out [n, q_heads * head_dim].
   virtual void attention(const Module& attn, Act q, Act k, Act v, Act out) = 0;
+  // MLA: q [n, heads * qk_head_dim] and kv_a [n, kv_lora_rank + qk_rope_head_dim] (the
+  // kv_a_proj_with_mqa output) -> out [n, heads * v_head_dim]: RoPE on the rope parts, the latent
+  // norm, the cache write, kv_b_proj's keys and values, causal attention.
+  virtual void mla_attention(const Module& attn, Act q, Act kv_a, Act out) = 0;
   // gate = SiLU(gate) * up.
   virtual void silu_mul(Act gate, Act up) = 0;
   // out = the routed experts' top-k weighted sum for x (router included).

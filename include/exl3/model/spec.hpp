@@ -8,6 +8,9 @@
 //   Qwen3ForCausalLM     as Llama with per-head q_norm / k_norm
 //   Qwen3MoeForCausalLM  Qwen3 attention; softmax top-k router (norm_topk_prob), layers dense
 //                        when listed in mlp_only_layers or off the decoder_sparse_step grid
+//   DeepseekV3ForCausalLM  multi-head latent attention (q LoRA or plain q, decoupled RoPE,
+//   DeepSeek's
+//                        yarn mscale), GLM-4.5's router and shared experts with n_group >= 1
 //   Glm4MoeForCausalLM   partial rotary (partial_rotary_factor), optional q/k norm
 //                        (use_qk_norm), sigmoid grouped router with e_score_correction_bias,
 //                        n_group / topk_group, routed_scaling_factor, shared experts, the first
@@ -57,8 +60,28 @@ struct GqaAttentionSpec {
 
   int64_t q_per_kv() const { return num_heads / num_kv_heads; }
 };
-// The seam for other attention kinds: add e.g. `MlaAttentionSpec` here and a module per backend.
-using AttentionSpec = std::variant<GqaAttentionSpec>;
+// Multi-head latent attention (DeepSeek-V2/V3): per token the cache keeps only the normed latent
+// c = kv_a_layernorm(kv_a[:kv_lora_rank]) and one roped key part shared by every head
+// (kv_a[kv_lora_rank:]); head h's key is [W_UK_h c, k_rope] and its value W_UV_h c, with W_UK /
+// W_UV the rows of kv_b_proj. Queries are q_proj(x), or q_b_proj(q_a_layernorm(q_a_proj(x))) with a
+// q LoRA; each head's query is [nope part, rope part].
+struct MlaAttentionSpec {
+  std::string prefix;  // "model.layers.3.self_attn"
+  int64_t num_heads = 0;
+  int64_t q_lora_rank = 0;  // 0: plain q_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  bool rope_interleave = false;   // RoPE pairs (2i, 2i + 1) instead of (i, i + half)
+  double scale = 0.0;             // qk_head_dim^-0.5, times mscale^2 under DeepSeek's yarn
+  double latent_norm_eps = 1e-6;  // q_a_layernorm / kv_a_layernorm (transformers' default eps)
+  RopeSpec rope;                  // over qk_rope_head_dim
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+};
+// Every backend visits the kind: GQA, or MLA (on the CPU backend so far).
+using AttentionSpec = std::variant<GqaAttentionSpec, MlaAttentionSpec>;
 
 // SwiGLU MLP: down(SiLU(gate(x)) * up(x)).
 struct DenseMlpSpec {

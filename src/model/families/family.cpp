@@ -19,9 +19,15 @@ void moe_layers(Family& f, const MoeSpec& moe, const std::set<int64_t>& dense) {
     layer.prefix = fmt::format("model.layers.{}", l);
     layer.input_norm = layer.prefix + ".input_layernorm.weight";
     layer.post_attention_norm = layer.prefix + ".post_attention_layernorm.weight";
-    GqaAttentionSpec a = f.attention;
-    a.prefix = layer.prefix + ".self_attn";
-    layer.attention = a;
+    if (f.mla) {
+      MlaAttentionSpec a = *f.mla;
+      a.prefix = layer.prefix + ".self_attn";
+      layer.attention = a;
+    } else {
+      GqaAttentionSpec a = f.attention;
+      a.prefix = layer.prefix + ".self_attn";
+      layer.attention = a;
+    }
     const std::string mlp_prefix = layer.prefix + ".mlp";
     if (any_moe && dense.count(l) == 0) {
       MoeSpec m = moe;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -22,6 +23,7 @@ struct Family {
   const std::string& label;    // config.json, for errors
   ModelSpec& spec;             // architecture, sizes, ids filled in
   GqaAttentionSpec attention;  // heads, head_dim, scale, RoPE; qk_norm false
+  std::optional<MlaAttentionSpec> mla;  // set by an MLA family: every layer's attention instead
   int64_t num_layers = 0;
 };
 
@@ -38,5 +40,6 @@ void describe_qwen2(Family& f);
 void describe_qwen3(Family& f);
 void describe_qwen3_moe(Family& f);
 void describe_glm4_moe(Family& f);
+void describe_deepseek_v3(Family& f);
 
 }  // namespace exl3::model::families

@@ -1,0 +1,127 @@
+// DeepseekV3ForCausalLM (multi-head latent attention, grouped sigmoid routing, shared experts)
+// against transformers' own forward: two tiny random checkpoints made by
+// tests/model/data/make_deepseek_v3.py with transformers 5.17 on the device, their fp64 logits
+// committed beside them. One has a q LoRA, interleaved RoPE and 4 expert groups (2 kept); the
+// other a plain q_proj, half-split RoPE with DeepSeek's yarn (mscale) over 40 positions against
+// original_max_position_embeddings 16, and 2 groups (1 kept).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "exl3/error.hpp"
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/format/safetensors.hpp"
+#include "exl3/model/spec.hpp"
+#include "exl3/model/tp_plan.hpp"
+#include "exl3/runtime/engine.hpp"
+#include "runtime_test_util.hpp"
+#include "test_support.hpp"
+
+namespace exl3::model {
+namespace {
+
+using ::testing::HasSubstr;
+namespace rt = exl3::runtime;
+
+std::filesystem::path data_dir(const std::string& name) {
+  return std::filesystem::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / name;
+}
+
+struct Reference {
+  std::vector<int32_t> ids;
+  std::vector<double> logits;
+  size_t vocab = 0;
+};
+
+Reference load_reference(const std::filesystem::path& dir) {
+  const auto store = TensorStore::open(dir / "reference_logits.safetensors");
+  Reference r;
+  for (const int64_t id : copy_tensor<int64_t>(store.at("ids")))
+    r.ids.push_back(static_cast<int32_t>(id));
+  r.logits = read_as_double(store.at("logits"));
+  r.vocab = static_cast<size_t>(store.at("logits").info->shape[1]);
+  return r;
+}
+
+int argmax_of(std::span<const double> row) {
+  return static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+class DeepseekV3 : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DeepseekV3, MatchesTransformersFp64AndDecodes) {
+  const auto dir = data_dir(GetParam());
+  const auto ref = load_reference(dir);
+  auto engine = rt::load_engine(dir);
+  ASSERT_TRUE(std::holds_alternative<MlaAttentionSpec>(engine->spec().layers[0].attention));
+  const auto got = rt::forward_logits(*engine, ref.ids);
+  ASSERT_EQ(got.size(), ref.logits.size());
+  const double err = exl3::test::rel_l2(got, ref.logits);
+  std::printf("%s: fp32 CPU engine vs transformers fp64 rel-L2 %.3e\n", GetParam(), err);
+  EXPECT_LE(err, 1e-5);  // measured 3.6e-7 and 3.8e-7 (fp32 arithmetic, fp32 routing in both)
+  for (size_t t = 0; t < ref.ids.size(); ++t) {
+    const std::vector<double> g(got.begin() + static_cast<std::ptrdiff_t>(t * ref.vocab),
+                                got.begin() + static_cast<std::ptrdiff_t>((t + 1) * ref.vocab));
+    EXPECT_EQ(argmax_of(g),
+              argmax_of(std::span<const double>(ref.logits).subspan(t * ref.vocab, ref.vocab)))
+        << "position " << t;
+  }
+  // Decode steps read the latent cache (normed latent + roped key part) of earlier steps.
+  const auto inc = rt::test::prefill_then_decode(*engine, ref.ids, 25);
+  EXPECT_LE(exl3::test::rel_l2(inc, got), 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Model, DeepseekV3,
+                         ::testing::Values("deepseek_v3_qlora", "deepseek_v3_yarn"));
+
+TEST(DeepseekV3Spec, DescribesLatentAttentionAndGroupedRouting) {
+  const auto ckpt = Checkpoint::open(data_dir("deepseek_v3_qlora"));
+  const ModelSpec s = describe_model(ckpt);
+  EXPECT_EQ(s.architecture, Architecture::kDeepseekV3);
+  const auto& a = std::get<MlaAttentionSpec>(s.layers[1].attention);
+  EXPECT_EQ(a.prefix, "model.layers.1.self_attn");
+  EXPECT_EQ(a.q_lora_rank, 24);
+  EXPECT_EQ(a.kv_lora_rank, 32);
+  EXPECT_EQ(a.qk_head_dim(), 24);
+  EXPECT_TRUE(a.rope_interleave);
+  EXPECT_DOUBLE_EQ(a.scale, 1.0 / std::sqrt(24.0));
+  EXPECT_TRUE(std::holds_alternative<DenseMlpSpec>(s.layers[0].mlp));  // first_k_dense_replace 1
+  const auto& m = std::get<MoeSpec>(s.layers[2].mlp);
+  EXPECT_EQ(m.n_group, 4);
+  EXPECT_EQ(m.topk_group, 2);
+  EXPECT_TRUE(m.correction_bias);
+  ASSERT_TRUE(m.shared.has_value());
+  EXPECT_EQ(m.shared->prefix, "model.layers.2.mlp.shared_experts");
+  EXPECT_EQ(spec_summary(s)["attention"]["kind"], "mla");
+  // DeepSeek's yarn scales the softmax by mscale(factor, mscale_all_dim)^2.
+  const auto yarn = describe_model(Checkpoint::open(data_dir("deepseek_v3_yarn")));
+  const double ms = 0.1 * std::log(4.0) + 1.0;
+  EXPECT_NEAR(std::get<MlaAttentionSpec>(yarn.layers[0].attention).scale, ms * ms / std::sqrt(24.0),
+              1e-15);
+}
+
+TEST(DeepseekV3Spec, FailsClosed) {
+  const auto dir = data_dir("deepseek_v3_qlora");
+  // Tensor parallelism and the CUDA backend do not run MLA yet: both say so instead of computing.
+  rt::EngineOptions tp2;
+  tp2.tp = 2;
+  EXPECT_THAT([&] { rt::load_engine(dir, tp2); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("MLA attention runs at TP 1")));
+  auto cfg = nlohmann::json::parse(exl3::test::read_file(dir / "config.json"));
+  cfg["num_key_value_heads"] = 2;
+  EXPECT_THAT([&] { describe_model(rt::test::config_of(cfg), "m/config.json"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("num_key_value_heads")));
+  cfg["num_key_value_heads"] = 4;
+  cfg["n_group"] = 3;
+  EXPECT_THAT([&] { describe_model(rt::test::config_of(cfg), "m/config.json"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("'n_group': 3 does not divide")));
+  cfg["n_group"] = 4;
+  cfg["scoring_func"] = "softmax";
+  EXPECT_THAT([&] { describe_model(rt::test::config_of(cfg), "m/config.json"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("scoring_func")));
+}
+
+}  // namespace
+}  // namespace exl3::model
