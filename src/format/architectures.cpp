@@ -6,7 +6,7 @@
 namespace exl3 {
 namespace {
 
-constexpr std::array<ArchitectureInfo, 6> kArchitectures = {{
+constexpr std::array<ArchitectureInfo, 7> kArchitectures = {{
     // arch, HF class, model_type, CLI, moe, shared experts, qk_norm, qkv_bias, mla
     {Architecture::kLlama, "LlamaForCausalLM", "llama", "llama", false, false, false, false, false},
     {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2", "qwen2", false, false, false, true, false},
@@ -16,6 +16,8 @@ constexpr std::array<ArchitectureInfo, 6> kArchitectures = {{
     {Architecture::kGlm4Moe, "Glm4MoeForCausalLM", "glm4_moe", "glm4-moe", true, true, false, true,
      false},
     {Architecture::kDeepseekV3, "DeepseekV3ForCausalLM", "deepseek_v3", "deepseek-v3", true, true,
+     false, false, true},
+    {Architecture::kGlmMoeDsa, "GlmMoeDsaForCausalLM", "glm_moe_dsa", "glm-moe-dsa", true, true,
      false, false, true},
 }};
 

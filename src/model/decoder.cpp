@@ -132,21 +132,22 @@ void gqa_attention(Backend& b, const GqaModules& a, Act h, Act y) {
 // y = o(attention over the latent cache of q(h) and kv_a(h)).
 void mla_attention(Backend& b, const MlaModules& a, Act h, Act y) {
   const Act q = b.act(Slot::kQ, a.heads * a.qk_head_dim), kv = b.act(Slot::kLatentKv, a.kv_a_width);
-  if (a.q_a) {  // the q LoRA and kv_a both read h
+  Act q_resid{nullptr, h.rows, 0};  // the normed q LoRA latent (a DSA indexer reads it)
+  if (a.q_a) {                      // the q LoRA and kv_a both read h
     const Act qa = b.act(Slot::kLatentQ, a.q_lora_rank);
     const Module* first[] = {a.q_a.get(), a.kv_a.get()};
     const Act outs[] = {qa, kv};
     b.linears(first, h, outs);
-    const Act qn = b.act(Slot::kLatentQNormed, a.q_lora_rank);
-    b.add_rms_norm(qa, nullptr, *a.q_a_norm, qn);
-    b.linear(*a.q, qn, q);
+    q_resid = b.act(Slot::kLatentQNormed, a.q_lora_rank);
+    b.add_rms_norm(qa, nullptr, *a.q_a_norm, q_resid);
+    b.linear(*a.q, q_resid, q);
   } else {
     const Module* first[] = {a.q.get(), a.kv_a.get()};
     const Act outs[] = {q, kv};
     b.linears(first, h, outs);
   }
   const Act attn = b.act(Slot::kAttn, a.heads * a.v_head_dim);
-  b.mla_attention(*a.attention, q, kv, attn);
+  b.mla_attention(*a.attention, h, q_resid, q, kv, attn);
   b.linear(*a.o, attn, y);
 }
 

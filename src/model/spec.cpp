@@ -84,7 +84,8 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
         "off in the released Qwen2/Qwen3 configs",
         label);
   }
-  if (const json* lt = k.get("layer_types")) {
+  // GLM-5 names its attention kind in layer_types; its family checks the entries.
+  if (const json* lt = arch->arch == Architecture::kGlmMoeDsa ? nullptr : k.get("layer_types")) {
     if (!lt->is_array()) fail("{}: key 'layer_types': expected a list of strings", label);
     for (const auto& t : *lt) {
       if (!t.is_string() || t.get<std::string>() != "full_attention") {
@@ -129,6 +130,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
       break;
     case Architecture::kDeepseekV3:
       families::describe_deepseek_v3(f);
+      break;
+    case Architecture::kGlmMoeDsa:
+      families::describe_glm_moe_dsa(f);
       break;
   }
   s.lm_head_tied = false;

@@ -80,6 +80,9 @@ struct CpuMla final : Module {
   std::vector<float> kv_norm;
   std::optional<Linear> kv_b;  // [heads * (qk_nope + v), kv_lora_rank]
   std::optional<model::RopeTable> rope;
+  // A full DSA indexer (the cache slot holds its key after the latent and the roped key part).
+  std::optional<Linear> wq_b, wk, weights_proj;
+  std::vector<float> k_norm_w, k_norm_b;  // LayerNorm over index_head_dim
 };
 
 // RoPE on the first 2 * half channels of x: pairs (i, i + half), or with `interleave` pairs
@@ -228,8 +231,23 @@ ModulePtr CpuBackend::load_mla(const MlaAttentionSpec& s, int cache_layer) {
   a->kv_b.emplace(opts_.load ? opts_.load(kv_b, s.kv_lora_rank, kv_b_out)
                              : Linear::load(ckpt_, kv_b, s.kv_lora_rank, kv_b_out));
   a->rope.emplace(s.rope);
-  // The latent cache: the normed latent and the roped shared key part, nothing per head.
-  kv_.push_back({s.kv_lora_rank + s.qk_rope_head_dim, 0});
+  int64_t width = s.kv_lora_rank + s.qk_rope_head_dim;
+  if (s.indexer && !s.indexer->shared) {
+    const auto& ix = *s.indexer;
+    const std::string p = s.prefix + ".indexer.";
+    auto ld = [&](const std::string& name, int64_t in, int64_t out) {
+      return opts_.load ? opts_.load(p + name, in, out) : Linear::load(ckpt_, p + name, in, out);
+    };
+    a->wq_b.emplace(ld("wq_b", s.q_lora_rank, ix.n_heads * ix.head_dim));
+    a->wk.emplace(ld("wk", spec_.hidden_size, ix.head_dim));
+    a->weights_proj.emplace(ld("weights_proj", spec_.hidden_size, ix.n_heads));
+    a->k_norm_w = load_vector(ckpt_.store(), p + "k_norm.weight", ix.head_dim);
+    a->k_norm_b = load_vector(ckpt_.store(), p + "k_norm.bias", ix.head_dim);
+    width += ix.head_dim;
+  }
+  // The latent cache: the normed latent and the roped shared key part (and the indexer's key),
+  // nothing per head.
+  kv_.push_back({width, 0});
   return a;
 }
 
@@ -408,7 +426,7 @@ void CpuBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
 // The expanded form: every cached latent goes through kv_b_proj into per-head keys and values,
 // then plain causal attention. (The absorbed form that folds W_UK into q is a decode
 // optimisation; as the fp32 reference this computes what transformers computes.)
-void CpuBackend::mla_attention(const Module& attn, Act q, Act kv_a, Act out) {
+void CpuBackend::mla_attention(const Module& attn, Act h, Act q_resid, Act q, Act kv_a, Act out) {
   const auto& a = static_cast<const CpuMla&>(attn);
   const MlaAttentionSpec& s = a.spec;
   const int64_t m = q.rows, nh = s.num_heads, nope = s.qk_nope_head_dim, rd = s.qk_rope_head_dim;
@@ -418,11 +436,23 @@ void CpuBackend::mla_attention(const Module& attn, Act q, Act kv_a, Act out) {
   const auto seq = step_.seq;
   const int64_t start = step_.start, total = start + m;
   const int layer = a.cache_layer;
+  const bool full_indexer = a.wq_b.has_value();
+  const int64_t ihd = s.indexer ? s.indexer->head_dim : 0, inh = s.indexer ? s.indexer->n_heads : 0;
+  // Indexer queries and head weights of the new tokens, keys into the cache slot.
+  std::vector<float> iq, iw, ik;
+  if (full_indexer) {
+    iq.resize(static_cast<size_t>(m * inh * ihd));
+    iw.resize(static_cast<size_t>(m * inh));
+    ik.resize(static_cast<size_t>(m * ihd));
+    a.wq_b->forward(q_resid.data, m, iq.data());
+    a.weights_proj->forward(h.data, m, iw.data());
+    a.wk->forward(h.data, m, ik.data());
+  }
   tbb::parallel_for(int64_t{0}, m, [&](int64_t t) {
     std::vector<float> cs(static_cast<size_t>(2 * half));
     a.rope->at(start + t, cs.data(), cs.data() + half);
-    for (int64_t h = 0; h < nh; ++h) {
-      rope_mla(q.data + (t * nh + h) * qk + nope, cs.data(), cs.data() + half, half,
+    for (int64_t hh = 0; hh < nh; ++hh) {
+      rope_mla(q.data + (t * nh + hh) * qk + nope, cs.data(), cs.data() + half, half,
                s.rope_interleave);
     }
     float* slot = cache.key(layer, seq, start + t);
@@ -430,7 +460,56 @@ void CpuBackend::mla_attention(const Module& attn, Act q, Act kv_a, Act out) {
     cpu_ops::rms_norm(kv, a.kv_norm.data(), 1, lora, s.latent_norm_eps, slot);
     std::copy_n(kv + lora, rd, slot + lora);
     rope_mla(slot + lora, cs.data(), cs.data() + half, half, s.rope_interleave);
+    if (!full_indexer) return;
+    const bool il = s.indexer->rope_interleave;
+    for (int64_t hh = 0; hh < inh; ++hh) {  // indexer q: [rope part, pass part]
+      rope_mla(iq.data() + (t * inh + hh) * ihd, cs.data(), cs.data() + half, half, il);
+    }
+    float* k = ik.data() + t * ihd;  // LayerNorm (fp64 statistics), then RoPE
+    double mean = 0.0, var = 0.0;
+    for (int64_t d = 0; d < ihd; ++d) mean += k[d];
+    mean /= static_cast<double>(ihd);
+    for (int64_t d = 0; d < ihd; ++d) var += (k[d] - mean) * (k[d] - mean);
+    const double inv = 1.0 / std::sqrt(var / static_cast<double>(ihd) + 1e-6);
+    for (int64_t d = 0; d < ihd; ++d) {
+      k[d] = static_cast<float>((k[d] - mean) * inv) * a.k_norm_w[static_cast<size_t>(d)] +
+             a.k_norm_b[static_cast<size_t>(d)];
+    }
+    rope_mla(k, cs.data(), cs.data() + half, half, il);
+    std::copy_n(k, ihd, slot + width);
   });
+  // The positions each new token attends to: all earlier ones, or the indexer's top-k.
+  if (full_indexer) {
+    const int64_t keep = s.indexer->topk;
+    const float kscale = 1.0f / std::sqrt(static_cast<float>(ihd));
+    const float wscale = 1.0f / std::sqrt(static_cast<float>(inh));
+    dsa_selection_.assign(static_cast<size_t>(m), {});
+    tbb::parallel_for(int64_t{0}, m, [&](int64_t t) {
+      const int64_t n = start + t + 1;
+      std::vector<std::pair<float, int32_t>> scored(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        const float* kj = cache.key(layer, seq, j) + width;
+        float score = 0.0f;
+        for (int64_t hh = 0; hh < inh; ++hh) {
+          const float* qh = iq.data() + (t * inh + hh) * ihd;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < ihd; ++d) dot += qh[d] * kj[d];
+          score += iw[static_cast<size_t>(t * inh + hh)] * wscale * std::max(dot * kscale, 0.0f);
+        }
+        scored[static_cast<size_t>(j)] = {score, static_cast<int32_t>(j)};
+      }
+      const auto k = static_cast<size_t>(std::min(keep, n));
+      std::partial_sort(scored.begin(), scored.begin() + static_cast<std::ptrdiff_t>(k),
+                        scored.end(),
+                        [](const auto& x, const auto& y) { return x.first > y.first; });
+      auto& sel = dsa_selection_[static_cast<size_t>(t)];
+      for (size_t i = 0; i < k; ++i) sel.push_back(scored[i].second);
+      std::sort(sel.begin(), sel.end());
+    });
+  } else if (s.indexer && static_cast<int64_t>(dsa_selection_.size()) != m) {
+    fail("{}: a shared DSA layer found no selection of this step's {} tokens from an earlier layer",
+         s.prefix, m);
+  }
   // Keys and values of every position the new tokens attend to.
   std::vector<float> latents(static_cast<size_t>(total * lora));
   for (int64_t j = 0; j < total; ++j) {
@@ -441,29 +520,39 @@ void CpuBackend::mla_attention(const Module& attn, Act q, Act kv_a, Act out) {
   a.kv_b->forward(latents.data(), total, kvs.data());
   const auto scale = static_cast<float>(s.scale);
   tbb::parallel_for(int64_t{0}, m * nh, [&](int64_t task) {
-    const int64_t t = task / nh, h = task % nh, n = start + t + 1;
-    const float* qv = q.data + (t * nh + h) * qk;
-    std::vector<float> p(static_cast<size_t>(n));
+    const int64_t t = task / nh, hh = task % nh;
+    std::vector<int32_t> all;
+    const std::vector<int32_t>* cols = nullptr;
+    if (s.indexer) {
+      cols = &dsa_selection_[static_cast<size_t>(t)];
+    } else {
+      all.resize(static_cast<size_t>(start + t + 1));
+      for (size_t j = 0; j < all.size(); ++j) all[j] = static_cast<int32_t>(j);
+      cols = &all;
+    }
+    const float* qv = q.data + (t * nh + hh) * qk;
+    std::vector<float> p(cols->size());
     float mx = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
-      const float* kn = kvs.data() + j * kvw + h * (nope + vd);
+    for (size_t i = 0; i < cols->size(); ++i) {
+      const int64_t j = (*cols)[i];
+      const float* kn = kvs.data() + j * kvw + hh * (nope + vd);
       const float* kr = cache.key(layer, seq, j) + lora;
       float acc = 0.0f;
       for (int64_t d = 0; d < nope; ++d) acc += qv[d] * kn[d];
       for (int64_t d = 0; d < rd; ++d) acc += qv[nope + d] * kr[d];
-      p[static_cast<size_t>(j)] = acc * scale;
-      mx = std::max(mx, p[static_cast<size_t>(j)]);
+      p[i] = acc * scale;
+      mx = std::max(mx, p[i]);
     }
     float sum = 0.0f;
     for (auto& v : p) {
       v = std::exp(v - mx);
       sum += v;
     }
-    float* o = out.data + (t * nh + h) * vd;
+    float* o = out.data + (t * nh + hh) * vd;
     std::fill_n(o, vd, 0.0f);
-    for (int64_t j = 0; j < n; ++j) {
-      const float w = p[static_cast<size_t>(j)] / sum;
-      const float* vv = kvs.data() + j * kvw + h * (nope + vd) + nope;
+    for (size_t i = 0; i < cols->size(); ++i) {
+      const float w = p[i] / sum;
+      const float* vv = kvs.data() + (*cols)[i] * kvw + hh * (nope + vd) + nope;
       for (int64_t d = 0; d < vd; ++d) o[d] += w * vv[d];
     }
   });

@@ -63,7 +63,10 @@ class CpuBackend final : public model::Backend {
     Communicator* comm = nullptr;  // null at TP 1
     LinearObserver* observer = nullptr;
   };
-  void begin(const Step& step) { step_ = step; }
+  void begin(const Step& step) {
+    step_ = step;
+    dsa_selection_.clear();
+  }
 
   // ---- the op layer ----
   model::ModulePtr load_embedding() override;
@@ -86,8 +89,8 @@ class CpuBackend final : public model::Backend {
                std::span<const model::Act> ys) override;
   void attention(const model::Module& attn, model::Act q, model::Act k, model::Act v,
                  model::Act out) override;
-  void mla_attention(const model::Module& attn, model::Act q, model::Act kv_a,
-                     model::Act out) override;
+  void mla_attention(const model::Module& attn, model::Act h, model::Act q_resid, model::Act q,
+                     model::Act kv_a, model::Act out) override;
   void silu_mul(model::Act gate, model::Act up) override;
   void moe(const model::Module& moe, model::Act x, model::Act out) override;
   void add(model::Act y, model::Act x) override;
@@ -102,6 +105,9 @@ class CpuBackend final : public model::Backend {
   std::vector<KvLayerShape> kv_;
   Step step_;
   std::vector<float> slots_[static_cast<size_t>(model::Slot::kCount)];
+  // DSA: the positions each token of the step attends to, from the last full indexer layer (a
+  // shared layer reads it); set by mla_attention, valid within one step.
+  std::vector<std::vector<int32_t>> dsa_selection_;
 };
 
 }  // namespace exl3::runtime

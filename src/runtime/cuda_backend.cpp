@@ -423,7 +423,7 @@ void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
       "attention (prefill)");
 }
 
-void CudaBackend::mla_attention(const Module&, Act, Act, Act) {
+void CudaBackend::mla_attention(const Module&, Act, Act, Act, Act, Act) {
   fail("CUDA backend: MLA attention is not built (load_mla refuses it)");
 }
 

@@ -121,8 +121,8 @@ class CudaBackend final : public model::Backend {
                std::span<const model::Act> ys) override;
   void attention(const model::Module& attn, model::Act q, model::Act k, model::Act v,
                  model::Act out) override;
-  void mla_attention(const model::Module& attn, model::Act q, model::Act kv_a,
-                     model::Act out) override;
+  void mla_attention(const model::Module& attn, model::Act h, model::Act q_resid, model::Act q,
+                     model::Act kv_a, model::Act out) override;
   void silu_mul(model::Act gate, model::Act up) override;
   void moe(const model::Module& moe, model::Act x, model::Act out) override;
   void add(model::Act y, model::Act x) override;

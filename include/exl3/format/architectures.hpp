@@ -11,7 +11,15 @@
 
 namespace exl3 {
 
-enum class Architecture : uint8_t { kLlama, kQwen2, kQwen3, kQwen3Moe, kGlm4Moe, kDeepseekV3 };
+enum class Architecture : uint8_t {
+  kLlama,
+  kQwen2,
+  kQwen3,
+  kQwen3Moe,
+  kGlm4Moe,
+  kDeepseekV3,
+  kGlmMoeDsa
+};
 
 struct ArchitectureInfo {
   Architecture arch;

@@ -119,8 +119,10 @@ class Backend {
   virtual void attention(const Module& attn, Act q, Act k, Act v, Act out) = 0;
   // MLA: q [n, heads * qk_head_dim] and kv_a [n, kv_lora_rank + qk_rope_head_dim] (the
   // kv_a_proj_with_mqa output) -> out [n, heads * v_head_dim]: RoPE on the rope parts, the latent
-  // norm, the cache write, kv_b_proj's keys and values, causal attention.
-  virtual void mla_attention(const Module& attn, Act q, Act kv_a, Act out) = 0;
+  // norm, the cache write, kv_b_proj's keys and values, causal attention. With a DSA indexer the
+  // layer's input h and the normed q LoRA latent q_resid feed the indexer, and attention reads only
+  // the positions it selects (a shared layer: the last selection of this step).
+  virtual void mla_attention(const Module& attn, Act h, Act q_resid, Act q, Act kv_a, Act out) = 0;
   // gate = SiLU(gate) * up.
   virtual void silu_mul(Act gate, Act up) = 0;
   // out = the routed experts' top-k weighted sum for x (router included).

@@ -11,6 +11,8 @@
 //   DeepseekV3ForCausalLM  multi-head latent attention (q LoRA or plain q, decoupled RoPE,
 //   DeepSeek's
 //                        yarn mscale), GLM-4.5's router and shared experts with n_group >= 1
+//   GlmMoeDsaForCausalLM   GLM-5: DeepSeek-V3's MLA (always interleaved RoPE) with a DSA indexer
+//                        per layer (indexer_types full / shared), mlp_layer_types dense / sparse
 //   Glm4MoeForCausalLM   partial rotary (partial_rotary_factor), optional q/k norm
 //                        (use_qk_norm), sigmoid grouped router with e_score_correction_bias,
 //                        n_group / topk_group, routed_scaling_factor, shared experts, the first
@@ -65,6 +67,19 @@ struct GqaAttentionSpec {
 // (kv_a[kv_lora_rank:]); head h's key is [W_UK_h c, k_rope] and its value W_UV_h c, with W_UK /
 // W_UV the rows of kv_b_proj. Queries are q_proj(x), or q_b_proj(q_a_layernorm(q_a_proj(x))) with a
 // q LoRA; each head's query is [nope part, rope part].
+// DeepSeek sparse attention (DSA): a lightning indexer scores every earlier position for each
+// query, sum_h w_h * relu(q_h . k_j / sqrt(head_dim)) with q = wq_b(q LoRA latent), k =
+// LayerNorm(wk(x)) (both roped on their first qk_rope_head_dim channels) and w = weights_proj(x) /
+// sqrt(n_heads); attention then reads only the `topk` best positions. A `shared` layer has no
+// indexer and reuses the selection of the last layer that has one.
+struct DsaIndexerSpec {
+  int64_t n_heads = 0;
+  int64_t head_dim = 0;
+  int64_t topk = 0;
+  bool rope_interleave = true;  // GLM-5: interleaved pairs; DeepSeek-V3.2: half split
+  bool shared = false;
+};
+
 struct MlaAttentionSpec {
   std::string prefix;  // "model.layers.3.self_attn"
   int64_t num_heads = 0;
@@ -77,6 +92,7 @@ struct MlaAttentionSpec {
   double scale = 0.0;             // qk_head_dim^-0.5, times mscale^2 under DeepSeek's yarn
   double latent_norm_eps = 1e-6;  // q_a_layernorm / kv_a_layernorm (transformers' default eps)
   RopeSpec rope;                  // over qk_rope_head_dim
+  std::optional<DsaIndexerSpec> indexer;  // sparse attention (needs the q LoRA)
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
 };

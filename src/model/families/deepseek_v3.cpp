@@ -40,7 +40,7 @@ double mla_scale(const ConfigKeys& k, int64_t qk_head_dim) {
 
 }  // namespace
 
-void describe_deepseek_v3(Family& f) {
+MlaAttentionSpec deepseek_mla(const Family& f, bool rope_interleave) {
   const ConfigKeys& k = f.keys;
   MlaAttentionSpec a;
   a.num_heads = f.attention.num_heads;
@@ -55,24 +55,21 @@ void describe_deepseek_v3(Family& f) {
   a.qk_nope_head_dim = k.integer("qk_nope_head_dim");
   a.qk_rope_head_dim = k.integer("qk_rope_head_dim");
   a.v_head_dim = k.integer("v_head_dim");
-  for (const auto& [key, v] : {std::pair{"kv_lora_rank", a.kv_lora_rank},
-                               {"qk_nope_head_dim", a.qk_nope_head_dim},
-                               {"qk_rope_head_dim", a.qk_rope_head_dim},
-                               {"v_head_dim", a.v_head_dim}}) {
-    if (v <= 0) fail("{}: key '{}': {} must be positive", f.label, key, v);
-  }
   if (k.boolean("attention_bias", false)) {
     fail("{}: key 'attention_bias': biased MLA projections are not supported", f.label);
   }
-  a.rope_interleave = k.boolean("rope_interleave", true);  // DeepseekV3Config's default
+  a.rope_interleave = rope_interleave;
   a.rope = parse_rope(f.config.raw, a.qk_rope_head_dim, f.label);
   if (a.rope.rotary_dim != a.qk_rope_head_dim) {
     fail("{}: RoPE covers {} of the {} qk_rope_head_dim channels; MLA rotates all of them", f.label,
          a.rope.rotary_dim, a.qk_rope_head_dim);
   }
   a.scale = mla_scale(k, a.qk_head_dim());
-  f.mla = a;
+  return a;
+}
 
+MoeSpec deepseek_moe(const Family& f) {
+  const ConfigKeys& k = f.keys;
   MoeSpec moe = routed_experts(f, f.config.num_experts, "n_routed_experts");
   moe.router = RouterKind::kSigmoidGrouped;
   moe.renormalize = k.boolean("norm_topk_prob", true);
@@ -106,12 +103,19 @@ void describe_deepseek_v3(Family& f) {
     fail("{}: key 'scoring_func': '{}' is not supported (DeepSeek-V3 scores with sigmoid)", f.label,
          scoring);
   }
+  const int64_t shared = k.integer("n_shared_experts", 1);
+  if (shared > 0) moe.shared = DenseMlpSpec{"", moe.intermediate * shared};
+  return moe;
+}
+
+void describe_deepseek_v3(Family& f) {
+  const ConfigKeys& k = f.keys;
+  f.mla = deepseek_mla(f, k.boolean("rope_interleave", true));  // DeepseekV3Config's default
+  const MoeSpec moe = deepseek_moe(f);
   if (k.integer("moe_layer_freq", 1) != 1) {
     fail("{}: key 'moe_layer_freq': only 1 (every layer after first_k_dense_replace) is supported",
          f.label);
   }
-  const int64_t shared = k.integer("n_shared_experts", 1);
-  if (shared > 0) moe.shared = DenseMlpSpec{"", moe.intermediate * shared};
   std::set<int64_t> dense;
   const int64_t first_dense = k.integer("first_k_dense_replace", 1);
   for (int64_t l = 0; l < std::min(first_dense, f.num_layers); ++l) dense.insert(l);

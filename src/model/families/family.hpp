@@ -41,5 +41,12 @@ void describe_qwen3(Family& f);
 void describe_qwen3_moe(Family& f);
 void describe_glm4_moe(Family& f);
 void describe_deepseek_v3(Family& f);
+void describe_glm_moe_dsa(Family& f);
+
+// DeepSeek-V3's pieces, shared by the families built on it: the MLA attention keys (q LoRA,
+// kv_lora_rank, head dims, RoPE over qk_rope_head_dim, the yarn mscale on the softmax scale) and
+// the sigmoid grouped router with correction bias and shared experts.
+MlaAttentionSpec deepseek_mla(const Family& f, bool rope_interleave);
+MoeSpec deepseek_moe(const Family& f);
 
 }  // namespace exl3::model::families

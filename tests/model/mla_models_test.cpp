@@ -1,9 +1,11 @@
-// DeepseekV3ForCausalLM (multi-head latent attention, grouped sigmoid routing, shared experts)
-// against transformers' own forward: two tiny random checkpoints made by
-// tests/model/data/make_deepseek_v3.py with transformers 5.17 on the device, their fp64 logits
-// committed beside them. One has a q LoRA, interleaved RoPE and 4 expert groups (2 kept); the
-// other a plain q_proj, half-split RoPE with DeepSeek's yarn (mscale) over 40 positions against
-// original_max_position_embeddings 16, and 2 groups (1 kept).
+// The MLA families against transformers' own forward, on tiny random checkpoints whose fp64 logits
+// are committed beside them (tests/model/data/make_*.py, transformers 5.17):
+//   deepseek_v3_qlora  DeepseekV3ForCausalLM: q LoRA, interleaved RoPE, 4 expert groups (2 kept)
+//   deepseek_v3_yarn   plain q_proj, half-split RoPE with DeepSeek's yarn (mscale) over 40
+//                      positions against original_max_position_embeddings 16, 2 groups (1 kept)
+//   glm_moe_dsa        GlmMoeDsaForCausalLM (GLM-5): MLA plus DSA indexers keeping 12 of up to 40
+//                      positions, full / shared indexer layers, mlp_layer_types
+// The first two were made on the device, the third on this machine's CPU torch.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -51,7 +53,7 @@ int argmax_of(std::span<const double> row) {
 
 class DeepseekV3 : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(DeepseekV3, MatchesTransformersFp64AndDecodes) {
+TEST_P(DeepseekV3, MatchesTransformersFp64AndDecodes) {  // and GLM-5, built on it
   const auto dir = data_dir(GetParam());
   const auto ref = load_reference(dir);
   auto engine = rt::load_engine(dir);
@@ -74,7 +76,35 @@ TEST_P(DeepseekV3, MatchesTransformersFp64AndDecodes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Model, DeepseekV3,
-                         ::testing::Values("deepseek_v3_qlora", "deepseek_v3_yarn"));
+                         ::testing::Values("deepseek_v3_qlora", "deepseek_v3_yarn", "glm_moe_dsa"));
+
+// The sparsity matters: with every position kept, the GLM-5 model is far from its reference.
+TEST(GlmMoeDsa, SelectionChangesTheResultAndSharedLayersReuseIt) {
+  const auto src = data_dir("glm_moe_dsa");
+  const ModelSpec s = describe_model(Checkpoint::open(src));
+  EXPECT_EQ(s.architecture, Architecture::kGlmMoeDsa);
+  const auto& l1 = std::get<MlaAttentionSpec>(s.layers[1].attention);
+  ASSERT_TRUE(l1.indexer.has_value());
+  EXPECT_TRUE(l1.indexer->shared);
+  EXPECT_FALSE(std::get<MlaAttentionSpec>(s.layers[2].attention).indexer->shared);
+  EXPECT_EQ(l1.indexer->topk, 12);
+  EXPECT_TRUE(std::holds_alternative<DenseMlpSpec>(s.layers[0].mlp));  // mlp_layer_types
+  const auto ref = load_reference(src);
+  exl3::test::TempDir tmp;
+  for (const auto& e : std::filesystem::directory_iterator(src))
+    std::filesystem::copy_file(e.path(), tmp.path() / e.path().filename());
+  auto cfg = nlohmann::json::parse(exl3::test::read_file(src / "config.json"));
+  cfg["index_topk"] = 4096;
+  exl3::test::write_file(tmp.path() / "config.json", cfg.dump(2));
+  auto dense = rt::load_engine(tmp.path());
+  const double err = exl3::test::rel_l2(rt::forward_logits(*dense, ref.ids), ref.logits);
+  std::printf("glm_moe_dsa with every position kept: rel-L2 %.3e from the sparse reference\n", err);
+  EXPECT_GT(err, 1e-2);
+  cfg["index_topk"] = 12;
+  cfg["indexer_types"] = {"shared", "full", "full", "shared"};
+  EXPECT_THAT([&] { describe_model(rt::test::config_of(cfg), "m/config.json"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("layer 0 is shared")));
+}
 
 TEST(DeepseekV3Spec, DescribesLatentAttentionAndGroupedRouting) {
   const auto ckpt = Checkpoint::open(data_dir("deepseek_v3_qlora"));
