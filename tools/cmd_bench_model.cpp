@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "tp_option.hpp"
+#include "env_options.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
@@ -24,6 +24,7 @@
 #include "exl3/quant/convert.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/model_bench.hpp"
+#include "tp_option.hpp"
 #if defined(EXL3_HAVE_CUDA)
 #include "exl3/cuda/bench_timer.hpp"
 #include "exl3/cuda/linear.hpp"
@@ -137,6 +138,7 @@ Runner add_bench_model(CLI::App& app, Common&) {
     eo.device = runtime::parse_device(o->device);
     eo.max_batch_tokens = o->max_batch_tokens;
     eo.tp = o->tp;
+    engine_options_from_env(eo);
     o->bench.max_batch_tokens = o->max_batch_tokens;
     int64_t biggest = 0;
     for (const auto b : o->bench.batches) {

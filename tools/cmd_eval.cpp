@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "commands.hpp"
+#include "env_options.hpp"
 #include "exl3/error.hpp"
 #include "exl3/eval/builtin_text.hpp"
 #include "exl3/eval/eval.hpp"
@@ -92,6 +93,10 @@ Runner add_eval(CLI::App& app, Common&) {
     if (!o->reference.empty()) models.reference = o->reference;
     models.device = runtime::parse_device(o->device);
     models.overlay = overlay_policy(o->overlay);
+    if (models.device == runtime::Device::kCuda) {  // the CPU engine has no such tunables
+      models.moe = moe_options_from_env();
+      models.mxfp8 = mxfp8_options_from_env();
+    }
     EvalProgressFn progress;
     if (!o->quiet) {
       progress = make_eval_progress_printer(stderr, ::isatty(2) != 0);

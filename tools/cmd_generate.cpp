@@ -14,12 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "env_options.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
+#include "exl3/model/spec.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
-#include "exl3/model/spec.hpp"
 #include "exl3/text/chat_template.hpp"
 #include "exl3/text/stop_tokens.hpp"
 #include "exl3/text/tokenizer.hpp"
@@ -144,6 +145,7 @@ Runner add_generate(CLI::App& app, Common&) {
     eo.tp = o->tp;
     eo.overlay = overlay_policy(o->overlay);
     eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
+    engine_options_from_env(eo);
     auto engine = runtime::load_engine(ckpt, eo);
     if (!o->json) print_overlay_summary(engine->overlay_report());
     for (const int32_t id : model_stop_tokens(dir, engine->spec().eos_token_ids, tok))

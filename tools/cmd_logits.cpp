@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "env_options.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
@@ -109,6 +110,7 @@ Runner add_logits(CLI::App& app, Common&) {
     eo.tp = o->tp;
     eo.overlay = overlay_policy(o->overlay);
     eo.cache_tokens = static_cast<int64_t>(ids.size());
+    engine_options_from_env(eo);
     const auto t_load = std::chrono::steady_clock::now();
     auto engine = runtime::load_engine(std::filesystem::path(o->model), eo);
     const double load_s =

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "env_options.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
 
@@ -221,7 +222,7 @@ int run_moe_bench(const MoeBenchOptions& o) {
   auto host = make_layer(H, I, bits, shared_h, o.seed);
   const uint64_t layer_bytes = host->w.trellis_bytes();
   const int copies = static_cast<int>(std::clamp<uint64_t>((1ull << 30) / layer_bytes + 1, 2, 8));
-  cuda::MoeOptions mo = cuda::moe_options_from_env({});
+  cuda::MoeOptions mo = moe_options_from_env();
   mo.capacity = capacity;
   std::vector<std::unique_ptr<cuda::MoeLayerCuda>> layers;
   for (int i = 0; i < copies; ++i)

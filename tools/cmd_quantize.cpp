@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "commands.hpp"
+#include "env_options.hpp"
 #include "exl3/error.hpp"
 #include "exl3/eval/builtin_text.hpp"
 #include "exl3/format/architectures.hpp"
@@ -166,6 +167,7 @@ Runner add_quantize(CLI::App& app, Common& common) {
     }
     o->conv.shard_size_bytes = o->shard_mb << 20;
     o->conv.progress = quant::make_progress_printer(stderr, ::isatty(2) != 0);
+    o->conv.stop_after = quantize_stop_after_from_env();  // the tests' resume hook
     const auto r = quant::convert_model(o->in, o->out, o->conv);
     if (o->json) {
       fmt::print("{}\n", r.to_json().dump(2));

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "env_options.hpp"
 #include "exl3/error.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/server/http_server.hpp"
@@ -155,6 +156,7 @@ Runner add_serve(CLI::App& app, Common&) {
     eo.page_size = o->page_size;
     eo.cache_tokens = o->cache_tokens;
     eo.tp = o->tp;
+    engine_options_from_env(eo);
     auto engine = runtime::load_engine(dir, eo);
 
     server::ServerOptions so;

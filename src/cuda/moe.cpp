@@ -4,11 +4,8 @@
 #include "exl3/cuda/moe.hpp"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
 #include <string>
 
-#include "cuda/env_option.hpp"
 #include "cuda/moe_kernels.hpp"
 #include "exl3/cuda/check.hpp"
 #include "exl3/error.hpp"
@@ -26,31 +23,6 @@ size_t align_up(size_t v) {
 }
 
 }  // namespace
-
-MoeOptions moe_options_from_env(MoeOptions base) {
-  detail::env_override("EXL3_MOE_DECODE_MAX_M", base.decode_max_m);
-  detail::env_override("EXL3_MOE_PREFILL_CHUNK", base.prefill_chunk);
-  detail::env_override("EXL3_MOE_ARENA_MIB", base.arena_budget_mib);
-  if (const char* v = std::getenv("EXL3_MOE_TIERS"); v != nullptr) {
-    std::string s(v);
-    s.erase(0, s.find_first_not_of(" \t"));
-    s.erase(s.find_last_not_of(" \t") + 1);
-    if (s == "auto") {
-      base.tiers = MoeOptions::Tiers::kAuto;
-    } else if (s == "grid") {
-      base.tiers = MoeOptions::Tiers::kGrid;
-    } else if (s == "passes") {
-      base.tiers = MoeOptions::Tiers::kPasses;
-    } else if (!s.empty()) {
-      fail(
-          "environment variable EXL3_MOE_TIERS='{}' is not one of auto, grid, passes (unset it or "
-          "give e.g. "
-          "EXL3_MOE_TIERS=passes)",
-          v);
-    }
-  }
-  return base;
-}
 
 MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOptions& opts)
     : H_(w.hidden),

@@ -7,7 +7,6 @@
 
 #include <cublas_v2.h>
 
-#include "cuda/env_option.hpp"
 #include "cuda/mxfp8_kernels.hpp"
 #include "cuda/mxfp8_tiles.hpp"
 #include "exl3/cuda/check.hpp"
@@ -165,11 +164,6 @@ cudaError_t Mxfp8LinearCuda::run(const Mxfp8Plan& plan, const void* x, void* y, 
   }
   if (!via_partial) return cudaGetLastError();
   return detail::mxfp8_reduce(partial, 1, bias_.as<float>(), m, out_, y, out_type, stream);
-}
-
-Mxfp8Options mxfp8_options_from_env(Mxfp8Options base) {
-  detail::env_override("EXL3_MXFP8_GEMV_MAX_M", base.gemv_max_m);
-  return base;
 }
 
 std::vector<float> mxfp8_forward_host(const Mxfp8LinearCuda& layer, const float* x, int64_t m) {

@@ -377,6 +377,8 @@ EvalResult evaluate_text(const EvalModels& models, std::string_view text, const 
   eo.device = models.device;
   eo.cache_tokens = std::min(opts.context, used);  // one window at a time
   eo.load_progress = models.load_progress;
+  eo.moe = models.moe;
+  eo.mxfp8 = models.mxfp8;
   runtime::EngineOptions model_eo = eo;
   model_eo.overlay = models.overlay;
   auto model = runtime::load_engine(models.model, model_eo);

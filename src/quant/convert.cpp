@@ -3,7 +3,6 @@
 #include "exl3/quant/convert.hpp"
 
 #include <cmath>
-#include <cstdlib>
 #include <iterator>
 #include <string>
 
@@ -97,17 +96,6 @@ nlohmann::json all_settings(const ConvertOptions& o) {
     s["dense_ignore"] = o.dense_ignore;
   }
   return s;
-}
-
-int64_t stop_after(const ConvertOptions& o) {
-  if (o.stop_after >= 0) return o.stop_after;
-  const char* env = std::getenv("EXL3_QUANTIZE_STOP_AFTER");
-  if (env == nullptr || *env == '\0') return -1;
-  char* end = nullptr;
-  const long long v = std::strtoll(env, &end, 10);
-  if (*end != '\0' || v < 0)
-    fail("EXL3_QUANTIZE_STOP_AFTER='{}' must be a non-negative integer", env);
-  return v;
 }
 
 // True when OUT_DIR's finished model was produced from this source with these settings.
@@ -250,7 +238,7 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
     if (!done) work_left += work(it);
   }
 
-  const int64_t stop = stop_after(o);
+  const int64_t stop = o.stop_after;
   auto item_done = [&](int64_t i) {
     const auto d = journal.done().find(i);
     return d != journal.done().end() && d->second.name == plan.items[static_cast<size_t>(i)].name &&

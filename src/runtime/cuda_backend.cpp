@@ -133,7 +133,8 @@ ModulePtr CudaBackend::load_norm(const std::string& tensor, int64_t width,
 GpuLinear CudaBackend::whole_linear(const std::string& prefix, int64_t in, int64_t out) {
   OverlayDecision d = overlay_plan_.decision(prefix);
   if (!opts_.overlay.any()) d.reason.clear();  // nothing to report as "kept" without a policy
-  return GpuLinear::load(*ctx_, ckpt_, prefix, in, out, opts_.capacity, false, d, &overlay_report_);
+  return GpuLinear::load(*ctx_, ckpt_, prefix, in, out, opts_.capacity, false, d, &overlay_report_,
+                         opts_.mxfp8);
 }
 
 ModulePtr CudaBackend::load_linear(const model::LinearSource& src) {
@@ -232,7 +233,7 @@ ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoeP
   auto m = std::make_unique<CudaMoe>();
   const auto& store = ckpt_.store();
   m->router = GpuLinear::load(*ctx_, ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts,
-                              opts_.capacity, /*fp32=*/true);
+                              opts_.capacity, /*fp32=*/true, {}, nullptr, opts_.mxfp8);
   track(m->router);
   m->params.num_experts = static_cast<int>(s.num_experts);
   m->params.top_k = s.top_k;
@@ -279,9 +280,9 @@ ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoeP
         ckpt_.path().string(), layer, w.hidden, w.intermediate, spec_.hidden_size, inter,
         p ? fmt::format(", rank {} of TP {}", rank, tp_size()) : "");
   }
-  cuda::MoeOptions mo;
+  cuda::MoeOptions mo = opts_.moe;
   mo.capacity = opts_.capacity;
-  m->layer = std::make_unique<cuda::MoeLayerCuda>(w, s.top_k, cuda::moe_options_from_env(mo));
+  m->layer = std::make_unique<cuda::MoeLayerCuda>(w, s.top_k, mo);
   weight_bytes_ += m->layer->device_bytes();
   ws_bytes_ = std::max(ws_bytes_, m->layer->arena_bytes());
   widest_experts_ = std::max<int64_t>(widest_experts_, s.num_experts);

@@ -63,6 +63,10 @@ class CudaBackend final : public model::Backend {
     int64_t max_seq_tokens = 0;  // RoPE tables cover positions below this
     const moe::MoeLayout* moe_layout = nullptr;
     OverlayPolicy overlay;
+    // Tunables of each MoE layer and MXFP8 linear (EngineOptions::moe / mxfp8); their capacity
+    // fields are replaced by `capacity`.
+    cuda::MoeOptions moe;
+    cuda::Mxfp8Options mxfp8;
     // Tensor parallelism: this rank of the plan, its communicator (must outlive the backend).
     const model::TpPlan* plan = nullptr;
     int rank = 0;

@@ -99,6 +99,8 @@ class CudaEngine final : public PagedEngine {
     bo.max_seq_tokens = max_seq_tokens_;
     bo.moe_layout = layout_ ? &*layout_ : nullptr;
     bo.overlay = opts.overlay;
+    bo.moe = opts.moe;
+    bo.mxfp8 = opts.mxfp8;
     if (tp_) {
       bo.plan = tp_->plan;
       bo.rank = tp_->rank;

@@ -26,7 +26,8 @@ size_t align_up(size_t v) {
 
 GpuLinear GpuLinear::load(cuda::CudaContext& ctx, const Checkpoint& ckpt, const std::string& prefix,
                           int64_t in, int64_t out, int64_t cap, bool fp32_weights,
-                          const OverlayDecision& overlay, OverlayReport* report) {
+                          const OverlayDecision& overlay, OverlayReport* report,
+                          const cuda::Mxfp8Options& mxfp8) {
   GpuLinear l;
   l.in_ = in;
   l.out_ = out;
@@ -56,10 +57,9 @@ GpuLinear GpuLinear::load(cuda::CudaContext& ctx, const Checkpoint& ckpt, const 
   if (ckpt.store().contains(prefix + ".bias"))
     bias = load_vector(ckpt.store(), prefix + ".bias", out);
   if (const mxfp8::Weight* w = host.mxfp8_weight()) {
-    cuda::Mxfp8Options mo;
+    cuda::Mxfp8Options mo = mxfp8;
     mo.max_m = cap;
-    l.mx_ =
-        std::make_unique<cuda::Mxfp8LinearCuda>(ctx, *w, bias, cuda::mxfp8_options_from_env(mo));
+    l.mx_ = std::make_unique<cuda::Mxfp8LinearCuda>(ctx, *w, bias, mo);
     l.mx_x_bytes_ = align_up(static_cast<size_t>(cap * in) * 2);
     l.stored_in_ = in;
     l.stored_out_ = out;

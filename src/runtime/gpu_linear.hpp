@@ -42,10 +42,11 @@ class GpuLinear {
   // Linear::load with `overlay` and `report`, so both engines check, convert (same MXFP8 codec)
   // and report exactly alike; an MXFP8 result is uploaded as Mxfp8LinearCuda. Every factory
   // takes the engine's CudaContext (the cuBLAS handle and workspace), which must outlive the
-  // linear.
+  // linear. `mxfp8` tunes an MXFP8 result (its max_m is replaced by cap).
   static GpuLinear load(cuda::CudaContext& ctx, const Checkpoint& ckpt, const std::string& prefix,
                         int64_t in, int64_t out, int64_t cap, bool fp32_weights = false,
-                        const OverlayDecision& overlay = {}, OverlayReport* report = nullptr);
+                        const OverlayDecision& overlay = {}, OverlayReport* report = nullptr,
+                        const cuda::Mxfp8Options& mxfp8 = {});
   // An unquantized [out, in] matrix tensor (also the tied embedding as the head); `rows`, when
   // not empty, keeps only those output rows (a rank's vocabulary).
   static GpuLinear dense(cuda::CudaContext& ctx, const TensorStore& store,

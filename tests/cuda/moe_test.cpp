@@ -325,31 +325,6 @@ TEST(CudaMoe, OptionsFailClosed) {
               testing::HasSubstr("top_k 9"));
 }
 
-TEST(CudaMoeOptions, EnvironmentOverridesAreValidated) {
-  ::setenv("EXL3_MOE_DECODE_MAX_M", "16", 1);
-  ::setenv("EXL3_MOE_PREFILL_CHUNK", "  ", 1);  // blank = unset
-  ::unsetenv("EXL3_MOE_ARENA_MIB");
-  const auto o = exl3::cuda::moe_options_from_env({});
-  EXPECT_EQ(o.decode_max_m, 16);
-  EXPECT_EQ(o.prefill_chunk, 0);
-  ::setenv("EXL3_MOE_PREFILL_CHUNK", "12x", 1);
-  EXPECT_THAT(exl3::test::error_of([] { exl3::cuda::moe_options_from_env({}); }),
-              testing::HasSubstr("EXL3_MOE_PREFILL_CHUNK='12x' is not a positive integer"));
-  ::setenv("EXL3_MOE_PREFILL_CHUNK", "-3", 1);
-  EXPECT_THAT(exl3::test::error_of([] { exl3::cuda::moe_options_from_env({}); }),
-              testing::HasSubstr("EXL3_MOE_PREFILL_CHUNK"));
-  ::unsetenv("EXL3_MOE_DECODE_MAX_M");
-  ::unsetenv("EXL3_MOE_PREFILL_CHUNK");
-  ::setenv("EXL3_MOE_TIERS", " passes ", 1);
-  EXPECT_EQ(exl3::cuda::moe_options_from_env({}).tiers, MoeOptions::Tiers::kPasses);
-  ::setenv("EXL3_MOE_TIERS", "", 1);
-  EXPECT_EQ(exl3::cuda::moe_options_from_env({}).tiers, MoeOptions::Tiers::kAuto);
-  ::setenv("EXL3_MOE_TIERS", "fast", 1);
-  EXPECT_THAT(exl3::test::error_of([] { exl3::cuda::moe_options_from_env({}); }),
-              testing::HasSubstr("EXL3_MOE_TIERS='fast' is not one of auto, grid, passes"));
-  ::unsetenv("EXL3_MOE_TIERS");
-}
-
 TEST(CudaMoe, SharedHStaysOneRowOnTheDevice) {
   EXL3_REQUIRE_GPU();
   const auto s = make_layer(moe::RotationLayout::kSharedH, {}, 3, 8);

@@ -337,20 +337,4 @@ TEST(Mxfp8Tiles, LayoutIsAPermutation) {
   }
 }
 
-// The engines' tuning override: EXL3_MXFP8_GEMV_MAX_M moves the crossover; garbage fails naming it.
-TEST(Mxfp8Tiles, GemvCrossoverFromTheEnvironment) {
-  ::setenv("EXL3_MXFP8_GEMV_MAX_M", "8", 1);
-  EXPECT_EQ(exl3::cuda::mxfp8_options_from_env({}).gemv_max_m, 8);
-  ::setenv("EXL3_MXFP8_GEMV_MAX_M", " ", 1);
-  EXPECT_EQ(exl3::cuda::mxfp8_options_from_env({}).gemv_max_m, Mxfp8Options{}.gemv_max_m);
-  ::setenv("EXL3_MXFP8_GEMV_MAX_M", "lots", 1);
-  try {
-    (void)exl3::cuda::mxfp8_options_from_env({});
-    ADD_FAILURE() << "no error for EXL3_MXFP8_GEMV_MAX_M=lots";
-  } catch (const exl3::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("EXL3_MXFP8_GEMV_MAX_M"), std::string::npos) << e.what();
-  }
-  ::unsetenv("EXL3_MXFP8_GEMV_MAX_M");
-}
-
 }  // namespace

@@ -367,3 +367,26 @@ TEST(Cli, BenchModelPrepareOnlyThenTensorParallelJson) {
   EXPECT_NE(r.code, 0);
   EXPECT_THAT(r.out, HasSubstr("--prepare-only writes a --synthetic model"));
 }
+
+// The CUDA tunables reach the engine commands through the CLI's environment reader, before
+// anything is loaded: a malformed value fails naming it on --device cuda (with or without a GPU),
+// and --device cpu, whose engine has no such tunables, does not read it.
+TEST(Cli, EngineCommandsReadTheCudaTunablesOnCudaOnly) {
+  exl3::test::TempDir tmp;
+  const auto dir = tmp / "tiny";
+  ASSERT_EQ(run_cli(fmt::format("bench model --synthetic tiny --layers 1 --out {} --prepare-only",
+                                q(dir)))
+                .code,
+            0);
+  const std::string logits =
+      fmt::format("logits {} --tokens 1,2 --out {}", q(dir), q(tmp / "l.safetensors"));
+  auto r = run_cli(logits + " --device cuda", "EXL3_MOE_TIERS=fast");
+  EXPECT_NE(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("EXL3_MOE_TIERS='fast' is not one of auto, grid, passes"));
+  r = run_cli(fmt::format("bench model {} --device cuda --batch 1 --steps 1 --context 2", q(dir)),
+              "EXL3_MXFP8_GEMV_MAX_M=lots");
+  EXPECT_NE(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("EXL3_MXFP8_GEMV_MAX_M='lots' is not a positive integer"));
+  r = run_cli(logits + " --device cpu", "EXL3_MOE_TIERS=fast EXL3_MXFP8_GEMV_MAX_M=lots");
+  EXPECT_EQ(r.code, 0) << r.out;
+}

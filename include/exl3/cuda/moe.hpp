@@ -49,11 +49,6 @@ namespace detail {
 struct MoeGemvArgs;
 }
 
-// Applies EXL3_MOE_DECODE_MAX_M, EXL3_MOE_PREFILL_CHUNK, EXL3_MOE_ARENA_MIB (positive integers)
-// and EXL3_MOE_TIERS (auto | grid | passes) to `base`. Blank values count as unset; anything
-// else throws exl3::Error naming the variable.
-MoeOptions moe_options_from_env(MoeOptions base);
-
 class MoeLayerCuda {
  public:
   // Uploads the layer (one device slab for all trellises, rotation tables as loaded: shared-H

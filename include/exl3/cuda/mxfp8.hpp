@@ -105,11 +105,6 @@ class Mxfp8LinearCuda {
   DeviceBuffer bias_;  // fp32 [out], or empty
 };
 
-// `base` with the environment's tuning override applied: EXL3_MXFP8_GEMV_MAX_M (1..64) moves the
-// GEMV / cuBLAS crossover (the engines build their MXFP8 linears through this). A malformed value
-// fails naming the variable.
-Mxfp8Options mxfp8_options_from_env(Mxfp8Options base);
-
 // For tools and tests: copies x (fp32 [m, in], rounded to BF16) to the device, runs the layer
 // with fp32 output, copies y back and synchronises. Throws exl3::Error naming the step.
 std::vector<float> mxfp8_forward_host(const Mxfp8LinearCuda& layer, const float* x, int64_t m);

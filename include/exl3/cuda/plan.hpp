@@ -105,11 +105,13 @@ size_t linear_workspace_bytes(const LinearShape& s, const LinearOptions& opts,
 enum class Mxfp8Path : uint8_t { kGemv, kCublas };
 const char* mxfp8_path_name(Mxfp8Path p);  // "gemv" | "cublas"
 
+// Tunables: plain fields. The library reads no environment; the exl3 CLI fills gemv_max_m from
+// the variable named beside it (tools/env_options.hpp, docs/environment.md).
 struct Mxfp8Options {
   int64_t max_m = 4096;  // largest batch the workspace is sized for
-  int64_t gemv_max_m =
-      32;           // m up to this (0..64) uses the tensor-core GEMV, above: dequant + cuBLAS
-                    // (H200: GEMV faster up to 32 on 7 shapes, slower at 64 on 5; docs/mxfp8.md)
+  // m up to this (0..64) uses the tensor-core GEMV, above: dequant + cuBLAS (H200: GEMV faster up
+  // to 32 on 7 shapes, slower at 64 on 5; docs/mxfp8.md). CLI: EXL3_MXFP8_GEMV_MAX_M.
+  int64_t gemv_max_m = 32;
   int split_k = 0;  // GEMV split-K; 0 = planned from (in, out) and the SM count
 };
 
@@ -154,7 +156,8 @@ size_t mxfp8_workspace_bytes(const Mxfp8Shape& s, const Mxfp8Options& opts, cons
 
 // ---- fused MoE (MoeLayerCuda, exl3/cuda/moe.hpp) ----------------------------------------------
 
-// Tunables: plain fields, with environment overrides applied by moe_options_from_env.
+// Tunables: plain fields. The library reads no environment; the exl3 CLI fills the fields below
+// from the EXL3_MOE_* variables named beside them (tools/env_options.hpp, docs/environment.md).
 struct MoeOptions {
   int64_t capacity = 0;       // most tokens per run(); required (0 is an error: no guessing)
   int64_t decode_max_m = 32;  // EXL3_MOE_DECODE_MAX_M: m up to this uses the decode path

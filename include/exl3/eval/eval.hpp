@@ -30,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "exl3/cuda/plan.hpp"
 #include "exl3/runtime/engine.hpp"
 
 namespace exl3 {
@@ -123,6 +124,9 @@ struct EvalModels {
   // Applied to the model only, so `--reference` the same folder measures KL(BF16 || MXFP8).
   runtime::OverlayPolicy overlay;
   runtime::LoadProgressFn load_progress;  // loading each model (runtime/load_progress.hpp)
+  // CUDA tunables of both engines (runtime::EngineOptions::moe / mxfp8).
+  cuda::MoeOptions moe;
+  cuda::Mxfp8Options mxfp8;
 };
 
 // Tokenizes `text` with the model's tokenizer, loads both models on `device` with KV room for

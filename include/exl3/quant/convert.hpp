@@ -188,8 +188,8 @@ struct ConvertOptions {
   uint64_t shard_size_bytes = 8192ull << 20;
   bool overwrite = false;  // replace a different finished model / discard a foreign partial run
   double g_scale = 0.0;    // > 0: fixed global scale instead of the per-tensor search (faster)
-  // Test hook: throw after this many tensors were converted in this run (< 0: off). When < 0 the
-  // environment variable EXL3_QUANTIZE_STOP_AFTER is read instead.
+  // Test hook: throw after this many tensors were converted in this run (< 0: off). `exl3
+  // quantize` sets it from EXL3_QUANTIZE_STOP_AFTER (the library reads no environment).
   int64_t stop_after = -1;
   ProgressFn progress;  // called after every tensor and shard; may be empty
 };
