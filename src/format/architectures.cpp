@@ -6,7 +6,7 @@
 namespace exl3 {
 namespace {
 
-constexpr std::array<ArchitectureInfo, 7> kArchitectures = {{
+constexpr std::array<ArchitectureInfo, 8> kArchitectures = {{
     // arch, HF class, model_type, CLI, moe, shared experts, qk_norm, qkv_bias, mla
     {Architecture::kLlama, "LlamaForCausalLM", "llama", "llama", false, false, false, false, false},
     {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2", "qwen2", false, false, false, true, false},
@@ -17,6 +17,8 @@ constexpr std::array<ArchitectureInfo, 7> kArchitectures = {{
      false},
     {Architecture::kDeepseekV3, "DeepseekV3ForCausalLM", "deepseek_v3", "deepseek-v3", true, true,
      false, false, true},
+    {Architecture::kDeepseekV32, "DeepseekV32ForCausalLM", "deepseek_v32", "deepseek-v32", true,
+     true, false, false, true},
     {Architecture::kGlmMoeDsa, "GlmMoeDsaForCausalLM", "glm_moe_dsa", "glm-moe-dsa", true, true,
      false, false, true},
 }};

@@ -84,8 +84,10 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
         "off in the released Qwen2/Qwen3 configs",
         label);
   }
-  // GLM-5 names its attention kind in layer_types; its family checks the entries.
-  if (const json* lt = arch->arch == Architecture::kGlmMoeDsa ? nullptr : k.get("layer_types")) {
+  // The DSA families name their attention kind in layer_types; they check the entries.
+  const bool dsa =
+      arch->arch == Architecture::kGlmMoeDsa || arch->arch == Architecture::kDeepseekV32;
+  if (const json* lt = dsa ? nullptr : k.get("layer_types")) {
     if (!lt->is_array()) fail("{}: key 'layer_types': expected a list of strings", label);
     for (const auto& t : *lt) {
       if (!t.is_string() || t.get<std::string>() != "full_attention") {
@@ -130,6 +132,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
       break;
     case Architecture::kDeepseekV3:
       families::describe_deepseek_v3(f);
+      break;
+    case Architecture::kDeepseekV32:
+      families::describe_deepseek_v32(f);
       break;
     case Architecture::kGlmMoeDsa:
       families::describe_glm_moe_dsa(f);

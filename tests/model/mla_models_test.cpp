@@ -5,7 +5,9 @@
 //                      positions against original_max_position_embeddings 16, 2 groups (1 kept)
 //   glm_moe_dsa        GlmMoeDsaForCausalLM (GLM-5): MLA plus DSA indexers keeping 12 of up to 40
 //                      positions, full / shared indexer layers, mlp_layer_types
-// The first two were made on the device, the third on this machine's CPU torch.
+//   deepseek_v32       DeepseekV32ForCausalLM: an indexer in every layer with half-split RoPE,
+//                      DeepSeek's yarn, 4 expert groups (2 kept)
+// The first two were made on the device, the others with CPU torch (same transformers 5.17).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -76,7 +78,8 @@ TEST_P(DeepseekV3, MatchesTransformersFp64AndDecodes) {  // and GLM-5, built on 
 }
 
 INSTANTIATE_TEST_SUITE_P(Model, DeepseekV3,
-                         ::testing::Values("deepseek_v3_qlora", "deepseek_v3_yarn", "glm_moe_dsa"));
+                         ::testing::Values("deepseek_v3_qlora", "deepseek_v3_yarn", "glm_moe_dsa",
+                                           "deepseek_v32"));
 
 // The sparsity matters: with every position kept, the GLM-5 model is far from its reference.
 TEST(GlmMoeDsa, SelectionChangesTheResultAndSharedLayersReuseIt) {
@@ -101,6 +104,14 @@ TEST(GlmMoeDsa, SelectionChangesTheResultAndSharedLayersReuseIt) {
   std::printf("glm_moe_dsa with every position kept: rel-L2 %.3e from the sparse reference\n", err);
   EXPECT_GT(err, 1e-2);
   cfg["index_topk"] = 12;
+  // DeepSeek-V3.2 runs an indexer in every layer, its RoPE half-split.
+  const auto v32 = describe_model(Checkpoint::open(data_dir("deepseek_v32")));
+  for (const auto& l : v32.layers) {
+    const auto& a = std::get<MlaAttentionSpec>(l.attention);
+    EXPECT_FALSE(a.indexer->shared);
+    EXPECT_FALSE(a.indexer->rope_interleave);
+    EXPECT_TRUE(a.rope_interleave);
+  }
   cfg["indexer_types"] = {"shared", "full", "full", "shared"};
   EXPECT_THAT([&] { describe_model(rt::test::config_of(cfg), "m/config.json"); },
               ::testing::ThrowsMessage<Error>(HasSubstr("layer 0 is shared")));

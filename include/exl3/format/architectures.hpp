@@ -18,6 +18,7 @@ enum class Architecture : uint8_t {
   kQwen3Moe,
   kGlm4Moe,
   kDeepseekV3,
+  kDeepseekV32,
   kGlmMoeDsa
 };
 

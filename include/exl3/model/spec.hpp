@@ -11,6 +11,7 @@
 //   DeepseekV3ForCausalLM  multi-head latent attention (q LoRA or plain q, decoupled RoPE,
 //   DeepSeek's
 //                        yarn mscale), GLM-4.5's router and shared experts with n_group >= 1
+//   DeepseekV32ForCausalLM  DeepSeek-V3's MLA with a DSA indexer in every layer (half-split RoPE)
 //   GlmMoeDsaForCausalLM   GLM-5: DeepSeek-V3's MLA (always interleaved RoPE) with a DSA indexer
 //                        per layer (indexer_types full / shared), mlp_layer_types dense / sparse
 //   Glm4MoeForCausalLM   partial rotary (partial_rotary_factor), optional q/k norm

@@ -42,6 +42,10 @@ void describe_qwen3_moe(Family& f);
 void describe_glm4_moe(Family& f);
 void describe_deepseek_v3(Family& f);
 void describe_glm_moe_dsa(Family& f);
+void describe_deepseek_v32(Family& f);
+// DeepSeek sparse attention over DeepSeek-V3's MLA and MoE (GLM-5, DeepSeek-V3.2): the indexer's
+// RoPE layout, and whether indexer_types may make layers reuse an earlier selection.
+void describe_dsa(Family& f, bool indexer_rope_interleave, bool shared_layers);
 
 // DeepSeek-V3's pieces, shared by the families built on it: the MLA attention keys (q LoRA,
 // kv_lora_rank, head dims, RoPE over qk_rope_head_dim, the yarn mscale on the softmax scale) and

@@ -1,8 +1,8 @@
-// GlmMoeDsaForCausalLM (GLM-5.x): DeepSeek-V3's MLA (q LoRA, always interleaved RoPE) and MoE
-// (sigmoid grouped router, shared experts), plus DeepSeek sparse attention: each layer whose
-// indexer_types entry is "full" runs a lightning indexer (index_n_heads x index_head_dim,
-// interleaved RoPE, keep index_topk positions); a "shared" layer reuses the previous full layer's
-// selection. mlp_layer_types says which layers are dense (default: the first
+// DeepSeek sparse attention families. GlmMoeDsaForCausalLM (GLM-5.x): DeepSeek-V3's MLA (q LoRA,
+// always interleaved RoPE) and MoE (sigmoid grouped router, shared experts), plus DeepSeek sparse
+// attention: each layer whose indexer_types entry is "full" runs a lightning indexer (index_n_heads
+// x index_head_dim, interleaved RoPE, keep index_topk positions); a "shared" layer reuses the
+// previous full layer's selection. mlp_layer_types says which layers are dense (default: the first
 // first_k_dense_replace). layer_types must all be deepseek_sparse_attention. MTP layers are not
 // loaded.
 #include <algorithm>
@@ -56,7 +56,7 @@ std::vector<std::string> indexer_types(const Family& f) {
 
 }  // namespace
 
-void describe_glm_moe_dsa(Family& f) {
+void describe_dsa(Family& f, bool indexer_rope_interleave, bool shared_layers) {
   const ConfigKeys& k = f.keys;
   for (const auto& t : string_list(f, "layer_types", f.num_layers)) {
     if (t != "deepseek_sparse_attention") {
@@ -73,7 +73,7 @@ void describe_glm_moe_dsa(Family& f) {
   ix.n_heads = k.integer("index_n_heads");
   ix.head_dim = k.integer("index_head_dim");
   ix.topk = k.integer("index_topk");
-  ix.rope_interleave = true;
+  ix.rope_interleave = indexer_rope_interleave;
   if (ix.head_dim < a.qk_rope_head_dim) {
     fail("{}: key 'index_head_dim': {} is below qk_rope_head_dim {} (its first channels are roped)",
          f.label, ix.head_dim, a.qk_rope_head_dim);
@@ -97,7 +97,8 @@ void describe_glm_moe_dsa(Family& f) {
   }
   moe_layers(f, deepseek_moe(f), dense);
 
-  const auto types = indexer_types(f);
+  const auto types =
+      shared_layers ? indexer_types(f) : std::vector<std::string>(f.spec.layers.size(), "full");
   for (int64_t l = 0; l < f.num_layers; ++l) {
     const auto& t = types[static_cast<size_t>(l)];
     if (t != "full" && t != "shared") {
@@ -110,6 +111,10 @@ void describe_glm_moe_dsa(Family& f) {
     auto& spec = std::get<MlaAttentionSpec>(f.spec.layers[static_cast<size_t>(l)].attention);
     spec.indexer->shared = t == "shared";
   }
+}
+
+void describe_glm_moe_dsa(Family& f) {
+  describe_dsa(f, /*indexer_rope_interleave=*/true, /*shared_layers=*/true);
 }
 
 }  // namespace exl3::model::families

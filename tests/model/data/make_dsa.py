@@ -1,13 +1,14 @@
-"""A tiny random GLM-5 (GlmMoeDsaForCausalLM) checkpoint and transformers' own fp64 logits for it.
+"""Tiny random DeepSeek-sparse-attention checkpoints and transformers' own fp64 logits for them.
 
 Run where torch and transformers are installed (transformers 5.17):
-    python3 make_glm_moe_dsa.py OUT_DIR
-Writes OUT_DIR/glm_moe_dsa/ like make_deepseek_v3.py does: config.json (transformers' own
-serialisation), model.safetensors (fp32, hub names) and reference_logits.safetensors (`ids`,
-`logits` float64 from GlmMoeDsaForCausalLM.from_pretrained in float64). The DSA indexer keeps 12
-of up to 40 positions, so sparsity changes the result; layers alternate full / shared indexers
-(a shared layer reuses the previous full layer's selection). 16 indexer heads make an all-zero
-ReLU score (a tie at the top-k boundary) improbable.
+    python3 make_dsa.py OUT_DIR
+Writes OUT_DIR/glm_moe_dsa/ (GLM-5: GlmMoeDsaForCausalLM, layers alternating full / shared
+indexers, a shared layer reusing the previous full layer's selection) and OUT_DIR/deepseek_v32/
+(DeepseekV32ForCausalLM: an indexer in every layer with half-split RoPE, DeepSeek's yarn) like
+make_deepseek_v3.py does: config.json (transformers' own serialisation), model.safetensors (fp32,
+hub names) and reference_logits.safetensors (`ids`, `logits` float64 from from_pretrained in
+float64). The indexers keep 12 of up to 40 positions, so sparsity changes the result; 16 indexer
+heads make an all-zero ReLU score (a tie at the top-k boundary) improbable.
 """
 import os
 import sys
@@ -15,7 +16,8 @@ import sys
 import numpy as np
 import torch
 from safetensors.numpy import save_file
-from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
+from transformers import (DeepseekV32Config, DeepseekV32ForCausalLM, GlmMoeDsaConfig,
+                          GlmMoeDsaForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_deepseek_v3 import weights  # noqa: E402  (MLA, MoE, norms, head: the same layout)
@@ -33,17 +35,32 @@ CONFIG = dict(
 )
 
 
+V32 = dict(CONFIG, n_group=4, topk_group=2, num_hidden_layers=3,
+           rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                            "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})
+del V32["indexer_types"]
+CASES = {  # name: (config class, model class, config, seed)
+    "glm_moe_dsa": (GlmMoeDsaConfig, GlmMoeDsaForCausalLM, CONFIG, 2000),
+    "deepseek_v32": (DeepseekV32Config, DeepseekV32ForCausalLM, V32, 3000),
+}
+
+
 def main():
-    d = os.path.join(sys.argv[1], "glm_moe_dsa")
+    for name, (config_cls, model_cls, config, seed) in CASES.items():
+        make(os.path.join(sys.argv[1], name), config_cls, model_cls, config, seed)
+
+
+def make(d, config_cls, model_cls, config, seed):
     os.makedirs(d, exist_ok=True)
-    cfg = GlmMoeDsaConfig(**CONFIG)
-    cfg.architectures = ["GlmMoeDsaForCausalLM"]
+    cfg = config_cls(**config)
+    cfg.architectures = [model_cls.__name__]
     cfg.save_pretrained(d)
-    rng = np.random.default_rng(2000)
+    rng = np.random.default_rng(seed)
     w = weights(cfg, rng)
     h, ih, ihd = cfg.hidden_size, cfg.index_n_heads, cfg.index_head_dim
-    for i, kind in enumerate(cfg.indexer_types):
-        if kind != "full":
+    for i in range(cfg.num_hidden_layers):
+        if getattr(cfg, "indexer_types", ["full"] * cfg.num_hidden_layers)[i] != "full":
             continue
         p = f"model.layers.{i}.self_attn.indexer."
         w[p + "wq_b.weight"] = (rng.standard_normal((ih * ihd, cfg.q_lora_rank))
@@ -53,7 +70,7 @@ def main():
         w[p + "k_norm.bias"] = (0.2 * rng.standard_normal(ihd)).astype(np.float32)
         w[p + "weights_proj.weight"] = (rng.standard_normal((ih, h)) / np.sqrt(h)).astype(np.float32)
     save_file(w, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
-    model, info = GlmMoeDsaForCausalLM.from_pretrained(
+    model, info = model_cls.from_pretrained(
         d, dtype=torch.float64, output_loading_info=True, attn_implementation="eager",
         experts_implementation="eager")  # grouped_mm has no float64
     bad = {key: val for key, val in info.items() if val}
@@ -63,7 +80,7 @@ def main():
     with torch.no_grad():
         logits = model(ids[None, :]).logits[0].to(torch.float64).numpy()
     save_file({"ids": ids.numpy(), "logits": logits}, os.path.join(d, "reference_logits.safetensors"))
-    print("glm_moe_dsa logits", logits.shape, "argmax", logits.argmax(-1)[:8].tolist())
+    print(d, "logits", logits.shape, "argmax", logits.argmax(-1)[:8].tolist())
 
 
 if __name__ == "__main__":
