@@ -56,9 +56,11 @@ GqaModules load_gqa(Backend& b, const ModelSpec& model, const GqaAttentionSpec& 
   return m;
 }
 
-MlaModules load_mla(Backend& b, const ModelSpec& model, const MlaAttentionSpec& s,
-                    int cache_layer) {
+MlaModules load_mla(Backend& b, const ModelSpec& model, const MlaAttentionSpec& whole_spec,
+                    int cache_layer, const TpMlaPlan* p, int rank) {
   const int64_t hidden = model.hidden_size;
+  MlaAttentionSpec s = whole_spec;  // this rank's heads
+  if (p != nullptr) s.num_heads = p->heads[static_cast<size_t>(rank)].count;
   MlaModules m;
   m.heads = s.num_heads;
   m.q_lora_rank = s.q_lora_rank;
@@ -66,18 +68,24 @@ MlaModules load_mla(Backend& b, const ModelSpec& model, const MlaAttentionSpec& 
   m.kv_a_width = s.kv_lora_rank + s.qk_rope_head_dim;
   m.v_head_dim = s.v_head_dim;
   const int64_t q_width = s.num_heads * s.qk_head_dim();
+  const int64_t kv_b_width = s.num_heads * (s.qk_nope_head_dim + s.v_head_dim);
+  // The latent path is whole on every rank; q, kv_b and o are cut by heads.
   if (s.q_lora_rank > 0) {
     m.q_a = b.load_linear(whole(s.prefix + ".q_a_proj", hidden, s.q_lora_rank));
     m.q_a_norm = b.load_norm(s.prefix + ".q_a_layernorm.weight", s.q_lora_rank, s.latent_norm_eps);
-    m.q = b.load_linear(whole(s.prefix + ".q_b_proj", s.q_lora_rank, q_width));
+    m.q = b.load_linear(p ? sliced(p->q, rank)
+                          : whole(s.prefix + ".q_b_proj", s.q_lora_rank, q_width));
     b.reserve(Slot::kLatentQ, s.q_lora_rank);
     b.reserve(Slot::kLatentQNormed, s.q_lora_rank);
   } else {
-    m.q = b.load_linear(whole(s.prefix + ".q_proj", hidden, q_width));
+    m.q = b.load_linear(p ? sliced(p->q, rank) : whole(s.prefix + ".q_proj", hidden, q_width));
   }
   m.kv_a = b.load_linear(whole(s.prefix + ".kv_a_proj_with_mqa", hidden, m.kv_a_width));
-  m.o = b.load_linear(whole(s.prefix + ".o_proj", s.num_heads * s.v_head_dim, hidden));
-  m.attention = b.load_mla(s, cache_layer);
+  m.o = b.load_linear(p ? sliced(p->o, rank)
+                        : whole(s.prefix + ".o_proj", s.num_heads * s.v_head_dim, hidden));
+  m.attention = b.load_mla(
+      s, cache_layer,
+      p ? sliced(p->kv_b, rank) : whole(s.prefix + ".kv_b_proj", s.kv_lora_rank, kv_b_width));
   b.reserve(Slot::kQ, q_width);
   b.reserve(Slot::kLatentKv, m.kv_a_width);
   b.reserve(Slot::kAttn, s.num_heads * s.v_head_dim);
@@ -171,10 +179,8 @@ LayerModules load_layer(Backend& b, const ModelSpec& model, const LayerSpec& ls,
   if (const auto* a = std::get_if<GqaAttentionSpec>(&ls.attention)) {
     l.attention = load_gqa(b, model, *a, cache_layer, lp ? &lp->attention : nullptr, rank.rank);
   } else {
-    if (rank.plan != nullptr && rank.plan->tp > 1) {
-      fail("{}: MLA attention runs at TP 1 only so far", ls.prefix);  // the plan refuses first
-    }
-    l.attention = load_mla(b, model, std::get<MlaAttentionSpec>(ls.attention), cache_layer);
+    l.attention = load_mla(b, model, std::get<MlaAttentionSpec>(ls.attention), cache_layer,
+                           lp && lp->mla ? &*lp->mla : nullptr, rank.rank);
   }
   if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
     l.mlp = load_dense(b, d->prefix, hidden, d->intermediate,

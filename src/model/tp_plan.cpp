@@ -104,6 +104,27 @@ std::string plan_attention(const GqaAttentionSpec& a, int64_t hidden, int tp, co
   return {};
 }
 
+std::string plan_mla(const MlaAttentionSpec& m, int64_t hidden, int tp, const TpWeightInfo& w,
+                     TpMlaPlan& p) {
+  if (m.num_heads < tp) {
+    return fmt::format("{}: TP {} leaves ranks without any of the {} MLA heads", m.prefix, tp,
+                       m.num_heads);
+  }
+  p.heads = deal_extents(m.num_heads, tp, 1);
+  const int64_t qk = m.qk_head_dim(), kvb = m.qk_nope_head_dim + m.v_head_dim;
+  const bool lora = m.q_lora_rank > 0;
+  p.q = linear_plan(m.prefix + (lora ? ".q_b_proj" : ".q_proj"), TpSplit::kColumn,
+                    lora ? m.q_lora_rank : hidden, m.num_heads * qk, w, scaled(p.heads, qk));
+  p.kv_b = linear_plan(m.prefix + ".kv_b_proj", TpSplit::kColumn, m.kv_lora_rank, m.num_heads * kvb,
+                       w, scaled(p.heads, kvb));
+  p.o = linear_plan(m.prefix + ".o_proj", TpSplit::kRow, m.num_heads * m.v_head_dim, hidden, w,
+                    scaled(p.heads, m.v_head_dim));
+  for (const auto* l : {&p.q, &p.kv_b, &p.o}) {
+    if (auto err = check_blocks(*l, tp, "its MLA heads"); !err.empty()) return err;
+  }
+  return {};
+}
+
 TpMlpPlan plan_mlp(const std::string& prefix, int64_t inter, int64_t hidden, int tp,
                    const TpWeightInfo& w) {
   TpMlpPlan p;
@@ -135,7 +156,8 @@ std::string plan_moe(const MoeSpec& m, int64_t hidden, int tp, const TpWeightInf
     const int64_t loc = m.intermediate / tp;
     for (int r = 0; r < tp; ++r) p.ranks.push_back({loc * r, loc});
   } else {
-    p.ranks = deal_extents(m.intermediate, tp, kTpBlock);  // routed experts are always EXL3
+    // EXL3 experts move in whole 128-channel blocks; unquantized ones split anywhere.
+    p.ranks = deal_extents(m.intermediate, tp, w.exl3_experts ? kTpBlock : 1);
   }
   if (m.shared) p.shared = plan_mlp(m.shared->prefix, m.shared->intermediate, hidden, tp, w);
   return {};
@@ -157,10 +179,12 @@ Attempt try_plan(const ModelSpec& spec, int tp, const TpWeightInfo& w) {
     if (const auto* gqa = std::get_if<GqaAttentionSpec>(&ls.attention)) {
       if (a.error = plan_attention(*gqa, spec.hidden_size, tp, w, lp.attention); !a.error.empty())
         return a;
-    } else if (tp > 1) {
-      a.error = fmt::format(
-          "{}: MLA attention runs at TP 1 only so far (its heads are not sliced yet)", ls.prefix);
-      return a;
+    } else {
+      TpMlaPlan mp;
+      if (a.error = plan_mla(std::get<MlaAttentionSpec>(ls.attention), spec.hidden_size, tp, w, mp);
+          !a.error.empty())
+        return a;
+      lp.mla = std::move(mp);
     }
     if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
       lp.mlp = plan_mlp(d->prefix, d->intermediate, spec.hidden_size, tp, w);
@@ -206,8 +230,9 @@ std::vector<Extent> deal_extents(int64_t count, int tp, int64_t block) {
 TpWeightInfo tp_weight_info(const Checkpoint& ckpt) {
   TpWeightInfo w;
   for (const auto& l : ckpt.linears()) w.exl3.insert(l.prefix);
-  if (const auto layout = moe::read_moe_layout(ckpt); layout && layout->rank_sliced())
-    w.checkpoint_tp = layout->tp;
+  const auto layout = moe::read_moe_layout(ckpt);
+  if (layout && layout->rank_sliced()) w.checkpoint_tp = layout->tp;
+  w.exl3_experts = layout.has_value();
   return w;
 }
 
@@ -235,11 +260,15 @@ nlohmann::json tp_plan_summary(const TpPlan& plan) {
   auto layers = nlohmann::json::array();
   for (const auto& l : plan.layers) {
     const auto& a = l.attention;
-    nlohmann::json lj = {{"layer", l.index},
-                         {"padded_heads", a.padded_heads},
-                         {"kv_replicas", a.kv_replicas},
-                         {"q_heads", extents_json(a.q_heads)},
-                         {"kv_heads", extents_json(a.kv_heads)}};
+    nlohmann::json lj = {{"layer", l.index}};
+    if (l.mla) {
+      lj["mla_heads"] = extents_json(l.mla->heads);
+    } else {
+      lj["padded_heads"] = a.padded_heads;
+      lj["kv_replicas"] = a.kv_replicas;
+      lj["q_heads"] = extents_json(a.q_heads);
+      lj["kv_heads"] = extents_json(a.kv_heads);
+    }
     if (const auto* d = std::get_if<TpMlpPlan>(&l.mlp)) {
       lj["mlp"] = extents_json(d->ranks);
     } else {

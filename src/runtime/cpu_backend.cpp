@@ -78,7 +78,7 @@ struct CpuMla final : Module {
   MlaAttentionSpec spec;
   int cache_layer = 0;
   std::vector<float> kv_norm;
-  std::optional<Linear> kv_b;  // [heads * (qk_nope + v), kv_lora_rank]
+  ModulePtr kv_b;  // a CpuLinear: [heads * (qk_nope + v), kv_lora_rank], this rank's heads
   std::optional<model::RopeTable> rope;
   // A full DSA indexer (the cache slot holds its key after the latent and the roped key part).
   std::optional<Linear> wq_b, wk, weights_proj;
@@ -104,19 +104,21 @@ void rope_mla(float* x, const float* cos, const float* sin, int64_t half, bool i
 }
 
 // The dense SwiGLU of one unquantized routed expert, observed like any MLP.
+// (whole, or a rank's slice of its intermediate channels: the down output is then a partial sum)
 struct DenseExpert {
-  Linear gate, up, down;
+  ModulePtr gate, up, down;  // CpuLinears
   std::string gate_up_names[2], down_names[1];
 
   void forward(const float* x, int64_t m, float* y, LinearObserver* obs) const {
-    const int64_t inter = gate.out_features();
+    const auto& g_l = static_cast<const CpuLinear&>(*gate);
+    const int64_t inter = g_l.out_features();
     std::vector<float> g(static_cast<size_t>(m * inter)), u(g.size());
-    if (obs != nullptr) obs->observe(gate_up_names, x, m, gate.in_features());
-    gate.forward(x, m, g.data());
-    up.forward(x, m, u.data());
+    if (obs != nullptr) obs->observe(gate_up_names, x, m, g_l.in_features());
+    g_l.forward(x, m, g.data());
+    static_cast<const CpuLinear&>(*up).forward(x, m, u.data());
     cpu_ops::silu_mul(g.data(), u.data(), m * inter);
     if (obs != nullptr) obs->observe(down_names, g.data(), m, inter);
-    down.forward(g.data(), m, y);
+    static_cast<const CpuLinear&>(*down).forward(g.data(), m, y);
   }
 };
 
@@ -217,7 +219,8 @@ ModulePtr CpuBackend::load_gqa(const GqaAttentionSpec& s, Extent q_heads, Extent
   return a;
 }
 
-ModulePtr CpuBackend::load_mla(const MlaAttentionSpec& s, int cache_layer) {
+ModulePtr CpuBackend::load_mla(const MlaAttentionSpec& s, int cache_layer,
+                               const model::LinearSource& kv_b) {
   if (s.qk_rope_head_dim > 512) {
     fail("{}: qk_rope_head_dim {} is above the 512 the CPU backend handles", s.prefix,
          s.qk_rope_head_dim);
@@ -226,10 +229,7 @@ ModulePtr CpuBackend::load_mla(const MlaAttentionSpec& s, int cache_layer) {
   a->spec = s;
   a->cache_layer = opts_.first_cache_layer + cache_layer;
   a->kv_norm = load_vector(ckpt_.store(), s.prefix + ".kv_a_layernorm.weight", s.kv_lora_rank);
-  const std::string kv_b = s.prefix + ".kv_b_proj";
-  const int64_t kv_b_out = s.num_heads * (s.qk_nope_head_dim + s.v_head_dim);
-  a->kv_b.emplace(opts_.load ? opts_.load(kv_b, s.kv_lora_rank, kv_b_out)
-                             : Linear::load(ckpt_, kv_b, s.kv_lora_rank, kv_b_out));
+  a->kv_b = load_linear(kv_b);
   a->rope.emplace(s.rope);
   int64_t width = s.kv_lora_rank + s.qk_rope_head_dim;
   if (s.indexer && !s.indexer->shared) {
@@ -268,27 +268,25 @@ ModulePtr CpuBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoePl
   const int experts = static_cast<int>(s.num_experts);
   const moe::MoeLayout* layout = opts_.moe_layout;
   const bool exl3 = layout != nullptr && layout->has_layer(layer);
-  if (!exl3) {
-    if (plan != nullptr) {
-      fail(
-          "{}: config.json makes layer {} a MoE layer, but the checkpoint has no EXL3 experts "
-          "for it; hint: tensor parallelism runs quantized experts only",
-          path, layer);
+  if (!exl3) {  // unquantized experts: runtime Linears, whole or cut to this rank's channels
+    if (plan != nullptr && plan->ranks[static_cast<size_t>(rank)].empty()) {
+      m->empty_rank = true;
+      return m;
     }
     for (int e = 0; e < experts; ++e) {
       const std::string p = fmt::format("{}.experts.{}", s.prefix, e);
-      auto ld = [&](const char* proj, int64_t in, int64_t out) {
-        const std::string prefix = p + proj;
-        return opts_.load ? opts_.load(prefix, in, out) : Linear::load(ckpt_, prefix, in, out);
+      auto ld = [&](const char* proj, model::TpSplit split, int64_t in, int64_t out) {
+        if (plan == nullptr) return load_linear({p + proj, in, out});
+        model::TpLinearPlan lp{p + proj, split, false, in, out, plan->ranks};
+        return load_linear({lp.prefix, in, out, &lp, rank});
       };
-      DenseExpert x{ld(".gate_proj", hidden, s.intermediate),
-                    ld(".up_proj", hidden, s.intermediate),
-                    ld(".down_proj", s.intermediate, hidden),
-                    {},
-                    {}};
-      x.gate_up_names[0] = x.gate.name();
-      x.gate_up_names[1] = x.up.name();
-      x.down_names[0] = x.down.name();
+      DenseExpert x;
+      x.gate = ld(".gate_proj", model::TpSplit::kColumn, hidden, s.intermediate);
+      x.up = ld(".up_proj", model::TpSplit::kColumn, hidden, s.intermediate);
+      x.down = ld(".down_proj", model::TpSplit::kRow, s.intermediate, hidden);
+      x.gate_up_names[0] = p + ".gate_proj";
+      x.gate_up_names[1] = p + ".up_proj";
+      x.down_names[0] = p + ".down_proj";
       m->dense.push_back(std::move(x));
     }
     return m;
@@ -517,7 +515,7 @@ void CpuBackend::mla_attention(const Module& attn, Act h, Act q_resid, Act q, Ac
   }
   const int64_t kvw = nh * (nope + vd);
   std::vector<float> kvs(static_cast<size_t>(total * kvw));
-  a.kv_b->forward(latents.data(), total, kvs.data());
+  static_cast<const CpuLinear&>(*a.kv_b).forward(latents.data(), total, kvs.data());
   const auto scale = static_cast<float>(s.scale);
   tbb::parallel_for(int64_t{0}, m * nh, [&](int64_t task) {
     const int64_t t = task / nh, hh = task % nh;

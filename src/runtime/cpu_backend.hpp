@@ -76,7 +76,8 @@ class CpuBackend final : public model::Backend {
   model::ModulePtr load_tied_head(model::Extent vocab) override;
   model::ModulePtr load_gqa(const GqaAttentionSpec& spec, model::Extent q_heads,
                             model::Extent kv_heads, int cache_layer) override;
-  model::ModulePtr load_mla(const MlaAttentionSpec& spec, int cache_layer) override;
+  model::ModulePtr load_mla(const MlaAttentionSpec& spec, int cache_layer,
+                            const model::LinearSource& kv_b) override;
   model::ModulePtr load_moe(const MoeSpec& spec, int layer, const model::TpMoePlan* plan,
                             int rank) override;
   void reserve(model::Slot, int64_t) override {}

@@ -209,8 +209,7 @@ ModulePtr CudaBackend::load_gqa(const GqaAttentionSpec& s, Extent hq, Extent hk,
   return a;
 }
 
-ModulePtr CudaBackend::load_mla(const MlaAttentionSpec& s, int cache_layer) {
-  (void)cache_layer;
+ModulePtr CudaBackend::load_mla(const MlaAttentionSpec& s, int, const model::LinearSource&) {
   fail(
       "{}: {} uses multi-head latent attention, which runs on the CPU backend so far (hint: "
       "--device cpu)",

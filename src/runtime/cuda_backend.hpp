@@ -17,8 +17,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -112,7 +112,8 @@ class CudaBackend final : public model::Backend {
   model::ModulePtr load_tied_head(model::Extent vocab) override;
   model::ModulePtr load_gqa(const GqaAttentionSpec& spec, model::Extent q_heads,
                             model::Extent kv_heads, int cache_layer) override;
-  model::ModulePtr load_mla(const MlaAttentionSpec& spec, int cache_layer) override;
+  model::ModulePtr load_mla(const MlaAttentionSpec& spec, int cache_layer,
+                            const model::LinearSource& kv_b) override;
   model::ModulePtr load_moe(const MoeSpec& spec, int layer, const model::TpMoePlan* plan,
                             int rank) override;
   void reserve(model::Slot slot, int64_t width) override;

@@ -89,9 +89,11 @@ class Backend {
   // attention layers in load order.
   virtual ModulePtr load_gqa(const GqaAttentionSpec& spec, Extent q_heads, Extent kv_heads,
                              int cache_layer) = 0;
-  // Multi-head latent attention (whole, TP 1): kv_a_layernorm, kv_b_proj and this layer's latent
-  // KV cache (kv_lora_rank + qk_rope_head_dim floats per token).
-  virtual ModulePtr load_mla(const MlaAttentionSpec& spec, int cache_layer) = 0;
+  // Multi-head latent attention over spec.num_heads heads (a rank's, under tensor parallelism):
+  // kv_a_layernorm, `kv_b` (those heads' rows of kv_b_proj), a DSA indexer, and this layer's
+  // latent KV cache (kv_lora_rank + qk_rope_head_dim floats per token, plus the indexer's key).
+  virtual ModulePtr load_mla(const MlaAttentionSpec& spec, int cache_layer,
+                             const LinearSource& kv_b) = 0;
   // The router and routed experts of MoE layer `layer` (shared experts are the model's dense
   // MLP): the whole layer, or rank `rank`'s intermediate channels when `plan` is given.
   virtual ModulePtr load_moe(const MoeSpec& spec, int layer, const TpMoePlan* plan, int rank) = 0;

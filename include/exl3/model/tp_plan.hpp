@@ -99,9 +99,19 @@ struct TpMoePlan {
   std::optional<TpMlpPlan> shared;
 };
 
+// MLA: the heads dealt as evenly as possible (every rank at least one); the latent path (q_a, kv_a,
+// their norms, a DSA indexer and the latent cache) is replicated, every rank computing it whole.
+struct TpMlaPlan {
+  std::vector<Extent> heads;
+  TpLinearPlan q;     // q_b_proj (or q_proj): column, heads x qk_head_dim
+  TpLinearPlan kv_b;  // column, heads x (qk_nope_head_dim + v_head_dim)
+  TpLinearPlan o;     // row, heads x v_head_dim
+};
+
 struct TpLayerPlan {
   int index = 0;
-  TpAttentionPlan attention;
+  TpAttentionPlan attention;     // GQA layers
+  std::optional<TpMlaPlan> mla;  // MLA layers
   std::variant<TpMlpPlan, TpMoePlan> mlp;
 };
 
@@ -117,6 +127,7 @@ struct TpPlan {
 struct TpWeightInfo {
   std::set<std::string> exl3;  // prefixes of the EXL3 linears
   int checkpoint_tp = 1;       // > 1: experts stored rank-sliced for this TP
+  bool exl3_experts = true;  // false: routed experts are unquantized (cut anywhere, not in blocks)
 };
 TpWeightInfo tp_weight_info(const Checkpoint& ckpt);
 
