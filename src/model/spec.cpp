@@ -118,6 +118,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
     case Architecture::kLlama:
       families::describe_llama(f);
       break;
+    case Architecture::kMistral:
+      families::describe_mistral(f);
+      break;
     case Architecture::kQwen2:
       families::describe_qwen2(f);
       break;

@@ -413,6 +413,7 @@ void CpuBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
     std::copy_n(v.data + t * nkv * hd, nkv * hd, cache.value(layer, seq, start + t));
   });
   cpu_ops::GqaShape shape{nh, nkv, hd};
+  shape.sliding_window = a.spec.sliding_window;
   if (a.window) {
     shape.q_per_kv = a.spec.q_per_kv();
     shape.first_q_head = a.q_heads.begin;

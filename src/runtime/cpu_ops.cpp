@@ -36,7 +36,8 @@ void gqa_attention(const float* q, int64_t m, int64_t start, const PagedKvCache&
                    PagedKvCache::SeqId seq, const GqaShape& shape, float scale, float* out) {
   const int64_t nh = shape.num_heads, nkv = shape.num_kv_heads, hd = shape.head_dim;
   const bool window = shape.q_per_kv > 0;
-  if (!window && (nkv <= 0 || nh % nkv != 0)) fail("gqa_attention: {} heads over {} kv heads", nh, nkv);
+  if (!window && (nkv <= 0 || nh % nkv != 0))
+    fail("gqa_attention: {} heads over {} kv heads", nh, nkv);
   const int64_t first_kv = window ? shape.first_q_head / shape.q_per_kv : 0;
   if (window && (nh <= 0 || (shape.first_q_head + nh - 1) / shape.q_per_kv - first_kv >= nkv)) {
     fail("gqa_attention: q heads {}..{} read kv heads beyond the {} held", shape.first_q_head,
@@ -60,13 +61,17 @@ void gqa_attention(const float* q, int64_t m, int64_t start, const PagedKvCache&
   tbb::enumerable_thread_specific<std::vector<float>> scores_tls;
   tbb::parallel_for(int64_t{0}, m * nh, [&](int64_t task) {
     const int64_t t = task / nh, h = task % nh;
-    const int64_t g = window ? (shape.first_q_head + h) / shape.q_per_kv - first_kv : kv_head_of(h, nh, nkv);
+    const int64_t g =
+        window ? (shape.first_q_head + h) / shape.q_per_kv - first_kv : kv_head_of(h, nh, nkv);
     const int64_t n = start + t + 1;  // causal: positions 0 .. start + t
+    // A sliding window keeps the last sliding_window of them (every loop below starts there).
+    const int64_t first =
+        shape.sliding_window > 0 ? std::max<int64_t>(0, n - shape.sliding_window) : 0;
     const float* qv = q + (t * nh + h) * hd;
     auto& s = scores_tls.local();
     s.resize(static_cast<size_t>(n));
     float mx = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = first; j < n; ++j) {
       const float* kv = kp[static_cast<size_t>(j / ps)] + (j % ps) * width + g * hd;
       float acc = 0.0f;
       for (int64_t d = 0; d < hd; ++d) acc += qv[d] * kv[d];
@@ -74,14 +79,14 @@ void gqa_attention(const float* q, int64_t m, int64_t start, const PagedKvCache&
       mx = std::max(mx, s[static_cast<size_t>(j)]);
     }
     float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = first; j < n; ++j) {
       s[static_cast<size_t>(j)] = std::exp(s[static_cast<size_t>(j)] - mx);
       sum += s[static_cast<size_t>(j)];
     }
     const float inv = 1.0f / sum;
     float* o = out + (t * nh + h) * hd;
     std::fill_n(o, hd, 0.0f);
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = first; j < n; ++j) {
       const float w = s[static_cast<size_t>(j)] * inv;
       const float* vv = vp[static_cast<size_t>(j / ps)] + (j % ps) * width + g * hd;
       for (int64_t d = 0; d < hd; ++d) o[d] += w * vv[d];

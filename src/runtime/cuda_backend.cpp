@@ -177,6 +177,12 @@ ModulePtr CudaBackend::load_gqa(const GqaAttentionSpec& s, Extent hq, Extent hk,
         "--device cpu)",
         spec_.label, s.prefix, s.head_dim);
   }
+  if (s.sliding_window > 0 && s.sliding_window < opts_.max_seq_tokens) {
+    fail(
+        "{}: {} has a sliding window of {} positions; the CUDA attention kernels attend to every "
+        "earlier position (hint: --device cpu, or a KV pool of at most {} tokens)",
+        spec_.label, s.prefix, s.sliding_window, s.sliding_window);
+  }
   auto a = std::make_unique<Gqa>();
   a->spec = s;
   if (hq.count != s.num_heads || hk.count != s.num_kv_heads) {

@@ -112,7 +112,7 @@ TEST(ModelSpec, BadConfigsFailClearly) {
     const char* key;
   };
   const Case cases[] = {
-      {"MistralForCausalLM", {}, "architectures"},
+      {"GemmaForCausalLM", {}, "architectures"},
       {"LlamaForCausalLM", {{"hidden_act", "gelu"}}, "hidden_act"},
       {"LlamaForCausalLM", {{"num_key_value_heads", 3}}, "num_key_value_heads"},
       {"LlamaForCausalLM", {{"rms_norm_eps", nullptr}}, "rms_norm_eps"},

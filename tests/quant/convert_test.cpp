@@ -624,9 +624,9 @@ TEST_F(BadInput, MissingConfigOrWeights) {
 }
 
 TEST_F(BadInput, UnknownArchitectureListsSupported) {
-  edit_config(src, [](nlohmann::json& j) { j["architectures"] = {"MistralForCausalLM"}; });
+  edit_config(src, [](nlohmann::json& j) { j["architectures"] = {"GemmaForCausalLM"}; });
   expect_error([&] { run(); },
-               {"MistralForCausalLM", "not supported", "LlamaForCausalLM", "Qwen3MoeForCausalLM",
+               {"GemmaForCausalLM", "not supported", "LlamaForCausalLM", "Qwen3MoeForCausalLM",
                 "Glm4MoeForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"});
 }
 

@@ -13,6 +13,7 @@ namespace exl3 {
 
 enum class Architecture : uint8_t {
   kLlama,
+  kMistral,
   kQwen2,
   kQwen3,
   kQwen3Moe,

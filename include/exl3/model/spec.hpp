@@ -4,6 +4,7 @@
 //
 // Supported architectures (config.json `architectures[0]`):
 //   LlamaForCausalLM     RMSNorm, GQA, RoPE (default / linear / llama3 / yarn), SwiGLU MLP
+//   MistralForCausalLM   as Llama, with sliding-window attention (sliding_window)
 //   Qwen2ForCausalLM     as Llama; q/k/v biases come from the checkpoint
 //   Qwen3ForCausalLM     as Llama with per-head q_norm / k_norm
 //   Qwen3MoeForCausalLM  Qwen3 attention; softmax top-k router (norm_topk_prob), layers dense
@@ -57,8 +58,9 @@ struct GqaAttentionSpec {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  bool qk_norm = false;  // per-head RMSNorm `q_norm` / `k_norm` over head_dim, before RoPE
-  double scale = 0.0;    // softmax scale, head_dim^-0.5
+  bool qk_norm = false;        // per-head RMSNorm `q_norm` / `k_norm` over head_dim, before RoPE
+  int64_t sliding_window = 0;  // > 0: a query at p sees positions > p - sliding_window only
+  double scale = 0.0;          // softmax scale, head_dim^-0.5
   RopeSpec rope;
 
   int64_t q_per_kv() const { return num_heads / num_kv_heads; }

@@ -29,6 +29,8 @@ struct GqaShape {
   // cache holds the kv heads from first_q_head / q_per_kv on.
   int64_t q_per_kv = 0;
   int64_t first_q_head = 0;
+  // > 0: a query at position p attends to p - sliding_window + 1 .. p only (Mistral).
+  int64_t sliding_window = 0;
 };
 
 // Causal attention of m queries q[m, num_heads, head_dim] at positions start .. start + m - 1

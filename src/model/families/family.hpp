@@ -36,6 +36,7 @@ void moe_layers(Family& f, const MoeSpec& moe, const std::set<int64_t>& dense);
 MoeSpec routed_experts(const Family& f, int64_t experts, const char* experts_key);
 
 void describe_llama(Family& f);
+void describe_mistral(Family& f);
 void describe_qwen2(Family& f);
 void describe_qwen3(Family& f);
 void describe_qwen3_moe(Family& f);

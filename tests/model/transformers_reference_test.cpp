@@ -1,5 +1,6 @@
-// The MLA families against transformers' own forward, on tiny random checkpoints whose fp64 logits
-// are committed beside them (tests/model/data/make_*.py, transformers 5.17):
+// Families against transformers' own forward, on tiny random checkpoints whose fp64 logits are
+// committed beside them (tests/model/data/make_*.py, transformers 5.17):
+//   mistral_window     MistralForCausalLM with a sliding window of 8 over 40 positions
 //   deepseek_v3_qlora  DeepseekV3ForCausalLM: q LoRA, interleaved RoPE, 4 expert groups (2 kept)
 //   deepseek_v3_yarn   plain q_proj, half-split RoPE with DeepSeek's yarn (mscale) over 40
 //                      positions against original_max_position_embeddings 16, 2 groups (1 kept)
@@ -53,13 +54,12 @@ int argmax_of(std::span<const double> row) {
   return static_cast<int>(std::max_element(row.begin(), row.end()) - row.begin());
 }
 
-class DeepseekV3 : public ::testing::TestWithParam<const char*> {};
+class Transformers : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(DeepseekV3, MatchesTransformersFp64AndDecodes) {  // and GLM-5, built on it
+TEST_P(Transformers, MatchesFp64AndDecodesAtEveryTp) {
   const auto dir = data_dir(GetParam());
   const auto ref = load_reference(dir);
   auto engine = rt::load_engine(dir);
-  ASSERT_TRUE(std::holds_alternative<MlaAttentionSpec>(engine->spec().layers[0].attention));
   const auto got = rt::forward_logits(*engine, ref.ids);
   ASSERT_EQ(got.size(), ref.logits.size());
   const double err = exl3::test::rel_l2(got, ref.logits);
@@ -75,9 +75,10 @@ TEST_P(DeepseekV3, MatchesTransformersFp64AndDecodes) {  // and GLM-5, built on 
   // Decode steps read the latent cache (normed latent + roped key part) of earlier steps.
   const auto inc = rt::test::prefill_then_decode(*engine, ref.ids, 25);
   EXPECT_LE(exl3::test::rel_l2(inc, got), 1e-6);
-  // Tensor parallelism cuts q, kv_b and o by heads (4 heads: 2+2, 2+1+1, 1 each) and replicates
-  // the latent path, the DSA indexer and the latent cache; the unquantized experts are cut by
-  // channels. Measured 3.4e-7 to 4.2e-7 from TP 1 (fp32 sums in another order).
+  // Tensor parallelism cuts attention by heads (MLA: 4 heads, 2+2, 2+1+1, 1 each, the latent path,
+  // the DSA indexer and the latent cache replicated; Mistral's GQA as its plan says) and the
+  // unquantized MLPs and experts by channels. MLA measured 3.4e-7 to 4.2e-7 from TP 1 (fp32 sums in
+  // another order).
   for (const int tp : {2, 3, 4}) {
     rt::EngineOptions o;
     o.tp = tp;
@@ -88,9 +89,28 @@ TEST_P(DeepseekV3, MatchesTransformersFp64AndDecodes) {  // and GLM-5, built on 
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Model, DeepseekV3,
+INSTANTIATE_TEST_SUITE_P(Model, Transformers,
                          ::testing::Values("deepseek_v3_qlora", "deepseek_v3_yarn", "glm_moe_dsa",
-                                           "deepseek_v32"));
+                                           "deepseek_v32", "mistral_window"));
+
+// The window matters: without it the Mistral model is far from its reference.
+TEST(Mistral, SlidingWindowChangesTheResult) {
+  const auto src = data_dir("mistral_window");
+  const ModelSpec s = describe_model(Checkpoint::open(src));
+  EXPECT_EQ(s.architecture, Architecture::kMistral);
+  EXPECT_EQ(std::get<GqaAttentionSpec>(s.layers[0].attention).sliding_window, 8);
+  const auto ref = load_reference(src);
+  exl3::test::TempDir tmp;
+  for (const auto& e : std::filesystem::directory_iterator(src))
+    std::filesystem::copy_file(e.path(), tmp.path() / e.path().filename());
+  auto cfg = nlohmann::json::parse(exl3::test::read_file(src / "config.json"));
+  cfg["sliding_window"] = nullptr;
+  exl3::test::write_file(tmp.path() / "config.json", cfg.dump(2));
+  auto full = rt::load_engine(tmp.path());
+  const double err = exl3::test::rel_l2(rt::forward_logits(*full, ref.ids), ref.logits);
+  std::printf("mistral_window without its window: rel-L2 %.3e from the reference\n", err);
+  EXPECT_GT(err, 1e-2);
+}
 
 // The sparsity matters: with every position kept, the GLM-5 model is far from its reference.
 TEST(GlmMoeDsa, SelectionChangesTheResultAndSharedLayersReuseIt) {
