@@ -5,7 +5,6 @@
 // softmax), and GLM-4.5's MoE: a sigmoid router with e_score_correction_bias choosing the best
 // topk_group of n_group groups (noaux_tc), routed_scaling_factor, n_shared_experts, the first
 // first_k_dense_replace layers dense. MTP layers (num_nextn_predict_layers) are not loaded.
-#include <algorithm>
 #include <cmath>
 
 #include "exl3/error.hpp"
@@ -68,7 +67,7 @@ MlaAttentionSpec deepseek_mla(const Family& f, bool rope_interleave) {
   return a;
 }
 
-MoeSpec deepseek_moe(const Family& f) {
+MoeSpec grouped_sigmoid_moe(const Family& f, std::string_view family) {
   const ConfigKeys& k = f.keys;
   MoeSpec moe = routed_experts(f, f.config.num_experts, "n_routed_experts");
   moe.router = RouterKind::kSigmoidGrouped;
@@ -95,13 +94,13 @@ MoeSpec deepseek_moe(const Family& f) {
   moe.correction_bias = true;
   const std::string method = k.string("topk_method", "noaux_tc");
   if (method != "noaux_tc") {
-    fail("{}: key 'topk_method': '{}' is not supported (DeepSeek-V3 routing is noaux_tc)", f.label,
-         method);
+    fail("{}: key 'topk_method': '{}' is not supported ({} routing is noaux_tc)", f.label, method,
+         family);
   }
   const std::string scoring = k.string("scoring_func", "sigmoid");
   if (scoring != "sigmoid") {
-    fail("{}: key 'scoring_func': '{}' is not supported (DeepSeek-V3 scores with sigmoid)", f.label,
-         scoring);
+    fail("{}: key 'scoring_func': '{}' is not supported ({} scores with sigmoid)", f.label, scoring,
+         family);
   }
   const int64_t shared = k.integer("n_shared_experts", 1);
   if (shared > 0) moe.shared = DenseMlpSpec{"", moe.intermediate * shared};
@@ -111,15 +110,12 @@ MoeSpec deepseek_moe(const Family& f) {
 void describe_deepseek_v3(Family& f) {
   const ConfigKeys& k = f.keys;
   f.mla = deepseek_mla(f, k.boolean("rope_interleave", true));  // DeepseekV3Config's default
-  const MoeSpec moe = deepseek_moe(f);
+  const MoeSpec moe = grouped_sigmoid_moe(f, "DeepSeek-V3");
   if (k.integer("moe_layer_freq", 1) != 1) {
     fail("{}: key 'moe_layer_freq': only 1 (every layer after first_k_dense_replace) is supported",
          f.label);
   }
-  std::set<int64_t> dense;
-  const int64_t first_dense = k.integer("first_k_dense_replace", 1);
-  for (int64_t l = 0; l < std::min(first_dense, f.num_layers); ++l) dense.insert(l);
-  moe_layers(f, moe, dense);
+  moe_layers(f, moe, first_dense_layers(f));
 }
 
 }  // namespace exl3::model::families

@@ -1,4 +1,6 @@
 // The layer builders every family shares (see family.hpp).
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "exl3/error.hpp"
@@ -54,6 +56,13 @@ MoeSpec routed_experts(const Family& f, int64_t experts, const char* experts_key
   moe.top_k = static_cast<int>(top_k);
   moe.intermediate = f.keys.integer("moe_intermediate_size");
   return moe;
+}
+
+std::set<int64_t> first_dense_layers(const Family& f) {
+  std::set<int64_t> dense;
+  const int64_t first = f.keys.integer("first_k_dense_replace", 1);
+  for (int64_t l = 0; l < std::min(first, f.num_layers); ++l) dense.insert(l);
+  return dense;
 }
 
 }  // namespace exl3::model::families

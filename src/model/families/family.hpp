@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/config_keys.hpp"
@@ -20,9 +21,9 @@ namespace exl3::model::families {
 struct Family {
   const ModelConfig& config;
   const ConfigKeys& keys;
-  const std::string& label;    // config.json, for errors
-  ModelSpec& spec;             // architecture, sizes, ids filled in
-  GqaAttentionSpec attention;  // heads, head_dim, scale, RoPE; qk_norm false
+  const std::string& label;             // config.json, for errors
+  ModelSpec& spec;                      // architecture, sizes, ids filled in
+  GqaAttentionSpec attention;           // heads, head_dim, scale, RoPE; qk_norm false
   std::optional<MlaAttentionSpec> mla;  // set by an MLA family: every layer's attention instead
   int64_t num_layers = 0;
 };
@@ -48,10 +49,14 @@ void describe_deepseek_v32(Family& f);
 // RoPE layout, and whether indexer_types may make layers reuse an earlier selection.
 void describe_dsa(Family& f, bool indexer_rope_interleave, bool shared_layers);
 
-// DeepSeek-V3's pieces, shared by the families built on it: the MLA attention keys (q LoRA,
-// kv_lora_rank, head dims, RoPE over qk_rope_head_dim, the yarn mscale on the softmax scale) and
-// the sigmoid grouped router with correction bias and shared experts.
+// DeepSeek-V3's MLA attention keys (q LoRA, kv_lora_rank, head dims, RoPE over qk_rope_head_dim,
+// the yarn mscale on the softmax scale), shared by the families built on it.
 MlaAttentionSpec deepseek_mla(const Family& f, bool rope_interleave);
-MoeSpec deepseek_moe(const Family& f);
+// The sigmoid router with e_score_correction_bias choosing the best topk_group of n_group groups
+// (noaux_tc), routed_scaling_factor and n_shared_experts (GLM-4.5, DeepSeek-V3 and its sparse
+// attention successors). `family` names the model in errors.
+MoeSpec grouped_sigmoid_moe(const Family& f, std::string_view family);
+// Layers 0 .. first_k_dense_replace - 1 (default 1), which are dense before the MoE layers.
+std::set<int64_t> first_dense_layers(const Family& f);
 
 }  // namespace exl3::model::families

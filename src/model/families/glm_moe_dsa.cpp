@@ -84,8 +84,7 @@ void describe_dsa(Family& f, bool indexer_rope_interleave, bool shared_layers) {
   std::set<int64_t> dense;
   const auto mlp_types = string_list(f, "mlp_layer_types", f.num_layers);
   if (mlp_types.empty()) {
-    const int64_t first_dense = k.integer("first_k_dense_replace", 1);
-    for (int64_t l = 0; l < std::min(first_dense, f.num_layers); ++l) dense.insert(l);
+    dense = first_dense_layers(f);
   } else {
     for (int64_t l = 0; l < f.num_layers; ++l) {
       const auto& t = mlp_types[static_cast<size_t>(l)];
@@ -95,7 +94,7 @@ void describe_dsa(Family& f, bool indexer_rope_interleave, bool shared_layers) {
       if (t == "dense") dense.insert(l);
     }
   }
-  moe_layers(f, deepseek_moe(f), dense);
+  moe_layers(f, grouped_sigmoid_moe(f, "DeepSeek-V3"), dense);
 
   const auto types =
       shared_layers ? indexer_types(f) : std::vector<std::string>(f.spec.layers.size(), "full");
