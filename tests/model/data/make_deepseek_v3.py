@@ -9,7 +9,6 @@ DeepseekV3ForCausalLM.from_pretrained of that folder in float64). The weights ar
 than the init's so that attention, routing and the norms matter; the router's correction bias is
 random so grouped top-k selection differs from plain top-k.
 """
-import json
 import os
 import sys
 
@@ -92,6 +91,22 @@ def weights(cfg, rng):
     return w
 
 
+def write_reference(d, model_cls, vocab_size, **load_kwargs):
+    """Loads folder `d` with transformers in float64 (eager attention; failing on any missing or
+    unexpected tensor) and writes reference_logits.safetensors: `ids` (40 fixed ids) and their
+    float64 `logits`."""
+    model, info = model_cls.from_pretrained(d, dtype=torch.float64, output_loading_info=True,
+                                            attn_implementation="eager", **load_kwargs)
+    bad = {key: val for key, val in info.items() if val}
+    if bad:
+        raise SystemExit(f"{d}: loading info {bad}")
+    ids = torch.tensor([(i * 37 + 5) % vocab_size for i in range(40)], dtype=torch.int64)
+    with torch.no_grad():
+        logits = model(ids[None, :]).logits[0].to(torch.float64).numpy()
+    save_file({"ids": ids.numpy(), "logits": logits}, os.path.join(d, "reference_logits.safetensors"))
+    print(d, "logits", logits.shape, "argmax", logits.argmax(-1)[:8].tolist())
+
+
 def main():
     out = sys.argv[1]
     for k, (name, extra) in enumerate(CASES.items()):
@@ -102,19 +117,8 @@ def main():
         cfg.save_pretrained(d)
         rng = np.random.default_rng(1000 + k)
         save_file(weights(cfg, rng), os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
-        model, info = DeepseekV3ForCausalLM.from_pretrained(
-            d, dtype=torch.float64, output_loading_info=True, attn_implementation="eager",
-            experts_implementation="eager")  # grouped_mm has no float64
-        bad = {key: val for key, val in info.items() if val}
-        if bad:
-            raise SystemExit(f"{name}: loading info {bad}")
-        ids = torch.tensor([(i * 37 + 5) % cfg.vocab_size for i in range(40)], dtype=torch.int64)
-        with torch.no_grad():
-            logits = model(ids[None, :]).logits[0].to(torch.float64).numpy()
-        save_file({"ids": ids.numpy(), "logits": logits},
-                  os.path.join(d, "reference_logits.safetensors"))
-        print(name, "logits", logits.shape, "argmax", logits.argmax(-1)[:8].tolist())
-
+        # grouped_mm (the fused experts) has no float64
+        write_reference(d, DeepseekV3ForCausalLM, cfg.vocab_size, experts_implementation="eager")
 
 if __name__ == "__main__":
     main()

@@ -9,8 +9,10 @@ import os
 import sys
 
 import torch
-from safetensors.numpy import save_file
 from transformers import MistralConfig, MistralForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_deepseek_v3 import write_reference  # noqa: E402
 
 
 def main():
@@ -28,17 +30,7 @@ def main():
             else:
                 p.copy_(torch.randn_like(p) / (p.shape[-1] ** 0.5 if p.dim() > 1 else 1.0))
     model.save_pretrained(d, safe_serialization=True)
-    ref, info = MistralForCausalLM.from_pretrained(d, dtype=torch.float64, output_loading_info=True,
-                                                   attn_implementation="eager")
-    bad = {key: val for key, val in info.items() if val}
-    if bad:
-        raise SystemExit(f"loading info {bad}")
-    ids = torch.tensor([(i * 37 + 5) % cfg.vocab_size for i in range(40)], dtype=torch.int64)
-    with torch.no_grad():
-        logits = ref(ids[None, :]).logits[0].to(torch.float64).numpy()
-    save_file({"ids": ids.numpy(), "logits": logits}, os.path.join(d, "reference_logits.safetensors"))
-    print(d, "logits", logits.shape, "argmax", logits.argmax(-1)[:8].tolist())
-
+    write_reference(d, MistralForCausalLM, cfg.vocab_size)
 
 if __name__ == "__main__":
     main()
