@@ -21,6 +21,7 @@
 
 #include <cuda_fp16.h>
 
+#include "cuda/had128.cuh"
 #include "cuda/kernels.hpp"
 #include "cuda/trellis_decode.cuh"
 #include "exl3/trellis/dispatch.hpp"
@@ -143,22 +144,37 @@ __device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, 
   }
 }
 
+// One launch for up to kGemvGroupMax linears that share their input rows (q/k/v, or one linear
+// alone): blockIdx.x walks the members' 128-column blocks, y the split-K slices (a member with
+// fewer splits leaves the rest idle), z groups of 8 * NT tokens. Each block writes its split's
+// partial [split][m][n]; the last of a column block's splits to finish (a per-member counter,
+// reset by that block) runs the epilogue for those 128 columns: sum of the splits in split
+// order, output rotation, scales, bias. So a linear is its input rotation plus this one kernel,
+// and the rows keep the unfused arithmetic bit for bit.
+static_assert(16 * kGemvWarps * kGemvTiles == 128, "a GEMV column block is one Hadamard chunk");
+
 template <int K, tr::Codebook CB, int NT>
 __global__ void __launch_bounds__(32 * kGemvWarps)
-    gemv_kernel(const uint32_t* __restrict__ trellis, const __half* __restrict__ xr, int m, int k,
-                int n, int splits, float* __restrict__ partial) {
+    gemv_kernel(const __grid_constant__ GemvGroupArgs a) {
+  __shared__ int s_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
-  const int tiles_k = k >> 4;
-  const int j0 = (blockIdx.x * kGemvWarps + warp) * kGemvTiles;
+  int mi = 0;
+  while (mi + 1 < a.count && static_cast<int>(blockIdx.x) >= a.member[mi + 1].block_begin) ++mi;
+  const GemvMember& mem = a.member[mi];
   const int split = blockIdx.y;
+  if (split >= mem.splits) return;
+  const int m = a.m, k = a.k, n = mem.n;
+  const int cb = static_cast<int>(blockIdx.x) - mem.block_begin;
+  const int tiles_k = k >> 4;
+  const int j0 = (cb * kGemvWarps + warp) * kGemvTiles;
   const int tok0 = blockIdx.z * 8 * NT;
-  const int kt_begin = static_cast<int>(static_cast<int64_t>(tiles_k) * split / splits);
-  const int kt_end = static_cast<int>(static_cast<int64_t>(tiles_k) * (split + 1) / splits);
+  const int kt_begin = static_cast<int>(static_cast<int64_t>(tiles_k) * split / mem.splits);
+  const int kt_end = static_cast<int>(static_cast<int64_t>(tiles_k) * (split + 1) / mem.splits);
 
   // B fragments come from x' rows tok0 + 8 nt + g. Lanes of tokens >= m read row 0 instead:
   // B column g only feeds output column (token) g, which is never stored, so no masking.
-  const uint32_t* xr32 = reinterpret_cast<const uint32_t*>(xr);
+  const uint32_t* xr32 = reinterpret_cast<const uint32_t*>(mem.xr);
   const uint32_t* xrow[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -173,10 +189,10 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][nt][i] = 0.0f;
-  gemv_accumulate<K, CB, NT>(trellis, n >> 4, j0, kt_begin, kt_end, xrow, acc);
+  gemv_accumulate<K, CB, NT>(mem.trellis, n >> 4, j0, kt_begin, kt_end, xrow, acc);
 
   // C fragment: c0, c1 = (column g, tokens 2c, 2c+1), c2, c3 = (column g+8, same tokens).
-  float* out = partial + static_cast<int64_t>(split) * m * n;
+  float* out = mem.partial + static_cast<int64_t>(split) * m * n;
 #pragma unroll
   for (int t = 0; t < kGemvTiles; ++t) {
     const int col = 16 * (j0 + t) + g;
@@ -193,35 +209,52 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
       }
     }
   }
+
+  int32_t* counter = mem.counters + static_cast<int64_t>(blockIdx.z) * (n >> 7) + cb;
+  if (mem.splits > 1) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(counter, 1) == mem.splits - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+  } else {
+    __syncthreads();
+  }
+  const int tok_end = min(m, tok0 + 8 * NT);
+  for (int tok = tok0 + warp; tok < tok_end; tok += kGemvWarps) {
+    finish_output_chunk(mem.partial, mem.splits, m, n, tok, static_cast<int64_t>(cb) * 128,
+                        mem.row_scale[tok], mem.svh, mem.bias, mem.y, a.out_type, lane);
+  }
+  if (mem.splits > 1 && threadIdx.x == 0) *counter = 0;  // ready for the next run
 }
 
 template <int K, tr::Codebook CB, int NT>
-cudaError_t launch_gemv_nt(const uint16_t* trellis, const __half* xr, int64_t m, int64_t k,
-                           int64_t n, int splits, float* partial, cudaStream_t stream) {
-  const auto* t32 = reinterpret_cast<const uint32_t*>(trellis);
-  const unsigned gx = static_cast<unsigned>(n / (16 * kGemvWarps * kGemvTiles));
-  const unsigned gz = static_cast<unsigned>((m + 8 * NT - 1) / (8 * NT));
-  gemv_kernel<K, CB, NT><<<dim3(gx, splits, gz), dim3(32 * kGemvWarps), 0, stream>>>(
-      t32, xr, static_cast<int>(m), static_cast<int>(k), static_cast<int>(n), splits, partial);
+cudaError_t launch_gemv_nt(const GemvGroupArgs& a, cudaStream_t stream) {
+  int blocks = 0, splits = 1;
+  for (int i = 0; i < a.count; ++i) {
+    blocks += a.member[i].n / 128;
+    splits = a.member[i].splits > splits ? a.member[i].splits : splits;
+  }
+  const unsigned gz = static_cast<unsigned>((a.m + 8 * NT - 1) / (8 * NT));
+  gemv_kernel<K, CB, NT><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(splits), gz),
+                           dim3(32 * kGemvWarps), 0, stream>>>(a);
   return cudaGetLastError();
 }
 
 // Token groups: one 8-token B fragment per group for m <= 8, two for m <= 16, four beyond
 // (the grid's z covers any m; the planner keeps this path to small m).
 template <int K, tr::Codebook CB>
-cudaError_t launch_gemv_cb(const uint16_t* trellis, const __half* xr, int64_t m, int64_t k,
-                           int64_t n, int splits, float* partial, cudaStream_t stream) {
-  if (m <= 8) return launch_gemv_nt<K, CB, 1>(trellis, xr, m, k, n, splits, partial, stream);
-  if (m <= 16) return launch_gemv_nt<K, CB, 2>(trellis, xr, m, k, n, splits, partial, stream);
-  return launch_gemv_nt<K, CB, 4>(trellis, xr, m, k, n, splits, partial, stream);
+cudaError_t launch_gemv_cb(const GemvGroupArgs& a, cudaStream_t stream) {
+  if (a.m <= 8) return launch_gemv_nt<K, CB, 1>(a, stream);
+  if (a.m <= 16) return launch_gemv_nt<K, CB, 2>(a, stream);
+  return launch_gemv_nt<K, CB, 4>(a, stream);
 }
 
 template <int K>
-cudaError_t gemv_k(const uint16_t* trellis, tr::Codebook cb, const __half* xr, int64_t m, int64_t k,
-                   int64_t n, int splits, float* partial, cudaStream_t stream) {
-  return tr::with_codebook(cb, [&](auto c) {
-    return launch_gemv_cb<K, decltype(c)::value>(trellis, xr, m, k, n, splits, partial, stream);
-  });
+cudaError_t gemv_k(tr::Codebook cb, const GemvGroupArgs& a, cudaStream_t stream) {
+  return tr::with_codebook(
+      cb, [&](auto c) { return launch_gemv_cb<K, decltype(c)::value>(a, stream); });
 }
 
 // Resident blocks per SM of the single-group variant, for the split-K planner.

@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include "exl3/cuda/dtype.hpp"
+#include "exl3/trellis/hadamard.hpp"
 
 namespace exl3::cuda::detail {
 
@@ -92,6 +93,32 @@ __device__ __forceinline__ void store_act4(void* y, DType t, int64_t idx, const 
       *reinterpret_cast<float4*>(static_cast<float*>(y) + idx) =
           make_float4(v[0], v[1], v[2], v[3]);
   }
+}
+
+// The EXL3 linear's epilogue for one warp: y[row, col0 .. col0 + 127] (out_type) =
+// had128(sum over s of partial[s, row, ...], in split order) * (kHadScale * row_scale) * svh +
+// bias. Partials are read through L2 (__ldcg): another block may have written them.
+__device__ __forceinline__ void finish_output_chunk(const float* partial, int splits, int64_t m,
+                                                    int64_t n, int64_t row, int64_t col0,
+                                                    float row_scale, const uint16_t* svh,
+                                                    const float* bias, void* y, DType out_type,
+                                                    int lane) {
+  const int64_t col = col0 + 4 * lane, idx = row * n + col;
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int s = 0; s < splits; ++s) {  // fixed order: deterministic and batch-invariant
+    const float4 p = __ldcg(reinterpret_cast<const float4*>(partial + s * m * n + idx));
+    v[0] += p.x;
+    v[1] += p.y;
+    v[2] += p.z;
+    v[3] += p.w;
+  }
+  had128_lane4(v, lane);
+  const float mul = exl3::trellis::kHadScale * row_scale;
+  float sv[4], o[4];
+  load_half4(svh, col, sv);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[i] = v[i] * mul * sv[i] + (bias ? bias[col + i] : 0.0f);
+  store_act4(y, out_type, idx, o);
 }
 
 }  // namespace exl3::cuda::detail

@@ -45,11 +45,10 @@ int detail::gemv_blocks_per_sm(int K, trellis::Codebook cb) {
                             [&](auto k) { return gemv_blocks_per_sm_k<decltype(k)::value>(cb); });
 }
 
-cudaError_t detail::gemv(const uint16_t* trellis, int K, trellis::Codebook cb, const __half* xr,
-                         int64_t m, int64_t k, int64_t n, int splits, float* partial,
+cudaError_t detail::gemv(int K, trellis::Codebook cb, const GemvGroupArgs& args,
                          cudaStream_t stream) {
   return exl3::trellis::with_bits(K, cudaErrorInvalidValue, [&](auto bits) {
-    return gemv_k<decltype(bits)::value>(trellis, cb, xr, m, k, n, splits, partial, stream);
+    return gemv_k<decltype(bits)::value>(cb, args, stream);
   });
 }
 
@@ -110,6 +109,13 @@ void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint1
   suh_ = DeviceBuffer(suh, static_cast<size_t>(in_) * 2, of("suh"));
   svh_ = DeviceBuffer(svh, static_cast<size_t>(out_) * 2, of("svh"));
   if (bias != nullptr) bias_ = DeviceBuffer(bias, static_cast<size_t>(out_) * 4, of("bias"));
+  // The GEMV's completion counters: one per 128 output columns and token group of the largest
+  // GEMV-path m (zero between runs; the kernel resets what it uses).
+  const int64_t token_groups =
+      std::max<int64_t>(1, (std::min(opts_.gemv_max_m, opts_.max_m) + 31) / 32);
+  const auto counter_bytes = static_cast<size_t>(token_groups * (out_ / 128)) * 4;
+  gemv_counters_ = DeviceBuffer(counter_bytes, of("GEMV counters"));
+  EXL3_CUDA_CHECK(cudaMemset(gemv_counters_.get(), 0, counter_bytes), of("GEMV counters"));
   if (opts_.max_m > opts_.mma_max_m) {
     EXL3_CUDA_CHECK(detail::reconstruct_folded_prepare(K_, cb_),
                     fmt::format("CUDA linear '{}': preparing the folded reconstruct kernel", name));
@@ -163,9 +169,15 @@ cudaError_t Exl3LinearCuda::run(const LinearPlan& plan, const void* x, DType in_
       detail::rotate_input(x, in_type, suh_.as<uint16_t>(), m, in_, xr, row_scale, stream);
   if (e != cudaSuccess) return e;
   if (plan.path == LinearPath::kGemv) {
-    e = detail::gemv(trellis_.as<uint16_t>(), K_, cb_, xr, m, in_, out_, plan.split_k, partial,
-                     stream);
-  } else if (plan.path == LinearPath::kMma) {
+    detail::GemvGroupArgs args;
+    args.member[0] = gemv_member(plan, workspace, y, 0);
+    args.count = 1;
+    args.m = static_cast<int>(m);
+    args.k = static_cast<int>(in_);
+    args.out_type = out_type;
+    return detail::gemv(K_, cb_, args, stream);
+  }
+  if (plan.path == LinearPath::kMma) {
     e = detail::mma_gemm(trellis_.as<uint16_t>(), K_, cb_, xr, m, in_, out_, plan.split_k, partial,
                          stream);
   } else {
@@ -177,6 +189,80 @@ cudaError_t Exl3LinearCuda::run(const LinearPlan& plan, const void* x, DType in_
   if (e != cudaSuccess) return e;
   return detail::rotate_output(partial, plan.split_k, row_scale, svh_.as<uint16_t>(),
                                bias_.as<float>(), m, out_, y, out_type, stream);
+}
+
+detail::GemvMember Exl3LinearCuda::gemv_member(const LinearPlan& plan, void* workspace, void* y,
+                                               int block_begin) const {
+  detail::GemvMember g;
+  g.trellis = trellis_.as<uint32_t>();
+  g.xr = plan.workspace.xr.in<__half>(workspace);
+  g.row_scale = plan.workspace.row_scale.in<float>(workspace);
+  g.partial = plan.workspace.partial.in<float>(workspace);
+  g.svh = svh_.as<uint16_t>();
+  g.bias = bias_.as<float>();
+  g.y = y;
+  g.counters = gemv_counters_.as<int32_t>();
+  g.n = static_cast<int>(out_);
+  g.splits = plan.split_k;
+  g.block_begin = block_begin;
+  return g;
+}
+
+bool Exl3LinearCuda::can_group(std::span<const Exl3LinearCuda* const> layers, int64_t m) {
+  if (layers.empty() || layers.size() > static_cast<size_t>(detail::kGemvGroupMax)) return false;
+  const Exl3LinearCuda& a = *layers[0];
+  for (const Exl3LinearCuda* l : layers) {
+    if (l->in_ != a.in_ || l->K_ != a.K_ || l->cb_ != a.cb_ || m < 1 || m > l->opts_.max_m ||
+        l->path_for(m) != LinearPath::kGemv) {
+      return false;
+    }
+  }
+  return true;
+}
+
+namespace {
+size_t align256(size_t v) {
+  return (v + 255) / 256 * 256;
+}
+}  // namespace
+
+size_t Exl3LinearCuda::group_workspace_bytes(std::span<const Exl3LinearCuda* const> layers,
+                                             int64_t m) {
+  size_t bytes = 0;
+  for (const Exl3LinearCuda* l : layers) bytes += align256(l->plan(m).workspace.bytes);
+  return bytes;
+}
+
+cudaError_t Exl3LinearCuda::run_group(std::span<const Exl3LinearCuda* const> layers, const void* x,
+                                      DType in_type, std::span<void* const> ys, DType out_type,
+                                      int64_t m, void* workspace, size_t workspace_size,
+                                      cudaStream_t stream) {
+  if (!can_group(layers, m) || ys.size() != layers.size() || x == nullptr || workspace == nullptr ||
+      workspace_size < group_workspace_bytes(layers, m)) {
+    return cudaErrorInvalidValue;
+  }
+  detail::RotateGroup rot;
+  detail::GemvGroupArgs args;
+  auto* base = static_cast<char*>(workspace);
+  int blocks = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Exl3LinearCuda& l = *layers[i];
+    if (ys[i] == nullptr) return cudaErrorInvalidValue;
+    const LinearPlan plan = l.plan(m);
+    args.member[i] = l.gemv_member(plan, base, ys[i], blocks);
+    rot.suh[i] = l.suh_.as<uint16_t>();
+    rot.xr[i] = plan.workspace.xr.in<__half>(base);
+    rot.row_scale[i] = plan.workspace.row_scale.in<float>(base);
+    blocks += static_cast<int>(l.out_ / 128);
+    base += align256(plan.workspace.bytes);
+  }
+  rot.count = args.count = static_cast<int>(layers.size());
+  args.m = static_cast<int>(m);
+  args.k = static_cast<int>(layers[0]->in_);
+  args.out_type = out_type;
+  const cudaError_t e = detail::rotate_input_group(x, in_type, rot, m, layers[0]->in_, stream);
+  if (e != cudaSuccess) return e;
+  return detail::gemv(layers[0]->K_, layers[0]->cb_, args, stream);
 }
 
 // Large m with fp16/bf16 activations: fold both rotations and scales into the decoded weight (in

@@ -245,18 +245,21 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- combine --------------------------------------------------------------------------------
 
-// Grid (m, H / (128 * kWarps) rounded up): warp w of block (t, b) owns chunk b * kWarps + w.
+// Grid (m, H / 128): block (t, c) owns 128-column chunk c of token t; warp w sums the token's
+// routes w, w + kWarps, ... (split-K partials, then per-expert output rotation and scales unless
+// the experts share H), and the warps' sums add in warp order (deterministic, and the same for
+// every batch size), so a decode step's one token still spreads over H / 128 blocks of 8 warps.
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const float* __restrict__ partial, int splits, int64_t slots_cap, int k,
                    int64_t H, bool shared_h, const int32_t* ids, const float* weights,
                    int num_experts, MoeSlots slots, const float* act_scale,
                    const uint16_t* down_svh, float* out) {
+  __shared__ float4 red[kWarps][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.x;
-  const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * kWarps + warp) * 128;
-  if (c0 >= H) return;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * 128;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int j = 0; j < k; ++j) {
+  for (int j = warp; j < k; j += kWarps) {
     const int64_t r = t * k + j;
     const int e = ids[r];
     const int64_t slot = slots.slot_of_route != nullptr ? slots.slot_of_route[r] : r;
@@ -279,6 +282,16 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < 4; ++i)
         acc[i] += w * (v[i] * exl3::trellis::kHadScale * h2f(sv, c0 + 4 * lane + i));
     }
+  }
+  red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float4 p = red[w][lane];
+    acc[0] += p.x, acc[1] += p.y, acc[2] += p.z, acc[3] += p.w;
   }
   if (shared_h) {
     had128_lane4(acc, lane);
@@ -342,7 +355,7 @@ cudaError_t moe_combine(const float* partial, int splits, int64_t slots_cap, int
                         const float* act_scale, const uint16_t* down_svh, float* out,
                         cudaStream_t stream) {
   if (m <= 0 || H % 128 != 0) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(m), blocks_for(H / 128, kWarps));
+  const dim3 grid(static_cast<unsigned>(m), static_cast<unsigned>(H / 128));
   combine_kernel<<<grid, kThreads, 0, stream>>>(partial, splits, slots_cap, k, H, shared_h,
                                                 topk_ids, topk_weights, num_experts, slots,
                                                 act_scale, down_svh, out);

@@ -49,6 +49,8 @@ GqaModules load_gqa(Backend& b, const ModelSpec& model, const GqaAttentionSpec& 
     m.o = b.load_linear(sliced(ap->o, rank));
   }
   m.attention = b.load_gqa(s, m.q_heads, m.kv_heads, cache_layer);
+  const Module* qkv[] = {m.q.get(), m.k.get(), m.v.get()};
+  b.reserve_group(qkv);
   b.reserve(Slot::kQ, m.q_heads.count * hd);
   b.reserve(Slot::kAttn, m.q_heads.count * hd);
   b.reserve(Slot::kK, m.kv_heads.count * hd);
@@ -86,6 +88,8 @@ MlaModules load_mla(Backend& b, const ModelSpec& model, const MlaAttentionSpec& 
   m.attention = b.load_mla(
       s, cache_layer,
       p ? sliced(p->kv_b, rank) : whole(s.prefix + ".kv_b_proj", s.kv_lora_rank, kv_b_width));
+  const Module* first[] = {m.q_a ? m.q_a.get() : m.q.get(), m.kv_a.get()};  // both read h
+  b.reserve_group(first);
   b.reserve(Slot::kQ, q_width);
   b.reserve(Slot::kLatentKv, m.kv_a_width);
   b.reserve(Slot::kAttn, s.num_heads * s.v_head_dim);
@@ -106,6 +110,8 @@ DenseMlpModules load_dense(Backend& b, const std::string& prefix, int64_t hidden
     m.up = b.load_linear(sliced(p->up, rank));
     m.down = b.load_linear(sliced(p->down, rank));
   }
+  const Module* gate_up[] = {m.gate.get(), m.up.get()};
+  b.reserve_group(gate_up);
   b.reserve(Slot::kGate, m.intermediate);
   b.reserve(Slot::kUp, m.intermediate);
   return m;

@@ -81,6 +81,7 @@ class CpuBackend final : public model::Backend {
   model::ModulePtr load_moe(const MoeSpec& spec, int layer, const model::TpMoePlan* plan,
                             int rank) override;
   void reserve(model::Slot, int64_t) override {}
+  void reserve_group(std::span<const model::Module* const>) override {}
 
   model::Act act(model::Slot slot, int64_t width) override;
   void embed(const model::Module& embedding, model::Act x) override;

@@ -56,6 +56,15 @@ struct CudaBackend::Gqa final : Module {
   DeviceBuffer kcache, vcache;  // fp16 [pages * page_size, kv_heads * head_dim]
 };
 
+namespace {
+
+cuda::AttnShape attn_shape(const GqaAttentionSpec& s) {
+  return {static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
+          static_cast<int>(s.head_dim), static_cast<int>(s.rope.half())};
+}
+
+}  // namespace
+
 struct CudaBackend::Rope {
   std::vector<float> inv_freq;
   double factor = 1.0;
@@ -368,6 +377,18 @@ void CudaBackend::allocate(int64_t pages, int64_t page_size, int64_t max_pages,
   if (widest_pad_in_ > 0) pad_in_ = f(widest_pad_in_, "padding");
   if (widest_pad_out_ > 0) pad_out_ = f(widest_pad_out_, "padding");
   ws_ = DeviceBuffer(ws_bytes_, "the workspace");
+  size_t attn_bytes = 0;
+  const cuda::PagedKv kv_shape{nullptr, nullptr, nullptr, static_cast<int32_t>(max_pages),
+                               static_cast<int32_t>(page_size)};
+  for (const Gqa* a : attention_) {
+    attn_bytes = std::max(attn_bytes, cuda::attention_decode_workspace_bytes(
+                                          std::min(cap, cuda::kAttentionSplitMaxTokens),
+                                          attn_shape(a->spec), kv_shape));
+  }
+  attn_ws_ = DeviceBuffer(attn_bytes, "the decode attention workspace");
+  if (attn_bytes > 0) {
+    EXL3_CUDA_CHECK(cudaMemset(attn_ws_.get(), 0, attn_bytes), "zeroing the attention workspace");
+  }
   meta_capacity_ = 7 * cap + cap * max_pages;  // the largest MetaLayout::total()
   meta_ = DeviceBuffer(static_cast<size_t>(meta_capacity_) * 4, "step metadata");
   pads_ = {pad_in_.as<float>(), pad_out_.as<float>()};
@@ -399,10 +420,19 @@ void CudaBackend::add_rms_norm(Act x, const Act* residual, const Module& norm, A
 }
 
 void CudaBackend::linears(std::span<const Module* const> linears, Act x, std::span<const Act> ys) {
+  std::vector<const GpuLinear*> ls;
+  std::vector<float*> outs;
   for (size_t i = 0; i < linears.size(); ++i) {
-    static_cast<const CudaLinear*>(linears[i])
-        ->linear.run(x.data, ys[i].data, x.rows, ws_.get(), ws_.bytes(), pads_, stream_);
+    ls.push_back(&static_cast<const CudaLinear*>(linears[i])->linear);
+    outs.push_back(ys[i].data);
   }
+  GpuLinear::run_group(ls, x.data, outs, x.rows, ws_.get(), ws_.bytes(), pads_, stream_);
+}
+
+void CudaBackend::reserve_group(std::span<const Module* const> linears) {
+  std::vector<const GpuLinear*> ls;
+  for (const Module* m : linears) ls.push_back(&static_cast<const CudaLinear*>(m)->linear);
+  ws_bytes_ = std::max(ws_bytes_, GpuLinear::group_workspace_bytes(ls));
 }
 
 void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
@@ -411,8 +441,7 @@ void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
   const cuda::TokenMeta tm{meta() + ml_.pos(), meta() + ml_.seq_row()};
   cuda::PagedKv kv{a.kcache.as<uint16_t>(), a.vcache.as<uint16_t>(), meta() + ml_.page_tables(),
                    static_cast<int32_t>(max_pages_), static_cast<int32_t>(page_size_)};
-  const cuda::AttnShape shape{static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
-                              static_cast<int>(s.head_dim), static_cast<int>(s.rope.half())};
+  const cuda::AttnShape shape = attn_shape(s);
   EXL3_CUDA_CHECK(
       cuda::qk_norm_rope_store(q.data, k.data, v.data, a.q_norm.as<float>(), a.k_norm.as<float>(),
                                static_cast<float>(spec_.rms_norm_eps),
@@ -420,9 +449,10 @@ void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
                                shape, kv, stream_),
       "rope");
   const auto scale = static_cast<float>(s.scale);
-  EXL3_CUDA_CHECK(cuda::attention_decode(q.data, meta() + ml_.decode_list(), ml_.decode, tm, shape,
-                                         scale, kv, out.data, stream_),
-                  "attention (decode)");
+  EXL3_CUDA_CHECK(
+      cuda::attention_decode(q.data, meta() + ml_.decode_list(), ml_.decode, tm, shape, scale, kv,
+                             attn_ws_.get(), attn_ws_.bytes(), out.data, stream_),
+      "attention (decode)");
   EXL3_CUDA_CHECK(
       cuda::attention_prefill(q.data, meta() + ml_.tile_first(), meta() + ml_.tile_len(), ml_.tiles,
                               tm, shape, scale, kv, out.data, stream_),

@@ -117,6 +117,7 @@ class CudaBackend final : public model::Backend {
   model::ModulePtr load_moe(const MoeSpec& spec, int layer, const model::TpMoePlan* plan,
                             int rank) override;
   void reserve(model::Slot slot, int64_t width) override;
+  void reserve_group(std::span<const model::Module* const> linears) override;
 
   model::Act act(model::Slot slot, int64_t width) override;
   void embed(const model::Module& embedding, model::Act x) override;
@@ -161,6 +162,7 @@ class CudaBackend final : public model::Backend {
   int64_t page_size_ = 0, max_pages_ = 0;
   DeviceBuffer slots_[static_cast<size_t>(model::Slot::kCount)];
   DeviceBuffer router_, ids_, wts_, logits_, logits_local_, pad_in_, pad_out_, ws_, meta_;
+  DeviceBuffer attn_ws_;  // split-KV decode attention: counters (zeroed here) and split states
   GpuLinear::Pads pads_;
   MetaLayout ml_;
 };

@@ -162,6 +162,43 @@ size_t GpuLinear::workspace_bytes() const {
   return exl3_ ? exl3_->workspace_bytes() : dense_->workspace_bytes();
 }
 
+std::vector<const cuda::Exl3LinearCuda*> GpuLinear::groupable(
+    std::span<const GpuLinear* const> linears, int64_t m) {
+  std::vector<const cuda::Exl3LinearCuda*> g;
+  if (linears.size() < 2) return g;
+  for (const GpuLinear* l : linears) {
+    if (!l->exl3_ || l->stored_in_ != l->in_ || l->stored_out_ != l->out_ || l->out_offset_ != 0)
+      return {};
+    g.push_back(l->exl3_.get());
+  }
+  if (!cuda::Exl3LinearCuda::can_group(g, m)) return {};
+  return g;
+}
+
+size_t GpuLinear::group_workspace_bytes(std::span<const GpuLinear* const> linears) {
+  if (linears.empty() || !linears[0]->exl3_) return 0;
+  const auto& o = linears[0]->exl3_->options();
+  const int64_t m = std::min(o.gemv_max_m, o.max_m);
+  if (m < 1) return 0;
+  const auto g = groupable(linears, m);
+  return g.empty() ? 0 : cuda::Exl3LinearCuda::group_workspace_bytes(g, m);
+}
+
+void GpuLinear::run_group(std::span<const GpuLinear* const> linears, const float* x,
+                          std::span<float* const> ys, int64_t m, void* ws, size_t ws_size,
+                          const Pads& pads, cudaStream_t stream) {
+  const auto g = groupable(linears, m);
+  if (!g.empty() && x != nullptr && ws_size >= cuda::Exl3LinearCuda::group_workspace_bytes(g, m)) {
+    std::vector<void*> out(ys.begin(), ys.end());
+    EXL3_CUDA_CHECK(cuda::Exl3LinearCuda::run_group(g, x, cuda::DType::kF32, out, cuda::DType::kF32,
+                                                    m, ws, ws_size, stream),
+                    linears[0]->name_ + " (grouped)");
+    return;
+  }
+  for (size_t i = 0; i < linears.size(); ++i)
+    linears[i]->run(x, ys[i], m, ws, ws_size, pads, stream);
+}
+
 void GpuLinear::run(const float* x, float* y, int64_t m, void* ws, size_t ws_size, const Pads& pads,
                     cudaStream_t stream) const {
   if (mx_) {

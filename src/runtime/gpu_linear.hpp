@@ -23,9 +23,9 @@
 #include "exl3/cuda/mxfp8.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/dtype.hpp"
+#include "exl3/model/tp_plan.hpp"
 #include "exl3/runtime/overlay.hpp"
 #include "exl3/runtime/tp_linear.hpp"
-#include "exl3/model/tp_plan.hpp"
 
 namespace exl3::runtime {
 
@@ -73,8 +73,20 @@ class GpuLinear {
   // y[m, out] = x[m, in] (both fp32, packed rows).
   void run(const float* x, float* y, int64_t m, void* ws, size_t ws_size, const Pads& pads,
            cudaStream_t stream) const;
+  // ys[i] = x @ linears[i]: one fused EXL3 group launch pair when every linear is an unpadded
+  // EXL3 linear, m is on their GEMV paths and the workspace holds the group
+  // (Exl3LinearCuda::run_group), else run() each in turn.
+  static void run_group(std::span<const GpuLinear* const> linears, const float* x,
+                        std::span<float* const> ys, int64_t m, void* ws, size_t ws_size,
+                        const Pads& pads, cudaStream_t stream);
+  // Workspace bytes of run_group on these linears at its largest grouped m (0 when they never
+  // group).
+  static size_t group_workspace_bytes(std::span<const GpuLinear* const> linears);
 
  private:
+  // The fused group form of these linears at m, or empty.
+  static std::vector<const cuda::Exl3LinearCuda*> groupable(
+      std::span<const GpuLinear* const> linears, int64_t m);
   // The EXL3 linear `v` (stored dims) on the device, as name_.
   void upload_exl3(cuda::CudaContext& ctx, const cpu::LinearView& v, int64_t cap);
 

@@ -1,5 +1,6 @@
 // CUDA EXL3 linear vs the CPU reference on fresh random data: every K x codebook, both paths,
 // many m; poisoned outputs; graph replay == eager; batch invariance; golden GEMM vectors.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -229,6 +230,85 @@ TEST(CudaLinear, GraphReplayEqualsEager) {
     EXL3_CUDA_CHECK(cudaGraphDestroy(graph));
     EXL3_CUDA_CHECK(cudaStreamDestroy(s));
     ASSERT_EQ(std::memcmp(replay.data(), eager.data(), eager.size() * 4), 0) << "m=" << m;
+  }
+}
+
+// q/k/v-style groups: one rotation launch and one fused GEMV launch for three layers reading the
+// same x give each layer's own run() bits, eager and replayed from a graph (the GEMV completion
+// counters are left zero between runs); layers of different K do not group.
+TEST(CudaLinear, GroupRunEqualsSeparateRuns) {
+  EXL3_REQUIRE_GPU();
+  CudaContext ctx;
+  auto rng = exl3::test::make_rng();
+  for (auto cb : {tr::Codebook::kMcg, tr::Codebook::kMul1}) {
+    const Layer a(512, 384, 4, cb, true, rng), b(512, 128, 4, cb, false, rng),
+        c(512, 256, 4, cb, true, rng);
+    exl3::cuda::LinearOptions opts;
+    opts.max_m = 64;
+    const auto ga = a.gpu(ctx, opts), gb = b.gpu(ctx, opts), gc = c.gpu(ctx, opts);
+    const Exl3LinearCuda* group[] = {&ga, &gb, &gc};
+    for (int64_t m : {1, 5, 8, 16}) {
+      ASSERT_TRUE(Exl3LinearCuda::can_group(group, m)) << "m=" << m;
+      const size_t ws_bytes =
+          std::max({Exl3LinearCuda::group_workspace_bytes(group, m), ga.workspace_bytes(),
+                    gb.workspace_bytes(), gc.workspace_bytes()});
+      DeviceBuffer ws(ws_bytes, "ws");
+      const auto x = random_x(m, 512, false, rng);
+      std::vector<std::vector<float>> separate;
+      for (const Exl3LinearCuda* l : group)
+        separate.push_back(run_gpu(*l, x, DType::kF16, m, DType::kF32, ws.get(), ws.bytes()));
+
+      auto dx = DeviceBuffer::of<uint16_t>(x.size(), "dx");
+      EXL3_CUDA_CHECK(
+          cudaMemcpy(dx.as<uint16_t>(), x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+      std::vector<DeviceBuffer> dy;
+      std::vector<void*> ys;
+      for (const Exl3LinearCuda* l : group) {
+        dy.push_back(DeviceBuffer::of<float>(static_cast<size_t>(m * l->out_features()), "dy"));
+        ys.push_back(dy.back().get());
+      }
+      cudaStream_t s;
+      EXL3_CUDA_CHECK(cudaStreamCreate(&s));
+      const auto check = [&](const char* how) {
+        for (size_t i = 0; i < dy.size(); ++i) {
+          std::vector<float> got(dy[i].count<float>());
+          EXL3_CUDA_CHECK(
+              cudaMemcpy(got.data(), dy[i].get(), dy[i].bytes(), cudaMemcpyDeviceToHost));
+          ASSERT_EQ(std::memcmp(got.data(), separate[i].data(), got.size() * 4), 0)
+              << how << ": layer " << i << " m=" << m;
+        }
+      };
+      const auto poison = [&] {
+        for (auto& d : dy) EXL3_CUDA_CHECK(cudaMemset(d.get(), 0xFF, d.bytes()));
+      };
+      poison();
+      EXL3_CUDA_CHECK(Exl3LinearCuda::run_group(group, dx.get(), DType::kF16, ys, DType::kF32, m,
+                                                ws.get(), ws.bytes(), s));
+      EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
+      check("eager");
+      cudaGraph_t graph;
+      EXL3_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+      EXL3_CUDA_CHECK(Exl3LinearCuda::run_group(group, dx.get(), DType::kF16, ys, DType::kF32, m,
+                                                ws.get(), ws.bytes(), s));
+      EXL3_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+      cudaGraphExec_t exec;
+      EXL3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int rep = 0; rep < 3; ++rep) {
+        poison();
+        EXL3_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        EXL3_CUDA_CHECK(cudaStreamSynchronize(s));
+        check("replay");
+      }
+      EXL3_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      EXL3_CUDA_CHECK(cudaGraphDestroy(graph));
+      EXL3_CUDA_CHECK(cudaStreamDestroy(s));
+    }
+    const Layer d(512, 128, 3, cb, false, rng);
+    const auto gd = d.gpu(ctx, opts);
+    const Exl3LinearCuda* mixed[] = {&ga, &gd};
+    EXPECT_FALSE(Exl3LinearCuda::can_group(mixed, 1));
+    const Exl3LinearCuda* one[] = {&ga};
+    EXPECT_FALSE(Exl3LinearCuda::can_group(one, 65)) << "m past max_m";
   }
 }
 

@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,9 @@ class Exl3LinearData;
 namespace exl3::cuda {
 
 class CudaContext;
+namespace detail {
+struct GemvMember;
+}
 
 class Exl3LinearCuda {
  public:
@@ -91,6 +95,18 @@ class Exl3LinearCuda {
   cudaError_t run(const void* x, DType in_type, void* y, DType out_type, int64_t m, void* workspace,
                   size_t workspace_size, cudaStream_t stream) const;
 
+  // Linears that read the same x [m, in] (q/k/v; gate/up) in two launches (one input rotation,
+  // one GEMV with the epilogue fused) instead of two per linear: possible when m is on every
+  // layer's GEMV path and they share in_features, K and codebook (at most 4 layers). Each
+  // layer's rows are the bits its own run() gives. ys[i]: [m, out_i] in out_type; the workspace
+  // holds group_workspace_bytes(layers, m). The same layer may not run on two streams at once
+  // (its GEMV completion counters are per layer).
+  static bool can_group(std::span<const Exl3LinearCuda* const> layers, int64_t m);
+  static size_t group_workspace_bytes(std::span<const Exl3LinearCuda* const> layers, int64_t m);
+  static cudaError_t run_group(std::span<const Exl3LinearCuda* const> layers, const void* x,
+                               DType in_type, std::span<void* const> ys, DType out_type, int64_t m,
+                               void* workspace, size_t workspace_size, cudaStream_t stream);
+
   // Decodes W_hat (fp16 bits, row-major [in, out]) into `out` (device).
   cudaError_t reconstruct(uint16_t* out, cudaStream_t stream) const;
 
@@ -103,6 +119,9 @@ class Exl3LinearCuda {
   cudaError_t cublas_gemm(const void* x, int x_type, const void* w, void* y, int y_type, int64_t m,
                           cudaStream_t stream) const;
 
+  detail::GemvMember gemv_member(const LinearPlan& plan, void* workspace, void* y,
+                                 int block_begin) const;
+
   int64_t in_ = 0, out_ = 0;
   int K_ = 0;
   trellis::Codebook cb_ = trellis::Codebook::k3Inst;
@@ -113,6 +132,7 @@ class Exl3LinearCuda {
   DeviceBuffer suh_;            // fp16 [in]
   DeviceBuffer svh_;            // fp16 [out]
   DeviceBuffer bias_;           // fp32 [out], or empty
+  DeviceBuffer gemv_counters_;  // int32, zero between runs (see run_group)
 };
 
 // Convenience for tools and tests: copies fp32 x [m, in] to the device, runs the layer (fp32 in

@@ -60,13 +60,25 @@ cudaError_t qk_norm_rope_store(float* q, const float* k, const float* v, const f
 
 // Causal attention of queries q [n, heads, hd] (after RoPE) over keys/values 0..pos[t] of their
 // sequence -> out [n, heads, hd] (fp32; softmax in fp32).
-//   decode:  the `count` tokens listed in tokens[] (one block per token and kv head, keys split
-//            over warps; what a decode step runs).
+//   decode:  the `count` tokens listed in tokens[] (what a decode step runs). Split-KV
+//            ("flash-decoding"): each (token, group of query heads sharing a kv head) is cut into
+//            up to attention_decode_splits() key ranges run by separate blocks, whose partial
+//            softmax states the last block to finish merges (fixed order), so a batch-1 step at
+//            long context still fills the GPU. Needs `workspace` of
+//            attention_decode_workspace_bytes(count, ...) bytes, zeroed once when allocated (the
+//            kernel leaves it zeroed); with less, or count > kAttentionSplitMaxTokens, every
+//            (token, head group) runs as one block. The split count depends only on the shape
+//            and the cache's keys per sequence, never on the batch, so a token's output is the
+//            same bits at every batch size up to kAttentionSplitMaxTokens.
 //   prefill: `count` tiles of up to 32 consecutive tokens of one sequence, tile i = tokens
 //            tile_first[i] .. tile_first[i] + tile_len[i] - 1 at consecutive positions; a block per
 //            tile and head walks the keys in shared-memory chunks.
+constexpr int64_t kAttentionSplitMaxTokens = 64;
+int attention_decode_splits(const PagedKv& kv);
+size_t attention_decode_workspace_bytes(int64_t count, const AttnShape& shape, const PagedKv& kv);
 cudaError_t attention_decode(const float* q, const int32_t* tokens, int64_t count, TokenMeta meta,
-                             const AttnShape& shape, float scale, const PagedKv& kv, float* out,
+                             const AttnShape& shape, float scale, const PagedKv& kv,
+                             void* workspace, size_t workspace_bytes, float* out,
                              cudaStream_t stream);
 cudaError_t attention_prefill(const float* q, const int32_t* tile_first, const int32_t* tile_len,
                               int64_t count, TokenMeta meta, const AttnShape& shape, float scale,

@@ -99,6 +99,9 @@ class Backend {
   virtual ModulePtr load_moe(const MoeSpec& spec, int layer, const TpMoePlan* plan, int rank) = 0;
   // The widest activation a slot holds (per token).
   virtual void reserve(Slot slot, int64_t width) = 0;
+  // Linears the model will run together through linears() (q/k/v, gate/up): a backend that
+  // fuses them sizes its scratch for the group.
+  virtual void reserve_group(std::span<const Module* const> linears) = 0;
 
   // ---- run (over the current step) -----------------------------------------------------------
   // An activation buffer of the slot for the step's tokens.

@@ -1,0 +1,338 @@
+// Split-KV decode attention (flash-decoding) over the paged fp16 KV cache; see
+// include/exl3/cuda/model_ops.hpp for the contract.
+//
+// Grid (listed token, head group, split). A head group is G query heads of one kv head, so the
+// K/V rows a block reads serve G heads. A split is a range of the token's keys: the keys 0..pos
+// are cut into `splits` ranges of equal length (a multiple of 32, at least kMinChunk), so short
+// contexts run in one block and long ones spread over up to kMaxSplits blocks. Inside a block,
+// warp w walks the 32-key tiles w, w + 4, ... of its range: the tile's K and V rows are copied to
+// shared memory with cp.async (every load of the tile in flight at once), lane j scores key j
+// against the G heads from there, the tile updates a running max / sum per head, and the lanes,
+// each owning HD/32 output channels, accumulate p * V. The warps' states merge in shared memory;
+// with one active split that is the output, otherwise the block stores its state and the last
+// of the token's blocks to finish (an atomic counter, reset by that block) merges the splits in
+// split order, so the result is deterministic.
+#include <algorithm>
+#include <cstdint>
+
+#include <cuda_fp16.h>
+
+#include "cuda/paged_kv.cuh"
+#include "exl3/cuda/model_ops.hpp"
+
+namespace exl3::cuda {
+namespace {
+
+using namespace detail;  // kNegBig, kv_slot, warp_max, warp_sum (cuda/paged_kv.cuh)
+
+constexpr int kWarps = 4;
+constexpr int kTile = 32;       // keys per warp step (one per lane)
+constexpr int kMinChunk = 64;   // keys per split at least
+constexpr int kMaxSplits = 32;  // splits per (token, head group) at most
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
+
+// Query heads per block: 4 when the heads per kv head allow it (the K/V tile serves 4 heads and
+// batch-1 steps still get num_heads / 4 blocks), else 2 or 1.
+int group_size(const AttnShape& s) {
+  const int qpk = s.num_heads / s.num_kv_heads;
+  return qpk % 4 == 0 ? 4 : qpk % 2 == 0 ? 2 : 1;
+}
+
+// Shared memory of one block, in bytes: q [G][HD] fp32, p [warps][G][32] fp32, then either the
+// warps' K/V tiles or (after the key loop) their softmax states [warps][G] x 2 + [warps][G][HD].
+template <int HD, int G>
+struct Smem {
+  // K rows padded by 16 bytes: lane j reads row j in 16-byte pieces, and 8 consecutive lanes
+  // then hit 8 different 16-byte bank groups. V is read row by row across lanes (no padding).
+  static constexpr int kKRow = HD * 2 + 16;
+  static constexpr int kVRow = HD * 2;
+  static constexpr int kWarpTiles = kTile * (kKRow + kVRow);
+  static constexpr int kQ = G * HD * 4;
+  static constexpr int kP = kWarps * G * kTile * 4;
+  static constexpr int kMerge = kWarps * G * (HD + 2) * 4;
+  static constexpr int kRegion = kWarps * kWarpTiles > kMerge ? kWarps* kWarpTiles : kMerge;
+  static constexpr int kBytes = kQ + kP + kRegion;
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
+}
+
+template <int HD, int G>
+__global__ void __launch_bounds__(32 * kWarps)
+    attention_decode_kernel(const float* __restrict__ q, const int32_t* __restrict__ tokens,
+                            TokenMeta meta, AttnShape s, float scale, PagedKv kv, int splits,
+                            int32_t* counters, float* partial, float* __restrict__ out) {
+  using L = Smem<HD, G>;
+  constexpr int kDpl = HD / 32;  // output channels per lane
+  constexpr int kVec = HD / 8;   // 16-byte pieces per K/V row
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* sq = reinterpret_cast<float*>(smem);
+  float* sp = reinterpret_cast<float*>(smem + L::kQ);
+  unsigned char* region = smem + L::kQ + L::kP;
+  __shared__ int s_last;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int ti = blockIdx.x, grp = blockIdx.y, split = blockIdx.z;
+  const int groups = s.num_heads / G;
+  const int h0 = grp * G;
+  const int kvh = h0 / (s.num_heads / s.num_kv_heads);
+  const int64_t t = tokens[ti];
+  const int32_t pos = meta.pos[t], row = meta.seq_row[t];
+  const int keys = pos + 1;
+  const int chunk = max(kMinChunk, ((keys + splits - 1) / splits + kTile - 1) / kTile * kTile);
+  const int active = (keys + chunk - 1) / chunk;
+  if (split >= active) return;  // this token's context needs fewer splits
+  const int k0 = split * chunk, k1 = min(keys, k0 + chunk);
+
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
+    sq[i] = q[(t * s.num_heads + h0) * HD + i] * scale;
+  __syncthreads();
+
+  const int64_t kv_stride = static_cast<int64_t>(s.num_kv_heads) * HD;
+  unsigned char* kt = region + warp * L::kWarpTiles;
+  unsigned char* vt = kt + kTile * L::kKRow;
+  float* wp = sp + warp * G * kTile;
+  float m[G], l[G], o[G][kDpl];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = kNegBig;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int d = 0; d < kDpl; ++d) o[g][d] = 0.0f;
+  }
+  for (int c0 = k0 + warp * kTile; c0 < k1; c0 += kWarps * kTile) {
+    const int n_here = min(kTile, k1 - c0);
+    const bool valid = lane < n_here;
+    const int64_t my_slot = valid ? kv_slot(kv, row, c0 + lane) : 0;
+#pragma unroll
+    for (int it = 0; it < kVec; ++it) {
+      const int i = it * 32 + lane, r = i / kVec, c = i % kVec;
+      const int64_t slot = __shfl_sync(0xffffffffu, my_slot, r);
+      if (r < n_here) {
+        const int64_t off = slot * kv_stride + static_cast<int64_t>(kvh) * HD + 8 * c;
+        cp_async16(kt + r * L::kKRow + 16 * c, kv.k + off);
+        cp_async16(vt + r * L::kVRow + 16 * c, kv.v + off);
+      }
+    }
+    cp_async_wait_all();
+    __syncwarp();
+
+    float sc[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) sc[g] = 0.0f;
+    if (valid) {
+      const unsigned char* kr = kt + lane * L::kKRow;
+#pragma unroll
+      for (int c = 0; c < kVec; ++c) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(kr + 16 * c);
+        const __half2* h2 = reinterpret_cast<const __half2*>(&raw);
+        float kf[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __half22float2(h2[i]);
+          kf[2 * i] = f.x;
+          kf[2 * i + 1] = f.y;
+        }
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float4 qa = *reinterpret_cast<const float4*>(sq + g * HD + 8 * c);
+          const float4 qb = *reinterpret_cast<const float4*>(sq + g * HD + 8 * c + 4);
+          sc[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
+                   qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float mn = fmaxf(m[g], warp_max(valid ? sc[g] : kNegBig));
+      const float corr = expf(m[g] - mn);
+      const float p = valid ? expf(sc[g] - mn) : 0.0f;
+      l[g] = l[g] * corr + warp_sum(p);
+      m[g] = mn;
+#pragma unroll
+      for (int d = 0; d < kDpl; ++d) o[g][d] *= corr;
+      wp[g * kTile + lane] = p;
+    }
+    __syncwarp();
+    for (int j = 0; j < n_here; ++j) {
+      float vv[kDpl];
+      const __half* vr = reinterpret_cast<const __half*>(vt + j * L::kVRow) + lane * kDpl;
+#pragma unroll
+      for (int d = 0; d < kDpl; d += 2) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(vr + d));
+        vv[d] = f.x;
+        vv[d + 1] = f.y;
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float pj = wp[g * kTile + j];
+#pragma unroll
+        for (int d = 0; d < kDpl; ++d) o[g][d] += pj * vv[d];
+      }
+    }
+    __syncwarp();  // the next tile's copies overwrite this one
+  }
+
+  // Merge the warps (the tiles are dead: their region now holds the states).
+  __syncthreads();
+  float* wm = reinterpret_cast<float*>(region);
+  float* wl = wm + kWarps * G;
+  float* wo = wl + kWarps * G;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) {
+      wm[warp * G + g] = m[g];
+      wl[warp * G + g] = l[g];
+    }
+#pragma unroll
+    for (int d = 0; d < kDpl; ++d) wo[(warp * G + g) * HD + lane * kDpl + d] = o[g][d];
+  }
+  __syncthreads();
+  const int64_t pair = static_cast<int64_t>(ti) * groups + grp;
+  float* mine = partial + (pair * splits + split) * G * (HD + 2);
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    const int g = i / HD, d = i % HD;
+    float mx = kNegBig;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w * G + g]);
+    float num = 0.0f, den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = expf(wm[w * G + g] - mx);
+      num += wo[(w * G + g) * HD + d] * f;
+      den += wl[w * G + g] * f;
+    }
+    if (active == 1) {
+      out[(t * s.num_heads + h0 + g) * HD + d] = num / den;
+    } else {
+      float* st = mine + g * (HD + 2);
+      if (d == 0) {
+        st[0] = mx;
+        st[1] = den;
+      }
+      st[2 + d] = num;
+    }
+  }
+  if (active == 1) return;
+
+  // The last block of this (token, head group) merges every split's state.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(counters + pair, 1) == active - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const float* all = partial + pair * splits * G * (HD + 2);
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    const int g = i / HD, d = i % HD;
+    float mx = kNegBig;
+    for (int sp_i = 0; sp_i < active; ++sp_i)
+      mx = fmaxf(mx, __ldcg(all + (sp_i * G + g) * (HD + 2)));
+    float num = 0.0f, den = 0.0f;
+    for (int sp_i = 0; sp_i < active; ++sp_i) {
+      const float* st = all + (sp_i * G + g) * (HD + 2);
+      const float f = expf(__ldcg(st) - mx);
+      num += __ldcg(st + 2 + d) * f;
+      den += __ldcg(st + 1) * f;
+    }
+    out[(t * s.num_heads + h0 + g) * HD + d] = num / den;
+  }
+  if (threadIdx.x == 0) counters[pair] = 0;  // ready for the next launch
+}
+
+template <int HD, int G>
+cudaError_t launch(const float* q, const int32_t* tokens, int64_t count, TokenMeta meta,
+                   const AttnShape& s, float scale, const PagedKv& kv, int splits,
+                   int32_t* counters, float* partial, float* out, cudaStream_t stream) {
+  constexpr int bytes = Smem<HD, G>::kBytes;
+  const cudaError_t e = cudaFuncSetAttribute(attention_decode_kernel<HD, G>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(s.num_heads / G),
+                  static_cast<unsigned>(splits));
+  attention_decode_kernel<HD, G><<<grid, 32 * kWarps, bytes, stream>>>(
+      q, tokens, meta, s, scale, kv, splits, counters, partial, out);
+  return cudaGetLastError();
+}
+
+template <int HD>
+cudaError_t launch_hd(const float* q, const int32_t* tokens, int64_t count, TokenMeta meta,
+                      const AttnShape& s, float scale, const PagedKv& kv, int splits,
+                      int32_t* counters, float* partial, float* out, cudaStream_t stream) {
+  switch (group_size(s)) {
+    case 4:
+      return launch<HD, 4>(q, tokens, count, meta, s, scale, kv, splits, counters, partial, out,
+                           stream);
+    case 2:
+      return launch<HD, 2>(q, tokens, count, meta, s, scale, kv, splits, counters, partial, out,
+                           stream);
+    default:
+      return launch<HD, 1>(q, tokens, count, meta, s, scale, kv, splits, counters, partial, out,
+                           stream);
+  }
+}
+
+// The completion counters come first and cover kAttentionSplitMaxTokens tokens whatever the
+// launch's count, so a smaller launch's states never overwrite a counter a larger one relies on
+// being zero.
+size_t counter_bytes(const AttnShape& s) {
+  return align_up(static_cast<size_t>(kAttentionSplitMaxTokens * (s.num_heads / group_size(s))) *
+                  4);
+}
+
+bool valid_shape(const AttnShape& s) {
+  return s.num_kv_heads > 0 && s.num_heads > 0 && s.num_heads % s.num_kv_heads == 0 &&
+         (s.head_dim == 64 || s.head_dim == 128);
+}
+
+}  // namespace
+
+int attention_decode_splits(const PagedKv& kv) {
+  const int64_t max_keys = static_cast<int64_t>(kv.max_pages) * kv.page_size;
+  return static_cast<int>(
+      std::clamp<int64_t>((max_keys + kMinChunk - 1) / kMinChunk, 1, kMaxSplits));
+}
+
+size_t attention_decode_workspace_bytes(int64_t count, const AttnShape& shape, const PagedKv& kv) {
+  if (!valid_shape(shape) || count <= 0 || count > kAttentionSplitMaxTokens) return 0;
+  const int splits = attention_decode_splits(kv);
+  if (splits == 1) return 0;
+  const auto groups = static_cast<size_t>(shape.num_heads / group_size(shape));
+  return counter_bytes(shape) +
+         static_cast<size_t>(count) * groups *
+             static_cast<size_t>(splits * group_size(shape) * (shape.head_dim + 2)) * 4;
+}
+
+cudaError_t attention_decode(const float* q, const int32_t* tokens, int64_t count, TokenMeta meta,
+                             const AttnShape& shape, float scale, const PagedKv& kv,
+                             void* workspace, size_t workspace_bytes, float* out,
+                             cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  if (!valid_shape(shape) || count > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  const size_t need = attention_decode_workspace_bytes(count, shape, kv);
+  int splits = 1;
+  int32_t* counters = nullptr;
+  float* partial = nullptr;
+  if (need > 0 && workspace != nullptr && workspace_bytes >= need) {
+    splits = attention_decode_splits(kv);
+    counters = static_cast<int32_t*>(workspace);
+    partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + counter_bytes(shape));
+  }
+  if (shape.head_dim == 64)
+    return launch_hd<64>(q, tokens, count, meta, shape, scale, kv, splits, counters, partial, out,
+                         stream);
+  return launch_hd<128>(q, tokens, count, meta, shape, scale, kv, splits, counters, partial, out,
+                        stream);
+}
+
+}  // namespace exl3::cuda

@@ -1,0 +1,29 @@
+// Device helpers shared by the model kernels (model_ops.cu) and the decode attention
+// (attention_decode.cu): the paged-KV slot of a position, warp reductions, the "no score" value.
+#pragma once
+
+#include <cstdint>
+
+#include "exl3/cuda/model_ops.hpp"
+
+namespace exl3::cuda::detail {
+
+constexpr float kNegBig = -1e30f;  // "no score yet": finite, so exp(kNegBig - m) is 0, never NaN
+
+__device__ __forceinline__ int64_t kv_slot(const PagedKv& kv, int32_t row, int32_t pos) {
+  const int32_t page =
+      kv.page_tables[static_cast<int64_t>(row) * kv.max_pages + pos / kv.page_size];
+  return static_cast<int64_t>(page) * kv.page_size + pos % kv.page_size;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+}  // namespace exl3::cuda::detail
