@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include <fmt/format.h>
@@ -18,6 +19,7 @@
 
 #include "exl3/error.hpp"
 #include "exl3/format/architectures.hpp"
+#include "exl3/model/spec.hpp"
 #include "exl3/quant/convert.hpp"
 #include "exl3/trellis/bitstream.hpp"
 
@@ -116,13 +118,23 @@ struct LinearKey {
 };
 
 const std::set<std::string_view> kAttnProj = {"q_proj", "k_proj", "v_proj", "o_proj"};
+// Multi-head latent attention's quantized projections, as exllamav3 converts them: kv_b_proj is
+// carried unquantized (attention folds it into the query and the output per head, so it is a
+// batched product rather than a linear), like the DSA indexer's weights.
+const std::set<std::string_view> kMlaProj = {"q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+                                             "o_proj"};
 const std::set<std::string_view> kMlpProj = {"gate_proj", "up_proj", "down_proj"};
 
 class Planner {
  public:
   Planner(const ModelConfig& cfg, const TensorStore& store, const ArchInfo& arch,
           const std::map<std::string, DenseFormat>& formats)
-      : cfg_(cfg), store_(store), arch_(arch), formats_(formats), label_(store.root().string()) {}
+      : cfg_(cfg),
+        store_(store),
+        arch_(arch),
+        formats_(formats),
+        label_(store.root().string()),
+        spec_(model::describe_model(cfg, (store.root() / "config.json").string())) {}
 
   ConversionPlan run(double bits, int head_bits);
 
@@ -140,6 +152,7 @@ class Planner {
   const ArchInfo& arch_;
   const std::map<std::string, DenseFormat>& formats_;  // dense linears kept out of EXL3
   std::string label_;
+  model::ModelSpec spec_;  // the layers' attention and MLP kinds, read once by the model layer
   std::vector<PlanItem> items_;
   std::set<std::string> consumed_;  // source tensors already mapped (biases of linears)
   // Structure bookkeeping for the completeness check.
@@ -159,7 +172,8 @@ std::optional<LinearKey> Planner::parse_linear(const std::string& name) const {
   if (p.size() < 6 || p[0] != "model" || p[1] != "layers") return std::nullopt;
   k.layer = parse_index(p[2]);
   if (k.layer < 0) return std::nullopt;
-  if (p.size() == 6 && p[3] == "self_attn" && kAttnProj.contains(p[4])) {
+  if (p.size() == 6 && p[3] == "self_attn" &&
+      (arch_.mla ? kMlaProj.contains(p[4]) : kAttnProj.contains(p[4]))) {
     k.proj = std::string(p[4]);
     return k;
   }
@@ -230,7 +244,8 @@ void Planner::add_linear(const LinearKey& key, const TensorRef& w) {
     it.role = LinearRole::kDecoder;
     const std::string lp = fmt::format("model.layers.{}.", key.layer);
     const bool gate_up = key.proj == "gate_proj" || key.proj == "up_proj";
-    if (kAttnProj.contains(key.proj)) {
+    if (kAttnProj.contains(key.proj) || kMlaProj.contains(key.proj)) {
+      // MLA: q (or its LoRA pair) and kv_a read the layer input like q/k/v do.
       attn_[key.layer].insert(key.proj);
       it.group = lp + (key.proj == "o_proj" ? "self_attn.o" : "self_attn.qkv");
     } else if (key.shared) {
@@ -295,18 +310,7 @@ void Planner::add_plain(const TensorRef& t) {
 }
 
 bool Planner::layer_is_moe(int l) const {
-  const auto& raw = cfg_.raw;
-  if (arch_.arch == Architecture::kGlm4Moe) {
-    return l >= raw.value("first_k_dense_replace", 0);
-  }
-  // Qwen3-MoE: sparse unless listed in mlp_only_layers or off the decoder_sparse_step grid.
-  if (raw.contains("mlp_only_layers") && raw["mlp_only_layers"].is_array()) {
-    for (const auto& v : raw["mlp_only_layers"]) {
-      if (v.is_number_integer() && v.get<int>() == l) return false;
-    }
-  }
-  const int step = raw.value("decoder_sparse_step", 1);
-  return step <= 1 || (l + 1) % step == 0;
+  return std::holds_alternative<model::MoeSpec>(spec_.layers.at(static_cast<size_t>(l)).mlp);
 }
 
 void Planner::check_structure() const {
@@ -317,7 +321,19 @@ void Planner::check_structure() const {
   };
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
     const std::string lp = fmt::format("model.layers.{}.", l);
-    for (const auto& p : kAttnProj) {
+    std::vector<std::string_view> projections(kAttnProj.begin(), kAttnProj.end());
+    if (const auto* mla = std::get_if<model::MlaAttentionSpec>(
+            &spec_.layers.at(static_cast<size_t>(l)).attention)) {
+      projections = {"kv_a_proj_with_mqa", "o_proj"};
+      if (mla->q_lora_rank > 0) {
+        projections.insert(projections.end(), {"q_a_proj", "q_b_proj"});
+      } else {
+        projections.push_back("q_proj");
+      }
+      if (!store_.contains(lp + "self_attn.kv_b_proj.weight"))
+        missing(lp + "self_attn.kv_b_proj.weight");
+    }
+    for (const auto& p : projections) {
       if (!attn_.contains(l) || !attn_.at(l).contains(std::string(p))) {
         missing(lp + "self_attn." + std::string(p) + ".weight");
       }
@@ -352,7 +368,7 @@ void Planner::check_structure() const {
       fail("{}: layer {}: expert {} found but config.json declares {} experts", lbl, l,
            experts_.at(l).rbegin()->first, cfg_.num_experts);
     }
-    if (arch_.shared_experts && cfg_.n_shared_experts > 0) {
+    if (std::get<model::MoeSpec>(spec_.layers.at(static_cast<size_t>(l)).mlp).shared) {
       for (const auto& p : kMlpProj) {
         if (!shared_.contains(l) || !shared_.at(l).contains(std::string(p))) {
           missing(lp + "mlp.shared_experts." + std::string(p) + ".weight");
@@ -487,11 +503,6 @@ ConversionPlan plan_conversion(const ModelConfig& config, const TensorStore& sto
   }
   if (config.num_hidden_layers <= 0) {
     fail("{}: config.json: num_hidden_layers must be positive", store.root().string());
-  }
-  if (arch->mla) {
-    fail("{}: converting {} (multi-head latent attention) is not supported yet; hint: exl3 runs "
-         "such models unquantized or from EXL3 checkpoints exllamav3 wrote",
-         store.root().string(), arch->hf_name);
   }
   if (arch->moe && config.num_experts <= 0) {
     fail("{}: config.json: {} needs num_experts (or num_local_experts / n_routed_experts)",

@@ -7,6 +7,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -17,6 +19,7 @@
 #include "exl3/error.hpp"
 #include "exl3/eval/builtin_text.hpp"
 #include "exl3/format/checkpoint.hpp"
+#include "exl3/format/safetensors.hpp"
 #include "exl3/format/synthetic_hf.hpp"
 #include "exl3/quant/convert.hpp"
 #include "exl3/runtime/decoder_layer.hpp"
@@ -132,6 +135,86 @@ TEST(Calibration, HessiansEqualIndependentXtX) {
   EXPECT_EQ(cap.find("model.layers.0.mlp.experts.1.gate_proj"),
             cap.find("model.layers.0.mlp.experts.1.up_proj"));
   std::printf("layer 0: %zu linears' Hessians match the fp64 reference\n", want.size() - 1);
+}
+
+// Multi-head latent attention under capture: q_a_proj and kv_a_proj_with_mqa share the normed
+// layer input's Hessian (checked against an fp64 X^T X of it), q_b_proj gets the q_a_layernorm
+// output's (q_lora_rank wide), o_proj the attention output's, and kv_b_proj, which conversion
+// keeps unquantized, none. Layer 1 routes to the experts, whose captures are counted.
+TEST(Calibration, LatentAttentionHessians) {
+  const auto dir = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / "deepseek_v3_q128";
+  const auto ckpt = exl3::Checkpoint::open(dir);
+  const auto spec = rt::describe_model(ckpt);
+  const int64_t rows = 2, len = 20, hidden = spec.hidden_size, tokens = rows * len;
+  std::mt19937 rng(exl3::test::test_seed());
+  std::vector<float> x(static_cast<size_t>(tokens * hidden));
+  const auto embed = rt::DenseMatrix::load(ckpt.store(), spec.embed_tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    embed.row(static_cast<int64_t>(rng() % static_cast<uint32_t>(spec.vocab_size)),
+              x.data() + t * hidden);
+  }
+  // The fp64 Hessian of input_layernorm(x), what q_a_proj and kv_a_proj_with_mqa read.
+  const auto norm = exl3::read_as_float(ckpt.store().at("model.layers.0.input_layernorm.weight"));
+  std::vector<double> want(static_cast<size_t>(hidden * hidden), 0.0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* r = x.data() + t * hidden;
+    double ss = 0;
+    for (int64_t i = 0; i < hidden; ++i) ss += double(r[i]) * r[i];
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(hidden) + spec.rms_norm_eps);
+    std::vector<double> h(static_cast<size_t>(hidden));
+    for (int64_t i = 0; i < hidden; ++i)
+      h[static_cast<size_t>(i)] = r[i] * inv * norm[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < hidden; ++i)
+      for (int64_t j = 0; j < hidden; ++j)
+        want[static_cast<size_t>(i * hidden + j)] +=
+            h[static_cast<size_t>(i)] * h[static_cast<size_t>(j)] / static_cast<double>(tokens);
+  }
+  q::detail::HessianCapture cap;
+  {
+    const rt::DecoderLayer layer(ckpt, spec, spec.layers[0], nullptr);
+    q::detail::run_layer_rows(layer, x, rows, len, hidden, &cap);
+  }
+  const std::string a = "model.layers.0.self_attn.";
+  ASSERT_NE(cap.find(a + "q_a_proj"), nullptr);
+  EXPECT_EQ(cap.find(a + "q_a_proj"), cap.find(a + "kv_a_proj_with_mqa"));
+  EXPECT_LE(rel_diff(cap.mean(a + "q_a_proj"), want), 1e-5);
+  for (const char* name : {"q_a_proj", "q_b_proj", "o_proj"}) {
+    const auto* c = cap.find(a + name);
+    ASSERT_NE(c, nullptr) << name;
+    EXPECT_EQ(c->count, tokens) << name;
+  }
+  EXPECT_EQ(cap.mean(a + "q_b_proj").size(), 96u * 96u);  // q_lora_rank wide
+  EXPECT_EQ(cap.find(a + "kv_b_proj"), nullptr);
+  cap.clear();
+  {
+    const rt::DecoderLayer layer(ckpt, spec, spec.layers[1], nullptr);
+    q::detail::run_layer_rows(layer, x, rows, len, hidden, &cap);
+  }
+  int64_t routed = 0;
+  for (int e = 0; e < 4; ++e) {
+    if (const auto* c = cap.find(fmt::format("model.layers.1.mlp.experts.{}.gate_proj", e)))
+      routed += c->count;
+  }
+  EXPECT_EQ(routed, 2 * tokens);  // top-2 of 4 experts
+  ASSERT_NE(cap.find("model.layers.1.mlp.shared_experts.gate_proj"), nullptr);
+  EXPECT_EQ(cap.find("model.layers.1.mlp.shared_experts.gate_proj")->count, tokens);
+}
+
+// GLM-5's shared-indexer layers reuse an earlier layer's DSA selection, which layer-by-layer
+// calibration cannot give them: a calibrated conversion is refused up front, naming the layer and
+// the way out, before anything is staged.
+TEST(Calibration, SharedDsaIndexerRefusedWithHint) {
+  const auto src = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / "glm_moe_dsa";
+  TempDir tmp;
+  try {
+    (void)q::convert_model(src, tmp / "out", options(4.0, true, 2, 16));
+    ADD_FAILURE() << "a calibrated GLM-5 conversion was not refused";
+  } catch (const exl3::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("model.layers.1"));
+    EXPECT_THAT(e.what(), HasSubstr("indexer_types"));
+    EXPECT_THAT(e.what(), HasSubstr("without --calibration"));
+  }
+  EXPECT_FALSE(fs::exists(tmp / "out" / "config.json"));
 }
 
 // Mean KL(source || quantized) per position over `ids` rows of `len`.

@@ -26,6 +26,7 @@
 #include "exl3/format/safetensors.hpp"
 #include "exl3/format/synthetic_hf.hpp"
 #include "exl3/quant/convert.hpp"
+#include "exl3/runtime/engine.hpp"
 #include "exl3/trellis/half.hpp"
 #include "quant_test_mode.hpp"
 #include "test_support.hpp"
@@ -330,6 +331,56 @@ TEST(Convert, LlamaTiedEmbeddingsPaddedMcg) {
   EXPECT_FALSE(qf["tensor_storage"]["lm_head"].contains("mul1_multiplier"));
 }
 
+// DeepSeek-V3 (multi-head latent attention, a dense first layer, shared and grouped-routed
+// experts): what exllamav3 quantizes becomes EXL3 (q_a_proj / q_b_proj, kv_a_proj_with_mqa,
+// o_proj, every MLP and expert projection); kv_b_proj and the latent norms stay as stored. The
+// result runs on the CPU engine near transformers' own fp64 logits of the source.
+TEST(Convert, DeepseekV3LatentAttention) {
+  if (exl3::test::quant_fast_mode()) {
+    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): 46 linears are too slow under "
+                    "instrumentation; the conversion plan is covered by ConvertPlan tests";
+  }
+  const fs::path src = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / "deepseek_v3_q128";
+  TempDir tmp;
+  q::ConvertOptions o = fast_options(4.0, exl3::test::test_seed());
+  o.head_bits = 6;
+  const auto r = q::convert_model(src, tmp / "out", o);
+  EXPECT_EQ(r.architecture, "DeepseekV3ForCausalLM");
+  EXPECT_DOUBLE_EQ(r.bits_achieved, 4.0);
+  const auto ckpt = exl3::Checkpoint::open(tmp / "out");
+  for (int l = 0; l < 3; ++l) {
+    const std::string a = fmt::format("model.layers.{}.self_attn.", l);
+    for (const char* p : {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj"}) {
+      ASSERT_NE(ckpt.find_linear(a + p), nullptr) << a + p;
+      EXPECT_LT(rel_rms(ckpt, a + p, src, a + p + ".weight"), 0.12) << a + p;
+    }
+    EXPECT_EQ(ckpt.find_linear(a + "kv_b_proj"), nullptr);
+    // Copied through (fp32 sources as fp16, as exllamav3 loads them).
+    const auto kv_b = exl3::read_as_float(ckpt.store().at(a + "kv_b_proj.weight"));
+    const auto kv_b_src =
+        exl3::read_as_float(exl3::TensorStore::open(src).at(a + "kv_b_proj.weight"));
+    ASSERT_EQ(kv_b.size(), kv_b_src.size());
+    for (size_t i = 0; i < kv_b.size(); ++i)
+      ASSERT_EQ(kv_b[i], tr::half_to_float(tr::float_to_half(kv_b_src[i])));
+    EXPECT_NE(ckpt.store().find(a + "kv_a_layernorm.weight"), nullptr);
+  }
+  EXPECT_NE(ckpt.find_linear("model.layers.0.mlp.down_proj"), nullptr);
+  EXPECT_NE(ckpt.find_linear("model.layers.2.mlp.experts.3.up_proj"), nullptr);
+  EXPECT_NE(ckpt.find_linear("model.layers.2.mlp.shared_experts.gate_proj"), nullptr);
+
+  const auto ref = exl3::TensorStore::open(src / "reference_logits.safetensors");
+  std::vector<int32_t> ids;
+  for (const int64_t id : exl3::copy_tensor<int64_t>(ref.at("ids")))
+    ids.push_back(static_cast<int32_t>(id));
+  const auto want = exl3::read_as_double(ref.at("logits"));
+  auto engine = exl3::runtime::load_engine(tmp / "out");
+  const auto got = exl3::runtime::forward_logits(*engine, ids);
+  ASSERT_EQ(got.size(), want.size());
+  const double err = exl3::test::rel_l2(got, want);
+  std::printf("DeepSeek-V3 K4 vs transformers fp64: rel-L2 %.3f\n", err);
+  EXPECT_LE(err, 0.3);  // measured 0.197 with a searched scale (exl3 quantize --bits 4)
+}
+
 // A damaged resume journal is refused when the run resumes -- naming the journal file, the line
 // and the way out -- instead of being trusted until the final write fails (and failing again on
 // every re-run); a torn last line (a crash while appending) is not damage; --overwrite recovers.
@@ -486,6 +537,50 @@ TEST(ConvertPlan, Glm4MoeDenseLeadSharedExpertsRouterBias) {
   EXPECT_EQ(find_item(p, "model.layers.1.self_attn.q_proj.bias"), nullptr);  // not copied apart
   EXPECT_EQ(p.items.back().name, "lm_head");
   EXPECT_EQ(p.items.front().name, "model.embed_tokens.weight");
+}
+
+// MLA plans: the q LoRA pair and kv_a join q/k/v's allocation group, o_proj its own; kv_b_proj
+// and the latent norms are copied; a missing MLA projection is named; DSA indexer weights (GLM-5)
+// are copied too, and the plan follows mlp_layer_types for dense and sparse layers.
+TEST(ConvertPlan, LatentAttentionProjectionsAndCopies) {
+  const fs::path data = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data";
+  const auto p = plan_of(data / "deepseek_v3_q128", 4.0, 6);
+  const auto* qa = find_item(p, "model.layers.1.self_attn.q_a_proj");
+  const auto* kva = find_item(p, "model.layers.1.self_attn.kv_a_proj_with_mqa");
+  const auto* qb = find_item(p, "model.layers.1.self_attn.q_b_proj");
+  const auto* o = find_item(p, "model.layers.1.self_attn.o_proj");
+  for (const auto* it : {qa, kva, qb, o}) {
+    ASSERT_NE(it, nullptr);
+    EXPECT_EQ(it->kind, q::PlanItem::Kind::kExl3Linear) << it->name;
+  }
+  EXPECT_EQ(qa->group, "model.layers.1.self_attn.qkv");
+  EXPECT_EQ(kva->group, qa->group);
+  EXPECT_EQ(qb->group, qa->group);
+  EXPECT_EQ(o->group, "model.layers.1.self_attn.o");
+  for (const char* copied : {"model.layers.1.self_attn.kv_b_proj.weight",
+                             "model.layers.1.self_attn.kv_a_layernorm.weight",
+                             "model.layers.1.self_attn.q_a_layernorm.weight"}) {
+    const auto* it = find_item(p, copied);
+    ASSERT_NE(it, nullptr) << copied;
+    EXPECT_EQ(it->kind, q::PlanItem::Kind::kPlain) << copied;
+  }
+
+  const auto dsa = plan_of(data / "glm_moe_dsa", 4.0, 6);
+  const auto* wk = find_item(dsa, "model.layers.0.self_attn.indexer.wk.weight");
+  ASSERT_NE(wk, nullptr);
+  EXPECT_EQ(wk->kind, q::PlanItem::Kind::kPlain);
+  ASSERT_NE(find_item(dsa, "model.layers.0.mlp.down_proj"), nullptr);            // "dense"
+  ASSERT_NE(find_item(dsa, "model.layers.1.mlp.experts.0.down_proj"), nullptr);  // "sparse"
+
+  TempDir tmp;
+  fs::create_directories(tmp / "m");
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(data / "deepseek_v3_q128" / f, tmp / "m" / f);
+  exl3::test::rewrite_model(tmp / "m", [](const std::string& n, auto&, auto&, auto&) {
+    return n != "model.layers.2.self_attn.q_b_proj.weight";
+  });
+  expect_error([&] { (void)plan_of(tmp / "m", 4.0, 6); },
+               {"model.layers.2.self_attn.q_b_proj.weight", "missing"});
 }
 
 TEST(ConvertPlan, HeadBitsSixteenAndDtypes) {

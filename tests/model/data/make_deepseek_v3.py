@@ -1,7 +1,7 @@
 """Tiny random DeepSeek-V3 checkpoints and transformers' own fp64 logits for them.
 
 Run where torch and transformers are installed (the device machine: torch 2.11, transformers
-5.17):  python3 make_deepseek_v3.py OUT_DIR
+5.17):  python3 make_deepseek_v3.py OUT_DIR [CASE...]
 For each case it writes OUT_DIR/<case>/ with config.json (transformers' own serialisation of the
 config), model.safetensors (fp32, Hugging Face hub tensor names, per-expert), and
 reference_logits.safetensors (`ids` int64 [n], `logits` float64 [n, vocab] from
@@ -35,6 +35,11 @@ CASES = {
                                               "factor": 4.0, "original_max_position_embeddings": 16,
                                               "beta_fast": 32.0, "beta_slow": 1.0,
                                               "mscale": 1.0, "mscale_all_dim": 1.0}),
+    # every expert width a multiple of 128 (EXL3 experts are not padded), for the conversion test
+    "deepseek_v3_q128": dict(hidden_size=128, intermediate_size=192, moe_intermediate_size=128,
+                             n_routed_experts=4, n_group=2, topk_group=1, q_lora_rank=96,
+                             kv_lora_rank=64, rope_interleave=True, norm_topk_prob=True,
+                             routed_scaling_factor=2.0),
 }
 
 
@@ -109,10 +114,13 @@ def write_reference(d, model_cls, vocab_size, **load_kwargs):
 
 def main():
     out = sys.argv[1]
+    only = set(sys.argv[2:])  # case names to (re)write; all when none are given
     for k, (name, extra) in enumerate(CASES.items()):
+        if only and name not in only:
+            continue
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
-        cfg = DeepseekV3Config(**BASE, **extra)
+        cfg = DeepseekV3Config(**{**BASE, **extra})
         cfg.architectures = ["DeepseekV3ForCausalLM"]
         cfg.save_pretrained(d)
         rng = np.random.default_rng(1000 + k)
