@@ -252,6 +252,15 @@ void Planner::add_linear(const LinearKey& key, const TensorRef& w) {
       shared_[key.layer].insert(key.proj);
       it.group = lp + (gate_up ? "mlp.shared_experts.gate_up" : "mlp.shared_experts.down");
     } else if (key.expert >= 0) {
+      // The MoE layouts read experts as whole 128-channel blocks, unpadded: a narrower expert
+      // would convert into a checkpoint no runtime loads.
+      if (it.in_features % 128 != 0 || it.out_features % 128 != 0) {
+        fail(
+            "{}: tensor '{}': routed expert [{}, {}] is not a multiple of 128 on both sides; EXL3 "
+            "experts are stored unpadded (hidden_size and moe_intermediate_size must be multiples "
+            "of 128)",
+            w.path().string(), info.name, it.out_features, it.in_features);
+      }
       experts_[key.layer][key.expert].insert(key.proj);
       it.group = lp + (gate_up ? "mlp.experts.gate_up" : "mlp.experts.down");
     } else {

@@ -540,8 +540,8 @@ TEST(ConvertPlan, Glm4MoeDenseLeadSharedExpertsRouterBias) {
 }
 
 // MLA plans: the q LoRA pair and kv_a join q/k/v's allocation group, o_proj its own; kv_b_proj
-// and the latent norms are copied; a missing MLA projection is named; DSA indexer weights (GLM-5)
-// are copied too, and the plan follows mlp_layer_types for dense and sparse layers.
+// and the latent norms are copied; experts narrower than 128 are refused; DSA indexer weights
+// (GLM-5) are copied too; a missing MLA projection is named.
 TEST(ConvertPlan, LatentAttentionProjectionsAndCopies) {
   const fs::path data = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data";
   const auto p = plan_of(data / "deepseek_v3_q128", 4.0, 6);
@@ -565,14 +565,33 @@ TEST(ConvertPlan, LatentAttentionProjectionsAndCopies) {
     EXPECT_EQ(it->kind, q::PlanItem::Kind::kPlain) << copied;
   }
 
-  const auto dsa = plan_of(data / "glm_moe_dsa", 4.0, 6);
-  const auto* wk = find_item(dsa, "model.layers.0.self_attn.indexer.wk.weight");
-  ASSERT_NE(wk, nullptr);
-  EXPECT_EQ(wk->kind, q::PlanItem::Kind::kPlain);
-  ASSERT_NE(find_item(dsa, "model.layers.0.mlp.down_proj"), nullptr);            // "dense"
-  ASSERT_NE(find_item(dsa, "model.layers.1.mlp.experts.0.down_proj"), nullptr);  // "sparse"
+  // The reference checkpoints' 32-wide experts would convert into something no runtime loads.
+  expect_error([&] { (void)plan_of(data / "deepseek_v3_qlora", 4.0, 6); },
+               {"model.layers.1.mlp.experts.0.", "multiple of 128"});
 
+  // GLM-5's reference model cut to its first layer (dense MLP, full indexer).
   TempDir tmp;
+  fs::create_directories(tmp / "g");
+  fs::copy_file(data / "glm_moe_dsa" / "model.safetensors", tmp / "g" / "model.safetensors");
+  auto cfg = nlohmann::json::parse(read_bytes(data / "glm_moe_dsa" / "config.json"));
+  cfg["num_hidden_layers"] = 1;
+  cfg["mlp_layer_types"] = {"dense"};
+  cfg["indexer_types"] = {"full"};
+  cfg["layer_types"] = {cfg["layer_types"][0]};
+  exl3::test::write_file(tmp / "g" / "config.json", cfg.dump());
+  exl3::test::rewrite_model(tmp / "g", [](const std::string& n, auto&, auto&, auto&) {
+    return !n.starts_with("model.layers.") || n.starts_with("model.layers.0.");
+  });
+  const auto dsa = plan_of(tmp / "g", 4.0, 6);
+  for (const char* copied : {"model.layers.0.self_attn.indexer.wk.weight",
+                             "model.layers.0.self_attn.indexer.wq_b.weight",
+                             "model.layers.0.self_attn.indexer.weights_proj.weight"}) {
+    const auto* it = find_item(dsa, copied);
+    ASSERT_NE(it, nullptr) << copied;
+    EXPECT_EQ(it->kind, q::PlanItem::Kind::kPlain) << copied;
+  }
+  ASSERT_NE(find_item(dsa, "model.layers.0.mlp.down_proj"), nullptr);
+
   fs::create_directories(tmp / "m");
   for (const char* f : {"config.json", "model.safetensors"})
     fs::copy_file(data / "deepseek_v3_q128" / f, tmp / "m" / f);
