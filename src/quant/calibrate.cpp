@@ -156,6 +156,22 @@ void run_layer_rows(const runtime::DecoderLayer& layer, std::vector<float>& stat
   }
 }
 
+void check_calibratable(const ModelConfig& config, const std::string& label) {
+  // Layers run one at a time in calibration, each on its own backend: a DSA layer that reuses an
+  // earlier layer's token selection (GLM-5's "shared" indexer_types) would have none to reuse.
+  const runtime::ModelSpec spec = model::describe_model(config, label);
+  for (const auto& ls : spec.layers) {
+    const auto* mla = std::get_if<model::MlaAttentionSpec>(&ls.attention);
+    if (mla != nullptr && mla->indexer && mla->indexer->shared) {
+      fail(
+          "{}: {} reuses an earlier layer's DSA token selection (indexer_types \"shared\"), which "
+          "layer-by-layer calibration cannot reproduce yet; hint: convert this model without "
+          "--calibration (identity Hessians)",
+          label, ls.prefix);
+    }
+  }
+}
+
 void run_calibrated(const CalibratedRun& r) {
   const ConversionPlan& plan = *r.plan;
   const ConvertOptions& o = *r.options;
@@ -164,18 +180,6 @@ void run_calibrated(const CalibratedRun& r) {
   const int64_t hidden = spec.hidden_size, rows = o.calibration_rows, len = o.calibration_length;
   const int64_t tokens = rows * len;
   const auto n_items = static_cast<int64_t>(plan.items.size());
-  // Layers run one at a time here, each on its own backend: a DSA layer that reuses an earlier
-  // layer's token selection (GLM-5's "shared" indexer_types) would have none to reuse.
-  for (const auto& ls : spec.layers) {
-    const auto* mla = std::get_if<model::MlaAttentionSpec>(&ls.attention);
-    if (mla != nullptr && mla->indexer && mla->indexer->shared) {
-      fail(
-          "{}: {} reuses an earlier layer's DSA token selection (indexer_types \"shared\"), which "
-          "layer-by-layer calibration cannot reproduce yet; hint: convert this model without "
-          "--calibration (identity Hessians)",
-          spec.label, ls.prefix);
-    }
-  }
 
   // Items of each decoder layer (contiguous in plan order); everything else runs uncalibrated
   // except lm_head, whose H is taken after the last layer.

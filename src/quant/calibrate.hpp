@@ -29,10 +29,11 @@ class HessianCapture final : public runtime::LinearObserver {
  public:
   struct Sum {
     int64_t in = 0;
-    int64_t count = 0;          // rows accumulated
-    std::vector<double> xtx;    // [in, in], lower triangle (j <= i) filled
+    int64_t count = 0;        // rows accumulated
+    std::vector<double> xtx;  // [in, in], lower triangle (j <= i) filled
   };
-  void observe(std::span<const std::string> linears, const float* x, int64_t m, int64_t in) override;
+  void observe(std::span<const std::string> linears, const float* x, int64_t m,
+               int64_t in) override;
   // nullptr when `linear` never saw an input (an expert no calibration token was routed to).
   const Sum* find(const std::string& linear) const;
   // H = X^T X / count ([in, in], full symmetric) of `linear`; empty when find() is nullptr.
@@ -56,13 +57,16 @@ void run_layer_rows(const runtime::DecoderLayer& layer, std::vector<float>& stat
 struct CalibratedRun {
   const ConversionPlan* plan = nullptr;
   std::filesystem::path in_dir;
-  std::filesystem::path work_dir;   // OUT/.exl3-partial: holds states_{L}.safetensors
+  std::filesystem::path work_dir;  // OUT/.exl3-partial: holds states_{L}.safetensors
   const ConvertOptions* options = nullptr;
-  std::function<bool(int64_t)> item_done;              // staged by this or an earlier run
+  std::function<bool(int64_t)> item_done;  // staged by this or an earlier run
   std::function<std::filesystem::path(int64_t)> unit_file;
   std::function<void(int64_t, const std::vector<double>*)> run_item;
   double started = 0.0;
 };
 void run_calibrated(const CalibratedRun& r);
+// Fails (naming the layer, with a hint) when layer-by-layer calibration cannot run this model:
+// called before anything is planned or staged.
+void check_calibratable(const ModelConfig& config, const std::string& label);
 
 }  // namespace exl3::quant::detail
