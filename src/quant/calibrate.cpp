@@ -48,21 +48,62 @@ fs::path states_file(const fs::path& work, int layer) {
   return work / fmt::format("states_{}.safetensors", layer);
 }
 
-void save_states(const fs::path& file, const std::vector<float>& x, int64_t tokens,
-                 int64_t hidden) {
+// The states after a layer, and for DSA models each row's token selection as the layers hand
+// it on ([rows, length, widest selection] int32, -1 past a position's own), so a resumed run
+// gives shared-indexer layers what they would have had.
+void save_states(const fs::path& file, const std::vector<float>& x, int64_t tokens, int64_t hidden,
+                 const std::vector<runtime::DsaSelection>& dsa) {
   SafetensorsWriter w;
   w.add("states", DType::kF32, {tokens, hidden}, std::span<const float>(x));
+  std::vector<int32_t> sel;
+  if (!dsa.empty()) {
+    size_t width = 1;
+    for (const auto& row : dsa)
+      for (const auto& pos : row) width = std::max(width, pos.size());
+    const int64_t length = tokens / static_cast<int64_t>(dsa.size());
+    sel.assign(static_cast<size_t>(tokens) * width, -1);
+    for (size_t r = 0; r < dsa.size(); ++r) {
+      for (size_t p = 0; p < dsa[r].size(); ++p) {
+        std::copy(dsa[r][p].begin(), dsa[r][p].end(),
+                  sel.begin() +
+                      static_cast<std::ptrdiff_t>((r * static_cast<size_t>(length) + p) * width));
+      }
+    }
+    w.add("dsa_selection", DType::kI32,
+          {static_cast<int64_t>(dsa.size()), length, static_cast<int64_t>(width)},
+          std::span<const int32_t>(sel));
+  }
   w.write(file);
 }
 
-// The states after `layer`, or empty when the file is missing or has another shape.
-std::vector<float> load_states(const fs::path& file, int64_t tokens, int64_t hidden) {
+// The states after `layer` (and the DSA selections into `dsa` when it has rows), or empty when
+// the file is missing or has another shape.
+std::vector<float> load_states(const fs::path& file, int64_t tokens, int64_t hidden,
+                               std::vector<runtime::DsaSelection>& dsa) {
   if (!fs::exists(file)) return {};
   const auto store = TensorStore::open(file);
   const auto* ref = store.find("states");
   if (ref == nullptr || ref->info->dtype != DType::kF32 ||
       ref->info->shape != std::vector<int64_t>{tokens, hidden}) {
     return {};
+  }
+  if (!dsa.empty()) {
+    const auto rows = static_cast<int64_t>(dsa.size()), length = tokens / rows;
+    const auto* sel = store.find("dsa_selection");
+    if (sel == nullptr || sel->info->dtype != DType::kI32 || sel->info->rank() != 3 ||
+        sel->info->shape[0] != rows || sel->info->shape[1] != length || sel->info->shape[2] < 1) {
+      return {};
+    }
+    const auto width = static_cast<size_t>(sel->info->shape[2]);
+    const auto v = copy_tensor<int32_t>(*sel);
+    for (int64_t r = 0; r < rows; ++r) {
+      auto& row = dsa[static_cast<size_t>(r)];
+      row.assign(static_cast<size_t>(length), {});
+      for (int64_t p = 0; p < length; ++p) {
+        const auto* e = v.data() + (static_cast<size_t>(r * length + p)) * width;
+        for (size_t i = 0; i < width && e[i] >= 0; ++i) row[static_cast<size_t>(p)].push_back(e[i]);
+      }
+    }
   }
   return copy_tensor<float>(*ref);
 }
@@ -150,25 +191,11 @@ std::vector<double> HessianCapture::mean(const std::string& linear) const {
 }
 
 void run_layer_rows(const runtime::DecoderLayer& layer, std::vector<float>& states, int64_t rows,
-                    int64_t length, int64_t hidden, runtime::LinearObserver* observer) {
+                    int64_t length, int64_t hidden, runtime::LinearObserver* observer,
+                    std::vector<runtime::DsaSelection>* dsa) {
   for (int64_t r = 0; r < rows; ++r) {
-    layer.forward_sequence(states.data() + r * length * hidden, length, observer);
-  }
-}
-
-void check_calibratable(const ModelConfig& config, const std::string& label) {
-  // Layers run one at a time in calibration, each on its own backend: a DSA layer that reuses an
-  // earlier layer's token selection (GLM-5's "shared" indexer_types) would have none to reuse.
-  const runtime::ModelSpec spec = model::describe_model(config, label);
-  for (const auto& ls : spec.layers) {
-    const auto* mla = std::get_if<model::MlaAttentionSpec>(&ls.attention);
-    if (mla != nullptr && mla->indexer && mla->indexer->shared) {
-      fail(
-          "{}: {} reuses an earlier layer's DSA token selection (indexer_types \"shared\"), which "
-          "layer-by-layer calibration cannot reproduce yet; hint: convert this model without "
-          "--calibration (identity Hessians)",
-          label, ls.prefix);
-    }
+    layer.forward_sequence(states.data() + r * length * hidden, length, observer,
+                           dsa != nullptr ? &(*dsa)[static_cast<size_t>(r)] : nullptr);
   }
 }
 
@@ -201,6 +228,15 @@ void run_calibrated(const CalibratedRun& r) {
 
   for (const int64_t i : before) r.run_item(i, nullptr);
 
+  // DSA models: each row's token selection, handed from a full-indexer layer to the shared ones
+  // after it (both passes of a layer read it; the quantized pass leaves what the next layers see).
+  const bool dsa_model = std::any_of(spec.layers.begin(), spec.layers.end(), [](const auto& ls) {
+    const auto* mla = std::get_if<model::MlaAttentionSpec>(&ls.attention);
+    return mla != nullptr && mla->indexer.has_value();
+  });
+  std::vector<runtime::DsaSelection> dsa(dsa_model ? static_cast<size_t>(rows) : 0);
+  auto* carry = dsa_model ? &dsa : nullptr;
+
   // Resume point: the last layer whose items are staged and whose output states were saved.
   int start = 0;
   std::vector<float> x;
@@ -208,7 +244,7 @@ void run_calibrated(const CalibratedRun& r) {
     bool done = true;
     for (int k = 0; k <= l && done; ++k) done = all_done(layer_items[static_cast<size_t>(k)]);
     if (!done) continue;
-    x = load_states(states_file(r.work_dir, l), tokens, hidden);
+    x = load_states(states_file(r.work_dir, l), tokens, hidden, dsa);
     if (!x.empty()) {
       start = l + 1;
       break;
@@ -235,7 +271,7 @@ void run_calibrated(const CalibratedRun& r) {
     {
       const runtime::DecoderLayer original(src, spec, ls, nullptr);
       std::vector<float> scratch = x;
-      run_layer_rows(original, scratch, rows, len, hidden, &capture);
+      run_layer_rows(original, scratch, rows, len, hidden, &capture, carry);
     }
     for (const int64_t i : items) {
       const auto h = capture.mean(plan.items[static_cast<size_t>(i)].name);
@@ -248,9 +284,9 @@ void run_calibrated(const CalibratedRun& r) {
       const Checkpoint quantized = Checkpoint::from_store(
           TensorStore::from_files(std::move(files), r.work_dir), std::nullopt, r.work_dir);
       const runtime::DecoderLayer q(quantized, spec, ls, nullptr);
-      run_layer_rows(q, x, rows, len, hidden, nullptr);
+      run_layer_rows(q, x, rows, len, hidden, nullptr, carry);
     }
-    save_states(states_file(r.work_dir, l), x, tokens, hidden);
+    save_states(states_file(r.work_dir, l), x, tokens, hidden, dsa);
     if (l > 0) fs::remove(states_file(r.work_dir, l - 1));
     if (o.progress) {
       ProgressEvent ev;

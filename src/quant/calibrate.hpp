@@ -48,9 +48,11 @@ class HessianCapture final : public runtime::LinearObserver {
 void accumulate_xtx(HessianCapture::Sum& s, const float* x, int64_t m);
 
 // The rows of `states` ([rows * length, hidden]) through `layer`, each row one sequence,
-// in place; with an observer every linear input is shown to it.
+// in place; with an observer every linear input is shown to it. dsa (DSA models): each row's
+// token selection as the layers hand it on (DecoderLayer::forward_sequence).
 void run_layer_rows(const runtime::DecoderLayer& layer, std::vector<float>& states, int64_t rows,
-                    int64_t length, int64_t hidden, runtime::LinearObserver* observer);
+                    int64_t length, int64_t hidden, runtime::LinearObserver* observer,
+                    std::vector<runtime::DsaSelection>* dsa = nullptr);
 
 // The calibrated item loop. `run_item(index, hessian)` stages (or resumes) plan item `index`
 // with an optional Hessian (H = X^T X / n, [in, in] fp64), as the uncalibrated loop does.
@@ -65,8 +67,5 @@ struct CalibratedRun {
   double started = 0.0;
 };
 void run_calibrated(const CalibratedRun& r);
-// Fails (naming the layer, with a hint) when layer-by-layer calibration cannot run this model:
-// called before anything is planned or staged.
-void check_calibratable(const ModelConfig& config, const std::string& label);
 
 }  // namespace exl3::quant::detail

@@ -186,7 +186,6 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
     fail("{}: the source is already an EXL3 model (quantization_config.quant_method = exl3)",
          cfg_path.string());
   }
-  if (o.calibration == Calibration::kText) detail::check_calibratable(cfg, cfg_path.string());
   const TensorStore store = TensorStore::open(in_dir);
   const ConversionPlan plan = plan_conversion(
       cfg, store, o.bits, o.head_bits, plan_dense_formats(in_dir, o.dense_format, o.dense_ignore));

@@ -67,6 +67,11 @@ class CpuBackend final : public model::Backend {
     step_ = step;
     dsa_selection_.clear();
   }
+  // The step's DSA token selection (per new token, the positions it attends to): what the last
+  // layer with a full indexer chose and shared-indexer layers reuse. Layer-by-layer runs
+  // (calibration) hand it from one layer's backend to the next.
+  const std::vector<std::vector<int32_t>>& dsa_selection() const { return dsa_selection_; }
+  void set_dsa_selection(std::vector<std::vector<int32_t>> s) { dsa_selection_ = std::move(s); }
 
   // ---- the op layer ----
   model::ModulePtr load_embedding() override;

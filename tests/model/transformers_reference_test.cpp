@@ -10,6 +10,7 @@
 //                      DeepSeek's yarn, 4 expert groups (2 kept)
 //   deepseek_v3_q128   DeepSeek-V3 with hidden and expert widths of 128 (what the conversion test
 //                      quantizes: EXL3 experts are not padded)
+//   glm_moe_dsa_q128   GLM-5 likewise, 384 ids (the calibrated conversion test's tokenizer)
 // The first two were made on the device, the others with CPU torch (same transformers 5.17).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -93,7 +94,8 @@ TEST_P(Transformers, MatchesFp64AndDecodesAtEveryTp) {
 
 INSTANTIATE_TEST_SUITE_P(Model, Transformers,
                          ::testing::Values("deepseek_v3_qlora", "deepseek_v3_yarn", "glm_moe_dsa",
-                                           "deepseek_v32", "mistral_window", "deepseek_v3_q128"));
+                                           "deepseek_v32", "mistral_window", "deepseek_v3_q128",
+                                           "glm_moe_dsa_q128"));
 
 // The window matters: without it the Mistral model is far from its reference.
 TEST(Mistral, SlidingWindowChangesTheResult) {

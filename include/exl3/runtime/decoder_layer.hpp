@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "exl3/model/spec.hpp"
 #include "exl3/runtime/kv_cache.hpp"
@@ -40,6 +41,9 @@ class Linear;
 // Loads one linear (prefix, in, out); empty = Linear::load on the layer's checkpoint.
 using LinearLoadFn = std::function<Linear(const std::string& prefix, int64_t in, int64_t out)>;
 
+// Per position of a sequence, the positions a DSA layer attends to.
+using DsaSelection = std::vector<std::vector<int32_t>>;
+
 class DecoderLayer {
  public:
   // Loads layer `spec` of `model` from ckpt's tensors (the checkpoint must outlive the layer).
@@ -59,8 +63,11 @@ class DecoderLayer {
 
   // x[n, hidden] (updated in place) of one whole sequence (positions 0 .. n-1), with a cache of
   // its own that is dropped afterwards. An observer needs routed experts as Linears (moe_layout
-  // nullptr).
-  void forward_sequence(float* x, int64_t n, LinearObserver* observer = nullptr) const;
+  // nullptr). dsa: the sequence's DSA token selection (per position, the positions it attends
+  // to) as the layers hand it on: a layer with a full indexer writes it, one whose indexer is
+  // `shared` reads it (and fails, naming the layer, when it is empty); other layers leave it.
+  void forward_sequence(float* x, int64_t n, LinearObserver* observer = nullptr,
+                        DsaSelection* dsa = nullptr) const;
 
  private:
   struct Impl;

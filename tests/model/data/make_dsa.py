@@ -1,7 +1,7 @@
 """Tiny random DeepSeek-sparse-attention checkpoints and transformers' own fp64 logits for them.
 
 Run where torch and transformers are installed (transformers 5.17):
-    python3 make_dsa.py OUT_DIR
+    python3 make_dsa.py OUT_DIR [CASE...]
 Writes OUT_DIR/glm_moe_dsa/ (GLM-5: GlmMoeDsaForCausalLM, layers alternating full / shared
 indexers, a shared layer reusing the previous full layer's selection) and OUT_DIR/deepseek_v32/
 (DeepseekV32ForCausalLM: an indexer in every layer with half-split RoPE, DeepSeek's yarn) like
@@ -40,15 +40,23 @@ V32 = dict(CONFIG, n_group=4, topk_group=2, num_hidden_layers=3,
                             "original_max_position_embeddings": 16, "beta_fast": 32.0,
                             "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0})
 del V32["indexer_types"]
+# GLM-5 with 128-wide experts (EXL3 experts are not padded) and 384 ids (the synthetic byte-level
+# tokenizer's), for the calibrated conversion test.
+Q128 = dict(CONFIG, vocab_size=384, hidden_size=128, intermediate_size=192,
+            moe_intermediate_size=128, n_routed_experts=4, q_lora_rank=96, kv_lora_rank=64,
+            index_n_heads=8, num_hidden_layers=3, indexer_types=["full", "shared", "full"])
 CASES = {  # name: (config class, model class, config, seed)
     "glm_moe_dsa": (GlmMoeDsaConfig, GlmMoeDsaForCausalLM, CONFIG, 2000),
     "deepseek_v32": (DeepseekV32Config, DeepseekV32ForCausalLM, V32, 3000),
+    "glm_moe_dsa_q128": (GlmMoeDsaConfig, GlmMoeDsaForCausalLM, Q128, 4000),
 }
 
 
 def main():
+    only = set(sys.argv[2:])  # case names to (re)write; all when none are given
     for name, (config_cls, model_cls, config, seed) in CASES.items():
-        make(os.path.join(sys.argv[1], name), config_cls, model_cls, config, seed)
+        if not only or name in only:
+            make(os.path.join(sys.argv[1], name), config_cls, model_cls, config, seed)
 
 
 def make(d, config_cls, model_cls, config, seed):
