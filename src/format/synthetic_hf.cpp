@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/error.hpp"
+#include "exl3/format/byte_alphabet.hpp"
 #include "exl3/format/file_io.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/trellis/half.hpp"
@@ -111,9 +112,10 @@ void validate(const SyntheticHfSpec& s) {
     }
   }
   if (architecture_info(s.arch).mla) {
-    fail("synthetic HF model: {} (multi-head latent attention) is not written by the synthetic "
-         "writer; hint: make a tiny one with transformers (tests/model/data/make_deepseek_v3.py)",
-         architecture_info(s.arch).hf_name);
+    fail(
+        "synthetic HF model: {} (multi-head latent attention) is not written by the synthetic "
+        "writer; hint: make a tiny one with transformers (tests/model/data/make_deepseek_v3.py)",
+        architecture_info(s.arch).hf_name);
   }
   if (s.arch == HfArch::kGlm4Moe && (s.first_k_dense_replace < 0 || s.n_shared_experts < 0)) {
     fail("synthetic HF model: first_k_dense_replace and n_shared_experts must be >= 0");
@@ -176,30 +178,9 @@ ojson make_config(const SyntheticHfSpec& s) {
   return c;
 }
 
-std::string utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
 // A byte-level BPE tokenizer with no merges: three special tokens, then one token per byte in
 // GPT-2's byte-to-unicode alphabet (as many as the vocabulary holds).
 ojson make_tokenizer(int64_t vocab) {
-  std::vector<uint32_t> map(256, 0);
-  uint32_t next = 256;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-    map[b] = printable ? b : next++;
-  }
   const char* specials[] = {"<|pad|>", "<|bos|>", "<|eos|>"};
   ojson added = ojson::array();
   ojson v = ojson::object();
@@ -213,7 +194,8 @@ ojson make_tokenizer(int64_t vocab) {
                      {"special", true}});
     v[specials[i]] = i;
   }
-  for (uint32_t b = 0; b < 256 && 3 + static_cast<int64_t>(b) < vocab; ++b) v[utf8(map[b])] = 3 + b;
+  for (uint32_t b = 0; b < 256 && 3 + static_cast<int64_t>(b) < vocab; ++b)
+    v[utf8_of_codepoint(byte_level_codepoint(static_cast<uint8_t>(b)))] = 3 + b;
   ojson t;
   t["version"] = "1.0";
   t["truncation"] = nullptr;

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "exl3/error.hpp"
+#include "exl3/format/byte_alphabet.hpp"
 #include "tokenizer_internal.hpp"
 
 namespace exl3::tok {
@@ -397,34 +398,13 @@ size_t trailing_space_start(std::string_view s) {
 
 // ---- byte-level alphabet ------------------------------------------------------------------------
 
-namespace {
-
-std::string utf8_encode(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
-}  // namespace
-
 const ByteAlphabet& ByteAlphabet::get() {
   static const ByteAlphabet a = [] {
     ByteAlphabet t;
     t.byte_of.fill(-1);
-    uint32_t next = 256;
     for (uint32_t b = 0; b < 256; ++b) {
-      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-      const uint32_t cp = printable ? b : next++;
-      t.utf8[b] = utf8_encode(cp);
+      const uint32_t cp = byte_level_codepoint(static_cast<uint8_t>(b));
+      t.utf8[b] = utf8_of_codepoint(cp);
       t.byte_of[cp] = static_cast<int16_t>(b);
     }
     return t;
