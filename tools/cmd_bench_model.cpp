@@ -46,6 +46,7 @@ SyntheticSpec synthetic_geometry(const std::string& name) {
     s.experts_per_tok = 8;
     s.moe_intermediate_size = 768;
     s.vocab_size = 151936;
+    s.max_position_embeddings = 40960;  // so --context 8k and 32k run as on the real model
   } else if (name != "tiny") {
     fail("--synthetic '{}' is unknown; choose qwen3-30b-a3b or tiny", name);
   }
@@ -65,15 +66,23 @@ Runner add_bench_model(CLI::App& app, Common&) {
   auto o = std::make_shared<Opts>();
   app.add_option("MODEL", o->model, "EXL3 checkpoint folder (or use --synthetic)");
   app.add_option("--synthetic", o->synthetic,
-                 "Write and time a synthetic EXL3 model of this geometry: qwen3-30b-a3b or tiny (random valid trellis "
+                 "Write and time a synthetic EXL3 model of this geometry: qwen3-30b-a3b or tiny "
+                 "(random valid trellis "
                  "bits: a speed benchmark, never a quality one)");
-  app.add_option("--bits", o->bits, "--synthetic: K of the decoder linears and experts")->check(CLI::Range(1, 8))->capture_default_str();
-  app.add_option("--head-bits", o->head_bits, "--synthetic: K of lm_head")->check(CLI::Range(1, 8))->capture_default_str();
-  app.add_option("--codebook", o->codebook, "--synthetic: mcg, mul1 or 3inst")->capture_default_str();
-  app.add_option("--layers", o->layers, "--synthetic: override the decoder layer count (0 = the geometry's)")
+  app.add_option("--bits", o->bits, "--synthetic: K of the decoder linears and experts")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  app.add_option("--head-bits", o->head_bits, "--synthetic: K of lm_head")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  app.add_option("--codebook", o->codebook, "--synthetic: mcg, mul1 or 3inst")
+      ->capture_default_str();
+  app.add_option("--layers", o->layers,
+                 "--synthetic: override the decoder layer count (0 = the geometry's)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--out", o->out_dir, "--synthetic: folder for the model (reused when it already holds one); default "
-                                      "a folder under the system temp dir");
+  app.add_option("--out", o->out_dir,
+                 "--synthetic: folder for the model (reused when it already holds one); default "
+                 "a folder under the system temp dir");
   app.add_option("--device", o->device, "cuda or cpu")->capture_default_str();
   app.add_option("--batch", o->bench.batches, "Decode batch sizes (sequences decoding together)")
       ->delimiter(',')
@@ -81,28 +90,41 @@ Runner add_bench_model(CLI::App& app, Common&) {
   app.add_option("--context", o->bench.context, "Prompt tokens per sequence before decode is timed")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--steps", o->bench.decode_steps, "Timed decode steps per batch size")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--prefill", o->bench.prefill_tokens, "Prompt length of the prefill measurement (0 = skip)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--cache-tokens", o->cache_tokens, "KV pool size (default: what the runs need)")->check(CLI::NonNegativeNumber);
-  app.add_option("--max-batch-tokens", o->max_batch_tokens, "Tokens per kernel pass (prefill chunk)")
+  app.add_option("--steps", o->bench.decode_steps, "Timed decode steps per batch size")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--seed", o->bench.seed, "Seed of the random token ids (and of --synthetic weights)")->capture_default_str();
+  app.add_option("--prefill", o->bench.prefill_tokens,
+                 "Prompt length of the prefill measurement (0 = skip)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--cache-tokens", o->cache_tokens, "KV pool size (default: what the runs need)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-batch-tokens", o->max_batch_tokens,
+                 "Tokens per kernel pass (prefill chunk)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--seed", o->bench.seed,
+                 "Seed of the random token ids (and of --synthetic weights)")
+      ->capture_default_str();
   app.add_option("--json", o->json_path, "Also write the results as JSON to this file");
   add_tp_option(app, o->tp);
   app.add_flag("--prepare-only", o->prepare_only,
-               "--synthetic: write the model to --out and stop (e.g. on the CPU while the GPU runs something else)");
+               "--synthetic: write the model to --out and stop (e.g. on the CPU while the GPU runs "
+               "something else)");
   app.footer(
-      "Decode: B sequences prefilled with --context random tokens, then --steps steps of one token each\n"
-      "(median step time; tokens/s = B / step). Prefill: one sequence of --prefill tokens in one call.\n"
-      "Ceiling: the device copy bandwidth measured in this run over the weight bytes one token reads at\n"
-      "batch 1 (non-expert linears, lm_head, top-k experts per MoE layer); % = decode tok/s / ceiling.\n\n"
+      "Decode: B sequences prefilled with --context random tokens, then --steps steps of one token "
+      "each\n"
+      "(median step time; tokens/s = B / step). Prefill: one sequence of --prefill tokens in one "
+      "call.\n"
+      "Ceiling: the device copy bandwidth measured in this run over the weight bytes one token "
+      "reads at\n"
+      "batch 1 (non-expert linears, lm_head, top-k experts per MoE layer); % = decode tok/s / "
+      "ceiling.\n\n"
       "Examples:\n"
       "  exl3 bench model --synthetic qwen3-30b-a3b --bits 4 --out /tmp/q30 --json q30.json\n"
       "  exl3 bench model ./Qwen3-30B-A3B-exl3-4bpw --batch 1,8 --prefill 2048\n"
-      "  exl3 bench model --synthetic qwen3-30b-a3b --out /tmp/q30 --tp 2   # 2 GPUs; collectives timed alone too");
+      "  exl3 bench model --synthetic qwen3-30b-a3b --out /tmp/q30 --tp 2   # 2 GPUs; collectives "
+      "timed alone too");
   return [o] {
     std::filesystem::path dir = o->model;
     if (!o->synthetic.empty()) {
@@ -116,11 +138,13 @@ Runner add_bench_model(CLI::App& app, Common&) {
       if (!cb) fail("--codebook '{}' is unknown; choose mcg, mul1 or 3inst", o->codebook);
       s.codebook = *cb;
       dir = o->out_dir.empty() ? std::filesystem::temp_directory_path() /
-                                     fmt::format("exl3-bench-{}-k{}-{}-l{}", o->synthetic, s.bits, o->codebook, s.num_layers)
+                                     fmt::format("exl3-bench-{}-k{}-{}-l{}", o->synthetic, s.bits,
+                                                 o->codebook, s.num_layers)
                                : std::filesystem::path(o->out_dir);
       if (!std::filesystem::exists(dir / "config.json")) {
-        std::fprintf(stderr, "writing synthetic %s (%lld layers, K=%d %s) to %s ...\n", o->synthetic.c_str(),
-                     static_cast<long long>(s.num_layers), s.bits, o->codebook.c_str(), dir.string().c_str());
+        std::fprintf(stderr, "writing synthetic %s (%lld layers, K=%d %s) to %s ...\n",
+                     o->synthetic.c_str(), static_cast<long long>(s.num_layers), s.bits,
+                     o->codebook.c_str(), dir.string().c_str());
         write_synthetic_checkpoint(dir, s);
       } else {
         std::fprintf(stderr, "reusing %s\n", dir.string().c_str());
@@ -128,7 +152,8 @@ Runner add_bench_model(CLI::App& app, Common&) {
     }
     if (dir.empty()) fail("no model: give MODEL or --synthetic NAME (see --help)");
     if (o->prepare_only) {
-      if (o->synthetic.empty()) fail("--prepare-only writes a --synthetic model; give --synthetic NAME --out DIR");
+      if (o->synthetic.empty())
+        fail("--prepare-only writes a --synthetic model; give --synthetic NAME --out DIR");
       std::printf("synthetic %s ready in %s\n", o->synthetic.c_str(), dir.string().c_str());
       return 0;
     }
@@ -145,14 +170,16 @@ Runner add_bench_model(CLI::App& app, Common&) {
       if (b <= 0) fail("--batch {}: batch sizes must be positive", b);
       biggest = std::max(biggest, b);
     }
-    eo.cache_tokens = o->cache_tokens > 0
-                          ? o->cache_tokens
-                          : std::max(biggest * (o->bench.context + o->bench.decode_steps + 2) + 64 * biggest,
-                                     o->bench.prefill_tokens + 64);
+    eo.cache_tokens =
+        o->cache_tokens > 0
+            ? o->cache_tokens
+            : std::max(biggest * (o->bench.context + o->bench.decode_steps + 2) + 64 * biggest,
+                       o->bench.prefill_tokens + 64);
     std::fprintf(stderr, "loading %s on %s ...\n", dir.string().c_str(), o->device.c_str());
     const auto load_start = std::chrono::steady_clock::now();
     auto engine = runtime::load_engine(ckpt, eo);
-    const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+    const double load_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     std::fprintf(stderr, "loaded in %.1f s\n", load_seconds);
     const uint64_t active = runtime::active_weight_bytes_per_token(ckpt, engine->spec());
     double copy_gbs = 0.0;
@@ -166,29 +193,37 @@ Runner add_bench_model(CLI::App& app, Common&) {
 #endif
     const auto res = runtime::bench_model(*engine, o->bench);
     const double ceiling = copy_gbs > 0 ? copy_gbs * 1e9 / static_cast<double>(active) : 0.0;
-    std::printf("model %s (%s), device %s\n", dir.string().c_str(), std::string(runtime::architecture_name(engine->spec().architecture)).c_str(),
+    std::printf("model %s (%s), device %s\n", dir.string().c_str(),
+                std::string(runtime::architecture_name(engine->spec().architecture)).c_str(),
                 device_name.c_str());
-    std::printf("weights read per token at batch 1: %.1f MB; copy bandwidth %.0f GB/s -> ceiling %.1f tok/s\n",
-                static_cast<double>(active) / 1e6, copy_gbs, ceiling);
+    std::printf(
+        "weights read per token at batch 1: %.1f MB; copy bandwidth %.0f GB/s -> ceiling %.1f "
+        "tok/s\n",
+        static_cast<double>(active) / 1e6, copy_gbs, ceiling);
     const bool tp = o->tp > 1;
-    std::printf("%8s %12s %12s %10s%s\n", "batch", "ms/step", "tok/s", "% ceiling", tp ? "   collectives ms (% step)" : "");
+    std::printf("%8s %12s %12s %10s%s\n", "batch", "ms/step", "tok/s", "% ceiling",
+                tp ? "   collectives ms (% step)" : "");
     nlohmann::json decode = nlohmann::json::array();
     for (const auto& d : res.decode) {
       const double pct = ceiling > 0 ? 100.0 * d.tokens_per_second / ceiling : 0.0;
-      std::printf("%8lld %12.3f %12.1f %10.1f", static_cast<long long>(d.batch), 1e3 * d.seconds_per_step,
-                  d.tokens_per_second, pct);
-      if (tp) std::printf("   %8.3f (%4.1f%%)", 1e3 * d.collective_seconds, 100.0 * d.collective_seconds / d.seconds_per_step);
+      std::printf("%8lld %12.3f %12.1f %10.1f", static_cast<long long>(d.batch),
+                  1e3 * d.seconds_per_step, d.tokens_per_second, pct);
+      if (tp)
+        std::printf("   %8.3f (%4.1f%%)", 1e3 * d.collective_seconds,
+                    100.0 * d.collective_seconds / d.seconds_per_step);
       std::printf("\n");
-      decode.push_back({{"batch", d.batch},
-                        {"ms_per_step", 1e3 * d.seconds_per_step},
-                        {"tokens_per_second", d.tokens_per_second},
-                        {"percent_of_ceiling", ceiling > 0 ? nlohmann::json(pct) : nlohmann::json(nullptr)},
-                        {"collectives_ms", 1e3 * d.collective_seconds},
-                        {"collectives_share", d.collective_seconds / d.seconds_per_step}});
+      decode.push_back(
+          {{"batch", d.batch},
+           {"ms_per_step", 1e3 * d.seconds_per_step},
+           {"tokens_per_second", d.tokens_per_second},
+           {"percent_of_ceiling", ceiling > 0 ? nlohmann::json(pct) : nlohmann::json(nullptr)},
+           {"collectives_ms", 1e3 * d.collective_seconds},
+           {"collectives_share", d.collective_seconds / d.seconds_per_step}});
     }
     if (res.prefill_tokens > 0) {
-      std::printf("prefill %lld tokens: %.1f ms, %.0f tok/s", static_cast<long long>(res.prefill_tokens),
-                  1e3 * res.prefill_seconds, res.prefill_tokens_per_second);
+      std::printf("prefill %lld tokens: %.1f ms, %.0f tok/s",
+                  static_cast<long long>(res.prefill_tokens), 1e3 * res.prefill_seconds,
+                  res.prefill_tokens_per_second);
       if (tp) {
         std::printf("; collectives %.3f ms (%.1f%%)", 1e3 * res.prefill_collective_seconds,
                     100.0 * res.prefill_collective_seconds / res.prefill_seconds);
@@ -198,9 +233,11 @@ Runner add_bench_model(CLI::App& app, Common&) {
     if (!o->json_path.empty()) {
       const nlohmann::json doc = {
           {"model", dir.string()},
-          {"synthetic", o->synthetic.empty() ? nlohmann::json(nullptr) : nlohmann::json(o->synthetic)},
-          {"synthetic_note", o->synthetic.empty() ? nlohmann::json(nullptr)
-                                                  : nlohmann::json("random valid trellis bits; speed only")},
+          {"synthetic",
+           o->synthetic.empty() ? nlohmann::json(nullptr) : nlohmann::json(o->synthetic)},
+          {"synthetic_note", o->synthetic.empty()
+                                 ? nlohmann::json(nullptr)
+                                 : nlohmann::json("random valid trellis bits; speed only")},
           {"spec", runtime::spec_summary(engine->spec())},
           {"device", device_name},
           {"copy_bandwidth_gbs", copy_gbs},
@@ -210,11 +247,13 @@ Runner add_bench_model(CLI::App& app, Common&) {
           {"tp", o->tp},
           {"load_seconds", load_seconds},
           {"decode", decode},
-          {"prefill", {{"tokens", res.prefill_tokens},
-                       {"ms", 1e3 * res.prefill_seconds},
-                       {"tokens_per_second", res.prefill_tokens_per_second},
-                       {"collectives_ms", 1e3 * res.prefill_collective_seconds},
-                       {"collectives_share", res.prefill_collective_seconds / std::max(res.prefill_seconds, 1e-12)}}}};
+          {"prefill",
+           {{"tokens", res.prefill_tokens},
+            {"ms", 1e3 * res.prefill_seconds},
+            {"tokens_per_second", res.prefill_tokens_per_second},
+            {"collectives_ms", 1e3 * res.prefill_collective_seconds},
+            {"collectives_share",
+             res.prefill_collective_seconds / std::max(res.prefill_seconds, 1e-12)}}}};
       write_file_atomic(o->json_path, doc.dump(2) + "\n");
     }
     return 0;

@@ -104,7 +104,7 @@ nlohmann::json make_config(const SyntheticSpec& s, int64_t padded_vocab) {
                       {"vocab_size", padded_vocab},
                       {"rms_norm_eps", 1e-6},
                       {"rope_theta", 10000.0},
-                      {"max_position_embeddings", 4096},
+                      {"max_position_embeddings", s.max_position_embeddings},
                       {"hidden_act", "silu"},
                       {"tie_word_embeddings", false},
                       {"torch_dtype", "bfloat16"}};
