@@ -230,10 +230,8 @@ void run_calibrated(const CalibratedRun& r) {
 
   // DSA models: each row's token selection, handed from a full-indexer layer to the shared ones
   // after it (both passes of a layer read it; the quantized pass leaves what the next layers see).
-  const bool dsa_model = std::any_of(spec.layers.begin(), spec.layers.end(), [](const auto& ls) {
-    const auto* mla = std::get_if<model::MlaAttentionSpec>(&ls.attention);
-    return mla != nullptr && mla->indexer.has_value();
-  });
+  const bool dsa_model = std::any_of(spec.layers.begin(), spec.layers.end(),
+                                     [](const auto& ls) { return ls.dsa_indexer() != nullptr; });
   std::vector<runtime::DsaSelection> dsa(dsa_model ? static_cast<size_t>(rows) : 0);
   auto* carry = dsa_model ? &dsa : nullptr;
 

@@ -2,8 +2,6 @@
 // CpuBackend of its own, for calibration to run layer by layer.
 #include "exl3/runtime/decoder_layer.hpp"
 
-#include <variant>
-
 #include "cpu_backend.hpp"
 #include "exl3/error.hpp"
 #include "exl3/model/decoder.hpp"
@@ -55,13 +53,12 @@ void DecoderLayer::forward_sequence(float* x, int64_t n, LinearObserver* observe
   step.n = n;
   step.observer = observer;
   b.begin(step);
-  const auto* mla = std::get_if<MlaAttentionSpec>(&impl_->spec.attention);
-  const bool indexer = dsa != nullptr && mla != nullptr && mla->indexer.has_value();
-  if (indexer && mla->indexer->shared) b.set_dsa_selection(*dsa);
+  const DsaIndexerSpec* indexer = dsa != nullptr ? impl_->spec.dsa_indexer() : nullptr;
+  if (indexer != nullptr && indexer->shared) b.set_dsa_selection(*dsa);
   const model::Act xs{x, n, impl_->hidden};
   const model::Act y = model::layer_forward(b, impl_->modules, impl_->hidden, xs, nullptr);
   b.add(xs, y);
-  if (indexer && !mla->indexer->shared) *dsa = b.dsa_selection();
+  if (indexer != nullptr && !indexer->shared) *dsa = b.dsa_selection();
 }
 
 }  // namespace exl3::runtime

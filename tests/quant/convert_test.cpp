@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <random>
 #include <set>
@@ -492,6 +493,15 @@ const q::PlanItem* find_item(const q::ConversionPlan& p, const std::string& name
   return nullptr;
 }
 
+// Each of `names` is in the plan as a tensor copied through (not quantized).
+void expect_copied(const q::ConversionPlan& p, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const auto* it = find_item(p, name);
+    ASSERT_NE(it, nullptr) << name;
+    EXPECT_EQ(it->kind, q::PlanItem::Kind::kPlain) << name;
+  }
+}
+
 TEST(ConvertPlan, Glm4MoeDenseLeadSharedExpertsRouterBias) {
   TempDir tmp;
   exl3::SyntheticHfSpec spec;
@@ -557,13 +567,9 @@ TEST(ConvertPlan, LatentAttentionProjectionsAndCopies) {
   EXPECT_EQ(kva->group, qa->group);
   EXPECT_EQ(qb->group, qa->group);
   EXPECT_EQ(o->group, "model.layers.1.self_attn.o");
-  for (const char* copied : {"model.layers.1.self_attn.kv_b_proj.weight",
-                             "model.layers.1.self_attn.kv_a_layernorm.weight",
-                             "model.layers.1.self_attn.q_a_layernorm.weight"}) {
-    const auto* it = find_item(p, copied);
-    ASSERT_NE(it, nullptr) << copied;
-    EXPECT_EQ(it->kind, q::PlanItem::Kind::kPlain) << copied;
-  }
+  expect_copied(p, {"model.layers.1.self_attn.kv_b_proj.weight",
+                    "model.layers.1.self_attn.kv_a_layernorm.weight",
+                    "model.layers.1.self_attn.q_a_layernorm.weight"});
 
   // The reference checkpoints' 32-wide experts would convert into something no runtime loads.
   expect_error([&] { (void)plan_of(data / "deepseek_v3_qlora", 4.0, 6); },
@@ -583,13 +589,9 @@ TEST(ConvertPlan, LatentAttentionProjectionsAndCopies) {
     return !n.starts_with("model.layers.") || n.starts_with("model.layers.0.");
   });
   const auto dsa = plan_of(tmp / "g", 4.0, 6);
-  for (const char* copied : {"model.layers.0.self_attn.indexer.wk.weight",
-                             "model.layers.0.self_attn.indexer.wq_b.weight",
-                             "model.layers.0.self_attn.indexer.weights_proj.weight"}) {
-    const auto* it = find_item(dsa, copied);
-    ASSERT_NE(it, nullptr) << copied;
-    EXPECT_EQ(it->kind, q::PlanItem::Kind::kPlain) << copied;
-  }
+  expect_copied(dsa, {"model.layers.0.self_attn.indexer.wk.weight",
+                      "model.layers.0.self_attn.indexer.wq_b.weight",
+                      "model.layers.0.self_attn.indexer.weights_proj.weight"});
   ASSERT_NE(find_item(dsa, "model.layers.0.mlp.down_proj"), nullptr);
 
   fs::create_directories(tmp / "m");

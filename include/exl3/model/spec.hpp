@@ -133,6 +133,12 @@ struct LayerSpec {
   MlpSpec mlp;
   std::string input_norm;  // tensor names (RMSNorm weights [hidden])
   std::string post_attention_norm;
+
+  // The layer's DSA indexer (full or shared), or nullptr when its attention is not sparse.
+  const DsaIndexerSpec* dsa_indexer() const {
+    const auto* mla = std::get_if<MlaAttentionSpec>(&attention);
+    return mla != nullptr && mla->indexer ? &*mla->indexer : nullptr;
+  }
 };
 
 struct ModelSpec {
