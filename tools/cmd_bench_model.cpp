@@ -201,13 +201,21 @@ Runner add_bench_model(CLI::App& app, Common&) {
         "tok/s\n",
         static_cast<double>(active) / 1e6, copy_gbs, ceiling);
     const bool tp = o->tp > 1;
-    std::printf("%8s %12s %12s %10s%s\n", "batch", "ms/step", "tok/s", "% ceiling",
-                tp ? "   collectives ms (% step)" : "");
+    // Launches per layer: the step's kernels over the decoder layers (the embedding, final norm,
+    // head and step bookkeeping counted in), the figure the decode-fusion work tracks.
+    const auto layers = static_cast<double>(std::max<int64_t>(1, engine->spec().num_layers()));
+    std::printf("%8s %12s %12s %10s %14s%s\n", "batch", "ms/step", "tok/s", "% ceiling",
+                "kernels/layer", tp ? "   collectives ms (% step)" : "");
     nlohmann::json decode = nlohmann::json::array();
     for (const auto& d : res.decode) {
       const double pct = ceiling > 0 ? 100.0 * d.tokens_per_second / ceiling : 0.0;
       std::printf("%8lld %12.3f %12.1f %10.1f", static_cast<long long>(d.batch),
                   1e3 * d.seconds_per_step, d.tokens_per_second, pct);
+      if (d.kernels > 0) {
+        std::printf(" %14.2f", static_cast<double>(d.kernels) / layers);
+      } else {
+        std::printf(" %14s", "-");
+      }
       if (tp)
         std::printf("   %8.3f (%4.1f%%)", 1e3 * d.collective_seconds,
                     100.0 * d.collective_seconds / d.seconds_per_step);
@@ -218,7 +226,12 @@ Runner add_bench_model(CLI::App& app, Common&) {
            {"tokens_per_second", d.tokens_per_second},
            {"percent_of_ceiling", ceiling > 0 ? nlohmann::json(pct) : nlohmann::json(nullptr)},
            {"collectives_ms", 1e3 * d.collective_seconds},
-           {"collectives_share", d.collective_seconds / d.seconds_per_step}});
+           {"collectives_share", d.collective_seconds / d.seconds_per_step},
+           {"kernels_per_step",
+            d.kernels > 0 ? nlohmann::json(d.kernels) : nlohmann::json(nullptr)},
+           {"kernels_per_layer", d.kernels > 0
+                                     ? nlohmann::json(static_cast<double>(d.kernels) / layers)
+                                     : nlohmann::json(nullptr)}});
     }
     if (res.prefill_tokens > 0) {
       std::printf("prefill %lld tokens: %.1f ms, %.0f tok/s",

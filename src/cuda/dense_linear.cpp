@@ -64,6 +64,10 @@ DenseLinearCuda::DenseLinearCuda(CudaContext& ctx, std::string name, const void*
   }
 }
 
+const float* DenseLinearCuda::fp32_matrix() const {
+  return wtype_ == DType::kF32 && bias_.bytes() == 0 ? w_.as<float>() : nullptr;
+}
+
 size_t DenseLinearCuda::device_bytes() const {
   return static_cast<size_t>(in_ * out_) * dtype_size(wtype_) + bias_.bytes();
 }

@@ -42,6 +42,7 @@ struct CudaLinear final : Module {
 
 struct CudaMoe final : Module {
   GpuLinear router;
+  DeviceBuffer route_counter;  // route_decode's arrivals (one int32, zero at rest)
   DeviceBuffer bias;
   cuda::RouterParams params;
   std::unique_ptr<cuda::MoeLayerCuda> layer;
@@ -57,6 +58,21 @@ struct CudaBackend::Gqa final : Module {
 };
 
 namespace {
+
+// Kernel nodes of a captured graph (memsets, copies and empty nodes are not launches).
+int64_t count_kernel_nodes(cudaGraph_t graph) {
+  size_t n = 0;
+  EXL3_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n), "counting the decode graph's nodes");
+  std::vector<cudaGraphNode_t> nodes(n);
+  EXL3_CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n), "listing the decode graph's nodes");
+  int64_t kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    EXL3_CUDA_CHECK(cudaGraphNodeGetType(node, &type), "reading a decode graph node's type");
+    kernels += type == cudaGraphNodeTypeKernel;
+  }
+  return kernels;
+}
 
 cuda::AttnShape attn_shape(const GqaAttentionSpec& s) {
   return {static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
@@ -98,6 +114,7 @@ void CudaBackend::run_graph(int64_t key, const std::function<void()>& enqueue) {
       throw;
     }
     EXL3_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph), "capturing the decode step");
+    graph_kernels_[key] = count_kernel_nodes(graph);
     cudaGraphExec_t exec = nullptr;
     const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -105,6 +122,12 @@ void CudaBackend::run_graph(int64_t key, const std::function<void()>& enqueue) {
     it = graphs_.emplace(key, exec).first;
   }
   EXL3_CUDA_CHECK(cudaGraphLaunch(it->second, stream_), "replaying the decode graph");
+}
+
+std::optional<int64_t> CudaBackend::graph_kernels(int64_t key) const {
+  const auto it = graph_kernels_.find(key);
+  if (it == graph_kernels_.end()) return std::nullopt;
+  return it->second;
 }
 
 int CudaBackend::tp_size() const {
@@ -249,6 +272,8 @@ ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoeP
   m->router = GpuLinear::load(*ctx_, ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts,
                               opts_.capacity, /*fp32=*/true, {}, nullptr, opts_.mxfp8);
   track(m->router);
+  m->route_counter = DeviceBuffer(4, "the router's decode counter");
+  EXL3_CUDA_CHECK(cudaMemset(m->route_counter.get(), 0, 4), "zeroing the router's counter");
   m->params.num_experts = static_cast<int>(s.num_experts);
   m->params.top_k = s.top_k;
   m->params.renormalize = s.renormalize;
@@ -470,10 +495,17 @@ void CudaBackend::silu_mul(Act gate, Act up) {
 void CudaBackend::moe(const Module& moe, Act x, Act out) {
   const auto& m = static_cast<const CudaMoe&>(moe);
   float* logits = router_.as<float>();
-  m.router.run(x.data, logits, x.rows, ws_.get(), ws_.bytes(), pads_, stream_);
   auto* ids = ids_.as<int32_t>();
   auto* wts = wts_.as<float>();
-  EXL3_CUDA_CHECK(cuda::route_topk(logits, x.rows, m.params, ids, wts, stream_), "routing");
+  const float* w = m.router.fp32_matrix();
+  if (w != nullptr && x.rows <= cuda::kRouteDecodeMaxTokens && x.width % 4 == 0) {
+    EXL3_CUDA_CHECK(cuda::route_decode(x.data, w, x.rows, x.width, m.params, logits,
+                                       m.route_counter.as<int32_t>(), ids, wts, stream_),
+                    "routing (decode)");
+  } else {
+    m.router.run(x.data, logits, x.rows, ws_.get(), ws_.bytes(), pads_, stream_);
+    EXL3_CUDA_CHECK(cuda::route_topk(logits, x.rows, m.params, ids, wts, stream_), "routing");
+  }
   EXL3_CUDA_CHECK(m.layer->run(x.data, DType::kF32, ids, wts, out.data, x.rows, ws_.get(),
                                ws_.bytes(), stream_),
                   "MoE layer");

@@ -83,6 +83,8 @@ class CudaBackend final : public model::Backend {
   // time `key` is seen, replayed afterwards. The caller keeps every device address the work
   // reads the same for a key (the step geometry's layout is a function of the counts).
   void run_graph(int64_t key, const std::function<void()>& enqueue);
+  // Kernel nodes of the graph captured under `key`, or nullopt before its capture.
+  std::optional<int64_t> graph_kernels(int64_t key) const;
 
   // After loading: the KV cache (pages x page_size tokens per attention layer), every slot,
   // the workspace, the logits of `head` and the step metadata for max_pages pages per sequence.
@@ -148,6 +150,7 @@ class CudaBackend final : public model::Backend {
   std::unique_ptr<cuda::CudaContext> ctx_;
   cudaStream_t stream_ = nullptr;  // ctx_->stream()
   std::map<int64_t, cudaGraphExec_t> graphs_;
+  std::map<int64_t, int64_t> graph_kernels_;  // kernel nodes per captured graph
   const Checkpoint& ckpt_;
   const ModelSpec& spec_;
   Options opts_;

@@ -136,6 +136,9 @@ class CudaEngine final : public PagedEngine {
   std::optional<size_t> device_weight_bytes() const override {
     return backend_->weight_bytes();
   }
+  std::optional<int64_t> decode_step_kernels(int64_t batch) const override {
+    return backend_->graph_kernels(batch);
+  }
 
   std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
     const BatchEntry e{seq, tokens, mode};

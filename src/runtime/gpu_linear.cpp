@@ -157,6 +157,11 @@ void GpuLinear::upload_exl3(cuda::CudaContext& ctx, const cpu::LinearView& v, in
   bytes_ = v.trellis.size() * 2 + (v.suh.size() + v.svh.size()) * 2;
 }
 
+const float* GpuLinear::fp32_matrix() const {
+  const bool unpadded = stored_in_ == in_ && stored_out_ == out_ && out_offset_ == 0;
+  return dense_ != nullptr && unpadded ? dense_->fp32_matrix() : nullptr;
+}
+
 size_t GpuLinear::workspace_bytes() const {
   if (mx_) return mx_x_bytes_ + mx_->workspace_bytes();
   return exl3_ ? exl3_->workspace_bytes() : dense_->workspace_bytes();

@@ -66,6 +66,9 @@ class GpuLinear {
   int64_t stored_in() const { return stored_in_; }
   int64_t stored_out() const { return stored_out_; }
   bool is_mxfp8() const { return mx_ != nullptr; }
+  // The device [out, in] fp32 matrix of an unpadded, bias-free dense linear (routers, for the
+  // fused decode routing), else null.
+  const float* fp32_matrix() const;
   // Weight (+ bias) bytes on the device.
   size_t device_bytes() const { return bytes_; }
   size_t workspace_bytes() const;

@@ -47,8 +47,10 @@ uint64_t active_weight_bytes_per_token(const Checkpoint& ckpt, const ModelSpec& 
   }
   for (const auto& t : ckpt.plain_tensors()) {
     if (t.role == "embedding") {
-      if (!t.shape.empty() && t.shape[0] > 0) bytes += t.bytes / static_cast<uint64_t>(t.shape[0]);  // one row
-      if (spec.lm_head_tied && t.name == spec.embed_tokens) bytes += t.bytes;  // the head reads all of it
+      if (!t.shape.empty() && t.shape[0] > 0)
+        bytes += t.bytes / static_cast<uint64_t>(t.shape[0]);  // one row
+      if (spec.lm_head_tied && t.name == spec.embed_tokens)
+        bytes += t.bytes;  // the head reads all of it
     } else if (t.name.find(".experts.") == std::string::npos) {
       bytes += t.bytes;  // norms, routers, unquantized linears
     }
@@ -69,8 +71,10 @@ ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts) {
   for (const int64_t batch : opts.batches) {
     const int64_t need = batch * (opts.context + opts.decode_steps + 2);
     if (need > engine.free_cache_tokens()) {
-      fail("bench model: batch {} x {} tokens needs {} KV cache tokens, {} are free; hint: raise --cache-tokens",
-           batch, opts.context + opts.decode_steps + 2, need, engine.free_cache_tokens());
+      fail(
+          "bench model: batch {} x {} tokens needs {} KV cache tokens, {} are free; hint: raise "
+          "--cache-tokens",
+          batch, opts.context + opts.decode_steps + 2, need, engine.free_cache_tokens());
     }
     std::vector<Engine::SeqId> seqs;
     std::vector<std::vector<int32_t>> prompts;
@@ -79,7 +83,8 @@ ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts) {
       seqs.push_back(engine.new_sequence());
       prompts.push_back(random_ids(opts.context));
     }
-    for (int64_t b = 0; b < batch; ++b) entries.push_back({seqs[static_cast<size_t>(b)], prompts[static_cast<size_t>(b)]});
+    for (int64_t b = 0; b < batch; ++b)
+      entries.push_back({seqs[static_cast<size_t>(b)], prompts[static_cast<size_t>(b)]});
     engine.forward_batch(entries);
     std::vector<int32_t> step_tokens(static_cast<size_t>(batch));
     std::vector<double> times;
@@ -87,7 +92,8 @@ ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts) {
       entries.clear();
       for (int64_t b = 0; b < batch; ++b) {
         step_tokens[static_cast<size_t>(b)] = tok(rng);
-        entries.push_back({seqs[static_cast<size_t>(b)], std::span(step_tokens).subspan(static_cast<size_t>(b), 1)});
+        entries.push_back({seqs[static_cast<size_t>(b)],
+                           std::span(step_tokens).subspan(static_cast<size_t>(b), 1)});
       }
       const auto t0 = std::chrono::steady_clock::now();
       engine.forward_batch(entries);
@@ -99,13 +105,16 @@ ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts) {
     d.seconds_per_step = median(times);
     d.tokens_per_second = static_cast<double>(batch) / d.seconds_per_step;
     d.collective_seconds = engine.collective_seconds(batch, batch);
+    d.kernels = engine.decode_step_kernels(batch).value_or(0);
     res.decode.push_back(d);
   }
   if (opts.prefill_tokens > 0) {
     if (opts.prefill_tokens > engine.free_cache_tokens()) {
-      fail("bench model: a prefill of {} tokens needs as many KV cache tokens, {} are free; hint: raise "
-           "--cache-tokens",
-           opts.prefill_tokens, engine.free_cache_tokens());
+      fail(
+          "bench model: a prefill of {} tokens needs as many KV cache tokens, {} are free; hint: "
+          "raise "
+          "--cache-tokens",
+          opts.prefill_tokens, engine.free_cache_tokens());
     }
     const auto ids = random_ids(opts.prefill_tokens);
     std::vector<double> times;

@@ -273,6 +273,12 @@ TEST(CudaMoe, InvalidIdsContributeNothing) {
       r.ids[static_cast<size_t>(2 * t + 1)] = (t % 2) ? -1 : 8;  // out of range: skipped
       valid.weights[static_cast<size_t>(2 * t + 1)] = 0.0f;
     }
+    for (int64_t t = 1; t < m; t += 5) {  // no valid route at all: the token's output is zero
+      r.ids[static_cast<size_t>(2 * t)] = -1;
+      r.ids[static_cast<size_t>(2 * t + 1)] = 8;
+      valid.weights[static_cast<size_t>(2 * t)] = 0.0f;
+      valid.weights[static_cast<size_t>(2 * t + 1)] = 0.0f;
+    }
     std::vector<float> ref(x.size());
     moe::moe_forward(f->w, valid, x.data(), m, ref.data());
     const auto got = run_gpu(L, x, r);

@@ -33,6 +33,9 @@ class DenseLinearCuda {
   DType weight_type() const { return wtype_; }
   size_t device_bytes() const;
   size_t workspace_bytes() const;
+  // The [out, in] weight on the device when it is fp32 and there is no bias (a router that a
+  // fused kernel can read directly), else null.
+  const float* fp32_matrix() const;
 
   cudaError_t run(const float* x, float* y, int64_t m, void* workspace, size_t workspace_size,
                   cudaStream_t stream) const;

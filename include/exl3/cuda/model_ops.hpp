@@ -108,6 +108,16 @@ struct RouterParams {
 cudaError_t route_topk(const float* logits, int64_t m, const RouterParams& p, int32_t* ids,
                        float* weights, cudaStream_t stream);
 
+// Decode routing in one launch: logits[m, E] = x[m, H] . w[E, H]^T (fp32; per token a fixed
+// summation order, so a token's logits and routes do not depend on m), then route_topk's
+// selection, run by the last block to finish. counter: one int32, zero before the first launch
+// and left zero by every launch (the caller owns one per router, so launches of one router must
+// not overlap). m <= kRouteDecodeMaxTokens, H % 4 == 0.
+constexpr int64_t kRouteDecodeMaxTokens = 64;
+cudaError_t route_decode(const float* x, const float* w, int64_t m, int64_t hidden,
+                         const RouterParams& p, float* logits, int32_t* counter, int32_t* ids,
+                         float* weights, cudaStream_t stream);
+
 // dst[m, n] (f16 / bf16 / f32) = src[m, n] (fp32), row strides ld_src / ld_dst (elements).
 cudaError_t convert_rows(const float* src, int64_t ld_src, void* dst, DType dst_type,
                          int64_t ld_dst, int64_t m, int64_t n, cudaStream_t stream);

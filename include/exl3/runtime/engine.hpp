@@ -37,8 +37,8 @@ Device parse_device(std::string_view name);
 
 struct EngineOptions {
   Device device = Device::kCpu;
-  int64_t page_size = 32;      // tokens per KV page
-  int64_t cache_tokens = 4096; // KV pool capacity over all sequences (rounded up to pages)
+  int64_t page_size = 32;       // tokens per KV page
+  int64_t cache_tokens = 4096;  // KV pool capacity over all sequences (rounded up to pages)
   // CUDA: the most tokens one kernel pass runs (longer batches run in chunks); every device
   // buffer is sized for it at load.
   int64_t max_batch_tokens = 2048;
@@ -51,7 +51,7 @@ struct EngineOptions {
   // Run the tensor-parallel engine even at tp 1 (one rank through the same slicing and
   // collectives: checks that path on one device).
   bool force_tp_engine = false;
-  OverlayPolicy overlay;       // MXFP8 overlay of unquantized linears (exl3/runtime/overlay.hpp)
+  OverlayPolicy overlay;  // MXFP8 overlay of unquantized linears (exl3/runtime/overlay.hpp)
   // CUDA tuning of every fused MoE layer and every MXFP8 linear (exl3/cuda/plan.hpp). The engine
   // reads no environment variable: the exl3 CLI fills these from EXL3_MOE_* and
   // EXL3_MXFP8_GEMV_MAX_M (docs/environment.md). The capacities (moe.capacity, mxfp8.max_m) are
@@ -84,6 +84,13 @@ class Engine {
     (void)tokens;
     (void)logit_rows;
     return 0.0;
+  }
+  // Kernel launches in the captured decode step of `batch` sequences (CUDA graphs: the graph's
+  // kernel nodes), so benchmarks can report the launches per step; nullopt where no such graph
+  // has been captured.
+  virtual std::optional<int64_t> decode_step_kernels(int64_t batch) const {
+    (void)batch;
+    return std::nullopt;
   }
   // Bytes of model weights resident on the accelerator (CUDA: every uploaded weight and bias,
   // experts included); nullopt for engines that compute from host memory.

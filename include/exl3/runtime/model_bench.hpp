@@ -23,8 +23,8 @@ uint64_t active_weight_bytes_per_token(const Checkpoint& ckpt, const ModelSpec& 
 struct ModelBenchOptions {
   int64_t max_batch_tokens = 2048;  // the engine's chunk size (prefill collectives run per chunk)
   std::vector<int64_t> batches = {1, 8, 64};
-  int64_t context = 128;       // prompt tokens per sequence before decode is timed
-  int64_t decode_steps = 32;   // timed steps per batch size (after 2 warm-up steps)
+  int64_t context = 128;      // prompt tokens per sequence before decode is timed
+  int64_t decode_steps = 32;  // timed steps per batch size (after 2 warm-up steps)
   int64_t prefill_tokens = 2048;
   uint64_t seed = 1;
 };
@@ -34,6 +34,7 @@ struct DecodeResult {
   double seconds_per_step = 0.0;  // median over the timed steps
   double tokens_per_second = 0.0;
   double collective_seconds = 0.0;  // the step's collectives alone (tensor parallel; else 0)
+  int64_t kernels = 0;  // kernel launches per step (the captured decode graph's); 0: unknown
 };
 
 struct ModelBenchResult {
