@@ -118,13 +118,6 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
   up_suh_ = upload(rot.up_suh, "up suh");
   down_svh_ = upload(rot.down_svh, "down svh");
   intermediate_ = upload(rot.intermediate, "intermediate rotations");
-  // One counter per route (activation) or per (token, 128 columns) (combine), decode sizes.
-  const size_t counters = static_cast<size_t>(opts_.decode_max_m) *
-                          static_cast<size_t>(std::max<int64_t>(k_, H_ / 128));
-  counters_ = DeviceBuffer(4 * counters, "the CUDA MoE decode counters");
-  EXL3_CUDA_CHECK(cudaMemset(counters_.get(), 0, counters_.bytes()),
-                  "CUDA MoE: zeroing the decode counters");
-  device_bytes_ += counters_.bytes();
 }
 
 MoePlan MoeLayerCuda::plan(int64_t m) const {
@@ -270,24 +263,11 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     a.proj[p] = {ptrs + static_cast<size_t>(p) * E_, bits + static_cast<size_t>(p) * E_,
                  static_cast<int>(I_ / 16), static_cast<int>(p * I_), p == 0 ? xg : xu};
   }
-  const detail::MoeActivateArgs act_args{partial1, s1,        routes,  k_,
-                                         I_,       shared_h_, ids,     E_,
-                                         slots,    scale_g,   scale_u, intermediate_.as<uint16_t>(),
-                                         act,      act_scale};
-  if (!prefill) {  // the activation runs in FC1's epilogue
-    a.epilogue = detail::MoeEpilogue::kActivate;
-    a.counters = counters_.as<int32_t>();
-    a.activate = act_args;
-    a.combine.k = k_;
-  }
   e = gemv_tiers(a, nt, max_groups, plan.tier_passes, stream);
   if (e != cudaSuccess) return e;
-  if (prefill) {
-    e = detail::moe_activate(partial1, s1, routes, routes, k_, I_, shared_h_, ids, E_, slots,
-                             scale_g, scale_u, intermediate_.as<uint16_t>(), act, act_scale,
-                             stream);
-    if (e != cudaSuccess) return e;
-  }
+  e = detail::moe_activate(partial1, s1, routes, routes, k_, I_, shared_h_, ids, E_, slots, scale_g,
+                           scale_u, intermediate_.as<uint16_t>(), act, act_scale, stream);
+  if (e != cudaSuccess) return e;
 
   // FC2: B rows are the activation rows (one per slot).
   a.k = static_cast<int>(I_);
@@ -302,15 +282,8 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
   a.nproj = 1;
   a.proj[0] = {ptrs + 2 * static_cast<size_t>(E_), bits + 2 * static_cast<size_t>(E_),
                static_cast<int>(H_ / 16), 0, act};
-  if (!prefill) {  // the combine runs in FC2's epilogue
-    a.epilogue = detail::MoeEpilogue::kCombine;
-    a.combine = {partial2, s2,      routes, k_,    H_,        shared_h_,
-                 ids,      weights, E_,     slots, act_scale, down_svh_.as<uint16_t>(),
-                 out};
-  }
   e = gemv_tiers(a, nt, max_groups, plan.tier_passes, stream);
   if (e != cudaSuccess) return e;
-  if (!prefill) return cudaSuccess;
   return detail::moe_combine(partial2, s2, routes, m, k_, H_, shared_h_, ids, weights, E_, slots,
                              act_scale, down_svh_.as<uint16_t>(), out, stream);
 }

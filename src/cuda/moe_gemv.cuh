@@ -7,73 +7,19 @@
 // A group is one expert and up to 8 * NT consecutive route slots; the decode plan uses one
 // group per route (slot = route, expert = topk_ids[route]), the prefill plan the expert-packed
 // groups of the route-pack kernels (32 slots: the paired decode, one mma per 8 slots, since the
-// decode is shared by four token groups). The B operand rows are gathered per slot (token rows of
-// the shared-H input rotation, or per-slot rows), so no activation is copied per expert.
+// decode is shared by four token groups). The B operand rows are gathered per slot (token rows of the
+// shared-H input rotation, or per-slot rows), so no activation is copied per expert.
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/gemv.cuh"
 #include "cuda/moe_args.hpp"
-#include "cuda/moe_epilogue.cuh"
 
 namespace exl3::cuda::detail {
 
-// The decode plan's last-block epilogues (MoeGemvArgs::epilogue), after the block stored its
-// partials: the block that brings its unit's arrivals to the total runs the activation of its
-// slot (FC1: every projection, column block and split of the slot) or the combine of its token's
-// chunk (FC2: every split of each valid route of the token), and resets the unit's counter.
-// Blocks of skipped routes never arrive, so the combine's total counts valid routes only.
-// Routes of token t with an expert in [0, E): the blocks that will arrive at its combine.
-__device__ __forceinline__ int moe_valid_routes(const MoeGemvArgs& a, int64_t t) {
-  const int k = a.combine.k;
-  int valid = 0;
-  for (int j = 0; j < k; ++j) {
-    const int e = a.combine.ids[t * k + j];
-    valid += e >= 0 && e < a.num_experts;
-  }
-  return valid;
-}
-
-// FC2 with the combine fused, a block of a skipped route: if none of its token's routes is
-// valid no block will combine that token, so the token's first route writes its zero rows.
-__device__ __forceinline__ void moe_zero_unrouted(const MoeGemvArgs& a, int slot, int chunk) {
-  const int k = a.combine.k;
-  const int64_t t = slot / k;
-  if (slot % k != 0 || blockIdx.y != 0 || moe_valid_routes(a, t) != 0) return;
-  for (int i = threadIdx.x; i < 128; i += blockDim.x) {
-    a.combine.out[t * a.combine.H + static_cast<int64_t>(chunk) * 128 + i] = 0.0f;
-  }
-}
-
-__device__ __forceinline__ void moe_gemv_epilogue(const MoeGemvArgs& a, int slot, int chunk) {
-  __shared__ int s_last;
-  __shared__ float4 red[kGemvWarps][32];  // the combine's warp sums; the activation's row max
-  const bool activate = a.epilogue == MoeEpilogue::kActivate;
-  const int k = a.combine.k;
-  const int64_t t = slot / k;
-  int32_t* counter = a.counters + (activate ? slot : t * a.col_blocks + chunk);
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int arrivals = a.nproj * a.col_blocks * a.splits;
-    if (!activate) arrivals = moe_valid_routes(a, t) * a.splits;
-    s_last = atomicAdd(counter, 1) == arrivals - 1;
-    if (s_last) *counter = 0;  // every other arrival is in: ready for the next launch
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  if (activate) {
-    moe_activate_slot<kGemvWarps>(a.activate, slot, reinterpret_cast<float*>(red));
-  } else {
-    moe_combine_chunk<kGemvWarps>(a.combine, t, chunk, red);
-  }
-}
-
 template <tr::Codebook CB, int NT, int KF>
-__global__ void __launch_bounds__(32 * kGemvWarps)
-    moe_gemv_kernel(const __grid_constant__ MoeGemvArgs a) {
+__global__ void __launch_bounds__(32 * kGemvWarps) moe_gemv_kernel(const __grid_constant__ MoeGemvArgs a) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int grp = blockIdx.z;
@@ -88,12 +34,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
     s0 = a.group_begin[grp];
     count = a.group_count[grp];
   }
-  if (expert < 0 || expert >= a.num_experts) {  // invalid ids are skipped (see moe.hpp)
-    if (NT == 1 && a.epilogue == MoeEpilogue::kCombine) {
-      moe_zero_unrouted(a, s0, static_cast<int>(blockIdx.x % a.col_blocks));
-    }
-    return;
-  }
+  if (expert < 0 || expert >= a.num_experts) return;  // invalid ids are skipped (see moe.hpp)
   const int p = blockIdx.x / a.col_blocks;
   const MoeProj& proj = a.proj[p];
   if (KF != 0 && proj.bits[expert] != KF) return;  // another tier's pass
@@ -122,27 +63,25 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
 
   const uint32_t* w = proj.trellis[expert];
   if constexpr (KF != 0) {
-    gemv_accumulate<KF, CB, NT, kSplitHalves<CB> && NT == 1>(w, proj.tiles_n, j0, kt_begin, kt_end,
-                                                             xrow, acc);
+    gemv_accumulate<KF, CB, NT, kSplitHalves<CB> && NT == 1>(w, proj.tiles_n, j0, kt_begin, kt_end, xrow, acc);
   } else {
-    switch (proj.bits[expert]) {
-#define EXL3_MOE_CASE(KK)                                                                   \
-  case KK:                                                                                  \
-    gemv_accumulate<KK, CB, NT, kSplitHalves<CB> && NT == 1>(w, proj.tiles_n, j0, kt_begin, \
-                                                             kt_end, xrow, acc);            \
+  switch (proj.bits[expert]) {
+#define EXL3_MOE_CASE(KK) \
+  case KK:                \
+    gemv_accumulate<KK, CB, NT, kSplitHalves<CB> && NT == 1>(w, proj.tiles_n, j0, kt_begin, kt_end, xrow, acc); \
     break;
-      EXL3_MOE_CASE(1)
-      EXL3_MOE_CASE(2)
-      EXL3_MOE_CASE(3)
-      EXL3_MOE_CASE(4)
-      EXL3_MOE_CASE(5)
-      EXL3_MOE_CASE(6)
-      EXL3_MOE_CASE(7)
-      EXL3_MOE_CASE(8)
+    EXL3_MOE_CASE(1)
+    EXL3_MOE_CASE(2)
+    EXL3_MOE_CASE(3)
+    EXL3_MOE_CASE(4)
+    EXL3_MOE_CASE(5)
+    EXL3_MOE_CASE(6)
+    EXL3_MOE_CASE(7)
+    EXL3_MOE_CASE(8)
 #undef EXL3_MOE_CASE
-      default:
-        return;  // K was validated at upload
-    }
+    default:
+      return;  // K was validated at upload
+  }
   }
 
   float* out = a.partial + split * a.split_stride + proj.col_offset;
@@ -164,11 +103,6 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
       }
     }
   }
-  if constexpr (NT == 1) {
-    if (a.epilogue != MoeEpilogue::kNone) {
-      moe_gemv_epilogue(a, s0, static_cast<int>(blockIdx.x % a.col_blocks));
-    }
-  }
 }
 
 template <tr::Codebook CB, int KF>
@@ -185,35 +119,16 @@ cudaError_t launch_moe_gemv_cb(const MoeGemvArgs& a, int nt, int max_groups, cud
   const dim3 grid(static_cast<unsigned>(a.col_blocks * a.nproj), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(max_groups));
   switch (a.fixed_k) {
-    case 0:
-      launch_moe_gemv_k<CB, 0>(a, nt, grid, stream);
-      break;
-    case 1:
-      launch_moe_gemv_k<CB, 1>(a, nt, grid, stream);
-      break;
-    case 2:
-      launch_moe_gemv_k<CB, 2>(a, nt, grid, stream);
-      break;
-    case 3:
-      launch_moe_gemv_k<CB, 3>(a, nt, grid, stream);
-      break;
-    case 4:
-      launch_moe_gemv_k<CB, 4>(a, nt, grid, stream);
-      break;
-    case 5:
-      launch_moe_gemv_k<CB, 5>(a, nt, grid, stream);
-      break;
-    case 6:
-      launch_moe_gemv_k<CB, 6>(a, nt, grid, stream);
-      break;
-    case 7:
-      launch_moe_gemv_k<CB, 7>(a, nt, grid, stream);
-      break;
-    case 8:
-      launch_moe_gemv_k<CB, 8>(a, nt, grid, stream);
-      break;
-    default:
-      return cudaErrorInvalidValue;
+    case 0: launch_moe_gemv_k<CB, 0>(a, nt, grid, stream); break;
+    case 1: launch_moe_gemv_k<CB, 1>(a, nt, grid, stream); break;
+    case 2: launch_moe_gemv_k<CB, 2>(a, nt, grid, stream); break;
+    case 3: launch_moe_gemv_k<CB, 3>(a, nt, grid, stream); break;
+    case 4: launch_moe_gemv_k<CB, 4>(a, nt, grid, stream); break;
+    case 5: launch_moe_gemv_k<CB, 5>(a, nt, grid, stream); break;
+    case 6: launch_moe_gemv_k<CB, 6>(a, nt, grid, stream); break;
+    case 7: launch_moe_gemv_k<CB, 7>(a, nt, grid, stream); break;
+    case 8: launch_moe_gemv_k<CB, 8>(a, nt, grid, stream); break;
+    default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

@@ -7,7 +7,6 @@
 #include <cuda_fp16.h>
 
 #include "cuda/had128.cuh"
-#include "cuda/moe_epilogue.cuh"
 #include "cuda/moe_kernels.hpp"
 #include "exl3/trellis/dispatch.hpp"
 #include "exl3/trellis/hadamard.hpp"
@@ -17,7 +16,45 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxIntermediate = 8192;  // the activation kernels' limit (moe.hpp's contract)
+constexpr float kHadGain = 11.3137085f;  // |had128(v)| <= sqrt(128) max|v|
+constexpr float kHalfSafe = 32768.0f;    // keep fp16 values below 2^15
+constexpr int kMaxIntermediate = 8192;   // activation row staged in shared memory
+
+__device__ __forceinline__ float h2f(const uint16_t* p, int64_t i) {
+  return __half2float(reinterpret_cast<const __half*>(p)[i]);
+}
+
+// Block-wide max of a per-thread value (kThreads threads).
+__device__ float block_max(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
+  __syncthreads();  // red may still be read by a previous call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) r = fmaxf(r, red[w]);
+  return r;
+}
+
+// Power-of-two divisor that keeps bound / divisor below kHalfSafe (1 for non-finite bounds, so
+// NaN/inf propagate instead of being scaled away).
+__device__ __forceinline__ float guard_scale(float bound) {
+  return bound > kHalfSafe && bound < INFINITY ? exp2f(ceilf(log2f(bound / kHalfSafe))) : 1.0f;
+}
+
+struct Route {
+  int route, expert;
+};
+
+__device__ __forceinline__ Route route_of(int64_t slot, MoeSlots s, const int32_t* ids,
+                                          int num_experts) {
+  const int r = s.route_of_slot != nullptr ? s.route_of_slot[slot] : static_cast<int>(slot);
+  if (r < 0) return {0, -1};  // a slot no valid route filled (prefill packing with skipped ids)
+  const int e = ids[r];
+  return {r, (e >= 0 && e < num_experts) ? e : -1};
+}
 
 // ---- route packing --------------------------------------------------------------------------
 
@@ -100,7 +137,7 @@ __global__ void __launch_bounds__(kThreads)
   int64_t token = row, suh_row = 0;
   bool valid = true;
   if (!shared_h) {
-    const MoeRoute rt = moe_route_of(row, slots, ids, num_experts);
+    const Route rt = route_of(row, slots, ids, num_experts);
     token = rt.route / k;
     suh_row = rt.expert;
     valid = rt.expert >= 0;
@@ -132,7 +169,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  const float s = moe_guard_scale(moe_block_max<kWarps>(mx, red) * kMoeHadGain);
+  const float s = guard_scale(block_max(mx, red) * kHadGain);
   if (threadIdx.x == 0) *scale = s;
   const float mul = exl3::trellis::kHadScale / s;
 #pragma unroll
@@ -148,18 +185,122 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- activation and combine (moe_epilogue.cuh) -------------------------------------------
+// ---- activation -----------------------------------------------------------------------------
 
-__global__ void __launch_bounds__(kThreads) activate_kernel(const MoeActivateArgs a) {
+__global__ void __launch_bounds__(kThreads)
+    activate_kernel(const float* __restrict__ partial, int splits, int64_t slots_cap, int k,
+                    int64_t I, bool shared_h, const int32_t* ids, int num_experts, MoeSlots slots,
+                    const float* scale_g, const float* scale_u, const uint16_t* intermediate,
+                    __half* act, float* act_scale) {
+  __shared__ float a_row[kMaxIntermediate];
   __shared__ float red[kWarps];
-  moe_activate_slot<kWarps>(a, blockIdx.x, red);
+  const int64_t slot = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const Route rt = route_of(slot, slots, ids, num_experts);
+  __half* out = act + slot * I;
+  if (rt.expert < 0) {
+    for (int64_t i = threadIdx.x; i < I; i += kThreads) out[i] = __float2half(0.0f);
+    if (threadIdx.x == 0) act_scale[slot] = 1.0f;
+    return;
+  }
+  const int64_t srow = shared_h ? rt.route / k : slot;  // rows of the input rotation
+  const float sg = scale_g[srow] * exl3::trellis::kHadScale,
+              su = scale_u[srow] * exl3::trellis::kHadScale;
+  const uint16_t* tab =
+      intermediate + static_cast<int64_t>(rt.expert) * 3 * I;  // gate svh | up svh | down suh
+  const int64_t row_len = 2 * I;
+  float mx = 0.0f;
+  for (int64_t c0 = static_cast<int64_t>(warp) * 128; c0 < I; c0 += kWarps * 128) {
+    float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {  // fixed order: deterministic
+      const float* p = partial + (s * slots_cap + slot) * row_len + c0 + 4 * lane;
+      const float4 a = *reinterpret_cast<const float4*>(p),
+                   b = *reinterpret_cast<const float4*>(p + I);
+      gv[0] += a.x, gv[1] += a.y, gv[2] += a.z, gv[3] += a.w;
+      uv[0] += b.x, uv[1] += b.y, uv[2] += b.z, uv[3] += b.w;
+    }
+    had128_lane4(gv, lane);
+    had128_lane4(uv, lane);
+    float av[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t col = c0 + 4 * lane + i;
+      const float gt = gv[i] * sg * h2f(tab, col), ut = uv[i] * su * h2f(tab, I + col);
+      av[i] = gt / (1.0f + __expf(-gt)) * ut * h2f(tab, 2 * I + col);
+    }
+    had128_lane4(av, lane);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      av[i] *= exl3::trellis::kHadScale;
+      a_row[c0 + 4 * lane + i] = av[i];
+      mx = fmaxf(mx, fabsf(av[i]));
+    }
+  }
+  const float s = guard_scale(block_max(mx, red));  // block_max syncs: a_row is complete
+  if (threadIdx.x == 0) act_scale[slot] = s;
+  const float inv = 1.0f / s;
+  for (int64_t i = threadIdx.x; i < I; i += kThreads) out[i] = __float2half_rn(a_row[i] * inv);
 }
 
-// Grid (m, H / 128): block (t, c) owns 128-column chunk c of token t, so a decode step's one
-// token still spreads over H / 128 blocks of 8 warps.
-__global__ void __launch_bounds__(kThreads) combine_kernel(const MoeCombineArgs a) {
+// ---- combine --------------------------------------------------------------------------------
+
+// Grid (m, H / 128): block (t, c) owns 128-column chunk c of token t; warp w sums the token's
+// routes w, w + kWarps, ... (split-K partials, then per-expert output rotation and scales unless
+// the experts share H), and the warps' sums add in warp order (deterministic, and the same for
+// every batch size), so a decode step's one token still spreads over H / 128 blocks of 8 warps.
+__global__ void __launch_bounds__(kThreads)
+    combine_kernel(const float* __restrict__ partial, int splits, int64_t slots_cap, int k,
+                   int64_t H, bool shared_h, const int32_t* ids, const float* weights,
+                   int num_experts, MoeSlots slots, const float* act_scale,
+                   const uint16_t* down_svh, float* out) {
   __shared__ float4 red[kWarps][32];
-  moe_combine_chunk<kWarps>(a, blockIdx.x, blockIdx.y, red);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = blockIdx.x;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * 128;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int j = warp; j < k; j += kWarps) {
+    const int64_t r = t * k + j;
+    const int e = ids[r];
+    const int64_t slot = slots.slot_of_route != nullptr ? slots.slot_of_route[r] : r;
+    if (e < 0 || e >= num_experts || slot < 0) continue;
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {
+      const float4 p =
+          *reinterpret_cast<const float4*>(partial + (s * slots_cap + slot) * H + c0 + 4 * lane);
+      v[0] += p.x, v[1] += p.y, v[2] += p.z, v[3] += p.w;
+    }
+    const float w = weights[r] * act_scale[slot];
+    if (shared_h) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i] += w * v[i];
+    } else {
+      had128_lane4(v, lane);
+      const uint16_t* sv = down_svh + static_cast<int64_t>(e) * H;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        acc[i] += w * (v[i] * exl3::trellis::kHadScale * h2f(sv, c0 + 4 * lane + i));
+    }
+  }
+  red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float4 p = red[w][lane];
+    acc[0] += p.x, acc[1] += p.y, acc[2] += p.z, acc[3] += p.w;
+  }
+  if (shared_h) {
+    had128_lane4(acc, lane);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      acc[i] *= exl3::trellis::kHadScale * h2f(down_svh, c0 + 4 * lane + i);
+  }
+  *reinterpret_cast<float4*>(out + t * H + c0 + 4 * lane) =
+      make_float4(acc[0], acc[1], acc[2], acc[3]);
 }
 
 unsigned blocks_for(int64_t n, int per) {
@@ -202,10 +343,9 @@ cudaError_t moe_activate(const float* partial, int splits, int64_t slots_cap, in
                          const uint16_t* intermediate, __half* act, float* act_scale,
                          cudaStream_t stream) {
   if (routes <= 0 || I % 128 != 0 || I > kMaxIntermediate) return cudaErrorInvalidValue;
-  const MoeActivateArgs a{partial,  splits,       slots_cap,   k,        I,
-                          shared_h, topk_ids,     num_experts, slots,    scale_g,
-                          scale_u,  intermediate, act,         act_scale};
-  activate_kernel<<<static_cast<unsigned>(routes), kThreads, 0, stream>>>(a);
+  activate_kernel<<<static_cast<unsigned>(routes), kThreads, 0, stream>>>(
+      partial, splits, slots_cap, k, I, shared_h, topk_ids, num_experts, slots, scale_g, scale_u,
+      intermediate, act, act_scale);
   return cudaGetLastError();
 }
 
@@ -216,10 +356,9 @@ cudaError_t moe_combine(const float* partial, int splits, int64_t slots_cap, int
                         cudaStream_t stream) {
   if (m <= 0 || H % 128 != 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(m), static_cast<unsigned>(H / 128));
-  const MoeCombineArgs a{partial,   splits,   slots_cap,    k,           H,
-                         shared_h,  topk_ids, topk_weights, num_experts, slots,
-                         act_scale, down_svh, out};
-  combine_kernel<<<grid, kThreads, 0, stream>>>(a);
+  combine_kernel<<<grid, kThreads, 0, stream>>>(partial, splits, slots_cap, k, H, shared_h,
+                                                topk_ids, topk_weights, num_experts, slots,
+                                                act_scale, down_svh, out);
   return cudaGetLastError();
 }
 

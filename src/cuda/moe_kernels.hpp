@@ -14,6 +14,13 @@
 
 namespace exl3::cuda::detail {
 
+// Route slots: a route r = t * k + j sits in slot slot_of_route[r] (decode plan: the identity,
+// tables null); route_of_slot is the inverse.
+struct MoeSlots {
+  const int32_t* slot_of_route = nullptr;
+  const int32_t* route_of_slot = nullptr;
+};
+
 // Route packing for the prefill plan (counts must be zeroed first; cudaMemsetAsync):
 //   counts[e]       routes per expert
 //   groups          per expert, ceil(count / group_size) groups of consecutive slots

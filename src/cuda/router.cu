@@ -163,44 +163,60 @@ __host__ __device__ constexpr size_t topk_scratch_bytes(int e) {
 }
 
 constexpr int kDecodeTokensPerPass = 8;
+// route_decode's block: 8 warps, so the last block selects 8 tokens at a time (a batch-8 decode
+// step in one round), the selection scratch of up to 8 warps staying under 48 KiB of shared memory.
+constexpr int kDecodeWarps = 8;
 
-// Decode routing in one launch. Warp w of block b owns expert e = b * kRouterWarps + w and
-// computes its logit for every token, 8 tokens per pass over the weight row (one float4 of W
-// reused for the 8 tokens): each lane sums its strided float4 products in H order and the warp
-// adds the lanes by a fixed xor tree, so a token's logit does not depend on m. The last block
-// to finish (a self-resetting counter) selects every token's experts, a warp per token, with
-// its scratch in dynamic shared memory (only the selection needs it).
-__global__ void __launch_bounds__(32 * kRouterWarps)
+// Warps of the last block that select (each needs its TopkScratch in dynamic shared memory).
+__host__ __device__ constexpr int decode_select_warps(int e) {
+  return e <= 512 ? kDecodeWarps : 4;
+}
+
+// Decode routing in one launch. Block b owns expert b: its threads stride over the weight row
+// in float4s (all of a thread's loads for 8 tokens in flight together), each thread sums its
+// products in H order, the warps add their lanes by a fixed xor tree and thread j adds the eight
+// warps in order, so a token's logit does not depend on m. The last block to finish (a
+// self-resetting counter) selects every token's experts, a warp per token, with its scratch in
+// dynamic shared memory (only the selection needs it).
+__global__ void __launch_bounds__(32 * kDecodeWarps)
     route_decode_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t m,
                         int64_t hidden, RouterParams p, float* logits, int32_t* counter,
                         int32_t* ids, float* weights) {
   extern __shared__ __align__(16) unsigned char scratch[];
   __shared__ int s_last;
+  __shared__ float part[kDecodeWarps][kDecodeTokensPerPass];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int e = static_cast<int>(blockIdx.x) * kRouterWarps + warp;
+  const int e = static_cast<int>(blockIdx.x);
   const int64_t h4 = hidden / 4;
-  if (e < p.num_experts) {
-    const float4* wr = reinterpret_cast<const float4*>(w + e * hidden);
-    for (int64_t t0 = 0; t0 < m; t0 += kDecodeTokensPerPass) {
-      float acc[kDecodeTokensPerPass];
+  const float4* wr = reinterpret_cast<const float4*>(w + e * hidden);
+  for (int64_t t0 = 0; t0 < m; t0 += kDecodeTokensPerPass) {
+    float acc[kDecodeTokensPerPass];
 #pragma unroll
-      for (int j = 0; j < kDecodeTokensPerPass; ++j) acc[j] = 0.0f;
-      for (int64_t i = lane; i < h4; i += 32) {
-        const float4 wv = __ldg(wr + i);
-#pragma unroll
-        for (int j = 0; j < kDecodeTokensPerPass; ++j) {
-          if (t0 + j < m) {
-            const float4 xv = __ldg(reinterpret_cast<const float4*>(x + (t0 + j) * hidden) + i);
-            acc[j] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
-          }
-        }
-      }
+    for (int j = 0; j < kDecodeTokensPerPass; ++j) acc[j] = 0.0f;
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < h4; i += 32 * kDecodeWarps) {
+      const float4 wv = __ldg(wr + i);
 #pragma unroll
       for (int j = 0; j < kDecodeTokensPerPass; ++j) {
-        const float v = warp_sum(acc[j]);
-        if (lane == 0 && t0 + j < m) logits[(t0 + j) * p.num_experts + e] = v;
+        if (t0 + j < m) {
+          const float4 xv = __ldg(reinterpret_cast<const float4*>(x + (t0 + j) * hidden) + i);
+          acc[j] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+        }
       }
     }
+#pragma unroll
+    for (int j = 0; j < kDecodeTokensPerPass; ++j) {
+      const float v = warp_sum(acc[j]);
+      if (lane == 0) part[warp][j] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < kDecodeTokensPerPass && t0 + threadIdx.x < m) {
+      float v = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kDecodeWarps; ++k) v += part[k][threadIdx.x];
+      logits[(t0 + threadIdx.x) * p.num_experts + e] = v;
+    }
+    __syncthreads();  // part is reused by the next pass
   }
   __threadfence();
   __syncthreads();
@@ -216,7 +232,9 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
   auto* fl = reinterpret_cast<float*>(mine);
   const TopkScratch s{fl, fl + ne, reinterpret_cast<bool*>(fl + 2 * ne + 32), fl + 2 * ne,
                       reinterpret_cast<bool*>(fl + 2 * ne + 32) + ne};
-  for (int64_t t = warp; t < m; t += kRouterWarps) {
+  const int selectors = decode_select_warps(ne);
+  if (warp >= selectors) return;
+  for (int64_t t = warp; t < m; t += selectors) {
     route_row(logits + t * ne, t, p, s, ids, weights);
   }
 }
@@ -246,8 +264,8 @@ cudaError_t route_decode(const float* x, const float* w, int64_t m, int64_t hidd
       counter == nullptr) {
     return cudaErrorInvalidValue;
   }
-  const size_t smem = kRouterWarps * topk_scratch_bytes(p.num_experts);  // <= 48 KiB at E = 1024
-  route_decode_kernel<<<blocks_for(p.num_experts, kRouterWarps), 32 * kRouterWarps, smem, stream>>>(
+  const size_t smem = decode_select_warps(p.num_experts) * topk_scratch_bytes(p.num_experts);
+  route_decode_kernel<<<static_cast<unsigned>(p.num_experts), 32 * kDecodeWarps, smem, stream>>>(
       x, w, m, hidden, p, logits, counter, ids, weights);
   return cudaGetLastError();
 }

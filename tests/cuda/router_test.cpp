@@ -131,7 +131,8 @@ TEST(CudaRouter, DecodeMatchesCpuRouting) {
   EXL3_REQUIRE_GPU();
   std::mt19937_64 rng(20261202);
   for (const Case& c : kCases) {
-    for (const int64_t m : {1, 3, 8, 9, 64}) {
+    for (const int64_t m :
+         {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{9}, cu::kRouteDecodeMaxTokens}) {
       SCOPED_TRACE(testing::Message() << "E=" << c.experts << " k=" << c.top_k << " m=" << m);
       Router r(c, m, rng);
       r.run();
@@ -161,12 +162,12 @@ TEST(CudaRouter, TokenBitsDoNotDependOnBatch) {
   EXL3_REQUIRE_GPU();
   std::mt19937_64 rng(7);
   const Case c = kCases[1];
-  Router batch(c, 64, rng);
+  Router batch(c, cu::kRouteDecodeMaxTokens, rng);
   batch.run();
   const auto logits = batch.logits();
   const auto ids = batch.ids();
   const auto wts = batch.weights();
-  for (const int64_t t : {0, 17, 63}) {
+  for (const int64_t t : {int64_t{0}, int64_t{17}, cu::kRouteDecodeMaxTokens - 1}) {
     SCOPED_TRACE(t);
     std::vector<float> row(batch.x().begin() + t * c.hidden,
                            batch.x().begin() + (t + 1) * c.hidden);

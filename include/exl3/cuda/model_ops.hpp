@@ -113,7 +113,7 @@ cudaError_t route_topk(const float* logits, int64_t m, const RouterParams& p, in
 // selection, run by the last block to finish. counter: one int32, zero before the first launch
 // and left zero by every launch (the caller owns one per router, so launches of one router must
 // not overlap). m <= kRouteDecodeMaxTokens, H % 4 == 0.
-constexpr int64_t kRouteDecodeMaxTokens = 64;
+constexpr int64_t kRouteDecodeMaxTokens = 32;  // the MoE decode path's default reach
 cudaError_t route_decode(const float* x, const float* w, int64_t m, int64_t hidden,
                          const RouterParams& p, float* logits, int32_t* counter, int32_t* ids,
                          float* weights, cudaStream_t stream);

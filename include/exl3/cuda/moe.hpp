@@ -11,9 +11,7 @@
 // E, top-k, tiers, capacity) and the SM count):
 //   decode  (m <= decode_max_m): every route is its own group (no packing), the input rotation
 //           per token (shared-H) or per route (per-expert suh), split-K FC1 and FC2 over the
-//           routes' experts in one grid each; the last FC1 block of a route runs its
-//           activation and the last FC2 block of a token's 128 columns their combine, so the
-//           path is three launches (rotation, FC1, FC2).
+//           routes' experts in one grid each, then activation and combine kernels.
 //   prefill (m > decode_max_m): routes packed by expert on the device (counts, prefix offsets,
 //           groups of up to 32 slots) so each expert's tile is decoded once per 32 routes;
 //           processed in chunks of prefill_chunk tokens so the arena stays within budget.
@@ -25,8 +23,6 @@
 // Execution contract (CUDA graphs): run() only launches kernels and memsets on the stream (no
 // allocation, no sync, no host control flow on device data); all scratch is the caller-owned
 // arena of arena_bytes(); a graph captured at any m <= capacity replays bit-identical to eager.
-// The decode epilogues' arrival counters belong to the layer (zero at rest, reset by the block
-// that completes them), so one layer object runs on one stream at a time.
 // Router ids outside [0, E) are skipped (the route contributes nothing).
 #pragma once
 
@@ -119,7 +115,6 @@ class MoeLayerCuda {
   DeviceBuffer up_suh_;        // fp16 [h_rows, H]
   DeviceBuffer down_svh_;      // fp16 [h_rows, H]
   DeviceBuffer intermediate_;  // fp16 [E, 3I]
-  DeviceBuffer counters_;      // int32 decode epilogue arrivals, zero at rest
 };
 
 }  // namespace exl3::cuda
