@@ -21,6 +21,7 @@
 #include "exl3/model/spec.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
+#include "exl3/runtime/speculative.hpp"
 #include "exl3/text/chat_template.hpp"
 #include "exl3/text/stop_tokens.hpp"
 #include "exl3/text/tokenizer.hpp"
@@ -32,7 +33,8 @@ namespace exl3::cli {
 Runner add_generate(CLI::App& app, Common&) {
   struct Opts {
     OverlayArgs overlay;
-    std::string model, prompt, system, chat_format, device = "cpu";
+    std::string model, prompt, system, chat_format, device = "cpu", draft;
+    int draft_tokens = 4;
     int64_t max_tokens = 128, page_size = 32;
     int tp = 1;
     float temperature = 0.0f, top_p = 1.0f;
@@ -80,6 +82,15 @@ Runner add_generate(CLI::App& app, Common&) {
   app.add_option("--page-size", o->page_size, "KV cache page size in tokens")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  auto* draft_opt = app.add_option(
+      "--draft", o->draft,
+      "Speculative decoding: a smaller model folder with the same tokenizer proposes tokens and "
+      "the model checks them in one pass each round (greedy only; the text is the same as "
+      "without it)");
+  app.add_option("--draft-tokens", o->draft_tokens, "With --draft: tokens proposed per round")
+      ->check(CLI::Range(1, 16))
+      ->needs(draft_opt)
+      ->capture_default_str();
   add_tp_option(app, o->tp);
   add_overlay_options(app, o->overlay);
   app.add_flag("--json", o->json,
@@ -102,7 +113,12 @@ Runner add_generate(CLI::App& app, Common&) {
       "  exl3 generate ./m --prompt 'Hello' --device cuda --tp 2   # GPUs 0 and 1, NCCL between "
       "them\n\n"
       "  exl3 generate ./GLM-4.5-Air-exl3 --prompt 'Hi' --overlay "
-      "linear=mxfp8,shared_experts=mxfp8\n\n"
+      "linear=mxfp8,shared_experts=mxfp8\n"
+      "  exl3 generate ./Qwen3-32B-exl3 --prompt 'Hi' --draft ./Qwen3-0.6B-exl3 --draft-tokens "
+      "4\n\n"
+      "--draft runs speculative decoding: every emitted token is still the model's own greedy\n"
+      "choice, so the draft only changes the speed; the last line reports how many drafted tokens\n"
+      "the model accepted and the tokens per model pass.\n"
       "--overlay stores the unquantized attention / dense-MLP / shared-expert linears as MXFP8 "
       "(about\n"
       "half their BF16 bytes); see docs/mxfp8.md.\n"
@@ -147,6 +163,12 @@ Runner add_generate(CLI::App& app, Common&) {
     eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
     engine_options_from_env(eo);
     auto engine = runtime::load_engine(ckpt, eo);
+    std::unique_ptr<runtime::Engine> draft;
+    if (!o->draft.empty()) {
+      runtime::EngineOptions de = eo;
+      de.overlay = {};
+      draft = runtime::load_engine(Checkpoint::open(o->draft), de);
+    }
     if (!o->json) print_overlay_summary(engine->overlay_report());
     for (const int32_t id : model_stop_tokens(dir, engine->spec().eos_token_ids, tok))
       stops.insert(id);
@@ -167,7 +189,10 @@ Runner add_generate(CLI::App& app, Common&) {
       }
       return true;
     };
-    const auto r = runtime::generate(*engine, prompt, go, on_token);
+    runtime::SpeculativeStats spec;
+    const auto r = draft ? runtime::generate_speculative(*engine, *draft, prompt, go,
+                                                         {o->draft_tokens}, &spec, on_token)
+                         : runtime::generate(*engine, prompt, go, on_token);
     const std::string tail = stream.finish();
     text += tail;
 
@@ -191,6 +216,15 @@ Runner add_generate(CLI::App& app, Common&) {
       if (r.stop_token >= 0) j["stop_token"] = r.stop_token;
       j["overlay"] = engine->overlay_report().to_json();
       if (chat) j["chat_format"] = std::string(chat_format_name(chat->format()));
+      if (draft) {
+        j["speculative"] = {{"draft", o->draft},
+                            {"draft_tokens", o->draft_tokens},
+                            {"rounds", spec.rounds},
+                            {"drafted", spec.drafted},
+                            {"accepted", spec.accepted},
+                            {"acceptance_rate", spec.acceptance_rate()},
+                            {"tokens_per_round", spec.tokens_per_round()}};
+      }
       fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
       return 0;
     }
@@ -200,6 +234,11 @@ Runner add_generate(CLI::App& app, Common&) {
         "{}]\n",
         r.prompt_tokens, r.prompt_tokens_per_second(), r.tokens.size(),
         r.decode_tokens_per_second(), r.stop_reason);
+    if (draft) {
+      fmt::print(
+          "[draft: {} of {} drafted tokens accepted ({:.0f}%), {:.2f} tokens per model pass]\n",
+          spec.accepted, spec.drafted, 100.0 * spec.acceptance_rate(), spec.tokens_per_round());
+    }
     return 0;
   };
 }

@@ -28,8 +28,8 @@
 #include "exl3/cuda/check.hpp"
 #include "exl3/cuda/device_buffer.hpp"
 #include "exl3/error.hpp"
-#include "exl3/runtime/nccl_communicator.hpp"
 #include "exl3/model/tp_plan.hpp"
+#include "exl3/runtime/nccl_communicator.hpp"
 
 namespace exl3::runtime {
 namespace {
@@ -222,6 +222,9 @@ class CudaTpEngine final : public Engine {
     for (auto& rk : ranks_) rk->drop_sequence(seq);
   }
   int64_t sequence_length(SeqId seq) const override { return ranks_[0]->sequence_length(seq); }
+  void truncate_sequence(SeqId seq, int64_t length) override {
+    for (auto& rk : ranks_) rk->truncate_sequence(seq, length);
+  }
   int64_t free_cache_tokens() const override { return ranks_[0]->free_cache_tokens(); }
   int64_t cache_tokens_needed(SeqId seq, int64_t new_tokens) const override {
     return ranks_[0]->cache_tokens_needed(seq, new_tokens);

@@ -106,7 +106,7 @@ double GenerateResult::prompt_tokens_per_second() const {
 }
 
 double GenerateResult::decode_tokens_per_second() const {
-  return decode_seconds > 0.0 ? static_cast<double>(decode_steps) / decode_seconds : 0.0;
+  return decode_seconds > 0.0 ? static_cast<double>(decode_tokens) / decode_seconds : 0.0;
 }
 
 void check_context_length(const ModelSpec& spec, int64_t prompt_tokens, int64_t max_new_tokens,
@@ -169,6 +169,7 @@ GenerateResult generate(Engine& engine, std::span<const int32_t> prompt,
     logits = engine.forward(seq, {&tok, 1}, LogitsMode::kLast);
     r.decode_seconds += seconds_since(t0);
     ++r.decode_steps;
+    ++r.decode_tokens;
   }
   return r;
 }

@@ -9,9 +9,13 @@ namespace exl3::runtime {
 
 PagedKvCache::PagedKvCache(std::vector<KvLayerShape> layers, int64_t page_size, int64_t num_pages,
                            bool host_storage)
-    : layers_(std::move(layers)), page_size_(page_size), num_pages_(num_pages), host_storage_(host_storage) {
+    : layers_(std::move(layers)),
+      page_size_(page_size),
+      num_pages_(num_pages),
+      host_storage_(host_storage) {
   if (page_size <= 0) fail("KV cache: page size {} must be positive", page_size);
-  if (num_pages <= 0 || num_pages > INT32_MAX) fail("KV cache: page count {} must be in 1..2^31-1", num_pages);
+  if (num_pages <= 0 || num_pages > INT32_MAX)
+    fail("KV cache: page count {} must be in 1..2^31-1", num_pages);
   k_.resize(layers_.size());
   v_.resize(layers_.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -37,7 +41,8 @@ PagedKvCache::SeqId PagedKvCache::add_sequence() {
 }
 
 const PagedKvCache::Seq& PagedKvCache::seq_at(SeqId seq) const {
-  if (seq < 0 || static_cast<size_t>(seq) >= seqs_.size() || !seqs_[static_cast<size_t>(seq)].live) {
+  if (seq < 0 || static_cast<size_t>(seq) >= seqs_.size() ||
+      !seqs_[static_cast<size_t>(seq)].live) {
     fail("KV cache: sequence {} does not exist", seq);
   }
   return seqs_[static_cast<size_t>(seq)];
@@ -52,6 +57,19 @@ void PagedKvCache::clear(SeqId seq) {
   for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) free_.push_back(*it);
   s.pages.clear();
   s.length = 0;
+}
+
+void PagedKvCache::truncate(SeqId seq, int64_t length) {
+  Seq& s = seq_at(seq);
+  if (length < 0 || length > s.length) {
+    fail("KV cache: sequence {} cannot be cut to {} tokens (it holds {})", seq, length, s.length);
+  }
+  const auto keep = static_cast<size_t>((length + page_size_ - 1) / page_size_);
+  while (s.pages.size() > keep) {
+    free_.push_back(s.pages.back());
+    s.pages.pop_back();
+  }
+  s.length = length;
 }
 
 void PagedKvCache::remove_sequence(SeqId seq) {
@@ -75,9 +93,10 @@ void PagedKvCache::reserve(SeqId seq, int64_t new_tokens) {
   const int64_t more = pages_needed(seq, new_tokens);
   if (more <= 0) return;
   if (more > free_pages()) {
-    fail("KV cache is full: sequence {} needs {} more pages of {} tokens for {} + {} tokens, {} of "
-         "{} pages are free; hint: raise the cache size (e.g. --cache-tokens)",
-         seq, more, page_size_, s.length, new_tokens, free_pages(), num_pages_);
+    fail(
+        "KV cache is full: sequence {} needs {} more pages of {} tokens for {} + {} tokens, {} of "
+        "{} pages are free; hint: raise the cache size (e.g. --cache-tokens)",
+        seq, more, page_size_, s.length, new_tokens, free_pages(), num_pages_);
   }
   for (int64_t i = 0; i < more; ++i) {
     s.pages.push_back(free_.back());
@@ -95,7 +114,8 @@ void PagedKvCache::advance(SeqId seq, int64_t n) {
 }
 
 int64_t PagedKvCache::slot(const Seq& s, int64_t pos) const {
-  if (!host_storage_) fail("KV cache: this cache keeps no host storage (its backend stores K and V)");
+  if (!host_storage_)
+    fail("KV cache: this cache keeps no host storage (its backend stores K and V)");
   const int64_t page = pos / page_size_;
   if (pos < 0 || page >= static_cast<int64_t>(s.pages.size())) {
     fail("KV cache: position {} is not reserved ({} tokens reserved)", pos,

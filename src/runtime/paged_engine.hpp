@@ -14,6 +14,7 @@ class PagedEngine : public Engine {
   SeqId new_sequence() override { return cache_->add_sequence(); }
   void drop_sequence(SeqId seq) override { cache_->remove_sequence(seq); }
   int64_t sequence_length(SeqId seq) const override { return cache_->length(seq); }
+  void truncate_sequence(SeqId seq, int64_t length) override { cache_->truncate(seq, length); }
   int64_t free_cache_tokens() const override { return cache_->free_pages() * cache_->page_size(); }
   int64_t cache_tokens_needed(SeqId seq, int64_t new_tokens) const override {
     return cache_->pages_needed(seq, new_tokens) * cache_->page_size();

@@ -113,9 +113,9 @@ TEST(GenerateCli, HelpTeaches) {
   EXPECT_THAT(run_cli("--help").out, HasSubstr("generate"));
   const auto h = run_cli("generate --help");
   EXPECT_EQ(h.code, 0);
-  for (const char* s :
-       {"MODEL", "--prompt", "--max-tokens", "--temperature", "--top-p", "--seed", "--device",
-        "--chat", "--json", "greedy", "Examples:", "tokens per second"}) {
+  for (const char* s : {"MODEL", "--prompt", "--max-tokens", "--temperature", "--top-p", "--seed",
+                        "--device", "--chat", "--json", "greedy", "Examples:", "tokens per second",
+                        "--draft", "--draft-tokens"}) {
     EXPECT_THAT(h.out, HasSubstr(s));
   }
 }
@@ -152,6 +152,34 @@ TEST(GenerateCli, GreedyMatchesTheLibraryAndStreams) {
   EXPECT_THAT(s.out, HasSubstr(ja["text"].get<std::string>()));
   EXPECT_THAT(s.out, HasSubstr(fmt::format("[prompt: {} tokens, ", prompt.size())));
   EXPECT_THAT(s.out, HasSubstr("tokens/s | generation: "));
+}
+
+// --draft: the same ids as plain greedy, the draft's statistics in the JSON and the summary line,
+// and a clear refusal of sampling.
+TEST(GenerateCli, DraftGivesTheSameTextAndReportsAcceptance) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = exl3::runtime::test::tiny_model(dir);
+  const std::string base =
+      fmt::format("generate {} --prompt 'import os' --max-tokens 14 --ignore-eos", q(model));
+  const auto plain = json::parse(run_cli(base + " --json", "", false).out);
+  const auto r =
+      run_cli(fmt::format("{} --draft {} --draft-tokens 3 --json", base, q(model)), "", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = json::parse(r.out);
+  EXPECT_EQ(j["ids"], plain["ids"]);
+  EXPECT_EQ(j["text"], plain["text"]);
+  const auto& sp = j["speculative"];
+  EXPECT_EQ(sp["draft_tokens"], 3);
+  EXPECT_EQ(sp["accepted"], sp["drafted"]);  // the model drafting for itself
+  EXPECT_EQ(sp["acceptance_rate"].get<double>(), 1.0);
+  EXPECT_GT(sp["tokens_per_round"].get<double>(), 3.0);
+  const auto s = run_cli(fmt::format("{} --draft {}", base, q(model)), "", false);
+  ASSERT_EQ(s.code, 0) << s.out;
+  EXPECT_THAT(s.out, HasSubstr("drafted tokens accepted (100%)"));
+  const auto t = run_cli(fmt::format("{} --draft {} --temperature 0.8", base, q(model)));
+  EXPECT_NE(t.code, 0);
+  EXPECT_THAT(t.out, HasSubstr("temperature 0.8 (it samples greedily"));
+  EXPECT_NE(run_cli(fmt::format("{} --draft-tokens 3", base)).code, 0);  // needs --draft
 }
 
 TEST(GenerateCli, SeededSamplingIsDeterministic) {

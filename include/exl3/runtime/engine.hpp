@@ -99,6 +99,10 @@ class Engine {
   virtual SeqId new_sequence() = 0;
   virtual void drop_sequence(SeqId seq) = 0;
   virtual int64_t sequence_length(SeqId seq) const = 0;
+  // Keeps the first `length` (<= sequence_length) tokens of `seq`: the next forward continues
+  // from position `length`, and KV pages past it go back to the pool. Speculative decoding uses
+  // it to drop rejected draft tokens. Throws exl3::Error for a length outside 0..length.
+  virtual void truncate_sequence(SeqId seq, int64_t length) = 0;
   // Tokens that still fit in the KV pool (for all sequences together).
   virtual int64_t free_cache_tokens() const = 0;
   // KV pool tokens (whole pages) that appending `new_tokens` to `seq` would take from the pool.

@@ -62,7 +62,8 @@ struct GenerateResult {
   int32_t stop_token = -1;      // the stop token seen, when stop_reason is "stop_token"
   int64_t prompt_tokens = 0;
   double prompt_seconds = 0.0;  // the prefill forward pass
-  int64_t decode_steps = 0;     // single-token forward passes
+  int64_t decode_steps = 0;     // forward passes after the prompt (one token each in generate())
+  int64_t decode_tokens = 0;    // tokens those passes produced (more than one per speculative pass)
   double decode_seconds = 0.0;  // their time, sampling included
 
   double prompt_tokens_per_second() const;

@@ -37,6 +37,9 @@ class PagedKvCache {
   void remove_sequence(SeqId seq);
   // Empties a sequence (its pages go back to the pool), keeping the id.
   void clear(SeqId seq);
+  // Keeps the first `length` (<= length(seq)) committed tokens and gives the pages past them
+  // back to the pool (speculative decoding drops the draft tokens the target rejected).
+  void truncate(SeqId seq, int64_t length);
 
   int64_t length(SeqId seq) const;  // committed tokens
   // Backs positions [0, length + new_tokens) with pages. Throws exl3::Error when the pool has
