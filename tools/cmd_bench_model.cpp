@@ -61,6 +61,7 @@ Runner add_bench_model(CLI::App& app, Common&) {
     int bits = 4, head_bits = 6, layers = 0, tp = 1;
     int64_t cache_tokens = 0, max_batch_tokens = 2048;
     runtime::ModelBenchOptions bench;
+    int draft_tokens = 0;
     bool prepare_only = false;
   };
   auto o = std::make_shared<Opts>();
@@ -106,6 +107,10 @@ Runner add_bench_model(CLI::App& app, Common&) {
   app.add_option("--seed", o->bench.seed,
                  "Seed of the random token ids (and of --synthetic weights)")
       ->capture_default_str();
+  app.add_option("--draft-tokens", o->draft_tokens,
+                 "Also time speculative decoding at batch 1 with K draft tokens per round, the "
+                 "model drafting for itself: every draft kept, then none (see below)")
+      ->check(CLI::Range(1, 16));
   app.add_option("--json", o->json_path, "Also write the results as JSON to this file");
   add_tp_option(app, o->tp);
   app.add_flag("--prepare-only", o->prepare_only,
@@ -119,12 +124,20 @@ Runner add_bench_model(CLI::App& app, Common&) {
       "Ceiling: the device copy bandwidth measured in this run over the weight bytes one token "
       "reads at\n"
       "batch 1 (non-expert linears, lm_head, top-k experts per MoE layer); % = decode tok/s / "
-      "ceiling.\n\n"
+      "ceiling.\n"
+      "--draft-tokens K: generate --steps tokens after --context, plainly and speculatively with\n"
+      "the model as its own draft, greedy: every draft kept (K + 1 tokens per round) and none "
+      "kept\n"
+      "(its logits shifted by one id: 1 token per round). Any real draft's acceptance lands\n"
+      "between the two; the verify pass (K + 1 tokens) against a decode step sets the ceiling of "
+      "a\n"
+      "draft that costs nothing.\n\n"
       "Examples:\n"
       "  exl3 bench model --synthetic qwen3-30b-a3b --bits 4 --out /tmp/q30 --json q30.json\n"
       "  exl3 bench model ./Qwen3-30B-A3B-exl3-4bpw --batch 1,8 --prefill 2048\n"
       "  exl3 bench model --synthetic qwen3-30b-a3b --out /tmp/q30 --tp 2   # 2 GPUs; collectives "
-      "timed alone too");
+      "timed alone too\n"
+      "  exl3 bench model /tmp/q30 --batch 1 --prefill 0 --draft-tokens 3");
   return [o] {
     std::filesystem::path dir = o->model;
     if (!o->synthetic.empty()) {
@@ -173,8 +186,9 @@ Runner add_bench_model(CLI::App& app, Common&) {
     eo.cache_tokens =
         o->cache_tokens > 0
             ? o->cache_tokens
-            : std::max(biggest * (o->bench.context + o->bench.decode_steps + 2) + 64 * biggest,
-                       o->bench.prefill_tokens + 64);
+            : std::max({biggest * (o->bench.context + o->bench.decode_steps + 2) + 64 * biggest,
+                        o->bench.prefill_tokens + 64,
+                        3 * (o->bench.context + o->bench.decode_steps + o->draft_tokens + 64)});
     std::fprintf(stderr, "loading %s on %s ...\n", dir.string().c_str(), o->device.c_str());
     const auto load_start = std::chrono::steady_clock::now();
     auto engine = runtime::load_engine(ckpt, eo);
@@ -243,6 +257,32 @@ Runner add_bench_model(CLI::App& app, Common&) {
       }
       std::printf("\n");
     }
+    nlohmann::json speculative = nullptr;
+    if (o->draft_tokens > 0) {
+      const auto sp = runtime::bench_speculative(*engine, o->draft_tokens, o->bench);
+      const double ratio = sp.verify_seconds / sp.decode_step_seconds;
+      std::printf(
+          "speculative, batch 1, %d draft tokens, the model drafting for itself (%lld tokens):\n"
+          "  plain %.1f tok/s | every draft kept %.1f tok/s (acceptance %.2f) | none kept %.1f "
+          "tok/s (acceptance %.2f)\n"
+          "  verify pass (%d tokens) %.3f ms = %.2f decode steps -> %.1f tok/s with a free draft "
+          "at full acceptance\n",
+          sp.draft_tokens, static_cast<long long>(sp.tokens), sp.plain_tokens_per_second,
+          sp.all_tokens_per_second, sp.all_acceptance, sp.none_tokens_per_second,
+          sp.none_acceptance, sp.draft_tokens + 1, 1e3 * sp.verify_seconds, ratio,
+          (sp.draft_tokens + 1) / sp.verify_seconds);
+      speculative = {
+          {"draft_tokens", sp.draft_tokens},
+          {"tokens", sp.tokens},
+          {"plain_tokens_per_second", sp.plain_tokens_per_second},
+          {"all_kept_tokens_per_second", sp.all_tokens_per_second},
+          {"all_kept_acceptance", sp.all_acceptance},
+          {"none_kept_tokens_per_second", sp.none_tokens_per_second},
+          {"none_kept_acceptance", sp.none_acceptance},
+          {"decode_step_ms", 1e3 * sp.decode_step_seconds},
+          {"verify_ms", 1e3 * sp.verify_seconds},
+          {"free_draft_ceiling_tokens_per_second", (sp.draft_tokens + 1) / sp.verify_seconds}};
+    }
     if (!o->json_path.empty()) {
       const nlohmann::json doc = {
           {"model", dir.string()},
@@ -260,6 +300,7 @@ Runner add_bench_model(CLI::App& app, Common&) {
           {"tp", o->tp},
           {"load_seconds", load_seconds},
           {"decode", decode},
+          {"speculative", speculative},
           {"prefill",
            {{"tokens", res.prefill_tokens},
             {"ms", 1e3 * res.prefill_seconds},

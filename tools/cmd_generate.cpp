@@ -85,8 +85,8 @@ Runner add_generate(CLI::App& app, Common&) {
   auto* draft_opt = app.add_option(
       "--draft", o->draft,
       "Speculative decoding: a smaller model folder with the same tokenizer proposes tokens and "
-      "the model checks them in one pass each round (greedy only; the text is the same as "
-      "without it)");
+      "the model checks them in one pass each round (greedy: the same text as without it; "
+      "sampling: the same distribution)");
   app.add_option("--draft-tokens", o->draft_tokens, "With --draft: tokens proposed per round")
       ->check(CLI::Range(1, 16))
       ->needs(draft_opt)
@@ -116,9 +116,9 @@ Runner add_generate(CLI::App& app, Common&) {
       "linear=mxfp8,shared_experts=mxfp8\n"
       "  exl3 generate ./Qwen3-32B-exl3 --prompt 'Hi' --draft ./Qwen3-0.6B-exl3 --draft-tokens "
       "4\n\n"
-      "--draft runs speculative decoding: every emitted token is still the model's own greedy\n"
-      "choice, so the draft only changes the speed; the last line reports how many drafted tokens\n"
-      "the model accepted and the tokens per model pass.\n"
+      "--draft runs speculative decoding: greedy output is the model's own, token for token, and\n"
+      "sampled output follows the model's own distribution, so the draft only changes the speed;\n"
+      "the last line reports how many drafted tokens the model accepted and the tokens per pass.\n"
       "--overlay stores the unquantized attention / dense-MLP / shared-expert linears as MXFP8 "
       "(about\n"
       "half their BF16 bytes); see docs/mxfp8.md.\n"

@@ -41,22 +41,34 @@ Sampler::Sampler(const SamplingOptions& opts) : opts_(opts), rng_(opts.seed) {
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
-  if (logits.empty()) fail("sample: no logits");
-  if (opts_.repetition_penalty != 1.0f && !history.empty()) {
-    // Each distinct id once: a flag per vocabulary entry, so a step costs O(vocab + history)
-    // (the logits copy is O(vocab) already) rather than a sort of the whole history.
-    penalized_.assign(logits.begin(), logits.end());
-    seen_.assign(logits.size(), 0);
-    for (const int32_t t : history) {
-      if (t < 0 || static_cast<size_t>(t) >= penalized_.size() || seen_[static_cast<size_t>(t)])
-        continue;
-      seen_[static_cast<size_t>(t)] = 1;
-      float& l = penalized_[static_cast<size_t>(t)];
-      l = l > 0.0f ? l / opts_.repetition_penalty : l * opts_.repetition_penalty;
-    }
-    logits = penalized_;
+  if (opts_.temperature == 0.0f) {
+    if (logits.empty()) fail("sample: no logits");
+    return argmax(penalize(logits, history));
   }
-  if (opts_.temperature == 0.0f) return argmax(logits);
+  return draw(weights(logits, history));
+}
+
+std::span<const float> Sampler::penalize(std::span<const float> logits,
+                                         std::span<const int32_t> history) {
+  if (opts_.repetition_penalty == 1.0f || history.empty()) return logits;
+  // Each distinct id once: a flag per vocabulary entry, so a step costs O(vocab + history)
+  // (the logits copy is O(vocab) already) rather than a sort of the whole history.
+  penalized_.assign(logits.begin(), logits.end());
+  seen_.assign(logits.size(), 0);
+  for (const int32_t t : history) {
+    if (t < 0 || static_cast<size_t>(t) >= penalized_.size() || seen_[static_cast<size_t>(t)])
+      continue;
+    seen_[static_cast<size_t>(t)] = 1;
+    float& l = penalized_[static_cast<size_t>(t)];
+    l = l > 0.0f ? l / opts_.repetition_penalty : l * opts_.repetition_penalty;
+  }
+  return penalized_;
+}
+
+Sampler::Weights Sampler::weights(std::span<const float> logits, std::span<const int32_t> history) {
+  if (logits.empty()) fail("sample: no logits");
+  if (opts_.temperature == 0.0f) fail("sampling: weights() at temperature 0 (greedy has none)");
+  logits = penalize(logits, history);
   const float mx = logits[static_cast<size_t>(argmax(logits))];
   if (!std::isfinite(mx)) fail("sample: the logits are not finite");
   // Unnormalised probabilities: the most likely token has 1, so min_p is a plain threshold.
@@ -91,14 +103,23 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     }
     total = cum;
   }
-  // A uniform draw from the raw 64-bit stream (std distributions differ between libraries).
-  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
+  return {std::span<const std::pair<float, int32_t>>(scratch_).first(keep), total};
+}
+
+double Sampler::uniform() {
+  // From the raw 64-bit stream (std distributions differ between libraries).
+  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+}
+
+int32_t Sampler::draw(const Weights& w) {
+  if (w.entries.empty()) fail("sample: an empty distribution");
+  const double u = uniform() * w.total;
   double cum = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    cum += scratch_[i].first;
-    if (u < cum) return scratch_[i].second;
+  for (const auto& [p, id] : w.entries) {
+    cum += p;
+    if (u < cum) return id;
   }
-  return scratch_[keep - 1].second;
+  return w.entries.back().second;
 }
 
 double GenerateResult::prompt_tokens_per_second() const {

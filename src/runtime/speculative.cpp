@@ -20,6 +20,8 @@ double SpeculativeStats::tokens_per_round() const {
 namespace {
 
 constexpr int kMaxDraftTokens = 16;
+// The draft sampler's seed is the target's with these bits flipped: two independent streams.
+constexpr uint64_t kDraftSeedXor = 0x9E3779B97F4A7C15ull;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -48,12 +50,6 @@ GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<con
   if (spec.draft_tokens < 1 || spec.draft_tokens > kMaxDraftTokens) {
     fail("speculative decoding: draft tokens {} outside 1..{}", spec.draft_tokens, kMaxDraftTokens);
   }
-  if (opts.sampling.temperature != 0.0f) {
-    fail(
-        "speculative decoding: temperature {} (it samples greedily, temperature 0; hint: drop "
-        "--draft to sample)",
-        opts.sampling.temperature);
-  }
   const int64_t vocab = target.spec().vocab_size;
   if (draft.spec().vocab_size != vocab) {
     fail(
@@ -65,13 +61,23 @@ GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<con
   check_context_length(target.spec(), n_prompt, opts.max_new_tokens);
   check_context_length(draft.spec(), n_prompt, opts.max_new_tokens, "the draft model");
 
-  // Greedy picks (the repetition penalty reads the stream so far, as in generate()).
+  // The target's sampler and the draft's (its own stream, seeded apart). The repetition penalty
+  // reads the stream so far, as in generate().
   Sampler sampler(opts.sampling);
+  SamplingOptions draft_opts = opts.sampling;
+  draft_opts.seed ^= kDraftSeedXor;
+  Sampler draft_sampler(draft_opts);
+  const bool greedy = opts.sampling.temperature == 0.0f;
   const bool penalty = opts.sampling.repetition_penalty != 1.0f;
   std::vector<int32_t> stream(prompt.begin(), prompt.end());  // prompt + emitted tokens
-  const auto pick = [&](std::span<const float> logits, std::span<const int32_t> history) {
-    return sampler.sample(logits, penalty ? history : std::span<const int32_t>{});
+  const auto hist = [&](std::span<const int32_t> history) {
+    return penalty ? history : std::span<const int32_t>{};
   };
+  const auto pick = [&](std::span<const float> logits, std::span<const int32_t> history) {
+    return sampler.sample(logits, hist(history));
+  };
+  // Sampling: q[i][id], the draft's probability of each id at draft position i.
+  std::vector<std::vector<float>> q;
 
   GenerateResult r;
   r.prompt_tokens = n_prompt;
@@ -108,6 +114,7 @@ GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<con
 
   // The target's cache holds the stream but `next`; the draft's holds the stream but `pending`.
   std::vector<int32_t> pending = {next}, drafts, feed;
+  std::vector<std::pair<float, int32_t>> residual;
   while (static_cast<int64_t>(r.tokens.size()) < opts.max_new_tokens) {
     t0 = std::chrono::steady_clock::now();
     const int64_t remaining = opts.max_new_tokens - static_cast<int64_t>(r.tokens.size());
@@ -120,7 +127,19 @@ GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<con
       std::vector<float> dl = draft.forward(seq_d.id, pending, LogitsMode::kLast);
       pending.clear();
       for (int i = 0; i < k; ++i) {
-        const int32_t tok = pick(dl, dstream);
+        int32_t tok = 0;
+        if (greedy) {
+          tok = draft_sampler.sample(dl, hist(dstream));
+        } else {
+          const Sampler::Weights w = draft_sampler.weights(dl, hist(dstream));
+          q.resize(static_cast<size_t>(k));
+          auto& qi = q[static_cast<size_t>(i)];
+          qi.assign(static_cast<size_t>(vocab), 0.0f);
+          for (const auto& [wt, id] : w.entries) {
+            qi[static_cast<size_t>(id)] = static_cast<float>(wt / w.total);
+          }
+          tok = draft_sampler.draw(w);
+        }
         drafts.push_back(tok);
         dstream.push_back(tok);
         if (i + 1 < k) dl = draft.forward(seq_d.id, {&tok, 1}, LogitsMode::kLast);
@@ -135,11 +154,41 @@ GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<con
     };
     std::vector<int32_t> tstream = stream;
     int accepted = 0;
-    while (accepted < k && pick(row(accepted), tstream) == drafts[static_cast<size_t>(accepted)]) {
-      tstream.push_back(drafts[static_cast<size_t>(accepted)]);
-      ++accepted;
+    int32_t bonus = -1;
+    if (greedy) {
+      while (accepted < k &&
+             pick(row(accepted), tstream) == drafts[static_cast<size_t>(accepted)]) {
+        tstream.push_back(drafts[static_cast<size_t>(accepted)]);
+        ++accepted;
+      }
+      bonus = pick(row(accepted), tstream);
+    } else {
+      while (accepted < k && bonus < 0) {
+        const int32_t d = drafts[static_cast<size_t>(accepted)];
+        const auto& qi = q[static_cast<size_t>(accepted)];
+        const Sampler::Weights p = sampler.weights(row(accepted), hist(tstream));
+        double pd = 0.0;
+        for (const auto& [wt, id] : p.entries) {
+          if (id == d) pd = wt / p.total;
+        }
+        // Keep d with probability min(1, p(d) / q(d)) ...
+        if (sampler.uniform() * qi[static_cast<size_t>(d)] < pd) {
+          tstream.push_back(d);
+          ++accepted;
+          continue;
+        }
+        // ... else draw from the residual max(0, p - q), renormalised.
+        residual.clear();
+        double total = 0.0;
+        for (const auto& [wt, id] : p.entries) {
+          const double left = std::max(0.0, wt / p.total - qi[static_cast<size_t>(id)]);
+          if (left > 0.0) residual.push_back({static_cast<float>(left), id});
+          total += static_cast<float>(left);
+        }
+        bonus = residual.empty() ? sampler.draw(p) : sampler.draw({residual, total});
+      }
+      if (bonus < 0) bonus = sampler.draw(sampler.weights(row(accepted), hist(tstream)));
     }
-    const int32_t bonus = pick(row(accepted), tstream);
     ++st.rounds;
     st.drafted += k;
     st.accepted += accepted;

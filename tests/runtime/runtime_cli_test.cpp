@@ -155,7 +155,7 @@ TEST(GenerateCli, GreedyMatchesTheLibraryAndStreams) {
 }
 
 // --draft: the same ids as plain greedy, the draft's statistics in the JSON and the summary line,
-// and a clear refusal of sampling.
+// and seeded sampling with a draft.
 TEST(GenerateCli, DraftGivesTheSameTextAndReportsAcceptance) {
   EXL3_REQUIRE_CONFORMANCE(dir);
   const auto model = exl3::runtime::test::tiny_model(dir);
@@ -176,9 +176,13 @@ TEST(GenerateCli, DraftGivesTheSameTextAndReportsAcceptance) {
   const auto s = run_cli(fmt::format("{} --draft {}", base, q(model)), "", false);
   ASSERT_EQ(s.code, 0) << s.out;
   EXPECT_THAT(s.out, HasSubstr("drafted tokens accepted (100%)"));
-  const auto t = run_cli(fmt::format("{} --draft {} --temperature 0.8", base, q(model)));
-  EXPECT_NE(t.code, 0);
-  EXPECT_THAT(t.out, HasSubstr("temperature 0.8 (it samples greedily"));
+  // Sampling with a draft: seeded, so the same text twice.
+  const std::string sampled =
+      fmt::format("{} --draft {} --temperature 0.8 --seed 3 --json", base, q(model));
+  const auto t1 = run_cli(sampled, "", false), t2 = run_cli(sampled, "", false);
+  ASSERT_EQ(t1.code, 0) << t1.out;
+  EXPECT_EQ(json::parse(t1.out)["ids"], json::parse(t2.out)["ids"]);
+  EXPECT_EQ(json::parse(t1.out)["ids"].size(), 14u);
   EXPECT_NE(run_cli(fmt::format("{} --draft-tokens 3", base)).code, 0);  // needs --draft
 }
 

@@ -2,9 +2,13 @@
 // generate()'s token for token for k = 1..4, with a draft that always agrees (the target's own
 // weights in a second engine), one that mostly disagrees (another random model) and the EXL3
 // MoE conformance model; stop tokens, the repetition penalty and the callback stop it where
-// generate() stops; both engines' KV pages all come back; bad options fail clearly. Also the
-// KV cache's truncate and Engine::truncate_sequence.
+// generate() stops; both engines' KV pages all come back; bad options fail clearly. Sampling:
+// the generated tokens follow the target's exact distribution (a chi-square test over seeded
+// runs). Also the KV cache's truncate and Engine::truncate_sequence.
+#include <array>
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,16 +30,27 @@ using namespace exl3;
 using namespace exl3::runtime;
 namespace test = exl3::runtime::test;
 
+// The target; the same weights in a second engine (its own sequences and pages); another random
+// model; and a near one: the target's random draws at 1.6x the scale, so mostly the same likely
+// tokens with other probabilities (the case where speculative sampling's acceptance ratio and
+// residual both matter).
 struct Models {
-  exl3::test::TempDir target_dir, other_dir;
-  std::unique_ptr<Engine> target, same, other;
+  exl3::test::TempDir target_dir, other_dir, near_dir;
+  std::unique_ptr<Engine> target, same, other, near;
   Models() {
     const uint64_t seed = exl3::test::test_seed();
     test::write_model(target_dir.path(), HfArch::kQwen3, seed);
     test::write_model(other_dir.path(), HfArch::kQwen3, seed + 1);
+    SyntheticHfSpec s;
+    s.arch = HfArch::kQwen3;
+    s.seed = seed;
+    s.init_std = 0.08;  // write_model's 0.05, scaled
+    s.num_layers = 2;
+    write_synthetic_hf_model(near_dir.path(), s);
     target = load_engine(target_dir.path());
-    same = load_engine(target_dir.path());  // a second engine: its own sequences and pages
+    same = load_engine(target_dir.path());
     other = load_engine(other_dir.path());
+    near = load_engine(near_dir.path());
   }
 };
 
@@ -158,14 +173,93 @@ TEST(Speculative, RepetitionPenaltyAndTheMoeConformanceModel) {
   EXPECT_GT(st.tokens_per_round(), 3.0);
 }
 
+// The target's exact distribution of the next token after `context` under `opts` (the same
+// transforms the samplers apply): probability per id.
+std::vector<double> next_token_probs(Engine& e, std::vector<int32_t> context,
+                                     const SamplingOptions& opts) {
+  const auto logits = forward_logits(e, context);
+  const auto vocab = static_cast<size_t>(e.spec().vocab_size);
+  Sampler s(opts);
+  const auto w = s.weights(std::span<const float>(logits).last(vocab));
+  std::vector<double> p(vocab, 0.0);
+  for (const auto& [wt, id] : w.entries) p[static_cast<size_t>(id)] = wt / w.total;
+  return p;
+}
+
+// The first three of four generated tokens with top_k 3 (27 outcomes; the first round drafts two,
+// so both a first and a second draft position are checked), 2000 / 500 / 500 seeded runs per draft:
+// the counts against the target's exact joint distribution by Pearson's chi-square (26 degrees of
+// freedom; 63 is past the 1 - 1e-4 quantile). The other model's top 3 mostly differ from the
+// target's, so its drafts are mostly rejected (the residual draws); the target's own weights are
+// always accepted; the near model's drafts are accepted part of the time (the ratio p / q decides).
+TEST(Speculative, SamplingFollowsTheTargetsDistribution) {
+  Models m;
+  const std::vector<int32_t> prompt = {77, 78, 79};
+  GenerateOptions go;
+  go.max_new_tokens = 4;  // t1 from the prompt pass, then one round drafting 2: t2 and t3 verified
+  go.sampling.temperature = 1.0f;
+  go.sampling.top_k = 3;
+  // Exact joint probabilities of (t1, t2, t3).
+  std::map<std::array<int32_t, 3>, double> exact;
+  const auto p1 = next_token_probs(*m.target, prompt, go.sampling);
+  for (size_t a = 0; a < p1.size(); ++a) {
+    if (p1[a] == 0.0) continue;
+    auto c1 = prompt;
+    c1.push_back(static_cast<int32_t>(a));
+    const auto p2 = next_token_probs(*m.target, c1, go.sampling);
+    for (size_t b = 0; b < p2.size(); ++b) {
+      if (p2[b] == 0.0) continue;
+      auto c2 = c1;
+      c2.push_back(static_cast<int32_t>(b));
+      const auto p3 = next_token_probs(*m.target, c2, go.sampling);
+      for (size_t c = 0; c < p3.size(); ++c) {
+        if (p3[c] == 0.0) continue;
+        exact[{static_cast<int32_t>(a), static_cast<int32_t>(b), static_cast<int32_t>(c)}] =
+            p1[a] * p2[b] * p3[c];
+      }
+    }
+  }
+  ASSERT_EQ(exact.size(), 27u);
+  // Most runs go to the near draft, where a wrong acceptance rule shows (accepting with
+  // min(1, 2 p / q) instead gives a chi-square near 300 there).
+  for (const auto& [draft, runs] : {std::pair{m.near.get(), 2000}, std::pair{m.other.get(), 500},
+                                    std::pair{m.same.get(), 500}}) {
+    std::map<std::array<int32_t, 3>, int> seen;
+    SpeculativeStats total;
+    for (int seed = 0; seed < runs; ++seed) {
+      go.sampling.seed = static_cast<uint64_t>(seed);
+      SpeculativeStats st;
+      const auto r = generate_speculative(*m.target, *draft, prompt, go, {2}, &st);
+      ASSERT_EQ(r.tokens.size(), 4u);
+      ++seen[{r.tokens[0], r.tokens[1], r.tokens[2]}];
+      total.drafted += st.drafted;
+      total.accepted += st.accepted;
+    }
+    double chi2 = 0.0;
+    for (const auto& [key, p] : exact) {
+      const double want = runs * p, got = seen.contains(key) ? seen[key] : 0;
+      chi2 += (got - want) * (got - want) / want;
+    }
+    for (const auto& [key, n] : seen) EXPECT_TRUE(exact.contains(key)) << "an impossible output";
+    const char* name = draft == m.same.get() ? "same" : draft == m.other.get() ? "other" : "near";
+    EXPECT_LT(chi2, 63.0) << name << " draft";
+    std::printf("%s draft: chi-square %.1f, %lld of %lld drafts accepted\n", name, chi2,
+                static_cast<long long>(total.accepted), static_cast<long long>(total.drafted));
+    if (draft == m.same.get()) {
+      EXPECT_EQ(total.accepted, total.drafted);
+    } else if (draft == m.other.get()) {
+      EXPECT_LT(total.accepted, total.drafted / 2);
+    } else {  // both outcomes common
+      EXPECT_GT(total.accepted, total.drafted / 5);
+      EXPECT_LT(total.accepted, total.drafted * 19 / 20);
+    }
+  }
+}
+
 TEST(Speculative, BadOptionsFailClearly) {
   Models m;
   const std::vector<int32_t> prompt = {1, 2, 3};
   GenerateOptions go;
-  go.sampling.temperature = 0.7f;
-  EXPECT_THAT(error_of([&] { generate_speculative(*m.target, *m.same, prompt, go, {2}); }),
-              testing::HasSubstr("temperature 0.7"));
-  go.sampling.temperature = 0.0f;
   EXPECT_THAT(error_of([&] { generate_speculative(*m.target, *m.same, prompt, go, {0}); }),
               testing::HasSubstr("draft tokens 0 outside 1..16"));
   EXPECT_THAT(error_of([&] { generate_speculative(*m.target, *m.same, prompt, go, {17}); }),

@@ -344,7 +344,7 @@ TEST(Cli, LinearOnCudaDevice) {
 
 // `bench model`: --prepare-only writes the synthetic model and stops; a run on it at --tp 2 on the
 // CPU reports every batch, the prefill and the tensor-parallel fields in --json (collectives are
-// timed on GPUs only, so 0 here).
+// timed on GPUs only, so 0 here); --draft-tokens adds the speculative figures.
 TEST(Cli, BenchModelPrepareOnlyThenTensorParallelJson) {
   exl3::test::TempDir tmp;
   const auto dir = tmp / "tiny";
@@ -366,6 +366,21 @@ TEST(Cli, BenchModelPrepareOnlyThenTensorParallelJson) {
   r = run_cli(fmt::format("bench model {} --prepare-only", q(dir)));
   EXPECT_NE(r.code, 0);
   EXPECT_THAT(r.out, HasSubstr("--prepare-only writes a --synthetic model"));
+  // --draft-tokens: speculative decoding with every draft kept, then none.
+  r = run_cli(fmt::format(
+      "bench model {} --device cpu --batch 1 --steps 6 --context 4 --prefill 0 --draft-tokens 2 "
+      "--json {}",
+      q(dir), q(tmp / "s.json")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("every draft kept"));
+  const auto sp = nlohmann::json::parse(exl3::test::read_file(tmp / "s.json"))["speculative"];
+  EXPECT_EQ(sp["draft_tokens"], 2);
+  EXPECT_EQ(sp["all_kept_acceptance"].get<double>(), 1.0);
+  EXPECT_EQ(sp["none_kept_acceptance"].get<double>(), 0.0);
+  for (const char* k : {"plain_tokens_per_second", "all_kept_tokens_per_second",
+                        "none_kept_tokens_per_second", "verify_ms", "decode_step_ms"}) {
+    EXPECT_GT(sp[k].get<double>(), 0.0) << k;
+  }
 }
 
 // The CUDA tunables reach the engine commands through the CLI's environment reader, before

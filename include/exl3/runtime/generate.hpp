@@ -42,7 +42,23 @@ class Sampler {
   // repetition penalty.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history = {});
 
+  // The distribution sample() draws from at temperature > 0: (weight, id) entries and their
+  // total, so an id's probability is weight / total (0 for ids not listed). Valid until the next
+  // call. Speculative sampling reads it for the target's and the draft's probabilities.
+  struct Weights {
+    std::span<const std::pair<float, int32_t>> entries;
+    double total = 0.0;
+  };
+  Weights weights(std::span<const float> logits, std::span<const int32_t> history = {});
+  // One draw from `w` (a weights() result of this sampler), using its seeded stream.
+  int32_t draw(const Weights& w);
+  // One uniform number in [0, 1) from the seeded stream.
+  double uniform();
+
  private:
+  // `logits` with the repetition penalty applied (a view of penalized_, or logits itself).
+  std::span<const float> penalize(std::span<const float> logits, std::span<const int32_t> history);
+
   SamplingOptions opts_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> scratch_;
