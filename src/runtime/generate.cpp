@@ -6,16 +6,9 @@
 #include <cmath>
 
 #include "exl3/error.hpp"
+#include "stopwatch.hpp"
 
 namespace exl3::runtime {
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
-
 int32_t argmax(std::span<const float> logits) {
   if (logits.empty()) fail("argmax: no logits");
   size_t best = 0;

@@ -10,22 +10,9 @@
 
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
+#include "stopwatch.hpp"
 
 namespace exl3::runtime {
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-}  // namespace
-
 uint64_t active_weight_bytes_per_token(const Checkpoint& ckpt, const ModelSpec& spec) {
   uint64_t bytes = 0;
   // Routed experts: per layer, the mean expert's bytes times top_k.

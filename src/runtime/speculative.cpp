@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "exl3/error.hpp"
+#include "stopwatch.hpp"
 
 namespace exl3::runtime {
 
@@ -22,10 +23,6 @@ namespace {
 constexpr int kMaxDraftTokens = 16;
 // The draft sampler's seed is the target's with these bits flipped: two independent streams.
 constexpr uint64_t kDraftSeedXor = 0x9E3779B97F4A7C15ull;
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // A sequence dropped when the generation ends, however it ends.
 struct OwnedSequence {

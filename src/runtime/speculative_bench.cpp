@@ -9,18 +9,10 @@
 #include "exl3/runtime/generate.hpp"
 #include "exl3/runtime/model_bench.hpp"
 #include "exl3/runtime/speculative.hpp"
+#include "stopwatch.hpp"
 
 namespace exl3::runtime {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // The wrapped engine with every logits row rotated by one id (row[i] = wrapped[i - 1]), so its
 // greedy choice is always the id after the wrapped engine's: a draft that never agrees. A

@@ -339,17 +339,6 @@ TEST(Generate, GreedyIsDeterministicAndStops) {
   EXPECT_EQ(engine->free_cache_tokens(), 4096);  // every sequence was dropped
 }
 
-// The message of the exl3::Error that fn() must throw.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exl3::Error thrown";
-  return {};
-}
-
 // generate() refuses, before running anything, a prompt + max_new_tokens past the model's
 // max_position_embeddings, so every caller (not only `exl3 generate`) is protected.
 TEST(Generate, RefusesPastMaxPositionEmbeddings) {
@@ -368,16 +357,17 @@ TEST(Generate, RefusesPastMaxPositionEmbeddings) {
   int calls = 0;
   auto count = [&](int32_t) { return ++calls > 0; };
   go.max_new_tokens = 4;
-  EXPECT_THAT(error_of([&] { (void)generate(*engine, prompt, go, count); }),
+  EXPECT_THAT(test::error_of([&] { (void)generate(*engine, prompt, go, count); }),
               ::testing::AllOf(
                   HasSubstr("generate: a 5-token prompt + 4 new tokens exceed"),
                   HasSubstr("max_position_embeddings 8 (" + (model / "config.json").string() + ")"),
                   HasSubstr("hint: lower max_new_tokens to at most 3")));
   go.max_new_tokens = std::numeric_limits<int64_t>::max();  // no overflow in the comparison
-  EXPECT_THAT(error_of([&] { (void)generate(*engine, prompt, go, count); }), HasSubstr("exceed"));
+  EXPECT_THAT(test::error_of([&] { (void)generate(*engine, prompt, go, count); }),
+              HasSubstr("exceed"));
   const std::vector<int32_t> long_prompt(9, 40);
   go.max_new_tokens = 0;
-  EXPECT_THAT(error_of([&] { (void)generate(*engine, long_prompt, go, count); }),
+  EXPECT_THAT(test::error_of([&] { (void)generate(*engine, long_prompt, go, count); }),
               HasSubstr("hint: shorten the prompt to fewer than 8 tokens"));
   EXPECT_EQ(calls, 0);                           // nothing was generated
   EXPECT_EQ(engine->free_cache_tokens(), 4096);  // and no sequence was left behind
@@ -386,7 +376,7 @@ TEST(Generate, RefusesPastMaxPositionEmbeddings) {
   ModelSpec spec = engine->spec();
   EXPECT_NO_THROW(check_context_length(spec, 8, 0));
   EXPECT_NO_THROW(check_context_length(spec, 1, 7));
-  EXPECT_THAT(error_of([&] { check_context_length(spec, 1, 8, "exl3 generate", "-n"); }),
+  EXPECT_THAT(test::error_of([&] { check_context_length(spec, 1, 8, "exl3 generate", "-n"); }),
               ::testing::AllOf(HasSubstr("exl3 generate: a 1-token prompt + 8 new tokens"),
                                HasSubstr("lower -n to at most 7")));
   spec.max_position_embeddings = 0;

@@ -18,28 +18,41 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/cpu/linear.hpp"
+#include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/format/synthetic_hf.hpp"
-#include "exl3/runtime/generate.hpp"
-#include "exl3/model/spec.hpp"
 #include "exl3/model/rope.hpp"
+#include "exl3/model/spec.hpp"
+#include "exl3/runtime/generate.hpp"
 #include "exl3/trellis/codebook.hpp"
 #include "exl3/trellis/half.hpp"
 
 namespace exl3::runtime::test {
 
+// The message of the exl3::Error that fn() must throw (a failure, and "", when none is thrown).
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no exl3::Error thrown";
+  return {};
+}
+
 // n random token ids below `vocab`.
 inline std::vector<int32_t> random_ids(std::mt19937_64& rng, int n, int64_t vocab) {
   std::vector<int32_t> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+  for (int i = 0; i < n; ++i)
+    ids.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
   return ids;
 }
 
 // Each row's argmax of `got` equals `want`'s wherever want's top-2 margin is clear (ties within
 // noise may flip).
-inline void expect_same_argmax(const std::vector<float>& got, const std::vector<float>& want, size_t vocab,
-                               const std::string& what) {
+inline void expect_same_argmax(const std::vector<float>& got, const std::vector<float>& want,
+                               size_t vocab, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t t = 0; t * vocab < want.size(); ++t) {
     std::vector<float> row(want.begin() + static_cast<std::ptrdiff_t>(t * vocab),
@@ -49,7 +62,8 @@ inline void expect_same_argmax(const std::vector<float>& got, const std::vector<
     row[static_cast<size_t>(best)] = -INFINITY;
     const float second = row[static_cast<size_t>(argmax(row))];
     if (top - second > 1e-2f * std::max(1.0f, std::abs(top))) {
-      EXPECT_EQ(argmax(std::span<const float>(got).subspan(t * vocab, vocab)), best) << what << " position " << t;
+      EXPECT_EQ(argmax(std::span<const float>(got).subspan(t * vocab, vocab)), best)
+          << what << " position " << t;
     }
   }
 }
@@ -58,7 +72,8 @@ inline void expect_same_argmax(const std::vector<float>& got, const std::vector<
 // the CUDA engine replays graphs): the logits of every position, concatenated. The sequence ends
 // holding all ids and is dropped.
 template <typename EngineT>
-std::vector<float> prefill_then_decode(EngineT& engine, std::span<const int32_t> ids, size_t prefill) {
+std::vector<float> prefill_then_decode(EngineT& engine, std::span<const int32_t> ids,
+                                       size_t prefill) {
   const auto seq = engine.new_sequence();
   auto out = engine.forward(seq, ids.first(prefill));
   for (size_t t = prefill; t < ids.size(); ++t) {
@@ -81,19 +96,12 @@ inline ModelConfig config_of(const nlohmann::json& j) {
 
 // A small valid config of each architecture.
 inline nlohmann::json base_config(const std::string& arch) {
-  nlohmann::json c = {{"architectures", {arch}},
-                      {"hidden_size", 256},
-                      {"intermediate_size", 512},
-                      {"num_hidden_layers", 4},
-                      {"num_attention_heads", 4},
-                      {"num_key_value_heads", 2},
-                      {"head_dim", 64},
-                      {"vocab_size", 512},
-                      {"rms_norm_eps", 1e-6},
-                      {"rope_theta", 10000.0},
-                      {"hidden_act", "silu"},
-                      {"max_position_embeddings", 4096},
-                      {"eos_token_id", 2}};
+  nlohmann::json c = {
+      {"architectures", {arch}}, {"hidden_size", 256},       {"intermediate_size", 512},
+      {"num_hidden_layers", 4},  {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+      {"head_dim", 64},          {"vocab_size", 512},        {"rms_norm_eps", 1e-6},
+      {"rope_theta", 10000.0},   {"hidden_act", "silu"},     {"max_position_embeddings", 4096},
+      {"eos_token_id", 2}};
   if (arch == "Qwen3MoeForCausalLM") {
     c["num_experts"] = 8;
     c["num_experts_per_tok"] = 2;
@@ -127,7 +135,8 @@ inline void exl3_experts(const std::filesystem::path& dir, uint64_t seed,
   auto half_vec = [&](int64_t n, double mag) {
     std::vector<uint16_t> v(static_cast<size_t>(n));
     std::uniform_real_distribution<double> u(0.5, 1.5);
-    for (auto& x : v) x = trellis::float_to_half(static_cast<float>((rng() & 1 ? 1 : -1) * mag * u(rng)));
+    for (auto& x : v)
+      x = trellis::float_to_half(static_cast<float>((rng() & 1 ? 1 : -1) * mag * u(rng)));
     return v;
   };
   for (const auto& name : store.names()) {
@@ -139,7 +148,8 @@ inline void exl3_experts(const std::filesystem::path& dir, uint64_t seed,
       const int k = 4;
       std::vector<uint16_t> tr(static_cast<size_t>(in / 16 * out / 16 * 16 * k));
       for (auto& x : tr) x = static_cast<uint16_t>(rng());
-      w.add(prefix + ".trellis", DType::kI16, {in / 16, out / 16, 16 * k}, std::span<const uint16_t>(tr));
+      w.add(prefix + ".trellis", DType::kI16, {in / 16, out / 16, 16 * k},
+            std::span<const uint16_t>(tr));
       const auto suh = half_vec(in, 0.05), svh = half_vec(out, 1.0);
       w.add(prefix + ".suh", DType::kF16, {in}, std::span<const uint16_t>(suh));
       w.add(prefix + ".svh", DType::kF16, {out}, std::span<const uint16_t>(svh));
@@ -187,7 +197,9 @@ class ReferenceModel {
   // Called with every linear's input x[rows, cols] (fp64) as the forward applies it, named by
   // the linear's prefix (routed experts see one token row at a time). Calibration tests use it
   // for an independent X^T X.
-  std::function<void(const std::string& linear, int64_t rows, int64_t cols, const std::vector<double>& x)> tap;
+  std::function<void(const std::string& linear, int64_t rows, int64_t cols,
+                     const std::vector<double>& x)>
+      tap;
 
   // logits [n, vocab] of one full pass.
   std::vector<double> forward(const std::vector<int32_t>& tokens) const {
@@ -240,7 +252,9 @@ class ReferenceModel {
     m.d = read_as_double(ref);
     return m;
   }
-  std::vector<double> vec(const std::string& name) const { return read_as_double(ckpt_.store().at(name)); }
+  std::vector<double> vec(const std::string& name) const {
+    return read_as_double(ckpt_.store().at(name));
+  }
 
   Lin linear(const std::string& prefix) const {
     Lin l;
@@ -251,7 +265,8 @@ class ReferenceModel {
       const auto w = cpu::reconstruct_weight(view);  // [in, out]
       l.w = Mat(view.out_features, view.in_features);
       for (int64_t i = 0; i < view.in_features; ++i)
-        for (int64_t o = 0; o < view.out_features; ++o) l.w.at(o, i) = w[static_cast<size_t>(i * view.out_features + o)];
+        for (int64_t o = 0; o < view.out_features; ++o)
+          l.w.at(o, i) = w[static_cast<size_t>(i * view.out_features + o)];
       for (const float b : data.bias()) l.b.push_back(b);
     } else {
       l.w = dense(prefix + ".weight");
@@ -352,7 +367,8 @@ class ReferenceModel {
       if (m.router == RouterKind::kSoftmax) {
         double mx = -1e300, sum = 0;
         for (int64_t e = 0; e < m.num_experts; ++e) mx = std::max(mx, logits.at(t, e));
-        for (int64_t e = 0; e < m.num_experts; ++e) sum += p[static_cast<size_t>(e)] = std::exp(logits.at(t, e) - mx);
+        for (int64_t e = 0; e < m.num_experts; ++e)
+          sum += p[static_cast<size_t>(e)] = std::exp(logits.at(t, e) - mx);
         for (auto& e : p) e /= sum;
         choice = p;
       } else {
@@ -371,12 +387,15 @@ class ReferenceModel {
         std::sort(gs.begin(), gs.end());
         std::fill(eligible.begin(), eligible.end(), false);
         for (int i = 0; i < m.topk_group; ++i)
-          for (int64_t e = 0; e < per; ++e) eligible[static_cast<size_t>(gs[static_cast<size_t>(i)].second * per + e)] = true;
+          for (int64_t e = 0; e < per; ++e)
+            eligible[static_cast<size_t>(gs[static_cast<size_t>(i)].second * per + e)] = true;
       }
       std::vector<int> order;
       for (int e = 0; e < m.num_experts; ++e)
         if (eligible[static_cast<size_t>(e)]) order.push_back(e);
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return choice[static_cast<size_t>(a)] > choice[static_cast<size_t>(b)]; });
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+        return choice[static_cast<size_t>(a)] > choice[static_cast<size_t>(b)];
+      });
       order.resize(static_cast<size_t>(m.top_k));
       double wsum = 0;
       for (const int e : order) wsum += p[static_cast<size_t>(e)];

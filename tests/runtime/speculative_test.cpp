@@ -54,16 +54,6 @@ struct Models {
   }
 };
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exl3::Error thrown";
-  return {};
-}
-
 TEST(KvCache, TruncateGivesPagesBack) {
   PagedKvCache cache({{8, 8}}, 4, 6);
   const auto s = cache.add_sequence();
@@ -260,9 +250,9 @@ TEST(Speculative, BadOptionsFailClearly) {
   Models m;
   const std::vector<int32_t> prompt = {1, 2, 3};
   GenerateOptions go;
-  EXPECT_THAT(error_of([&] { generate_speculative(*m.target, *m.same, prompt, go, {0}); }),
+  EXPECT_THAT(test::error_of([&] { generate_speculative(*m.target, *m.same, prompt, go, {0}); }),
               testing::HasSubstr("draft tokens 0 outside 1..16"));
-  EXPECT_THAT(error_of([&] { generate_speculative(*m.target, *m.same, prompt, go, {17}); }),
+  EXPECT_THAT(test::error_of([&] { generate_speculative(*m.target, *m.same, prompt, go, {17}); }),
               testing::HasSubstr("outside 1..16"));
   exl3::test::TempDir small;
   SyntheticHfSpec s;
@@ -270,9 +260,10 @@ TEST(Speculative, BadOptionsFailClearly) {
   s.vocab_size = 300;
   write_synthetic_hf_model(small.path(), s);
   auto other_vocab = load_engine(small.path());
-  EXPECT_THAT(error_of([&] { generate_speculative(*m.target, *other_vocab, prompt, go, {2}); }),
-              testing::HasSubstr("draft model's vocabulary has 300 tokens, the target's 512"));
-  EXPECT_THAT(error_of([&] { generate_speculative(*m.target, *m.same, {}, go, {2}); }),
+  EXPECT_THAT(
+      test::error_of([&] { generate_speculative(*m.target, *other_vocab, prompt, go, {2}); }),
+      testing::HasSubstr("draft model's vocabulary has 300 tokens, the target's 512"));
+  EXPECT_THAT(test::error_of([&] { generate_speculative(*m.target, *m.same, {}, go, {2}); }),
               testing::HasSubstr("no tokens"));
 }
 
