@@ -1,8 +1,9 @@
-// Greedy speculative decoding with a draft model (see speculative.hpp).
+// Speculative decoding with a draft model (see speculative.hpp).
 #include "exl3/runtime/speculative.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 #include <vector>
 
 #include "exl3/error.hpp"
@@ -24,153 +25,203 @@ constexpr int kMaxDraftTokens = 16;
 // The draft sampler's seed is the target's with these bits flipped: two independent streams.
 constexpr uint64_t kDraftSeedXor = 0x9E3779B97F4A7C15ull;
 
-// A sequence dropped when the generation ends, however it ends.
-struct OwnedSequence {
-  Engine& engine;
-  Engine::SeqId id;
-  explicit OwnedSequence(Engine& e) : engine(e), id(e.new_sequence()) {}
-  ~OwnedSequence() { engine.drop_sequence(id); }
-  OwnedSequence(const OwnedSequence&) = delete;
-  OwnedSequence& operator=(const OwnedSequence&) = delete;
-};
+SamplingOptions draft_sampling(SamplingOptions s) {
+  s.seed ^= kDraftSeedXor;
+  return s;
+}
 
 }  // namespace
 
-GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<const int32_t> prompt,
-                                    const GenerateOptions& opts, const SpeculativeOptions& spec,
-                                    SpeculativeStats* stats,
-                                    const std::function<bool(int32_t)>& on_token) {
-  if (prompt.empty()) fail("speculative decoding: the prompt has no tokens");
-  if (opts.max_new_tokens < 0) {
-    fail("speculative decoding: max_new_tokens {} is negative", opts.max_new_tokens);
+// One sequence: its ids in both engines, its samplers, the stream so far (prompt + emitted), and
+// what each cache still lacks. The target's cache holds the stream but `next` (the last emitted
+// token); the draft's holds the stream but `pending`.
+struct SpeculativeDecoder::Seq {
+  Engine::SeqId t = -1, d = -1;
+  Sampler sampler, draft_sampler;
+  bool greedy, penalty;
+  std::vector<int32_t> stream, pending, drafts;
+  std::vector<std::vector<float>> q;  // sampling: the draft's probability of each id, per draft
+  int32_t next = -1;
+  int k = 0;  // this round's draft count
+  SpeculativeStats stats;
+
+  explicit Seq(const SamplingOptions& s)
+      : sampler(s),
+        draft_sampler(draft_sampling(s)),
+        greedy(s.temperature == 0.0f),
+        penalty(s.repetition_penalty != 1.0f) {}
+  // The history the repetition penalty reads (none without a penalty: no copies to pass).
+  std::span<const int32_t> hist(std::span<const int32_t> h) const {
+    return penalty ? h : std::span<const int32_t>{};
   }
+};
+
+SpeculativeDecoder::SpeculativeDecoder(Engine& target, Engine& draft,
+                                       const SpeculativeOptions& spec)
+    : target_(target), draft_(draft), spec_(spec) {
   if (spec.draft_tokens < 1 || spec.draft_tokens > kMaxDraftTokens) {
     fail("speculative decoding: draft tokens {} outside 1..{}", spec.draft_tokens, kMaxDraftTokens);
   }
-  const int64_t vocab = target.spec().vocab_size;
-  if (draft.spec().vocab_size != vocab) {
+  if (draft.spec().vocab_size != target.spec().vocab_size) {
     fail(
         "speculative decoding: the draft model's vocabulary has {} tokens, the target's {}; hint: "
         "the draft must share the target's tokenizer",
-        draft.spec().vocab_size, vocab);
+        draft.spec().vocab_size, target.spec().vocab_size);
   }
-  const auto n_prompt = static_cast<int64_t>(prompt.size());
-  check_context_length(target.spec(), n_prompt, opts.max_new_tokens);
-  check_context_length(draft.spec(), n_prompt, opts.max_new_tokens, "the draft model");
+}
 
-  // The target's sampler and the draft's (its own stream, seeded apart). The repetition penalty
-  // reads the stream so far, as in generate().
-  Sampler sampler(opts.sampling);
-  SamplingOptions draft_opts = opts.sampling;
-  draft_opts.seed ^= kDraftSeedXor;
-  Sampler draft_sampler(draft_opts);
-  const bool greedy = opts.sampling.temperature == 0.0f;
-  const bool penalty = opts.sampling.repetition_penalty != 1.0f;
-  std::vector<int32_t> stream(prompt.begin(), prompt.end());  // prompt + emitted tokens
-  const auto hist = [&](std::span<const int32_t> history) {
-    return penalty ? history : std::span<const int32_t>{};
-  };
-  const auto pick = [&](std::span<const float> logits, std::span<const int32_t> history) {
-    return sampler.sample(logits, hist(history));
-  };
-  // Sampling: q[i][id], the draft's probability of each id at draft position i.
-  std::vector<std::vector<float>> q;
+SpeculativeDecoder::~SpeculativeDecoder() {
+  for (size_t h = 0; h < seqs_.size(); ++h) {
+    if (seqs_[h]) remove(static_cast<int>(h));
+  }
+}
 
-  GenerateResult r;
-  r.prompt_tokens = n_prompt;
-  SpeculativeStats local;
-  SpeculativeStats& st = stats != nullptr ? *stats : local;
-  st = {};
-  OwnedSequence seq_t(target), seq_d(draft);
+SpeculativeDecoder::Seq& SpeculativeDecoder::seq(int handle) {
+  return const_cast<Seq&>(std::as_const(*this).seq(handle));
+}
 
-  auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = target.forward(seq_t.id, prompt, LogitsMode::kLast);
-  draft.forward(seq_d.id, prompt, LogitsMode::kLast);
-  r.prompt_seconds = seconds_since(t0);
-  r.stop_reason = "max_tokens";
+const SpeculativeDecoder::Seq& SpeculativeDecoder::seq(int handle) const {
+  if (handle < 0 || static_cast<size_t>(handle) >= seqs_.size() || !seqs_[handle]) {
+    fail("speculative decoding: no sequence {}", handle);
+  }
+  return *seqs_[static_cast<size_t>(handle)];
+}
 
-  // false: generation ends (a stop token, or the callback said so).
-  const auto emit = [&](int32_t tok) {
-    if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), tok) !=
-        opts.stop_tokens.end()) {
-      r.stop_reason = "stop_token";
-      r.stop_token = tok;
-      return false;
+const SpeculativeStats& SpeculativeDecoder::stats(int handle) const {
+  return seq(handle).stats;
+}
+
+SpeculativeDecoder::Added SpeculativeDecoder::add(std::span<const int32_t> prompt,
+                                                  const SamplingOptions& sampling) {
+  if (prompt.empty()) fail("speculative decoding: the prompt has no tokens");
+  auto s = std::make_unique<Seq>(sampling);
+  s->t = target_.new_sequence();
+  s->d = draft_.new_sequence();
+  const int handle = static_cast<int>(seqs_.size());
+  seqs_.push_back(std::move(s));
+  Seq& q = *seqs_.back();
+  try {
+    const std::vector<float> logits = target_.forward(q.t, prompt, LogitsMode::kLast);
+    draft_.forward(q.d, prompt, LogitsMode::kLast);
+    q.stream.assign(prompt.begin(), prompt.end());
+    q.next = q.sampler.sample(logits, q.hist(q.stream));
+  } catch (...) {
+    remove(handle);
+    throw;
+  }
+  q.stream.push_back(q.next);
+  q.pending = {q.next};
+  return {handle, q.next};
+}
+
+void SpeculativeDecoder::remove(int handle) {
+  Seq& s = seq(handle);
+  target_.drop_sequence(s.t);
+  draft_.drop_sequence(s.d);
+  seqs_[static_cast<size_t>(handle)].reset();
+}
+
+std::vector<std::vector<int32_t>> SpeculativeDecoder::round(std::span<const Slot> slots) {
+  if (slots.empty()) return {};
+  const int64_t vocab = target_.spec().vocab_size;
+  std::vector<Seq*> ss;
+  for (const Slot& sl : slots) {
+    Seq& s = seq(sl.handle);
+    if (sl.draft_tokens < 0 || sl.draft_tokens > spec_.draft_tokens) {
+      fail("speculative decoding: {} draft tokens for sequence {} (0..{})", sl.draft_tokens,
+           sl.handle, spec_.draft_tokens);
     }
-    r.tokens.push_back(tok);
-    stream.push_back(tok);
-    if (on_token && !on_token(tok)) {
-      r.stop_reason = "callback";
-      return false;
+    if (std::find(ss.begin(), ss.end(), &s) != ss.end()) {
+      fail("speculative decoding: sequence {} twice in one round", sl.handle);
     }
-    return true;
-  };
-  if (opts.max_new_tokens == 0) return r;
-  int32_t next = pick(logits, stream);
-  if (!emit(next)) return r;
+    s.k = sl.draft_tokens;
+    s.drafts.clear();
+    ss.push_back(&s);
+  }
 
-  // The target's cache holds the stream but `next`; the draft's holds the stream but `pending`.
-  std::vector<int32_t> pending = {next}, drafts, feed;
-  std::vector<std::pair<float, int32_t>> residual;
-  while (static_cast<int64_t>(r.tokens.size()) < opts.max_new_tokens) {
-    t0 = std::chrono::steady_clock::now();
-    const int64_t remaining = opts.max_new_tokens - static_cast<int64_t>(r.tokens.size());
-    // A round emits up to k + 1 tokens; the last round drafts only what it can still emit.
-    const auto k = static_cast<int>(std::min<int64_t>(spec.draft_tokens, remaining - 1));
-    const auto base = static_cast<int64_t>(stream.size());  // with `next`
-    drafts.clear();
-    if (k > 0) {
-      std::vector<int32_t> dstream = stream;
-      std::vector<float> dl = draft.forward(seq_d.id, pending, LogitsMode::kLast);
-      pending.clear();
-      for (int i = 0; i < k; ++i) {
-        int32_t tok = 0;
-        if (greedy) {
-          tok = draft_sampler.sample(dl, hist(dstream));
-        } else {
-          const Sampler::Weights w = draft_sampler.weights(dl, hist(dstream));
-          q.resize(static_cast<size_t>(k));
-          auto& qi = q[static_cast<size_t>(i)];
-          qi.assign(static_cast<size_t>(vocab), 0.0f);
-          for (const auto& [wt, id] : w.entries) {
-            qi[static_cast<size_t>(id)] = static_cast<float>(wt / w.total);
-          }
-          tok = draft_sampler.draw(w);
-        }
-        drafts.push_back(tok);
-        dstream.push_back(tok);
-        if (i + 1 < k) dl = draft.forward(seq_d.id, {&tok, 1}, LogitsMode::kLast);
+  // Drafts: step i feeds each drafting sequence what its cache lacks (step 0) or its draft i - 1,
+  // all as one batch, and draws its draft i from the logits.
+  const int steps = std::ranges::max(slots, {}, &Slot::draft_tokens).draft_tokens;
+  std::vector<Engine::BatchEntry> batch;
+  std::vector<Seq*> in_batch;
+  for (int i = 0; i < steps; ++i) {
+    batch.clear();
+    in_batch.clear();
+    for (Seq* s : ss) {
+      if (i >= s->k) continue;
+      const std::span<const int32_t> feed =
+          i == 0 ? std::span<const int32_t>(s->pending) : std::span(s->drafts).subspan(i - 1, 1);
+      batch.push_back({s->d, feed, LogitsMode::kLast});
+      in_batch.push_back(s);
+    }
+    const auto logits = draft_.forward_batch(batch);
+    for (size_t b = 0; b < in_batch.size(); ++b) {
+      Seq& s = *in_batch[b];
+      if (i == 0) s.pending.clear();
+      std::vector<int32_t> history;  // the penalty's: the stream and the drafts so far
+      if (s.penalty) {
+        history = s.stream;
+        history.insert(history.end(), s.drafts.begin(), s.drafts.end());
       }
+      int32_t tok = 0;
+      if (s.greedy) {
+        tok = s.draft_sampler.sample(logits[b], s.hist(history));
+      } else {
+        const Sampler::Weights w = s.draft_sampler.weights(logits[b], s.hist(history));
+        s.q.resize(static_cast<size_t>(s.k));
+        auto& qi = s.q[static_cast<size_t>(i)];
+        qi.assign(static_cast<size_t>(vocab), 0.0f);
+        for (const auto& [wt, id] : w.entries) {
+          qi[static_cast<size_t>(id)] = static_cast<float>(wt / w.total);
+        }
+        tok = s.draft_sampler.draw(w);
+      }
+      s.drafts.push_back(tok);
     }
-    // The target scores `next` and every draft in one pass: row i is its choice after draft i.
-    feed.assign(1, next);
-    feed.insert(feed.end(), drafts.begin(), drafts.end());
-    const std::vector<float> rows = target.forward(seq_t.id, feed, LogitsMode::kAll);
+  }
+
+  // The target scores each sequence's `next` and drafts in one pass: row i is its choice after
+  // draft i.
+  std::vector<std::vector<int32_t>> feeds(ss.size());
+  batch.clear();
+  for (size_t j = 0; j < ss.size(); ++j) {
+    feeds[j].assign(1, ss[j]->next);
+    feeds[j].insert(feeds[j].end(), ss[j]->drafts.begin(), ss[j]->drafts.end());
+    batch.push_back({ss[j]->t, feeds[j], LogitsMode::kAll});
+  }
+  const auto rows = target_.forward_batch(batch);
+
+  std::vector<std::vector<int32_t>> out(ss.size());
+  std::vector<std::pair<float, int32_t>> residual;
+  for (size_t j = 0; j < ss.size(); ++j) {
+    Seq& s = *ss[j];
     const auto row = [&](int i) {
-      return std::span<const float>(rows).subspan(static_cast<size_t>(i) * vocab, vocab);
+      return std::span<const float>(rows[j]).subspan(static_cast<size_t>(i) * vocab, vocab);
     };
-    std::vector<int32_t> tstream = stream;
+    std::vector<int32_t> tstream;  // the penalty's: the stream and the kept drafts
+    if (s.penalty) tstream = s.stream;
     int accepted = 0;
     int32_t bonus = -1;
-    if (greedy) {
-      while (accepted < k &&
-             pick(row(accepted), tstream) == drafts[static_cast<size_t>(accepted)]) {
-        tstream.push_back(drafts[static_cast<size_t>(accepted)]);
+    if (s.greedy) {
+      // A draft is kept while it is the target's own choice.
+      while (accepted < s.k && s.sampler.sample(row(accepted), s.hist(tstream)) ==
+                                   s.drafts[static_cast<size_t>(accepted)]) {
+        if (s.penalty) tstream.push_back(s.drafts[static_cast<size_t>(accepted)]);
         ++accepted;
       }
-      bonus = pick(row(accepted), tstream);
+      bonus = s.sampler.sample(row(accepted), s.hist(tstream));
     } else {
-      while (accepted < k && bonus < 0) {
-        const int32_t d = drafts[static_cast<size_t>(accepted)];
-        const auto& qi = q[static_cast<size_t>(accepted)];
-        const Sampler::Weights p = sampler.weights(row(accepted), hist(tstream));
+      while (accepted < s.k && bonus < 0) {
+        const int32_t d = s.drafts[static_cast<size_t>(accepted)];
+        const auto& qi = s.q[static_cast<size_t>(accepted)];
+        const Sampler::Weights p = s.sampler.weights(row(accepted), s.hist(tstream));
         double pd = 0.0;
         for (const auto& [wt, id] : p.entries) {
           if (id == d) pd = wt / p.total;
         }
         // Keep d with probability min(1, p(d) / q(d)) ...
-        if (sampler.uniform() * qi[static_cast<size_t>(d)] < pd) {
-          tstream.push_back(d);
+        if (s.sampler.uniform() * qi[static_cast<size_t>(d)] < pd) {
+          if (s.penalty) tstream.push_back(d);
           ++accepted;
           continue;
         }
@@ -182,32 +233,85 @@ GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<con
           if (left > 0.0) residual.push_back({static_cast<float>(left), id});
           total += static_cast<float>(left);
         }
-        bonus = residual.empty() ? sampler.draw(p) : sampler.draw({residual, total});
+        bonus = residual.empty() ? s.sampler.draw(p) : s.sampler.draw({residual, total});
       }
-      if (bonus < 0) bonus = sampler.draw(sampler.weights(row(accepted), hist(tstream)));
+      if (bonus < 0) bonus = s.sampler.draw(s.sampler.weights(row(accepted), s.hist(tstream)));
     }
-    ++st.rounds;
-    st.drafted += k;
-    st.accepted += accepted;
+    ++s.stats.rounds;
+    s.stats.drafted += s.k;
+    s.stats.accepted += accepted;
 
-    // Both caches keep the stream and the accepted drafts; the draft then owes what it lacks.
-    const int64_t kept = base + accepted;
-    target.truncate_sequence(seq_t.id, kept);
-    if (draft.sequence_length(seq_d.id) > kept) draft.truncate_sequence(seq_d.id, kept);
+    // Both caches keep the stream and the kept drafts; the draft then lacks at most its last
+    // draft and the bonus, and is fed them first next round.
+    const auto kept = static_cast<int64_t>(s.stream.size()) + accepted;
+    target_.truncate_sequence(s.t, kept);
+    if (draft_.sequence_length(s.d) > kept) draft_.truncate_sequence(s.d, kept);
+    out[j].assign(s.drafts.begin(), s.drafts.begin() + accepted);
+    out[j].push_back(bonus);
+    s.stream.insert(s.stream.end(), out[j].begin(), out[j].end());
+    s.next = bonus;
+    const auto dlen = static_cast<size_t>(draft_.sequence_length(s.d));
+    s.pending.assign(s.stream.begin() + static_cast<std::ptrdiff_t>(dlen), s.stream.end());
+  }
+  return out;
+}
+
+GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<const int32_t> prompt,
+                                    const GenerateOptions& opts, const SpeculativeOptions& spec,
+                                    SpeculativeStats* stats,
+                                    const std::function<bool(int32_t)>& on_token) {
+  if (prompt.empty()) fail("speculative decoding: the prompt has no tokens");
+  if (opts.max_new_tokens < 0) {
+    fail("speculative decoding: max_new_tokens {} is negative", opts.max_new_tokens);
+  }
+  SpeculativeDecoder dec(target, draft, spec);
+  const auto n_prompt = static_cast<int64_t>(prompt.size());
+  check_context_length(target.spec(), n_prompt, opts.max_new_tokens);
+  check_context_length(draft.spec(), n_prompt, opts.max_new_tokens, "the draft model");
+
+  GenerateResult r;
+  r.prompt_tokens = n_prompt;
+  r.stop_reason = "max_tokens";
+  if (stats != nullptr) *stats = {};
+  if (opts.max_new_tokens == 0) return r;
+  // false: generation ends (a stop token, or the callback said so).
+  const auto emit = [&](int32_t tok) {
+    if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), tok) !=
+        opts.stop_tokens.end()) {
+      r.stop_reason = "stop_token";
+      r.stop_token = tok;
+      return false;
+    }
+    r.tokens.push_back(tok);
+    if (on_token && !on_token(tok)) {
+      r.stop_reason = "callback";
+      return false;
+    }
+    return true;
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  const auto added = dec.add(prompt, opts.sampling);
+  r.prompt_seconds = seconds_since(t0);
+  const auto finish = [&] {
+    if (stats != nullptr) *stats = dec.stats(added.handle);
+    return r;
+  };
+  if (!emit(added.first)) return finish();
+  while (static_cast<int64_t>(r.tokens.size()) < opts.max_new_tokens) {
+    t0 = std::chrono::steady_clock::now();
+    const int64_t remaining = opts.max_new_tokens - static_cast<int64_t>(r.tokens.size());
+    // A round emits up to k + 1 tokens; the last round drafts only what it can still emit.
+    const SpeculativeDecoder::Slot slot{
+        added.handle, static_cast<int>(std::min<int64_t>(spec.draft_tokens, remaining - 1))};
+    const auto out = dec.round({&slot, 1});
     r.decode_seconds += seconds_since(t0);
     ++r.decode_steps;
-    r.decode_tokens += accepted + 1;
-    for (int i = 0; i < accepted; ++i) {
-      if (!emit(drafts[static_cast<size_t>(i)])) return r;
+    r.decode_tokens += static_cast<int64_t>(out[0].size());
+    for (const int32_t tok : out[0]) {
+      if (!emit(tok)) return finish();
     }
-    if (!emit(bonus)) return r;
-    next = bonus;
-    // The draft's cache holds stream[0 .. its length); it is fed the rest (`next` included) first
-    // thing next round: one token, or two when it had proposed every accepted draft.
-    const auto dlen = static_cast<size_t>(draft.sequence_length(seq_d.id));
-    pending.assign(stream.begin() + static_cast<std::ptrdiff_t>(dlen), stream.end());
   }
-  return r;
+  return finish();
 }
 
 }  // namespace exl3::runtime

@@ -2,7 +2,9 @@
 // generate()'s token for token for k = 1..4, with a draft that always agrees (the target's own
 // weights in a second engine), one that mostly disagrees (another random model) and the EXL3
 // MoE conformance model; stop tokens, the repetition penalty and the callback stop it where
-// generate() stops; both engines' KV pages all come back; bad options fail clearly. Sampling:
+// generate() stops; rounds over a batch of sequences keeping different numbers of drafts equal
+// plain greedy per sequence; both engines' KV pages all come back; bad options fail clearly.
+// Sampling:
 // the generated tokens follow the target's exact distribution (a chi-square test over seeded
 // runs). Also the KV cache's truncate and Engine::truncate_sequence.
 #include <array>
@@ -116,6 +118,62 @@ TEST(Speculative, GreedyEqualsPlainForEveryDraftAndK) {
   EXPECT_EQ(m.target->free_cache_tokens(), full);
   EXPECT_EQ(m.same->free_cache_tokens(), full);
   EXPECT_EQ(m.other->free_cache_tokens(), full);
+}
+
+// Rounds over four sequences at once (one batched pass per draft step, one batched verify pass):
+// each sequence's tokens equal its plain greedy ones, though the sequences keep different numbers
+// of drafts in the same round (the near draft agrees part of the time) and one sequence takes
+// plain steps (0 drafts) throughout; every KV page comes back when the decoder goes.
+TEST(Speculative, BatchedRoundsEqualPlainPerSequence) {
+  Models m;
+  const int64_t full = m.target->free_cache_tokens();
+  const std::vector<std::vector<int32_t>> prompts = {
+      {3, 4, 5}, {100, 200, 300, 400}, {7, 7, 7, 7, 7, 7}, {511, 0}};
+  GenerateOptions go;
+  go.max_new_tokens = 20;
+  std::vector<std::vector<int32_t>> want, got(prompts.size());
+  for (const auto& p : prompts) want.push_back(generate(*m.target, p, go).tokens);
+  bool differing = false;
+  {
+    SpeculativeDecoder dec(*m.target, *m.near, {3});
+    std::vector<int> handles;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto a = dec.add(prompts[i], go.sampling);
+      handles.push_back(a.handle);
+      got[i].push_back(a.first);
+    }
+    for (;;) {
+      std::vector<SpeculativeDecoder::Slot> slots;
+      std::vector<size_t> which;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        const int64_t left = go.max_new_tokens - static_cast<int64_t>(got[i].size());
+        if (left <= 0) continue;
+        const int k = i == 3 ? 0 : static_cast<int>(std::min<int64_t>(3, left - 1));
+        slots.push_back({handles[i], k});
+        which.push_back(i);
+      }
+      if (slots.empty()) break;
+      const auto out = dec.round(slots);
+      ASSERT_EQ(out.size(), slots.size());
+      for (size_t j = 0; j < out.size(); ++j) {
+        auto& g = got[which[j]];
+        g.insert(g.end(), out[j].begin(), out[j].end());
+        if (out[j].size() != out[0].size()) differing = true;
+      }
+    }
+    EXPECT_EQ(dec.stats(handles[3]).drafted, 0);
+    const std::vector<SpeculativeDecoder::Slot> twice = {{handles[0], 1}, {handles[0], 1}};
+    EXPECT_THAT(test::error_of([&] { dec.round(twice); }), testing::HasSubstr("twice"));
+    const std::vector<SpeculativeDecoder::Slot> many = {{handles[0], 4}};
+    EXPECT_THAT(test::error_of([&] { dec.round(many); }), testing::HasSubstr("0..3"));
+    dec.remove(handles[1]);
+    const std::vector<SpeculativeDecoder::Slot> gone = {{handles[1], 1}};
+    EXPECT_THAT(test::error_of([&] { dec.round(gone); }), testing::HasSubstr("no sequence"));
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_TRUE(differing);
+  EXPECT_EQ(m.target->free_cache_tokens(), full);
+  EXPECT_EQ(m.near->free_cache_tokens(), full);
 }
 
 TEST(Speculative, StopsWherePlainStops) {

@@ -17,7 +17,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
+#include <vector>
 
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
@@ -39,11 +41,57 @@ struct SpeculativeStats {
   double tokens_per_round() const;
 };
 
-// generate() for `target` with `draft` proposing. Refuses, naming the problem, k outside 1..16, a
-// draft whose vocabulary size differs from the target's, and (check_context_length) a prompt +
-// max_new_tokens past either model's limit. The draft samples with opts.sampling and its own
-// stream (the seed with fixed bits flipped).
-// decode_steps in the result counts the target's passes after the prompt.
+// Rounds of speculative decoding over any number of sequences at once: every draft step runs
+// the sequences' drafts as one batch, and the verify pass scores every sequence's drafts in one
+// target pass, whatever each sequence's draft count and however many of its drafts it keeps.
+// The decoder owns its sequences in both engines (dropped by remove() or its destructor); the
+// caller decides when a sequence ends (stop tokens, lengths) from the tokens a round returns.
+class SpeculativeDecoder {
+ public:
+  // Refuses, naming the problem, k outside 1..16 and a draft whose vocabulary size differs from
+  // the target's.
+  SpeculativeDecoder(Engine& target, Engine& draft, const SpeculativeOptions& spec);
+  ~SpeculativeDecoder();
+  SpeculativeDecoder(const SpeculativeDecoder&) = delete;
+  SpeculativeDecoder& operator=(const SpeculativeDecoder&) = delete;
+
+  struct Added {
+    int handle = -1;
+    int32_t first = -1;  // the first generated token, sampled from the prompt pass
+  };
+  // Prefills `prompt` (non-empty) in both engines and samples the first token with `sampling`
+  // (this sequence's own samplers: the target's seeded with sampling.seed, the draft's with
+  // fixed bits of it flipped).
+  Added add(std::span<const int32_t> prompt, const SamplingOptions& sampling);
+  void remove(int handle);
+
+  struct Slot {
+    int handle = -1;
+    int draft_tokens = 0;  // 0..k: 0 makes a plain target step
+  };
+  // One round for each listed sequence (each at most once): the tokens it emits, in order (its
+  // kept drafts, then one token of the target's: 1 to draft_tokens + 1 of them). A round that
+  // throws from an engine (e.g. a full KV pool) leaves its sequences unusable: remove them.
+  std::vector<std::vector<int32_t>> round(std::span<const Slot> slots);
+
+  const SpeculativeStats& stats(int handle) const;
+  int draft_tokens() const { return spec_.draft_tokens; }
+
+ private:
+  struct Seq;
+  Seq& seq(int handle);
+  const Seq& seq(int handle) const;
+
+  Engine& target_;
+  Engine& draft_;
+  SpeculativeOptions spec_;
+  std::vector<std::unique_ptr<Seq>> seqs_;  // by handle; null once removed
+};
+
+// generate() for `target` with `draft` proposing (a SpeculativeDecoder over one sequence).
+// Refuses what SpeculativeDecoder refuses and (check_context_length) a prompt + max_new_tokens
+// past either model's limit. decode_steps in the result counts the target's passes after the
+// prompt.
 GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<const int32_t> prompt,
                                     const GenerateOptions& opts, const SpeculativeOptions& spec,
                                     SpeculativeStats* stats = nullptr,
