@@ -188,7 +188,10 @@ Runner add_bench_model(CLI::App& app, Common&) {
             ? o->cache_tokens
             : std::max({biggest * (o->bench.context + o->bench.decode_steps + 2) + 64 * biggest,
                         o->bench.prefill_tokens + 64,
-                        3 * (o->bench.context + o->bench.decode_steps + o->draft_tokens + 64)});
+                        // --draft-tokens: two sequences at once (the model drafting for itself)
+                        o->draft_tokens > 0
+                            ? 3 * (o->bench.context + o->bench.decode_steps + o->draft_tokens + 64)
+                            : 0});
     std::fprintf(stderr, "loading %s on %s ...\n", dir.string().c_str(), o->device.c_str());
     const auto load_start = std::chrono::steady_clock::now();
     auto engine = runtime::load_engine(ckpt, eo);

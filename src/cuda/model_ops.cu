@@ -14,7 +14,7 @@
 namespace exl3::cuda {
 namespace {
 
-using namespace detail;  // kNegBig, kv_slot, warp_max, warp_sum (cuda/paged_kv.cuh)
+using namespace detail;  // kNegBig, kv_slot, warp_max, warp_sum, blocks_for (cuda/paged_kv.cuh)
 
 __device__ __forceinline__ float load_as_f32(const void* p, DType t, int64_t i) {
   if (t == DType::kF32) return static_cast<const float*>(p)[i];
@@ -31,10 +31,6 @@ __device__ float block_sum(float v, float* scratch /* [32] */) {
   __syncthreads();
   float t = lane < warps ? scratch[lane] : 0.0f;
   return warp_sum(t);
-}
-
-inline unsigned blocks_for(int64_t n, int threads) {
-  return static_cast<unsigned>((n + threads - 1) / threads);
 }
 
 // ---- embeddings, norms, elementwise ---------------------------------------------------------

@@ -1,5 +1,6 @@
-// Device helpers shared by the model kernels (model_ops.cu) and the decode attention
-// (attention_decode.cu): the paged-KV slot of a position, warp reductions, the "no score" value.
+// Helpers shared by the model kernels (model_ops.cu), the decode attention (attention_decode.cu)
+// and the routers (router.cu): the paged-KV slot of a position, warp reductions, the "no score"
+// value, and the grid size of a launch.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,11 @@
 #include "exl3/cuda/model_ops.hpp"
 
 namespace exl3::cuda::detail {
+
+// Blocks of `per` items that cover n items.
+inline unsigned blocks_for(int64_t n, int per) {
+  return static_cast<unsigned>((n + per - 1) / per);
+}
 
 constexpr float kNegBig = -1e30f;  // "no score yet": finite, so exp(kNegBig - m) is 0, never NaN
 

@@ -10,11 +10,7 @@
 namespace exl3::cuda {
 namespace {
 
-using namespace detail;  // warp_max, warp_sum (cuda/paged_kv.cuh)
-
-inline unsigned blocks_for(int64_t n, int per) {
-  return static_cast<unsigned>((n + per - 1) / per);
-}
+using namespace detail;  // warp_max, warp_sum, blocks_for (cuda/paged_kv.cuh)
 
 // Warp argmax over the lanes' candidates (value, id): larger value wins, ties to the lower id.
 __device__ __forceinline__ void warp_argmax(float& v, int& id) {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "exl3/error.hpp"
+#include "generation_loop.hpp"
 #include "stopwatch.hpp"
 
 namespace exl3::runtime {
@@ -142,10 +143,30 @@ void check_context_length(const ModelSpec& spec, int64_t prompt_tokens, int64_t 
       limit - prompt_tokens);
 }
 
+void check_generate_request(std::string_view what, std::span<const int32_t> prompt,
+                            const GenerateOptions& opts) {
+  if (prompt.empty()) fail("{}: the prompt has no tokens", what);
+  if (opts.max_new_tokens < 0) fail("{}: max_new_tokens {} is negative", what, opts.max_new_tokens);
+}
+
+bool emit_token(GenerateResult& r, int32_t tok, const GenerateOptions& opts,
+                const std::function<bool(int32_t)>& on_token) {
+  if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), tok) != opts.stop_tokens.end()) {
+    r.stop_reason = "stop_token";
+    r.stop_token = tok;
+    return false;
+  }
+  r.tokens.push_back(tok);
+  if (on_token && !on_token(tok)) {
+    r.stop_reason = "callback";
+    return false;
+  }
+  return true;
+}
+
 GenerateResult generate(Engine& engine, std::span<const int32_t> prompt,
                         const GenerateOptions& opts, const std::function<bool(int32_t)>& on_token) {
-  if (prompt.empty()) fail("generate: the prompt has no tokens");
-  if (opts.max_new_tokens < 0) fail("generate: max_new_tokens {} is negative", opts.max_new_tokens);
+  check_generate_request("generate", prompt, opts);
   check_context_length(engine.spec(), static_cast<int64_t>(prompt.size()), opts.max_new_tokens);
   Sampler sampler(opts.sampling);
   GenerateResult r;
@@ -167,17 +188,7 @@ GenerateResult generate(Engine& engine, std::span<const int32_t> prompt,
   while (static_cast<int64_t>(r.tokens.size()) < opts.max_new_tokens) {
     const int32_t tok = sampler.sample(logits, history);
     if (opts.sampling.repetition_penalty != 1.0f) history.push_back(tok);
-    if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), tok) !=
-        opts.stop_tokens.end()) {
-      r.stop_reason = "stop_token";
-      r.stop_token = tok;
-      break;
-    }
-    r.tokens.push_back(tok);
-    if (on_token && !on_token(tok)) {
-      r.stop_reason = "callback";
-      break;
-    }
+    if (!emit_token(r, tok, opts, on_token)) break;
     if (static_cast<int64_t>(r.tokens.size()) >= opts.max_new_tokens) break;
     t0 = std::chrono::steady_clock::now();
     logits = engine.forward(seq, {&tok, 1}, LogitsMode::kLast);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "exl3/error.hpp"
+#include "generation_loop.hpp"
 #include "stopwatch.hpp"
 
 namespace exl3::runtime {
@@ -260,10 +261,7 @@ GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<con
                                     const GenerateOptions& opts, const SpeculativeOptions& spec,
                                     SpeculativeStats* stats,
                                     const std::function<bool(int32_t)>& on_token) {
-  if (prompt.empty()) fail("speculative decoding: the prompt has no tokens");
-  if (opts.max_new_tokens < 0) {
-    fail("speculative decoding: max_new_tokens {} is negative", opts.max_new_tokens);
-  }
+  check_generate_request("speculative decoding", prompt, opts);
   SpeculativeDecoder dec(target, draft, spec);
   const auto n_prompt = static_cast<int64_t>(prompt.size());
   check_context_length(target.spec(), n_prompt, opts.max_new_tokens);
@@ -274,21 +272,7 @@ GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<con
   r.stop_reason = "max_tokens";
   if (stats != nullptr) *stats = {};
   if (opts.max_new_tokens == 0) return r;
-  // false: generation ends (a stop token, or the callback said so).
-  const auto emit = [&](int32_t tok) {
-    if (std::find(opts.stop_tokens.begin(), opts.stop_tokens.end(), tok) !=
-        opts.stop_tokens.end()) {
-      r.stop_reason = "stop_token";
-      r.stop_token = tok;
-      return false;
-    }
-    r.tokens.push_back(tok);
-    if (on_token && !on_token(tok)) {
-      r.stop_reason = "callback";
-      return false;
-    }
-    return true;
-  };
+  const auto emit = [&](int32_t tok) { return emit_token(r, tok, opts, on_token); };
   auto t0 = std::chrono::steady_clock::now();
   const auto added = dec.add(prompt, opts.sampling);
   r.prompt_seconds = seconds_since(t0);
