@@ -108,8 +108,9 @@ Runner add_bench_model(CLI::App& app, Common&) {
                  "Seed of the random token ids (and of --synthetic weights)")
       ->capture_default_str();
   app.add_option("--draft-tokens", o->draft_tokens,
-                 "Also time speculative decoding at batch 1 with K draft tokens per round, the "
-                 "model drafting for itself: every draft kept, then none (see below)")
+                 "Also time speculative decoding at each --batch with up to K draft tokens per "
+                 "round, the model drafting for itself: every draft kept, none kept, and the "
+                 "adaptive count with none kept (see below)")
       ->check(CLI::Range(1, 16));
   app.add_option("--json", o->json_path, "Also write the results as JSON to this file");
   add_tp_option(app, o->tp);
@@ -125,13 +126,14 @@ Runner add_bench_model(CLI::App& app, Common&) {
       "reads at\n"
       "batch 1 (non-expert linears, lm_head, top-k experts per MoE layer); % = decode tok/s / "
       "ceiling.\n"
-      "--draft-tokens K: generate --steps tokens after --context, plainly and speculatively with\n"
-      "the model as its own draft, greedy: every draft kept (K + 1 tokens per round) and none "
-      "kept\n"
-      "(its logits shifted by one id: 1 token per round). Any real draft's acceptance lands\n"
-      "between the two; the verify pass (K + 1 tokens) against a decode step sets the ceiling of "
-      "a\n"
-      "draft that costs nothing.\n\n"
+      "--draft-tokens K: each batch's sequences generate --steps tokens after --context, in "
+      "rounds\n"
+      "of plain steps and speculatively with the model as its own draft, greedy: K drafts with\n"
+      "every draft kept (K + 1 tokens per round) and none kept (its logits shifted by one id: 1\n"
+      "token per round); any real draft's acceptance lands between the two. Then the adaptive\n"
+      "count (generate's default) with none kept: its loss against plain is what a useless draft\n"
+      "costs. The verify pass (K + 1 tokens per sequence) against a plain step sets the ceiling\n"
+      "of a draft that costs nothing.\n\n"
       "Examples:\n"
       "  exl3 bench model --synthetic qwen3-30b-a3b --bits 4 --out /tmp/q30 --json q30.json\n"
       "  exl3 bench model ./Qwen3-30B-A3B-exl3-4bpw --batch 1,8 --prefill 2048\n"
@@ -188,9 +190,11 @@ Runner add_bench_model(CLI::App& app, Common&) {
             ? o->cache_tokens
             : std::max({biggest * (o->bench.context + o->bench.decode_steps + 2) + 64 * biggest,
                         o->bench.prefill_tokens + 64,
-                        // --draft-tokens: two sequences at once (the model drafting for itself)
+                        // --draft-tokens: two sequences per stream (the model drafting for
+                        // itself)
                         o->draft_tokens > 0
-                            ? 3 * (o->bench.context + o->bench.decode_steps + o->draft_tokens + 64)
+                            ? 2 * biggest *
+                                  (o->bench.context + o->bench.decode_steps + o->draft_tokens + 64)
                             : 0});
     std::fprintf(stderr, "loading %s on %s ...\n", dir.string().c_str(), o->device.c_str());
     const auto load_start = std::chrono::steady_clock::now();
@@ -263,28 +267,41 @@ Runner add_bench_model(CLI::App& app, Common&) {
     nlohmann::json speculative = nullptr;
     if (o->draft_tokens > 0) {
       const auto sp = runtime::bench_speculative(*engine, o->draft_tokens, o->bench);
-      const double ratio = sp.verify_seconds / sp.decode_step_seconds;
+      const int k = sp.draft_tokens;
       std::printf(
-          "speculative, batch 1, %d draft tokens, the model drafting for itself (%lld tokens):\n"
-          "  plain %.1f tok/s | every draft kept %.1f tok/s (acceptance %.2f) | none kept %.1f "
-          "tok/s (acceptance %.2f)\n"
-          "  verify pass (%d tokens) %.3f ms = %.2f decode steps -> %.1f tok/s with a free draft "
-          "at full acceptance\n",
-          sp.draft_tokens, static_cast<long long>(sp.tokens), sp.plain_tokens_per_second,
-          sp.all_tokens_per_second, sp.all_acceptance, sp.none_tokens_per_second,
-          sp.none_acceptance, sp.draft_tokens + 1, 1e3 * sp.verify_seconds, ratio,
-          (sp.draft_tokens + 1) / sp.verify_seconds);
-      speculative = {
-          {"draft_tokens", sp.draft_tokens},
-          {"tokens", sp.tokens},
-          {"plain_tokens_per_second", sp.plain_tokens_per_second},
-          {"all_kept_tokens_per_second", sp.all_tokens_per_second},
-          {"all_kept_acceptance", sp.all_acceptance},
-          {"none_kept_tokens_per_second", sp.none_tokens_per_second},
-          {"none_kept_acceptance", sp.none_acceptance},
-          {"decode_step_ms", 1e3 * sp.decode_step_seconds},
-          {"verify_ms", 1e3 * sp.verify_seconds},
-          {"free_draft_ceiling_tokens_per_second", (sp.draft_tokens + 1) / sp.verify_seconds}};
+          "speculative, %d draft tokens, the model drafting for itself (%lld tokens per "
+          "sequence):\n",
+          k, static_cast<long long>(sp.tokens));
+      nlohmann::json rows = nlohmann::json::array();
+      for (const auto& b : sp.batches) {
+        const double ratio = b.verify_seconds / b.decode_step_seconds;
+        // A draft that costs nothing and is always right: K + 1 tokens per sequence and verify.
+        const double free = static_cast<double>(b.batch * (k + 1)) / b.verify_seconds;
+        std::printf(
+            "  batch %lld: plain %.1f tok/s | every draft kept %.1f (%.2fx, acceptance %.2f) | "
+            "none kept %.1f (%.2fx) | none kept, adaptive %.1f (%.2fx, %.2f drafts per round)\n"
+            "    verify pass (%d tokens per sequence) %.3f ms = %.2f plain steps -> %.1f tok/s "
+            "(%.2fx) with a free draft at full acceptance\n",
+            static_cast<long long>(b.batch), b.plain_tokens_per_second, b.all_tokens_per_second,
+            b.all_tokens_per_second / b.plain_tokens_per_second, b.all_acceptance,
+            b.none_tokens_per_second, b.none_tokens_per_second / b.plain_tokens_per_second,
+            b.adaptive_none_tokens_per_second,
+            b.adaptive_none_tokens_per_second / b.plain_tokens_per_second,
+            b.adaptive_none_drafts_per_round, k + 1, 1e3 * b.verify_seconds, ratio, free,
+            free / b.plain_tokens_per_second);
+        rows.push_back({{"batch", b.batch},
+                        {"plain_tokens_per_second", b.plain_tokens_per_second},
+                        {"all_kept_tokens_per_second", b.all_tokens_per_second},
+                        {"all_kept_acceptance", b.all_acceptance},
+                        {"none_kept_tokens_per_second", b.none_tokens_per_second},
+                        {"none_kept_acceptance", b.none_acceptance},
+                        {"adaptive_none_kept_tokens_per_second", b.adaptive_none_tokens_per_second},
+                        {"adaptive_none_kept_drafts_per_round", b.adaptive_none_drafts_per_round},
+                        {"decode_step_ms", 1e3 * b.decode_step_seconds},
+                        {"verify_ms", 1e3 * b.verify_seconds},
+                        {"free_draft_ceiling_tokens_per_second", free}});
+      }
+      speculative = {{"draft_tokens", k}, {"tokens", sp.tokens}, {"batches", rows}};
     }
     if (!o->json_path.empty()) {
       const nlohmann::json doc = {

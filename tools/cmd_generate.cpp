@@ -35,6 +35,7 @@ Runner add_generate(CLI::App& app, Common&) {
     OverlayArgs overlay;
     std::string model, prompt, system, chat_format, device = "cpu", draft;
     int draft_tokens = 4;
+    bool draft_fixed = false;
     int64_t max_tokens = 128, page_size = 32;
     int tp = 1;
     float temperature = 0.0f, top_p = 1.0f;
@@ -87,10 +88,16 @@ Runner add_generate(CLI::App& app, Common&) {
       "Speculative decoding: a smaller model folder with the same tokenizer proposes tokens and "
       "the model checks them in one pass each round (greedy: the same text as without it; "
       "sampling: the same distribution)");
-  app.add_option("--draft-tokens", o->draft_tokens, "With --draft: tokens proposed per round")
+  app.add_option("--draft-tokens", o->draft_tokens,
+                 "With --draft: the most tokens proposed per round (each round's count adapts to "
+                 "how often the draft is right and what its passes cost)")
       ->check(CLI::Range(1, 16))
       ->needs(draft_opt)
       ->capture_default_str();
+  app.add_flag("--draft-fixed", o->draft_fixed,
+               "With --draft: always propose --draft-tokens tokens (sampled text then repeats for "
+               "a --seed; adaptive counts depend on timings)")
+      ->needs(draft_opt);
   add_tp_option(app, o->tp);
   add_overlay_options(app, o->overlay);
   app.add_flag("--json", o->json,
@@ -119,6 +126,9 @@ Runner add_generate(CLI::App& app, Common&) {
       "--draft runs speculative decoding: greedy output is the model's own, token for token, and\n"
       "sampled output follows the model's own distribution, so the draft only changes the speed;\n"
       "the last line reports how many drafted tokens the model accepted and the tokens per pass.\n"
+      "Each round drafts 0..K tokens: the first rounds time a plain step and a one-token draft,\n"
+      "then the count that gives the most tokens per second at the acceptance seen so far is\n"
+      "used; a draft that does not pay makes plain steps, retried with one token now and then.\n"
       "--overlay stores the unquantized attention / dense-MLP / shared-expert linears as MXFP8 "
       "(about\n"
       "half their BF16 bytes); see docs/mxfp8.md.\n"
@@ -190,9 +200,10 @@ Runner add_generate(CLI::App& app, Common&) {
       return true;
     };
     runtime::SpeculativeStats spec;
-    const auto r = draft ? runtime::generate_speculative(*engine, *draft, prompt, go,
-                                                         {o->draft_tokens}, &spec, on_token)
-                         : runtime::generate(*engine, prompt, go, on_token);
+    const auto r =
+        draft ? runtime::generate_speculative(*engine, *draft, prompt, go,
+                                              {o->draft_tokens, !o->draft_fixed}, &spec, on_token)
+              : runtime::generate(*engine, prompt, go, on_token);
     const std::string tail = stream.finish();
     text += tail;
 
@@ -219,6 +230,7 @@ Runner add_generate(CLI::App& app, Common&) {
       if (draft) {
         j["speculative"] = {{"draft", o->draft},
                             {"draft_tokens", o->draft_tokens},
+                            {"adaptive", !o->draft_fixed},
                             {"rounds", spec.rounds},
                             {"drafted", spec.drafted},
                             {"accepted", spec.accepted},
@@ -234,7 +246,12 @@ Runner add_generate(CLI::App& app, Common&) {
         "{}]\n",
         r.prompt_tokens, r.prompt_tokens_per_second(), r.tokens.size(),
         r.decode_tokens_per_second(), r.stop_reason);
-    if (draft) {
+    if (draft && spec.drafted == 0) {
+      fmt::print(
+          "[draft: no tokens drafted in {} model passes (plain steps: the draft did not pay "
+          "or the generation was too short to time it)]\n",
+          spec.rounds);
+    } else if (draft) {
       fmt::print(
           "[draft: {} of {} drafted tokens accepted ({:.0f}%), {:.2f} tokens per model pass]\n",
           spec.accepted, spec.drafted, 100.0 * spec.acceptance_rate(), spec.tokens_per_round());

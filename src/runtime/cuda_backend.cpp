@@ -100,12 +100,33 @@ CudaBackend::~CudaBackend() {
   for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
 }
 
+std::optional<int64_t> CudaBackend::graph_key(const MetaLayout& ml) {
+  // Five 12-bit counts: every field of a step of up to 4095 tokens.
+  const int64_t fields[] = {ml.n, ml.decode, ml.tiles, ml.rows, ml.seqs};
+  int64_t key = 0;
+  for (const int64_t f : fields) {
+    if (f < 0 || f >= 4096) return std::nullopt;
+    key = (key << 12) | f;
+  }
+  return key;
+}
+
+std::optional<int64_t> CudaBackend::decode_graph_key(int64_t batch) {
+  MetaLayout ml;
+  ml.n = ml.decode = ml.rows = ml.seqs = batch;
+  return graph_key(ml);
+}
+
 void CudaBackend::run_graph(int64_t key, const std::function<void()>& enqueue) {
   auto it = graphs_.find(key);
+  if (it == graphs_.end() && graphs_.size() >= kMaxGraphs) {
+    enqueue();
+    return;
+  }
   if (it == graphs_.end()) {
     cudaGraph_t graph = nullptr;
     EXL3_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
-                    "capturing the decode step");
+                    "capturing a decode step");
     try {
       enqueue();
     } catch (...) {
@@ -113,15 +134,15 @@ void CudaBackend::run_graph(int64_t key, const std::function<void()>& enqueue) {
       if (graph) cudaGraphDestroy(graph);
       throw;
     }
-    EXL3_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph), "capturing the decode step");
+    EXL3_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph), "capturing a decode step");
     graph_kernels_[key] = count_kernel_nodes(graph);
     cudaGraphExec_t exec = nullptr;
     const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
-    EXL3_CUDA_CHECK(instantiated, "instantiating the decode graph");
+    EXL3_CUDA_CHECK(instantiated, "instantiating a decode step's graph");
     it = graphs_.emplace(key, exec).first;
   }
-  EXL3_CUDA_CHECK(cudaGraphLaunch(it->second, stream_), "replaying the decode graph");
+  EXL3_CUDA_CHECK(cudaGraphLaunch(it->second, stream_), "replaying a decode step's graph");
 }
 
 std::optional<int64_t> CudaBackend::graph_kernels(int64_t key) const {

@@ -79,10 +79,19 @@ class CudaBackend final : public model::Backend {
   ~CudaBackend() override;
 
   cudaStream_t stream() const { return stream_; }
+  // The graph key of a step whose launches depend on the host only through `ml`'s counts (every
+  // kernel reads the rest from meta()), or nullopt for counts too large to key.
+  static std::optional<int64_t> graph_key(const MetaLayout& ml);
+  // The key of a decode step of `batch` sequences (one token each, last logits).
+  static std::optional<int64_t> decode_graph_key(int64_t batch);
   // Runs `enqueue` (which only enqueues work on stream()) as a CUDA graph: captured the first
-  // time `key` is seen, replayed afterwards. The caller keeps every device address the work
-  // reads the same for a key (the step geometry's layout is a function of the counts).
+  // time `key` is seen, replayed afterwards; once kMaxGraphs are held, a new key runs eagerly.
+  // The caller keeps every device address the work reads the same for a key (the step
+  // geometry's layout is a function of the counts).
   void run_graph(int64_t key, const std::function<void()>& enqueue);
+  // Step shapes held as graphs at most: decode batches and the small multi-token steps of
+  // speculative verification (a few hundred kernel nodes each).
+  static constexpr size_t kMaxGraphs = 192;
   // Kernel nodes of the graph captured under `key`, or nullopt before its capture.
   std::optional<int64_t> graph_kernels(int64_t key) const;
 

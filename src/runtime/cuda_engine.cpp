@@ -4,8 +4,8 @@
 // chunk's geometry (ids, positions, page tables, attention tiles, head rows) into pinned memory
 // and sends it to the device in one copy, runs the decoder, and hands out the logits. The page
 // tables live in a PagedKvCache without host storage (the backend keeps K and V on the GPU). A
-// pure decode step (one token per sequence) depends on the host only through its token count, so
-// it is captured as a CUDA graph per count, then replayed.
+// step of short runs (decode, speculative verification) depends on the host only through its
+// counts, so it is captured as a CUDA graph per shape, then replayed.
 #include "cuda_engine.hpp"
 #include "cuda_backend.hpp"
 #include "paged_engine.hpp"
@@ -32,6 +32,10 @@ namespace exl3::runtime {
 namespace {
 
 using SeqId = PagedKvCache::SeqId;
+
+// Runs of up to this many tokens (a sequence's last token and up to 16 drafts) keep a step
+// graphable; longer runs are prefill, whose shapes vary too much to capture.
+constexpr int64_t kGraphRunTokens = 17;
 
 // Page-locked host memory (the step's geometry going up, the logits coming down).
 struct PinnedFree {
@@ -137,7 +141,8 @@ class CudaEngine final : public PagedEngine {
     return backend_->weight_bytes();
   }
   std::optional<int64_t> decode_step_kernels(int64_t batch) const override {
-    return backend_->graph_kernels(batch);
+    const auto key = CudaBackend::decode_graph_key(batch);
+    return key ? backend_->graph_kernels(*key) : std::nullopt;
   }
 
   std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
@@ -195,18 +200,21 @@ class CudaEngine final : public PagedEngine {
     MetaLayout ml;
     ml.max_pages = max_pages_;
     ml.seqs = static_cast<int64_t>(runs.size());
-    bool pure_decode = true;
+    bool small = true;  // every run a decode token or a verify-sized group
     for (auto& r : runs) {
       r.start = cache_->length(r.seq);
+      if (r.len == 1 && r.want_all) {  // the same one row either way; one graph shape for both
+        r.want_all = false;
+        r.want_last = true;
+      }
       ml.n += static_cast<int64_t>(r.len);
       if (r.len == 1) {
         ++ml.decode;
       } else {
         ml.tiles += static_cast<int64_t>((r.len + 31) / 32);
-        pure_decode = false;
       }
       ml.rows += r.want_all ? static_cast<int64_t>(r.len) : (r.want_last ? 1 : 0);
-      if (!r.want_last || r.want_all) pure_decode = false;
+      small = small && static_cast<int64_t>(r.len) <= kGraphRunTokens;
     }
     for (const auto& r : runs) cache_->reserve(r.seq, static_cast<int64_t>(r.len));
     int32_t* h = meta_host_.get();
@@ -240,8 +248,12 @@ class CudaEngine final : public PagedEngine {
                         cudaMemcpyHostToDevice, stream_),
         "uploading the step");
     backend_->begin(ml);
-    if (pure_decode && opts_.cuda_graphs) {
-      backend_->run_graph(ml.n,
+    // Decode steps and the small multi-token steps of speculative verification depend on the
+    // host only through the counts in `ml`, so each shape is captured once and replayed: eager
+    // launches of several hundred kernels cost more than the kernels themselves at these sizes.
+    const auto key = small && opts_.cuda_graphs ? CudaBackend::graph_key(ml) : std::nullopt;
+    if (key) {
+      backend_->run_graph(*key,
                           [&] { model::decoder_forward(*backend_, modules_, spec_.hidden_size); });
     } else {
       model::decoder_forward(*backend_, modules_, spec_.hidden_size);

@@ -45,6 +45,7 @@ struct SpeculativeDecoder::Seq {
   int32_t next = -1;
   int k = 0;  // this round's draft count
   SpeculativeStats stats;
+  DraftPolicy::Acceptance acceptance;
 
   explicit Seq(const SamplingOptions& s)
       : sampler(s),
@@ -59,7 +60,7 @@ struct SpeculativeDecoder::Seq {
 
 SpeculativeDecoder::SpeculativeDecoder(Engine& target, Engine& draft,
                                        const SpeculativeOptions& spec)
-    : target_(target), draft_(draft), spec_(spec) {
+    : target_(target), draft_(draft), spec_(spec), policy_(spec.draft_tokens) {
   if (spec.draft_tokens < 1 || spec.draft_tokens > kMaxDraftTokens) {
     fail("speculative decoding: draft tokens {} outside 1..{}", spec.draft_tokens, kMaxDraftTokens);
   }
@@ -90,6 +91,11 @@ const SpeculativeDecoder::Seq& SpeculativeDecoder::seq(int handle) const {
 
 const SpeculativeStats& SpeculativeDecoder::stats(int handle) const {
   return seq(handle).stats;
+}
+
+int SpeculativeDecoder::next_draft_tokens(int handle, int64_t batch) const {
+  const Seq& s = seq(handle);
+  return spec_.adaptive ? policy_.choose(s.acceptance, batch) : spec_.draft_tokens;
 }
 
 SpeculativeDecoder::Added SpeculativeDecoder::add(std::span<const int32_t> prompt,
@@ -155,7 +161,9 @@ std::vector<std::vector<int32_t>> SpeculativeDecoder::round(std::span<const Slot
       batch.push_back({s->d, feed, LogitsMode::kLast});
       in_batch.push_back(s);
     }
+    const auto t0 = std::chrono::steady_clock::now();
     const auto logits = draft_.forward_batch(batch);
+    policy_.record_draft_step(static_cast<int64_t>(batch.size()), seconds_since(t0));
     for (size_t b = 0; b < in_batch.size(); ++b) {
       Seq& s = *in_batch[b];
       if (i == 0) s.pending.clear();
@@ -190,7 +198,9 @@ std::vector<std::vector<int32_t>> SpeculativeDecoder::round(std::span<const Slot
     feeds[j].insert(feeds[j].end(), ss[j]->drafts.begin(), ss[j]->drafts.end());
     batch.push_back({ss[j]->t, feeds[j], LogitsMode::kAll});
   }
+  const auto t0 = std::chrono::steady_clock::now();
   const auto rows = target_.forward_batch(batch);
+  policy_.record_verify(static_cast<int64_t>(ss.size()), steps, seconds_since(t0));
 
   std::vector<std::vector<int32_t>> out(ss.size());
   std::vector<std::pair<float, int32_t>> residual;
@@ -241,6 +251,7 @@ std::vector<std::vector<int32_t>> SpeculativeDecoder::round(std::span<const Slot
     ++s.stats.rounds;
     s.stats.drafted += s.k;
     s.stats.accepted += accepted;
+    DraftPolicy::record(s.acceptance, s.k, accepted);
 
     // Both caches keep the stream and the kept drafts; the draft then lacks at most its last
     // draft and the bonus, and is fed them first next round.
@@ -286,7 +297,8 @@ GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<con
     const int64_t remaining = opts.max_new_tokens - static_cast<int64_t>(r.tokens.size());
     // A round emits up to k + 1 tokens; the last round drafts only what it can still emit.
     const SpeculativeDecoder::Slot slot{
-        added.handle, static_cast<int>(std::min<int64_t>(spec.draft_tokens, remaining - 1))};
+        added.handle,
+        static_cast<int>(std::min<int64_t>(dec.next_draft_tokens(added.handle, 1), remaining - 1))};
     const auto out = dec.round({&slot, 1});
     r.decode_seconds += seconds_since(t0);
     ++r.decode_steps;

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "exl3/error.hpp"
-#include "exl3/runtime/generate.hpp"
 #include "exl3/runtime/model_bench.hpp"
 #include "exl3/runtime/speculative.hpp"
 #include "stopwatch.hpp"
@@ -31,15 +30,78 @@ class DisagreeingDraft final : public Engine {
     return e_.cache_tokens_needed(seq, new_tokens);
   }
   std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
-    std::vector<float> l = e_.forward(seq, tokens, mode);
+    const BatchEntry e{seq, tokens, mode};
+    return std::move(forward_batch(std::span<const BatchEntry>(&e, 1)).front());
+  }
+  std::vector<std::vector<float>> forward_batch(std::span<const BatchEntry> batch) override {
+    auto out = e_.forward_batch(batch);
     const auto v = static_cast<std::ptrdiff_t>(spec().vocab_size);
-    for (auto row = l.begin(); row != l.end(); row += v) std::rotate(row, row + v - 1, row + v);
-    return l;
+    for (auto& l : out) {
+      for (auto row = l.begin(); row != l.end(); row += v) std::rotate(row, row + v - 1, row + v);
+    }
+    return out;
   }
 
  private:
   Engine& e_;
 };
+
+enum class Drafting { kNone, kFixed, kAdaptive };
+
+struct Run {
+  double tokens_per_second = 0.0;
+  SpeculativeStats stats;  // summed over the sequences
+};
+
+// `batch` sequences of the prompts generate `tokens` each (greedy) in rounds of one decoder;
+// the rate counts the tokens after each prompt's first over the rounds' wall time.
+Run run_rounds(Engine& target, Engine& draft, const std::vector<std::vector<int32_t>>& prompts,
+               int64_t tokens, int k, Drafting mode) {
+  SpeculativeDecoder dec(target, draft, {k, mode == Drafting::kAdaptive});
+  std::vector<int> handles;
+  std::vector<int64_t> emitted;
+  for (const auto& p : prompts) {
+    handles.push_back(dec.add(p, {}).handle);
+    emitted.push_back(1);
+  }
+  double seconds = 0.0;
+  int64_t counted = 0;
+  std::vector<SpeculativeDecoder::Slot> slots;
+  std::vector<size_t> index;
+  for (;;) {
+    slots.clear();
+    index.clear();
+    for (size_t i = 0; i < handles.size(); ++i) {
+      const int64_t left = tokens - emitted[i];
+      if (left <= 0) continue;
+      const int want =
+          mode == Drafting::kNone ? 0
+          : mode == Drafting::kFixed
+              ? k
+              : dec.next_draft_tokens(handles[i], static_cast<int64_t>(handles.size()));
+      slots.push_back({handles[i], static_cast<int>(std::min<int64_t>(want, left - 1))});
+      index.push_back(i);
+    }
+    if (slots.empty()) break;
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto out = dec.round(slots);
+    seconds += seconds_since(t0);
+    for (size_t j = 0; j < out.size(); ++j) {
+      const auto n = static_cast<int64_t>(out[j].size());
+      emitted[index[j]] += n;
+      counted += n;
+    }
+  }
+  Run r;
+  r.tokens_per_second = static_cast<double>(counted) / seconds;
+  for (const int h : handles) {
+    const auto& s = dec.stats(h);
+    r.stats.rounds += s.rounds;
+    r.stats.drafted += s.drafted;
+    r.stats.accepted += s.accepted;
+  }
+  return r;
+}
 
 }  // namespace
 
@@ -48,56 +110,80 @@ SpeculativeBenchResult bench_speculative(Engine& engine, int draft_tokens,
   SpeculativeBenchResult res;
   res.draft_tokens = draft_tokens;
   res.tokens = std::max<int64_t>(opts.decode_steps, 2);
-  const int64_t need = 2 * (opts.context + res.tokens + draft_tokens + 1);
-  if (need > engine.free_cache_tokens()) {
-    fail(
-        "bench model --draft-tokens: needs {} KV cache tokens, {} are free; hint: raise "
-        "--cache-tokens",
-        need, engine.free_cache_tokens());
-  }
+  const int64_t context = std::max<int64_t>(opts.context, 1);
   std::mt19937_64 rng(opts.seed);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(engine.spec().vocab_size) - 1);
-  std::vector<int32_t> prompt(static_cast<size_t>(std::max<int64_t>(opts.context, 1)));
-  for (auto& t : prompt) t = tok(rng);
-  GenerateOptions go;
-  go.max_new_tokens = res.tokens;
-  const auto rate = [](const GenerateResult& r) { return r.decode_tokens_per_second(); };
-  // Each figure is the median of three runs after a warm-up (CUDA graphs are captured there).
   DisagreeingDraft never(engine);
-  std::vector<double> plain, all, none, all_acc, none_acc;
-  for (int rep = 0; rep < 4; ++rep) {
-    const auto p = generate(engine, prompt, go);
-    SpeculativeStats sa, sn;
-    const auto a = generate_speculative(engine, engine, prompt, go, {draft_tokens}, &sa);
-    const auto n = generate_speculative(engine, never, prompt, go, {draft_tokens}, &sn);
-    if (rep == 0) continue;
-    plain.push_back(rate(p));
-    all.push_back(rate(a));
-    none.push_back(rate(n));
-    all_acc.push_back(sa.acceptance_rate());
-    none_acc.push_back(sn.acceptance_rate());
-  }
-  res.plain_tokens_per_second = median(plain);
-  res.all_tokens_per_second = median(all);
-  res.none_tokens_per_second = median(none);
-  res.all_acceptance = median(all_acc);
-  res.none_acceptance = median(none_acc);
-  res.decode_step_seconds = 1.0 / res.plain_tokens_per_second;
+  for (const int64_t batch : opts.batches) {
+    // The model drafting for itself holds two sequences per stream.
+    const int64_t need = 2 * batch * (context + res.tokens + draft_tokens + 1);
+    if (need > engine.free_cache_tokens()) {
+      fail(
+          "bench model --draft-tokens: batch {} needs {} KV cache tokens, {} are free; hint: "
+          "raise --cache-tokens",
+          batch, need, engine.free_cache_tokens());
+    }
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
+    for (auto& p : prompts) {
+      p.resize(static_cast<size_t>(context));
+      for (auto& t : p) t = tok(rng);
+    }
+    SpeculativeBatchResult b;
+    b.batch = batch;
+    // Each figure is the median of three runs after a warm-up (CUDA graphs are captured there).
+    std::vector<double> plain, all, none, adaptive, all_acc, none_acc, adaptive_drafts;
+    for (int rep = 0; rep < 4; ++rep) {
+      const auto p = run_rounds(engine, engine, prompts, res.tokens, draft_tokens, Drafting::kNone);
+      const auto a =
+          run_rounds(engine, engine, prompts, res.tokens, draft_tokens, Drafting::kFixed);
+      const auto n = run_rounds(engine, never, prompts, res.tokens, draft_tokens, Drafting::kFixed);
+      const auto d =
+          run_rounds(engine, never, prompts, res.tokens, draft_tokens, Drafting::kAdaptive);
+      if (rep == 0) continue;
+      plain.push_back(p.tokens_per_second);
+      all.push_back(a.tokens_per_second);
+      none.push_back(n.tokens_per_second);
+      adaptive.push_back(d.tokens_per_second);
+      all_acc.push_back(a.stats.acceptance_rate());
+      none_acc.push_back(n.stats.acceptance_rate());
+      adaptive_drafts.push_back(static_cast<double>(d.stats.drafted) /
+                                static_cast<double>(std::max<int64_t>(d.stats.rounds, 1)));
+    }
+    b.plain_tokens_per_second = median(plain);
+    b.all_tokens_per_second = median(all);
+    b.none_tokens_per_second = median(none);
+    b.adaptive_none_tokens_per_second = median(adaptive);
+    b.all_acceptance = median(all_acc);
+    b.none_acceptance = median(none_acc);
+    b.adaptive_none_drafts_per_round = median(adaptive_drafts);
+    b.decode_step_seconds = static_cast<double>(batch) / b.plain_tokens_per_second;
 
-  // The verify pass alone: k + 1 tokens appended to a sequence of the prompt, then cut back.
-  const auto seq = engine.new_sequence();
-  engine.forward(seq, prompt, LogitsMode::kLast);
-  std::vector<int32_t> block(static_cast<size_t>(draft_tokens) + 1);
-  std::vector<double> times;
-  for (int rep = 0; rep < 12; ++rep) {
-    for (auto& t : block) t = tok(rng);
-    const auto t0 = std::chrono::steady_clock::now();
-    engine.forward(seq, block, LogitsMode::kAll);
-    if (rep >= 2) times.push_back(seconds_since(t0));
-    engine.truncate_sequence(seq, static_cast<int64_t>(prompt.size()));
+    // The verify pass alone: K + 1 tokens appended to each sequence of the prompts in one pass,
+    // then cut back.
+    std::vector<Engine::SeqId> seqs;
+    for (const auto& p : prompts) {
+      seqs.push_back(engine.new_sequence());
+      engine.forward(seqs.back(), p, LogitsMode::kLast);
+    }
+    std::vector<std::vector<int32_t>> blocks(static_cast<size_t>(batch),
+                                             std::vector<int32_t>(draft_tokens + 1));
+    std::vector<Engine::BatchEntry> entries;
+    for (size_t i = 0; i < seqs.size(); ++i)
+      entries.push_back({seqs[i], blocks[i], LogitsMode::kAll});
+    std::vector<double> times;
+    for (int rep = 0; rep < 12; ++rep) {
+      for (auto& blk : blocks) {
+        for (auto& t : blk) t = tok(rng);
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      engine.forward_batch(entries);
+      if (rep >= 2) times.push_back(seconds_since(t0));
+      for (const auto s : seqs) engine.truncate_sequence(s, context);
+    }
+    for (const auto s : seqs) engine.drop_sequence(s);
+    b.verify_seconds = median(times);
+    res.batches.push_back(b);
   }
-  engine.drop_sequence(seq);
-  res.verify_seconds = median(times);
   return res;
 }
 

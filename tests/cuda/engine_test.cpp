@@ -6,6 +6,7 @@
 // prefill equals one chunk.
 #include <cmath>
 #include <cstdio>
+#include <random>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -150,6 +151,51 @@ TEST(CudaEngine, DecodeBatchGraphsAndChunks) {
   go.max_new_tokens = 8;
   const std::vector<int32_t> prompt = {40, 41, 42, 43};
   EXPECT_EQ(generate(*graphs, prompt, go).tokens, generate(*cpu, prompt, go).tokens);
+}
+
+// Speculative verification's steps (a few tokens per sequence, every row's logits, beside plain
+// decode tokens) are captured as graphs per shape: replays of one shape with new tokens,
+// positions and page tables, and after the caches are cut back, equal eager steps bit for bit.
+TEST(CudaEngine, VerifyShapedStepsReplayEqualEager) {
+  EXL3_REQUIRE_GPU();
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = test::tiny_model(dir);
+  auto graphs = load_engine(model, cuda_options());
+  auto eager = load_engine(model, cuda_options(2048, false));
+  auto rng = exl3::test::make_rng();
+  std::uniform_int_distribution<int32_t> token(0, 499);
+  const auto random_ids = [&](size_t n) {
+    std::vector<int32_t> ids(n);
+    for (auto& id : ids) id = token(rng);
+    return ids;
+  };
+  std::vector<Engine::SeqId> sg, se;
+  for (size_t p : {9u, 21u, 5u}) {  // prompts of different lengths: different page tables
+    const auto prompt = random_ids(p);
+    sg.push_back(graphs->new_sequence());
+    se.push_back(eager->new_sequence());
+    EXPECT_EQ(graphs->forward(sg.back(), prompt), eager->forward(se.back(), prompt));
+  }
+  // Each round repeats one shape: 4 and 3 tokens with every row, then one decode token.
+  for (int round = 0; round < 4; ++round) {
+    const auto a = random_ids(4), b = random_ids(3), c = random_ids(1);
+    const auto step = [&](Engine& e, const std::vector<Engine::SeqId>& s) {
+      const std::vector<Engine::BatchEntry> batch = {
+          {s[0], a, LogitsMode::kAll}, {s[1], b, LogitsMode::kAll}, {s[2], c, LogitsMode::kAll}};
+      return e.forward_batch(batch);
+    };
+    const auto got = step(*graphs, sg), want = step(*eager, se);
+    ASSERT_EQ(got.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(got[i], want[i]) << "round " << round << " sequence " << i;
+    }
+    // Keep two of the four and one of the three tokens, as a round of verification does.
+    for (auto* e : {graphs.get(), eager.get()}) {
+      const auto& s = e == graphs.get() ? sg : se;
+      e->truncate_sequence(s[0], e->sequence_length(s[0]) - 2);
+      e->truncate_sequence(s[1], e->sequence_length(s[1]) - 2);
+    }
+  }
 }
 
 TEST(CudaEngine, BadInputFailsClearly) {

@@ -115,7 +115,7 @@ TEST(GenerateCli, HelpTeaches) {
   EXPECT_EQ(h.code, 0);
   for (const char* s : {"MODEL", "--prompt", "--max-tokens", "--temperature", "--top-p", "--seed",
                         "--device", "--chat", "--json", "greedy", "Examples:", "tokens per second",
-                        "--draft", "--draft-tokens"}) {
+                        "--draft", "--draft-tokens", "--draft-fixed"}) {
     EXPECT_THAT(h.out, HasSubstr(s));
   }
 }
@@ -163,27 +163,35 @@ TEST(GenerateCli, DraftGivesTheSameTextAndReportsAcceptance) {
       fmt::format("generate {} --prompt 'import os' --max-tokens 14 --ignore-eos", q(model));
   const auto plain = json::parse(run_cli(base + " --json", "", false).out);
   const auto r =
-      run_cli(fmt::format("{} --draft {} --draft-tokens 3 --json", base, q(model)), "", false);
+      run_cli(fmt::format("{} --draft {} --draft-tokens 3 --draft-fixed --json", base, q(model)),
+              "", false);
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = json::parse(r.out);
   EXPECT_EQ(j["ids"], plain["ids"]);
   EXPECT_EQ(j["text"], plain["text"]);
   const auto& sp = j["speculative"];
   EXPECT_EQ(sp["draft_tokens"], 3);
+  EXPECT_EQ(sp["adaptive"], false);
   EXPECT_EQ(sp["accepted"], sp["drafted"]);  // the model drafting for itself
   EXPECT_EQ(sp["acceptance_rate"].get<double>(), 1.0);
   EXPECT_GT(sp["tokens_per_round"].get<double>(), 3.0);
-  const auto s = run_cli(fmt::format("{} --draft {}", base, q(model)), "", false);
+  const auto s = run_cli(fmt::format("{} --draft {} --draft-fixed", base, q(model)), "", false);
   ASSERT_EQ(s.code, 0) << s.out;
   EXPECT_THAT(s.out, HasSubstr("drafted tokens accepted (100%)"));
-  // Sampling with a draft: seeded, so the same text twice.
+  // Adaptive counts (the default): the same ids, whatever counts the timings chose.
+  const auto adaptive =
+      json::parse(run_cli(fmt::format("{} --draft {} --json", base, q(model)), "", false).out);
+  EXPECT_EQ(adaptive["ids"], plain["ids"]);
+  EXPECT_EQ(adaptive["speculative"]["adaptive"], true);
+  // Sampling with a fixed draft count: seeded, so the same text twice.
   const std::string sampled =
-      fmt::format("{} --draft {} --temperature 0.8 --seed 3 --json", base, q(model));
+      fmt::format("{} --draft {} --draft-fixed --temperature 0.8 --seed 3 --json", base, q(model));
   const auto t1 = run_cli(sampled, "", false), t2 = run_cli(sampled, "", false);
   ASSERT_EQ(t1.code, 0) << t1.out;
   EXPECT_EQ(json::parse(t1.out)["ids"], json::parse(t2.out)["ids"]);
   EXPECT_EQ(json::parse(t1.out)["ids"].size(), 14u);
   EXPECT_NE(run_cli(fmt::format("{} --draft-tokens 3", base)).code, 0);  // needs --draft
+  EXPECT_NE(run_cli(fmt::format("{} --draft-fixed", base)).code, 0);
 }
 
 TEST(GenerateCli, SeededSamplingIsDeterministic) {

@@ -101,8 +101,8 @@ TEST(Speculative, GreedyEqualsPlainForEveryDraftAndK) {
   ASSERT_EQ(plain.tokens.size(), 23u);
   for (int k = 1; k <= 4; ++k) {
     SpeculativeStats same, other;
-    const auto a = generate_speculative(*m.target, *m.same, prompt, go, {k}, &same);
-    const auto b = generate_speculative(*m.target, *m.other, prompt, go, {k}, &other);
+    const auto a = generate_speculative(*m.target, *m.same, prompt, go, {k, false}, &same);
+    const auto b = generate_speculative(*m.target, *m.other, prompt, go, {k, false}, &other);
     EXPECT_EQ(a.tokens, plain.tokens) << "k=" << k << " (same weights)";
     EXPECT_EQ(b.tokens, plain.tokens) << "k=" << k << " (other model)";
     EXPECT_EQ(a.stop_reason, "max_tokens");
@@ -114,6 +114,9 @@ TEST(Speculative, GreedyEqualsPlainForEveryDraftAndK) {
     // A random other model disagrees most of the time: the rejection path runs.
     EXPECT_LT(other.accepted, other.drafted) << "k=" << k;
     EXPECT_EQ(other.accepted + other.rounds, 22);
+    // Adaptive draft counts (timed, so they vary run to run) give the same tokens.
+    EXPECT_EQ(generate_speculative(*m.target, *m.other, prompt, go, {k, true}).tokens, plain.tokens)
+        << "k=" << k << " (adaptive)";
   }
   EXPECT_EQ(m.target->free_cache_tokens(), full);
   EXPECT_EQ(m.same->free_cache_tokens(), full);
@@ -215,7 +218,7 @@ TEST(Speculative, RepetitionPenaltyAndTheMoeConformanceModel) {
   auto moe = load_engine(test::tiny_model(dir)), moe_draft = load_engine(test::tiny_model(dir));
   go.sampling.repetition_penalty = 1.0f;
   SpeculativeStats st;
-  EXPECT_EQ(generate_speculative(*moe, *moe_draft, prompt, go, {4}, &st).tokens,
+  EXPECT_EQ(generate_speculative(*moe, *moe_draft, prompt, go, {4, false}, &st).tokens,
             generate(*moe, prompt, go).tokens);
   EXPECT_EQ(st.accepted, st.drafted);
   EXPECT_GT(st.tokens_per_round(), 3.0);
@@ -277,7 +280,7 @@ TEST(Speculative, SamplingFollowsTheTargetsDistribution) {
     for (int seed = 0; seed < runs; ++seed) {
       go.sampling.seed = static_cast<uint64_t>(seed);
       SpeculativeStats st;
-      const auto r = generate_speculative(*m.target, *draft, prompt, go, {2}, &st);
+      const auto r = generate_speculative(*m.target, *draft, prompt, go, {2, false}, &st);
       ASSERT_EQ(r.tokens.size(), 4u);
       ++seen[{r.tokens[0], r.tokens[1], r.tokens[2]}];
       total.drafted += st.drafted;

@@ -366,21 +366,28 @@ TEST(Cli, BenchModelPrepareOnlyThenTensorParallelJson) {
   r = run_cli(fmt::format("bench model {} --prepare-only", q(dir)));
   EXPECT_NE(r.code, 0);
   EXPECT_THAT(r.out, HasSubstr("--prepare-only writes a --synthetic model"));
-  // --draft-tokens: speculative decoding with every draft kept, then none.
+  // --draft-tokens: speculative decoding with every draft kept, then none, then adaptive, at
+  // each batch size.
   r = run_cli(fmt::format(
-      "bench model {} --device cpu --batch 1 --steps 6 --context 4 --prefill 0 --draft-tokens 2 "
+      "bench model {} --device cpu --batch 1,2 --steps 6 --context 4 --prefill 0 --draft-tokens 2 "
       "--json {}",
       q(dir), q(tmp / "s.json")));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("every draft kept"));
+  EXPECT_THAT(r.out, HasSubstr("none kept, adaptive"));
   const auto sp = nlohmann::json::parse(exl3::test::read_file(tmp / "s.json"))["speculative"];
   EXPECT_EQ(sp["draft_tokens"], 2);
-  EXPECT_EQ(sp["all_kept_acceptance"].get<double>(), 1.0);
-  EXPECT_EQ(sp["none_kept_acceptance"].get<double>(), 0.0);
-  for (const char* k : {"plain_tokens_per_second", "all_kept_tokens_per_second",
-                        "none_kept_tokens_per_second", "verify_ms", "decode_step_ms"}) {
-    EXPECT_GT(sp[k].get<double>(), 0.0) << k;
+  ASSERT_EQ(sp["batches"].size(), 2u);
+  for (const auto& b : sp["batches"]) {
+    EXPECT_EQ(b["all_kept_acceptance"].get<double>(), 1.0);
+    EXPECT_EQ(b["none_kept_acceptance"].get<double>(), 0.0);
+    for (const char* k : {"plain_tokens_per_second", "all_kept_tokens_per_second",
+                          "none_kept_tokens_per_second", "adaptive_none_kept_tokens_per_second",
+                          "verify_ms", "decode_step_ms", "free_draft_ceiling_tokens_per_second"}) {
+      EXPECT_GT(b[k].get<double>(), 0.0) << k;
+    }
   }
+  EXPECT_EQ(sp["batches"][1]["batch"], 2);
 }
 
 // The CUDA tunables reach the engine commands through the CLI's environment reader, before

@@ -42,7 +42,8 @@ struct EngineOptions {
   // CUDA: the most tokens one kernel pass runs (longer batches run in chunks); every device
   // buffer is sized for it at load.
   int64_t max_batch_tokens = 2048;
-  // CUDA: capture each decode step (one token per sequence) as a graph per batch size.
+  // CUDA: capture each step of short runs (decode: one token per sequence; speculative verify:
+  // up to 17) as a graph per shape, replayed afterwards.
   bool cuda_graphs = true;
   // Tensor-parallel ranks. 1: the single-rank engine; N > 1: N ranks in this process, each on
   // its own thread with its slice of every weight (runtime/tp_plan.hpp); on the CPU they reduce

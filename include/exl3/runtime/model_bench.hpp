@@ -49,23 +49,31 @@ struct ModelBenchResult {
 // the engine's KV pool cannot hold the largest batch's sequences or the prefill.
 ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts);
 
-// Speculative decoding at batch 1 with the model drafting for itself, so acceptance is forced:
-// every draft kept (the model's own greedy choices), or none (its logits shifted by one id, so
-// every draft is the id after its argmax). A round costs k draft steps and one verify pass in
-// both cases and emits k + 1 tokens or 1, which bounds what any draft's acceptance gives between
-// them; with a draft much cheaper than the model, the verify pass alone sets the ceiling.
+// Speculative decoding at each batch size with the model drafting for itself, so acceptance is
+// forced: every draft kept (the model's own greedy choices), or none (its logits shifted by one
+// id, so every draft is the id after its argmax). With K drafts per round a round costs K draft
+// steps and one verify pass in both cases and emits K + 1 tokens or 1, which bounds what any
+// draft's acceptance gives between them; with a draft much cheaper than the model, the verify
+// pass alone sets the ceiling. The adaptive policy (SpeculativeOptions::adaptive) is run on the
+// draft that never agrees: how close to plain decoding it stays is its overhead.
+struct SpeculativeBatchResult {
+  int64_t batch = 0;
+  double plain_tokens_per_second = 0.0;          // the same rounds with no drafts (plain steps)
+  double all_tokens_per_second = 0.0;            // K drafts per round, every one kept
+  double all_acceptance = 0.0;                   // measured (1 unless rounding flips a near-tie)
+  double none_tokens_per_second = 0.0;           // K drafts per round, none kept
+  double none_acceptance = 0.0;                  // measured (0)
+  double adaptive_none_tokens_per_second = 0.0;  // adaptive counts, the draft never agreeing
+  double adaptive_none_drafts_per_round = 0.0;   // the drafts it still made (timing, probes)
+  double decode_step_seconds = 0.0;              // one plain step of the batch
+  double verify_seconds = 0.0;                   // one pass over K + 1 tokens of each sequence
+};
 struct SpeculativeBenchResult {
   int draft_tokens = 0;
-  int64_t tokens = 0;                    // generated per run (after a prompt of opts.context)
-  double plain_tokens_per_second = 0.0;  // generate() over the same prompt and length
-  double all_tokens_per_second = 0.0;    // every draft kept
-  double all_acceptance = 0.0;           // measured (1 unless rounding flips a near-tie)
-  double none_tokens_per_second = 0.0;   // no draft kept
-  double none_acceptance = 0.0;          // measured (0)
-  double decode_step_seconds = 0.0;      // one token, as plain decoding runs it
-  double verify_seconds = 0.0;           // one pass over k + 1 tokens of one sequence
+  int64_t tokens = 0;  // generated per sequence and run (after a prompt of opts.context)
+  std::vector<SpeculativeBatchResult> batches;  // one per opts.batches entry
 };
-// Throws exl3::Error when the pool cannot hold the sequences (two of context + tokens + k).
+// Throws exl3::Error when the pool cannot hold the sequences (2 x batch x (context + tokens + K)).
 SpeculativeBenchResult bench_speculative(Engine& engine, int draft_tokens,
                                          const ModelBenchOptions& opts);
 

@@ -21,13 +21,17 @@
 #include <span>
 #include <vector>
 
+#include "exl3/runtime/draft_policy.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
 
 namespace exl3::runtime {
 
 struct SpeculativeOptions {
-  int draft_tokens = 4;  // k, tokens the draft proposes per round (1..16)
+  int draft_tokens = 4;  // K, the most tokens the draft proposes per round (1..16)
+  // Adapt each sequence's draft count in 0..K to its acceptance and the measured costs
+  // (DraftPolicy); false: always K (reproducible sampled text for a seed).
+  bool adaptive = true;
 };
 
 struct SpeculativeStats {
@@ -76,6 +80,9 @@ class SpeculativeDecoder {
 
   const SpeculativeStats& stats(int handle) const;
   int draft_tokens() const { return spec_.draft_tokens; }
+  // The draft count for the sequence's next round in a round of `batch` sequences: K, or with
+  // SpeculativeOptions::adaptive the policy's choice from its acceptance and the costs so far.
+  int next_draft_tokens(int handle, int64_t batch) const;
 
  private:
   struct Seq;
@@ -85,6 +92,7 @@ class SpeculativeDecoder {
   Engine& target_;
   Engine& draft_;
   SpeculativeOptions spec_;
+  DraftPolicy policy_;                      // timed by every round, adaptive or not
   std::vector<std::unique_ptr<Seq>> seqs_;  // by handle; null once removed
 };
 
