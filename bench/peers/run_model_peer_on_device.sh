@@ -13,7 +13,10 @@ out="$2"
 mkdir -p "$out"
 
 # No registry on the device: install from the carried wheels only, into a private site dir.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .peer/*.whl
+# Installed once per warm machine: reinstalling gives the extension's sources new times, and the
+# JIT build (ninja) then recompiles all of it (minutes) instead of reusing /tmp/torch_extensions.
+[ -d /tmp/site/exllamav3 ] ||
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .peer/*.whl
 export PYTHONPATH=/tmp/site TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 PYTHONUNBUFFERED=1
 # The extension cache lives in /tmp, which (unlike the home folder) is what a warm machine keeps.
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}
