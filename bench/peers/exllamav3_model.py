@@ -16,6 +16,7 @@ Two modes per batch size b (random prompt ids, greedy, every sequence decodes ex
 """
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -118,11 +119,15 @@ def main():
     print(f"loaded {a.model} in {time.perf_counter() - t:.1f} s, cache {cache_tokens} tokens", flush=True)
     vocab = config.vocab_size
     tokenizer = None
+    results = []
+    if "generator" in modes and not os.path.exists(os.path.join(a.model, "tokenizer.json")):
+        # exl3's synthetic checkpoints have no tokenizer, which exllamav3's Generator needs
+        print("  generator mode skipped: the checkpoint has no tokenizer.json", flush=True)
+        results.append({"mode": "generator", "skipped": "no tokenizer.json"})
+        modes = [m for m in modes if m != "generator"]
     if "generator" in modes:
         tokenizer = Tokenizer.from_config(config)  # needs tokenizer.json in the checkpoint
         vocab = min(vocab, tokenizer.tokenizer.get_vocab_size())
-
-    results = []
 
     def record(b, mode, dt, steps, extra=None):
         r = {"batch": b, "mode": mode, "decode_tokens_per_s": b * steps / dt,

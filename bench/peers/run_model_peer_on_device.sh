@@ -21,6 +21,10 @@ export PYTHONPATH=/tmp/site TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 PYTHONUNBUFFERE
 # The extension cache lives in /tmp, which (unlike the home folder) is what a warm machine keeps.
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/torch_extensions}
 
+# A build killed by a timeout leaves torch's lock file behind, and every later import then waits
+# on it forever: drop it unless a build is running now.
+pgrep -f "ninja.*exllamav3_ext" > /dev/null || rm -f "$TORCH_EXTENSIONS_DIR/exllamav3_ext/lock"
+
 # 1. Import alone, timed: the first import JIT-compiles exllamav3_ext (minutes), so a timeout here
 #    is the build, not the benchmark.
 t0=$(date +%s)

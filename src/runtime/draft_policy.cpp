@@ -23,6 +23,8 @@ void DraftPolicy::record(Acceptance& a, int drafted, int kept) {
     ++a.plain_since;
     return;
   }
+  if (a.plain_since >= kProbeEvery) a.failed_probes = kept > 0 ? 0 : a.failed_probes + 1;
+  if (kept > 0) a.failed_probes = 0;
   a.plain_since = 0;
   a.kept = kDecay * a.kept + kept;
   a.rejected = kDecay * a.rejected + (kept < drafted ? 1.0 : 0.0);
@@ -34,16 +36,13 @@ double DraftPolicy::rate(const Acceptance& a) {
 }
 
 void DraftPolicy::Timing::add(double seconds) {
-  if (!seen) {  // the first pass of a shape may include capturing its graph
-    seen = true;
-    return;
-  }
   recent.push_back(seconds);
   if (recent.size() > kRecent) recent.erase(recent.begin());
 }
 
 double DraftPolicy::Timing::seconds() const {
   if (recent.empty()) return 0.0;
+  if (recent.size() < 3) return std::ranges::min(recent);
   std::vector<double> v = recent;
   std::ranges::nth_element(v, v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2));
   return v[v.size() / 2];
@@ -122,7 +121,8 @@ int DraftPolicy::choose(const Acceptance& a, int64_t seqs) const {
       best_rate = t;
     }
   }
-  if (best == 0 && a.plain_since >= kProbeEvery) return 1;
+  if (best == 0 && a.plain_since >= kProbeEvery << std::min(a.failed_probes, kMaxBackoff))
+    return 1;
   return best;
 }
 

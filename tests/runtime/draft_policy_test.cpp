@@ -9,7 +9,7 @@
 namespace exl3::runtime {
 namespace {
 
-// Every timing counted: the first of each kind is dropped (it may capture a graph).
+// A slow first pass (as when it captures a graph), then three at `s`.
 void time_verify(DraftPolicy& p, int64_t seqs, int k, double s) {
   p.record_verify(seqs, k, 99.0);
   for (int i = 0; i < 3; ++i) p.record_verify(seqs, k, s);
@@ -29,10 +29,11 @@ TEST(DraftPolicy, TimesAPlainStepThenOneDraftThenChooses) {
   DraftPolicy p(4);
   const DraftPolicy::Acceptance fresh;
   EXPECT_EQ(p.choose(fresh, 1), 0);
-  p.record_verify(1, 0, 0.010);  // the first plain step is not counted
-  EXPECT_EQ(p.choose(fresh, 1), 0);
-  p.record_verify(1, 0, 0.010);
+  p.record_verify(1, 0, 0.050);  // one plain step timed (slow: a graph capture, say)
   EXPECT_EQ(p.choose(fresh, 1), 1);
+  p.record_verify(1, 0, 0.010);  // the faster of the first two counts
+  EXPECT_NEAR(p.tokens_per_second(0, 0.5, 1), 100.0, 1e-9);
+  p.record_verify(1, 0, 0.010);
   time_draft(p, 1, 0.001);
   time_verify(p, 1, 1, 0.011);
   // Measured at batch 1 only: a batch of 8 starts over.
@@ -42,14 +43,27 @@ TEST(DraftPolicy, TimesAPlainStepThenOneDraftThenChooses) {
   EXPECT_GT(DraftPolicy::rate(high), 0.9);
   EXPECT_EQ(p.choose(high, 1), 4);
   EXPECT_NEAR(p.tokens_per_second(4, 0.5, 1), (1 + 0.5 + 0.25 + 0.125 + 0.0625) / 0.018, 1e-6);
-  // A draft that never agrees: plain steps, and a one-token probe every kProbeEvery of them.
+  // A draft that never agrees: plain steps, and a one-token probe after kProbeEvery of them,
+  // twice as long a wait after each probe that kept nothing, up to 16 times.
   auto low = after(6, 4, 0);
   EXPECT_LT(DraftPolicy::rate(low), 0.2);
   EXPECT_EQ(p.choose(low, 1), 0);
-  for (int i = 0; i < DraftPolicy::kProbeEvery; ++i) DraftPolicy::record(low, 0, 0);
-  EXPECT_EQ(p.choose(low, 1), 1);
-  DraftPolicy::record(low, 1, 0);
-  EXPECT_EQ(p.choose(low, 1), 0);
+  const auto plain_until_probe = [&] {
+    int steps = 0;
+    for (; p.choose(low, 1) == 0 && steps < 10000; ++steps) DraftPolicy::record(low, 0, 0);
+    return steps;
+  };
+  for (const int wait : {32, 64, 128, 256, 512, 512}) {
+    EXPECT_EQ(plain_until_probe(), wait);
+    DraftPolicy::record(low, 1, 0);  // the probe: rejected
+  }
+  // A probe that keeps its draft resets the wait (and here makes drafting pay for a while).
+  EXPECT_EQ(plain_until_probe(), 512);
+  DraftPolicy::record(low, 1, 1);
+  EXPECT_EQ(low.failed_probes, 0);
+  EXPECT_GE(p.choose(low, 1), 1);
+  while (p.choose(low, 1) > 0) DraftPolicy::record(low, 1, 0);
+  EXPECT_EQ(plain_until_probe(), 32);
 }
 
 TEST(DraftPolicy, ACostlyDraftIsNotWorthIt) {

@@ -5,7 +5,8 @@
 // those costs as rounds run (wall time per batch size, so the figures include launch and host
 // work), estimates a per sequence from its recent rounds, and picks the k in 0..K with the most
 // tokens per second. A sequence whose draft stops paying takes plain steps, and drafts one token
-// every kProbeEvery plain steps so that a draft which starts agreeing again is noticed.
+// after kProbeEvery plain steps so that a draft which starts agreeing again is noticed; each probe
+// that keeps nothing doubles the wait (up to 16x), so a useless draft costs almost nothing.
 //
 // The choice depends on measured times, so with sampling a seed fixes the output distribution
 // but not the text (the rejection rule keeps the target's distribution for any k); a fixed k
@@ -20,9 +21,10 @@ namespace exl3::runtime {
 
 class DraftPolicy {
  public:
-  // Plain steps between one-token probes of a draft that did not pay (a probe with a draft as
-  // costly as the target adds about one step: ~3% at this spacing).
+  // Plain steps before a one-token probe of a draft that did not pay, doubled per probe that
+  // kept nothing, up to kProbeEvery << kMaxBackoff.
   static constexpr int kProbeEvery = 32;
+  static constexpr int kMaxBackoff = 4;
 
   explicit DraftPolicy(int max_draft_tokens);
 
@@ -32,6 +34,7 @@ class DraftPolicy {
     double rejected = 0.0;  // rounds that ended on a rejected draft
     int rounds = 0;         // rounds recorded
     int plain_since = 0;    // plain steps since its last round with drafts
+    int failed_probes = 0;  // probes in a row that kept nothing
   };
   // A round of `drafted` drafts of which the first `kept` were kept.
   static void record(Acceptance& a, int drafted, int kept);
@@ -43,18 +46,18 @@ class DraftPolicy {
   void record_draft_step(int64_t seqs, double seconds);
   void record_verify(int64_t seqs, int k, double seconds);
 
-  // The draft count for a sequence with acceptance `a` in a round of `seqs` sequences: plain
-  // steps until one is timed, then one-draft rounds until one is timed (the first of each shape
-  // may capture a CUDA graph, so it is not counted), then the best k by the model.
+  // The draft count for a sequence with acceptance `a` in a round of `seqs` sequences: a plain
+  // step until one is timed, then a one-draft round until one is timed, then the best k by the
+  // model (or a probe, see above).
   int choose(const Acceptance& a, int64_t seqs) const;
 
   // Expected tokens per second of k drafts at acceptance `rate` (0 where a cost is unknown).
   double tokens_per_second(int k, double rate, int64_t seqs) const;
 
  private:
-  // Recent wall times of one kind of pass: the median of the last few, the first one dropped.
+  // Recent wall times of one kind of pass: the fastest of the first two (the first of a shape may
+  // include capturing its CUDA graph), then the median of the last few.
   struct Timing {
-    bool seen = false;
     std::vector<double> recent;
     void add(double seconds);
     double seconds() const;  // 0: none counted yet
