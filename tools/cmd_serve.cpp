@@ -19,6 +19,7 @@
 #include "commands.hpp"
 #include "env_options.hpp"
 #include "exl3/error.hpp"
+#include "exl3/format/checkpoint.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/server/http_server.hpp"
 #include "exl3/text/chat_template.hpp"
@@ -33,7 +34,9 @@ Runner add_serve(CLI::App& app, Common&) {
     std::string model, host = "127.0.0.1", device = "cpu", model_name, chat_format;
     int port = 8000, max_seqs = 8, max_queue = 32, tp = 1, max_connections = 512;
     double read_timeout = 30, write_timeout = 30, drain_timeout = 30;
-    std::string api_key;
+    std::string api_key, draft;
+    int draft_tokens = 4;
+    bool draft_fixed = false;
     size_t max_body_mib = 8;
     int64_t cache_tokens = 16384, max_context = 0, step_tokens = 256, page_size = 32;
     bool quiet = false;
@@ -118,6 +121,22 @@ Runner add_serve(CLI::App& app, Common&) {
                  "stops at once")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  auto* draft_opt = app.add_option(
+      "--draft", o->draft,
+      "Speculative decoding: a smaller model folder with the same tokenizer proposes tokens and "
+      "the model checks them in one pass per round (greedy: the same text as without it; "
+      "sampling: the same distribution). Loaded on the same device, with its own KV cache of "
+      "--cache-tokens");
+  app.add_option("--draft-tokens", o->draft_tokens,
+                 "With --draft: the most tokens proposed per round and request (each round's "
+                 "count adapts to how often the draft is right and what its passes cost)")
+      ->check(CLI::Range(1, 16))
+      ->needs(draft_opt)
+      ->capture_default_str();
+  app.add_flag("--draft-fixed", o->draft_fixed,
+               "With --draft: always propose --draft-tokens tokens (sampled text then repeats for "
+               "a seed)")
+      ->needs(draft_opt);
   app.add_flag("--quiet,-q", o->quiet, "Do not log each request to stderr");
   app.footer(
       "Serves the OpenAI API over HTTP: POST /v1/completions, POST /v1/chat/completions "
@@ -129,7 +148,10 @@ Runner add_serve(CLI::App& app, Common&) {
       "server\n"
       "answers 503. SIGTERM drains (running requests finish, new ones get 503, see "
       "--drain-timeout);\n"
-      "Ctrl-C (SIGINT) stops at once, cancelling what runs.\n\n"
+      "Ctrl-C (SIGINT) stops at once, cancelling what runs.\n"
+      "With --draft, running requests advance by rounds of speculative decoding (a draft model\n"
+      "proposes up to --draft-tokens tokens, the model checks them all in one pass); /health and\n"
+      "/metrics report the drafted and accepted tokens.\n\n"
       "Examples:\n"
       "  exl3 serve ./Qwen3-8B-exl3 --port 8000\n"
       "  curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\\n"
@@ -137,7 +159,8 @@ Runner add_serve(CLI::App& app, Common&) {
       "0}'\n"
       "  curl -N http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
       "       -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], \"stream\": true}'\n"
-      "  exl3 serve ./m --port 0 --max-seqs 16 --cache-tokens 65536 --model-name my-model\n\n"
+      "  exl3 serve ./m --port 0 --max-seqs 16 --cache-tokens 65536 --model-name my-model\n"
+      "  exl3 serve ./Qwen3-32B-exl3 --device cuda --draft ./Qwen3-0.6B-exl3 --draft-tokens 4\n\n"
       "Guide: docs/serve.md.");
   return [o] {
     // SIGINT/SIGTERM are taken by a watcher thread (sigwait), so they are blocked here, before any
@@ -158,6 +181,12 @@ Runner add_serve(CLI::App& app, Common&) {
     eo.tp = o->tp;
     engine_options_from_env(eo);
     auto engine = runtime::load_engine(dir, eo);
+    std::unique_ptr<runtime::Engine> draft;
+    if (!o->draft.empty()) {
+      runtime::EngineOptions de = eo;
+      de.overlay = {};
+      draft = runtime::load_engine(Checkpoint::open(o->draft), de);
+    }
 
     server::ServerOptions so;
     so.model_name = o->model_name;
@@ -172,6 +201,8 @@ Runner add_serve(CLI::App& app, Common&) {
     so.scheduler.max_queue = o->max_queue;
     so.scheduler.max_context = o->max_context;
     so.scheduler.step_tokens = o->step_tokens;
+    so.scheduler.draft = draft.get();
+    so.scheduler.speculative = {o->draft_tokens, !o->draft_fixed};
     so.http.max_connections = o->max_connections;
     so.api_key = o->api_key;
     so.http.max_body_bytes = o->max_body_mib << 20;
@@ -200,6 +231,10 @@ Runner add_serve(CLI::App& app, Common&) {
         "  max-seqs {}, max-queue {}, context {} tokens per request, KV cache {} tokens, chat "
         "format: {}\n",
         o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, server.chat_status());
+    if (draft) {
+      fmt::print("  draft: {} (up to {} tokens per round, {}), KV cache {} tokens\n", o->draft,
+                 o->draft_tokens, o->draft_fixed ? "fixed" : "adaptive", st.draft_cache_tokens);
+    }
     fmt::print(
         "  limits: {} connections, {} MiB per body, {} s to send a request, {} s per write\n",
         o->max_connections, o->max_body_mib, o->read_timeout, o->write_timeout);

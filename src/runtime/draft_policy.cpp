@@ -121,8 +121,7 @@ int DraftPolicy::choose(const Acceptance& a, int64_t seqs) const {
       best_rate = t;
     }
   }
-  if (best == 0 && a.plain_since >= kProbeEvery << std::min(a.failed_probes, kMaxBackoff))
-    return 1;
+  if (best == 0 && a.plain_since >= kProbeEvery << std::min(a.failed_probes, kMaxBackoff)) return 1;
   return best;
 }
 

@@ -101,24 +101,43 @@ int SpeculativeDecoder::next_draft_tokens(int handle, int64_t batch) const {
 SpeculativeDecoder::Added SpeculativeDecoder::add(std::span<const int32_t> prompt,
                                                   const SamplingOptions& sampling) {
   if (prompt.empty()) fail("speculative decoding: the prompt has no tokens");
-  auto s = std::make_unique<Seq>(sampling);
-  s->t = target_.new_sequence();
-  s->d = draft_.new_sequence();
-  const int handle = static_cast<int>(seqs_.size());
-  seqs_.push_back(std::move(s));
-  Seq& q = *seqs_.back();
+  const Engine::SeqId t = target_.new_sequence(), d = draft_.new_sequence();
   try {
-    const std::vector<float> logits = target_.forward(q.t, prompt, LogitsMode::kLast);
-    draft_.forward(q.d, prompt, LogitsMode::kLast);
-    q.stream.assign(prompt.begin(), prompt.end());
-    q.next = q.sampler.sample(logits, q.hist(q.stream));
+    const std::vector<float> logits = target_.forward(t, prompt, LogitsMode::kLast);
+    draft_.forward(d, prompt, LogitsMode::kLast);
+    Sampler sampler(sampling);
+    const std::vector<int32_t> history(
+        prompt.begin(), sampling.repetition_penalty != 1.0f ? prompt.end() : prompt.begin());
+    const int32_t first = sampler.sample(logits, history);
+    return {adopt(t, d, prompt, first, std::move(sampler), sampling), first};
   } catch (...) {
-    remove(handle);
+    target_.drop_sequence(t);
+    draft_.drop_sequence(d);
     throw;
   }
-  q.stream.push_back(q.next);
-  q.pending = {q.next};
-  return {handle, q.next};
+}
+
+int SpeculativeDecoder::adopt(Engine::SeqId target_seq, Engine::SeqId draft_seq,
+                              std::span<const int32_t> prompt, int32_t first, Sampler sampler,
+                              const SamplingOptions& sampling) {
+  const auto n = static_cast<int64_t>(prompt.size());
+  if (prompt.empty()) fail("speculative decoding: the prompt has no tokens");
+  if (target_.sequence_length(target_seq) != n || draft_.sequence_length(draft_seq) != n) {
+    fail(
+        "speculative decoding: a sequence to take over holds {} tokens in the model and {} in the "
+        "draft, but its prompt has {}",
+        target_.sequence_length(target_seq), draft_.sequence_length(draft_seq), n);
+  }
+  auto s = std::make_unique<Seq>(sampling);
+  s->sampler = std::move(sampler);
+  s->t = target_seq;
+  s->d = draft_seq;
+  s->stream.assign(prompt.begin(), prompt.end());
+  s->next = first;
+  s->stream.push_back(first);
+  s->pending = {first};
+  seqs_.push_back(std::move(s));
+  return static_cast<int>(seqs_.size() - 1);
 }
 
 void SpeculativeDecoder::remove(int handle) {

@@ -2,6 +2,7 @@
 // replies that follow a request's generation (whole, or as server-sent events).
 #include "exl3/server/http_server.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <ctime>
@@ -191,6 +192,28 @@ struct HttpServer::Impl {
   }
   json health() const {
     const auto s = sched.stats();
+    json h = base_health(s);
+    if (opts.scheduler.draft != nullptr) {
+      const double rounds = static_cast<double>(std::max<int64_t>(s.speculative_rounds, 1));
+      h["speculative"] = {
+          {"draft_tokens", opts.scheduler.speculative.draft_tokens},
+          {"adaptive", opts.scheduler.speculative.adaptive},
+          {"rounds", s.speculative_rounds},
+          {"drafted_tokens", s.drafted_tokens},
+          {"accepted_tokens", s.accepted_tokens},
+          {"acceptance_rate", s.drafted_tokens > 0 ? static_cast<double>(s.accepted_tokens) /
+                                                         static_cast<double>(s.drafted_tokens)
+                                                   : 0.0},
+          {"tokens_per_round",
+           s.speculative_rounds > 0
+               ? static_cast<double>(s.accepted_tokens + s.speculative_rounds) / rounds
+               : 0.0},
+          {"draft_cache_tokens", s.draft_cache_tokens},
+          {"draft_free_cache_tokens", s.draft_free_cache_tokens}};
+    }
+    return h;
+  }
+  json base_health(const SchedulerStats& s) const {
     return {{"status", stopping   ? "stopping"
                        : draining ? "draining"
                                   : "ok"},

@@ -53,6 +53,18 @@ std::string prometheus_metrics(const MetricsInput& in) {
          s.cache_tokens > 0
              ? 1.0 - static_cast<double>(s.free_cache_tokens) / static_cast<double>(s.cache_tokens)
              : 0.0);
+  if (s.draft_cache_tokens > 0) {  // speculative decoding (serve --draft)
+    metric(out, "exl3_speculative_rounds_total", "counter",
+           "Speculative rounds run, counted per sequence (each one model pass for it).",
+           static_cast<double>(s.speculative_rounds));
+    metric(out, "exl3_speculative_drafted_tokens_total", "counter",
+           "Tokens the draft model proposed.", static_cast<double>(s.drafted_tokens));
+    metric(out, "exl3_speculative_accepted_tokens_total", "counter",
+           "Proposed tokens the model kept.", static_cast<double>(s.accepted_tokens));
+    metric(out, "exl3_draft_kv_cache_free_tokens", "gauge",
+           "Draft model KV cache tokens no sequence holds.",
+           static_cast<double>(s.draft_free_cache_tokens));
+  }
   metric(out, "exl3_http_connections", "gauge", "Open HTTP connections.", in.connections);
   metric(out, "exl3_http_max_connections", "gauge", "The connection cap (--max-connections).",
          in.max_connections);

@@ -110,7 +110,10 @@ struct Scheduler::Active {
   StreamDecoder decoder;
   StopStringMatcher matcher;
   runtime::Engine::SeqId seq = -1;
-  int64_t reserved = 0;          // KV tokens set aside for prompt + max_tokens
+  runtime::Engine::SeqId dseq = -1;  // its sequence in the draft engine (with a draft)
+  int handle = -1;       // the SpeculativeDecoder's, once prefilled (it then owns seq and dseq)
+  int64_t reserved = 0;  // KV tokens set aside for prompt + max_tokens
+  int64_t draft_reserved = 0;    // the same in the draft's pool
   size_t prefilled = 0;          // prompt tokens already in the KV cache
   int64_t generated = 0;         // tokens sampled
   int32_t next = -1;             // the last sampled token: the input of the next decode step
@@ -161,6 +164,25 @@ Scheduler::Scheduler(runtime::Engine& engine, Tokenizer tokenizer, const Schedul
            opts.max_context, model_ctx, engine_.spec().label);
     }
     max_context_ = opts.max_context;
+  }
+  if (opts.draft != nullptr) {
+    draft_ = opts.draft;
+    spec_ = std::make_unique<runtime::SpeculativeDecoder>(engine_, *draft_, opts.speculative);
+    const auto dprobe = draft_->new_sequence();
+    draft_page_tokens_ = std::max<int64_t>(1, draft_->cache_tokens_needed(dprobe, 1));
+    draft_->drop_sequence(dprobe);
+    draft_cache_tokens_ = draft_->free_cache_tokens();
+    const int64_t draft_ctx = draft_->spec().max_position_embeddings;
+    const int64_t draft_max =
+        draft_ctx > 0 ? std::min(draft_ctx, draft_cache_tokens_) : draft_cache_tokens_;
+    if (opts.max_context > draft_max) {
+      fail(
+          "server: max_context {} exceeds what the draft model holds ({} tokens: its KV cache or "
+          "max_position_embeddings); hint: a smaller --max-context",
+          opts.max_context, draft_max);
+    }
+    max_context_ = std::min(max_context_, draft_max);
+    stats_.draft_cache_tokens = stats_.draft_free_cache_tokens = draft_cache_tokens_;
   }
   if (max_context_ < 2)
     fail("server: a context of {} tokens leaves no room for a prompt and a reply", max_context_);
@@ -289,8 +311,12 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& running) {
   // FIFO: the head waits for room rather than being overtaken by smaller requests (no starvation).
   while (static_cast<int64_t>(running.size()) < opts_.max_seqs && !queue_.empty()) {
     Pending& p = queue_.front();
-    const int64_t need = pages_for(static_cast<int64_t>(p.req.prompt.size()) + p.req.max_tokens);
+    const int64_t tokens = static_cast<int64_t>(p.req.prompt.size()) + p.req.max_tokens;
+    const int64_t need = pages_for(tokens);
     if (need > cache_tokens_ - reserved_) break;
+    const int64_t draft_need =
+        draft_ ? (tokens + draft_page_tokens_ - 1) / draft_page_tokens_ * draft_page_tokens_ : 0;
+    if (draft_ && draft_need > draft_cache_tokens_ - draft_reserved_) break;
     auto a = std::make_unique<Active>(std::move(p.req), std::move(p.stream), tokenizer_);
     a->submitted = p.submitted;
     queue_.pop_front();
@@ -298,18 +324,26 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& running) {
     a->seq = engine_.new_sequence();
     a->reserved = need;
     reserved_ += need;
+    if (draft_) {
+      a->dseq = draft_->new_sequence();
+      a->draft_reserved = draft_need;
+      draft_reserved_ += draft_need;
+    }
     running.push_back(std::move(a));
   }
   stats_.running = static_cast<int64_t>(running.size());
 }
 
 void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
+  // With a draft, generating sequences advance by a speculative round, and the step below holds
+  // only prefill chunks (fed to both engines).
+  if (spec_) speculative_round(running);
   std::vector<runtime::Engine::BatchEntry> batch;
   std::vector<Active*> who;
   std::vector<int64_t> fed;  // prompt tokens each prefill entry feeds (0 for decodes)
   int64_t budget = opts_.step_tokens;
   for (auto& a : running) {
-    if (a->done || !a->decoding()) continue;
+    if (spec_ || a->done || !a->decoding()) continue;
     batch.push_back({a->seq, {&a->next, 1}, runtime::LogitsMode::kLast});
     who.push_back(a.get());
     fed.push_back(0);
@@ -333,6 +367,11 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
   std::vector<std::vector<float>> logits;
   try {
     logits = engine_.forward_batch(batch);
+    if (draft_) {
+      std::vector<runtime::Engine::BatchEntry> dbatch = batch;
+      for (size_t i = 0; i < dbatch.size(); ++i) dbatch[i].seq = who[i]->dseq;
+      draft_->forward_batch(dbatch);
+    }
   } catch (const std::exception& e) {
     // Admission reserved the KV room and submit() checked every id, so this is an engine fault:
     // fail the step's requests (their clients get the message) and keep serving the others.
@@ -352,8 +391,53 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
       const int32_t tok = a.sampler.sample(logits[i], a.history);
       if (a.req.sampling.repetition_penalty != 1.0f) a.history.push_back(tok);
       accept_token(a, tok);
+      if (spec_ && !a.done) {
+        // Prefilled in both engines: the decoder takes both sequences and the sampler's stream.
+        a.handle =
+            spec_->adopt(a.seq, a.dseq, a.req.prompt, tok, std::move(a.sampler), a.req.sampling);
+      }
     } catch (const std::exception& e) {
       a.end(FinishReason::kError, e.what());
+    }
+  }
+}
+
+void Scheduler::speculative_round(std::vector<std::unique_ptr<Active>>& running) {
+  std::vector<runtime::SpeculativeDecoder::Slot> slots;
+  std::vector<Active*> who;
+  int64_t n = 0;
+  for (auto& a : running) n += !a->done && a->handle >= 0;
+  for (auto& a : running) {
+    if (a->done || a->handle < 0) continue;
+    // A round emits up to k + 1 tokens; drafts past max_tokens would be thrown away.
+    const int64_t left = a->req.max_tokens - a->generated;
+    const int k = spec_->next_draft_tokens(a->handle, n);
+    slots.push_back({a->handle, static_cast<int>(std::min<int64_t>(k, left - 1))});
+    who.push_back(a.get());
+  }
+  if (slots.empty()) return;
+  std::vector<std::vector<int32_t>> out;
+  try {
+    out = spec_->round(slots);
+  } catch (const std::exception& e) {
+    // The round's sequences are unusable now (SpeculativeDecoder::round); retire() removes them.
+    std::fprintf(stderr, "exl3 serve: a speculative round failed: %s\n", e.what());
+    for (Active* a : who) a->end(FinishReason::kError, e.what());
+    return;
+  }
+  {
+    std::lock_guard lk(mu_);
+    ++stats_.steps;
+    for (size_t j = 0; j < slots.size(); ++j) {
+      ++stats_.speculative_rounds;
+      stats_.drafted_tokens += slots[j].draft_tokens;
+      stats_.accepted_tokens += static_cast<int64_t>(out[j].size()) - 1;
+    }
+  }
+  for (size_t j = 0; j < who.size(); ++j) {
+    for (const int32_t tok : out[j]) {
+      if (who[j]->done) break;  // a stop or max_tokens: the rest of the round is not sent
+      accept_token(*who[j], tok);
     }
   }
 }
@@ -397,8 +481,14 @@ void Scheduler::retire(std::vector<std::unique_ptr<Active>>& running) {
   std::vector<std::unique_ptr<Active>> ended;
   for (auto& a : running) {
     if (!a->done) continue;
-    engine_.drop_sequence(a->seq);
+    if (a->handle >= 0) {
+      spec_->remove(a->handle);  // both engines' sequences
+    } else {
+      engine_.drop_sequence(a->seq);
+      if (draft_) draft_->drop_sequence(a->dseq);
+    }
     reserved_ -= a->reserved;
+    draft_reserved_ -= a->draft_reserved;
     ended.push_back(std::move(a));
   }
   std::erase(running, nullptr);
@@ -415,6 +505,7 @@ void Scheduler::retire(std::vector<std::unique_ptr<Active>>& running) {
     }
     stats_.running = static_cast<int64_t>(running.size());
     stats_.free_cache_tokens = engine_.free_cache_tokens();
+    if (draft_) stats_.draft_free_cache_tokens = draft_->free_cache_tokens();
   }
   for (const auto& a : ended) a->stream->finish(a->reason, "", a->error, a->generated);
 }

@@ -157,6 +157,46 @@ TEST(HttpServer, GreedyCompletionEqualsGenerate) {
   EXPECT_EQ(j2["usage"]["prompt_tokens"], static_cast<int64_t>(ids.size()));
 }
 
+// serve --draft: the same greedy completion, and /health and /metrics count the drafts (the
+// model drafting for itself: every draft kept).
+TEST(HttpServer, DraftModelReportsAcceptance) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  const auto model = tiny_model(conf);
+  auto o = options();
+  o.scheduler.speculative = {3, false};
+  LiveServer s(model, o, 4096, model);
+  const auto prompt = random_prompt(rng, 9);
+  const auto want = expected(s, model, prompt, 20, s.options().stop_tokens);
+  const auto [status, j] = post(
+      s, "/v1/completions",
+      json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 20}, {"temperature", 0}}.dump());
+  ASSERT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["choices"][0]["text"], want.text);
+  EXPECT_EQ(j["usage"]["completion_tokens"], want.completion_tokens);
+  const auto h = s.health();
+  ASSERT_TRUE(h.contains("speculative")) << h.dump();
+  const auto& sp = h["speculative"];
+  EXPECT_EQ(sp["draft_tokens"], 3);
+  EXPECT_EQ(sp["adaptive"], false);
+  EXPECT_GT(sp["drafted_tokens"].get<int64_t>(), 0);
+  EXPECT_EQ(sp["accepted_tokens"], sp["drafted_tokens"]);
+  EXPECT_EQ(sp["acceptance_rate"].get<double>(), 1.0);
+  EXPECT_GT(sp["tokens_per_round"].get<double>(), 1.0);
+  EXPECT_EQ(sp["draft_free_cache_tokens"], sp["draft_cache_tokens"]);
+  auto m = s.client()->Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_THAT(m->body, ::testing::HasSubstr("exl3_speculative_accepted_tokens_total " +
+                                            sp["accepted_tokens"].dump()));
+  EXPECT_THAT(m->body, ::testing::HasSubstr("exl3_speculative_drafted_tokens_total"));
+  // Without a draft, neither appears.
+  LiveServer plain(model, options());
+  EXPECT_FALSE(plain.health().contains("speculative"));
+  auto pm = plain.client()->Get("/metrics");
+  ASSERT_TRUE(pm);
+  EXPECT_THAT(pm->body, ::testing::Not(::testing::HasSubstr("exl3_speculative")));
+}
+
 TEST(HttpServer, ConcurrentStreamsEachEqualTheirSoloResult) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto rng = exl3::test::make_rng();

@@ -11,6 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "../runtime/runtime_test_util.hpp"
 #include "exl3/error.hpp"
 #include "exl3/server/scheduler.hpp"
 #include "exl3/text/stop_tokens.hpp"
@@ -54,12 +55,17 @@ std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t n) {
 }
 
 struct Fixture {
+  // `draft`: a draft model folder for speculative decoding (its engine made here).
   explicit Fixture(const std::filesystem::path& conf, SchedulerOptions so = {},
-                   int64_t cache = 4096)
+                   int64_t cache = 4096, const std::filesystem::path& draft = {})
       : model(st::tiny_model(conf)), tok(Tokenizer::load(model)) {
     runtime::EngineOptions eo;
     eo.cache_tokens = cache;
     engine = runtime::load_engine(model, eo);
+    if (!draft.empty()) {
+      draft_engine = runtime::load_engine(draft, eo);
+      so.draft = draft_engine.get();
+    }
     stops = exl3::model_stop_tokens(model, engine->spec().eos_token_ids, tok);
     sched = std::make_unique<Scheduler>(*engine, tok, so);
   }
@@ -72,7 +78,7 @@ struct Fixture {
   }
   std::filesystem::path model;
   Tokenizer tok;
-  std::unique_ptr<runtime::Engine> engine;
+  std::unique_ptr<runtime::Engine> engine, draft_engine;
   std::vector<int32_t> stops;
   std::unique_ptr<Scheduler> sched;
 };
@@ -119,6 +125,86 @@ TEST(Scheduler, ConcurrentGreedyRequestsEqualGenerateAndAreBatched) {
   EXPECT_LT(st.steps, total_tokens) << "the requests were not batched together";
   EXPECT_EQ(st.free_cache_tokens, st.cache_tokens);
   EXPECT_EQ(st.running, 0);
+}
+
+// serve --draft: concurrent greedy requests decoded by speculative rounds equal generate() alone,
+// with a draft that always agrees (the model's own weights, 3 drafts per round) and with one that
+// rarely does (a random model of the same vocabulary, adaptive counts); chunked prefill feeds
+// both engines; the statistics count the drafts; every KV page of both pools comes back.
+TEST(Scheduler, DraftModelGivesTheSameTokens) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  exl3::test::TempDir other;
+  runtime::test::write_model(other.path(), exl3::HfArch::kQwen3, exl3::test::test_seed());
+  const auto run = [&](const std::filesystem::path& draft, runtime::SpeculativeOptions spec,
+                       const char* what) {
+    SchedulerOptions so{.max_seqs = 3, .max_queue = 8, .max_context = 0, .step_tokens = 16};
+    so.speculative = spec;
+    Fixture f(conf, so, 4096, draft);
+    std::vector<GenerationRequest> reqs;
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < 4; ++i) {  // one more than max_seqs: one waits, then joins mid-run
+      reqs.push_back(f.greedy(random_prompt(rng, 5 + rng() % 30), 10 + 7 * i));
+      if (i % 2 == 0) reqs.back().stop_tokens.clear();
+      auto sub = f.sched->submit(reqs.back());
+      if (!sub.stream) {
+        ADD_FAILURE() << what << ": " << sub.message;
+        return SchedulerStats{};
+      }
+      streams.push_back(sub.stream);
+    }
+    int64_t total = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const auto d = drain(streams[i]);
+      expect_equals_reference(f, reqs[i], d, std::string(what) + " request " + std::to_string(i));
+      total += d.last.completion_tokens;
+    }
+    const auto s = f.sched->stats();
+    EXPECT_EQ(s.completed, 4) << what;
+    EXPECT_EQ(s.generation_tokens, total) << what;
+    EXPECT_EQ(s.free_cache_tokens, s.cache_tokens) << what;
+    EXPECT_EQ(s.draft_free_cache_tokens, s.draft_cache_tokens) << what;
+    EXPECT_GT(s.draft_cache_tokens, 0) << what;
+    EXPECT_GT(s.speculative_rounds, 0) << what;
+    EXPECT_LE(s.accepted_tokens, s.drafted_tokens) << what;
+    return s;
+  };
+  const auto same = run(st::tiny_model(conf), {3, false}, "same weights");
+  EXPECT_GT(same.drafted_tokens, 0);
+  EXPECT_EQ(same.accepted_tokens, same.drafted_tokens);
+  run(other.path(), {4, true}, "random draft");
+}
+
+// Cancelling a request mid-run with a draft gives both engines' KV pages back.
+TEST(Scheduler, DraftModelCancelFreesBothPools) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  SchedulerOptions so{.max_seqs = 2, .max_queue = 4, .max_context = 0, .step_tokens = 64};
+  so.speculative = {2, false};
+  Fixture f(conf, so, 4096, st::tiny_model(conf));
+  auto g = f.greedy(random_prompt(rng, 8), 3000);
+  g.stop_tokens.clear();
+  auto s = f.sched->submit(g).stream;
+  ASSERT_TRUE(s);
+  int64_t seen = 0;
+  while (seen < 6) {
+    const auto u = s->wait(std::chrono::milliseconds(100));
+    ASSERT_FALSE(u.finished);
+    seen += static_cast<int64_t>(u.tokens.size());
+  }
+  EXPECT_LT(f.sched->stats().draft_free_cache_tokens, f.sched->stats().draft_cache_tokens);
+  s->cancel();
+  EXPECT_EQ(drain(s).last.reason, FinishReason::kCancelled);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  const auto back = [&] {
+    const auto st = f.sched->stats();
+    return st.free_cache_tokens == st.cache_tokens &&
+           st.draft_free_cache_tokens == st.draft_cache_tokens;
+  };
+  while (!back() && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(back());
 }
 
 TEST(Scheduler, ChunkedPrefillGivesTheSameTokens) {
@@ -258,6 +344,27 @@ TEST(Scheduler, RefusesBadOptions) {
   } catch (const exl3::Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("--cache-tokens"));
   }
+  // A draft: another vocabulary, or a pool smaller than max_context.
+  exl3::test::TempDir small_vocab;
+  exl3::SyntheticHfSpec sv;
+  sv.arch = exl3::HfArch::kQwen3;
+  sv.vocab_size = 300;
+  exl3::write_synthetic_hf_model(small_vocab.path(), sv);
+  auto wrong_vocab = runtime::load_engine(small_vocab.path(), eo);
+  SchedulerOptions with_draft{.max_seqs = 1, .max_queue = 1, .max_context = 0, .step_tokens = 8};
+  with_draft.draft = wrong_vocab.get();
+  EXPECT_THAT(exl3::runtime::test::error_of([&] { make(with_draft); }),
+              HasSubstr("the draft model's vocabulary has 300 tokens"));
+  runtime::EngineOptions small = eo;
+  small.cache_tokens = 64;
+  auto small_draft = runtime::load_engine(st::tiny_model(conf), small);
+  with_draft.draft = small_draft.get();
+  with_draft.max_context = 200;
+  EXPECT_THAT(exl3::runtime::test::error_of([&] { make(with_draft); }),
+              HasSubstr("exceeds what the draft model holds (64 tokens"));
+  // Without max_context, the draft's pool caps the server's context.
+  with_draft.max_context = 0;
+  EXPECT_EQ(Scheduler(*engine, tok, with_draft).max_context(), 64);
 }
 
 TEST(Scheduler, MaxTokensNearTwoToThe63IsTooLongNotAWrap) {

@@ -31,11 +31,17 @@ inline std::filesystem::path tiny_model(const std::filesystem::path& conformance
 // One server on its own engine, serving from a background thread until destroyed.
 class LiveServer {
  public:
-  LiveServer(const std::filesystem::path& model, ServerOptions opts, int64_t cache_tokens = 4096)
+  // `draft`: a draft model folder for speculative decoding (its engine made here).
+  LiveServer(const std::filesystem::path& model, ServerOptions opts, int64_t cache_tokens = 4096,
+             const std::filesystem::path& draft = {})
       : tok_(Tokenizer::load(model)) {
     runtime::EngineOptions eo;
     eo.cache_tokens = cache_tokens;
     engine_ = runtime::load_engine(model, eo);
+    if (!draft.empty()) {
+      draft_ = runtime::load_engine(draft, eo);
+      opts.scheduler.draft = draft_.get();
+    }
     if (opts.stop_tokens.empty())
       opts.stop_tokens = model_stop_tokens(model, engine_->spec().eos_token_ids, tok_);
     opts_ = opts;
@@ -81,7 +87,7 @@ class LiveServer {
 
  private:
   Tokenizer tok_;
-  std::unique_ptr<runtime::Engine> engine_;
+  std::unique_ptr<runtime::Engine> engine_, draft_;
   ServerOptions opts_;
   std::unique_ptr<HttpServer> server_;
   int port_ = 0;

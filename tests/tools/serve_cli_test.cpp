@@ -28,9 +28,10 @@ TEST(ServeCli, HelpTeaches) {
   EXPECT_THAT(run_cli("--help").out, HasSubstr("serve"));
   const auto h = run_cli("serve --help");
   EXPECT_EQ(h.code, 0);
-  for (const char* s : {"MODEL", "--host", "--port", "--device", "--max-seqs", "--max-queue",
-                        "--cache-tokens", "--model-name", "--chat-format", "Examples:", "curl",
-                        "/v1/chat/completions", "503", "SIGTERM"}) {
+  for (const char* s :
+       {"MODEL", "--host", "--port", "--device", "--max-seqs", "--max-queue", "--cache-tokens",
+        "--model-name", "--chat-format", "Examples:", "curl", "/v1/chat/completions", "503",
+        "SIGTERM", "--draft", "--draft-tokens", "--draft-fixed"}) {
     EXPECT_THAT(h.out, HasSubstr(s));
   }
 }
@@ -40,6 +41,9 @@ TEST(ServeCli, BadModelFailsWithAMessage) {
   const auto r = run_cli("serve " + exl3::test::shell_quote(tmp.path()) + " --port 0");
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.out, HasSubstr("exl3: error:"));
+  // --draft-tokens and --draft-fixed need --draft.
+  EXPECT_NE(run_cli("serve " + exl3::test::shell_quote(tmp.path()) + " --draft-tokens 3").code, 0);
+  EXPECT_NE(run_cli("serve " + exl3::test::shell_quote(tmp.path()) + " --draft-fixed").code, 0);
 }
 
 TEST(ServeCli, ServesAndStopsOnSigterm) {
@@ -54,10 +58,12 @@ TEST(ServeCli, ServesAndStopsOnSigterm) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&fa, out[0]);
+  // The model as its own draft: speculative rounds behind the same API (/health reports them).
   std::string a0 = bin, a1 = "--threads", a2 = "2", a3 = "serve", a4 = model, a5 = "--port",
-              a6 = "0", a7 = "--model-name", a8 = "tiny", a9 = "--quiet";
-  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(), a4.data(), a5.data(),
-                  a6.data(), a7.data(), a8.data(), a9.data(), nullptr};
+              a6 = "0", a7 = "--model-name", a8 = "tiny", a9 = "--quiet", a10 = "--draft",
+              a11 = model;
+  char* argv[] = {a0.data(), a1.data(), a2.data(), a3.data(),  a4.data(),  a5.data(), a6.data(),
+                  a7.data(), a8.data(), a9.data(), a10.data(), a11.data(), nullptr};
   pid_t pid = -1;
   ASSERT_EQ(posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv, environ), 0);
   posix_spawn_file_actions_destroy(&fa);
@@ -104,9 +110,11 @@ TEST(ServeCli, ServesAndStopsOnSigterm) {
   httplib::Client c("127.0.0.1", port);
   c.set_connection_timeout(2, 0);
   c.set_read_timeout(20, 0);
+  EXPECT_THAT(text, HasSubstr("draft: " + model));
   auto h = c.Get("/health");
   ASSERT_TRUE(h);
   EXPECT_EQ(json::parse(h->body)["model"], "tiny");
+  EXPECT_EQ(json::parse(h->body)["speculative"]["draft_tokens"], 4);
   auto r = c.Post("/v1/completions", R"({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 4})",
                   "application/json");
   ASSERT_TRUE(r);

@@ -67,6 +67,13 @@ class SpeculativeDecoder {
   // (this sequence's own samplers: the target's seeded with sampling.seed, the draft's with
   // fixed bits of it flipped).
   Added add(std::span<const int32_t> prompt, const SamplingOptions& sampling);
+  // Takes over a sequence prefilled outside the decoder (a server's chunked prefill):
+  // `target_seq` and `draft_seq` each hold exactly `prompt` in their engine, and `first` was
+  // sampled from the prompt pass by `sampler`, whose seeded stream the rounds continue (the
+  // draft's sampler is made from `sampling` as in add()). From here the decoder owns both
+  // sequences. Refuses, naming the problem, caches that do not hold the prompt.
+  int adopt(Engine::SeqId target_seq, Engine::SeqId draft_seq, std::span<const int32_t> prompt,
+            int32_t first, Sampler sampler, const SamplingOptions& sampling);
   void remove(int handle);
 
   struct Slot {

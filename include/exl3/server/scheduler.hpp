@@ -14,8 +14,14 @@
 //      top_p, seed), detokenizes incrementally, checks stop tokens, stop strings and max_tokens,
 //      and publishes the new text to the request's RequestStream.
 //
+// With a draft engine (SchedulerOptions::draft), prompts are prefilled in both engines (the same
+// chunks), and generating sequences advance by rounds of speculative decoding instead of single
+// decode steps: one runtime::SpeculativeDecoder round over all of them per iteration, each
+// sequence drafting its own count (adaptive by default), so a round emits 1 to K + 1 tokens per
+// sequence. The draft's KV pool is reserved like the model's (prompt + max_tokens per request).
+//
 // A greedy request produces the same tokens as runtime::generate() whatever else runs beside it
-// (each sequence's tokens only ever attend to its own KV pages).
+// (each sequence's tokens only ever attend to its own KV pages), with or without a draft.
 #pragma once
 
 #include <atomic>
@@ -34,6 +40,7 @@
 
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
+#include "exl3/runtime/speculative.hpp"
 #include "exl3/text/tokenizer.hpp"
 
 namespace exl3::server {
@@ -101,6 +108,10 @@ struct SchedulerOptions {
   int64_t max_context = 0;    // prompt + max_tokens per request; 0 = the model's
                               // max_position_embeddings, capped by the KV pool
   int64_t step_tokens = 256;  // tokens per forward_batch step (decodes + prefill chunks)
+  // Speculative decoding: a draft engine with the model's vocabulary (no live sequences; it must
+  // outlive the scheduler), and how it drafts.
+  runtime::Engine* draft = nullptr;
+  runtime::SpeculativeOptions speculative{};
 };
 
 // A latency histogram as Prometheus exposes one: cumulative counts per upper bound, sum, count.
@@ -127,6 +138,13 @@ struct SchedulerStats {
   int64_t refused_queue_full = 0;  // submit() answered kQueueFull
   int64_t prompt_tokens = 0;       // of admitted requests
   int64_t generation_tokens = 0;   // sampled (a final stop token included)
+  // Speculative decoding (0 without a draft): the draft's KV pool, and per sequence and round
+  // the rounds run, the tokens drafted and the drafts kept.
+  int64_t draft_cache_tokens = 0;
+  int64_t draft_free_cache_tokens = 0;
+  int64_t speculative_rounds = 0;
+  int64_t drafted_tokens = 0;
+  int64_t accepted_tokens = 0;
   // Time to first token: from submit() to the first sampled token (queueing and prefill).
   LatencyHistogram time_to_first_token{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   // Inter-token latency: between one request's consecutive sampled tokens.
@@ -137,7 +155,8 @@ struct SchedulerStats {
 class Scheduler {
  public:
   // `engine` must have no live sequences and outlive the scheduler; the worker starts here.
-  // Throws exl3::Error for options out of range.
+  // Throws exl3::Error for options out of range (and, with a draft, for a draft whose vocabulary
+  // differs or whose pool or positions cannot hold max_context).
   Scheduler(runtime::Engine& engine, Tokenizer tokenizer, const SchedulerOptions& opts);
   ~Scheduler();  // shutdown()
   Scheduler(const Scheduler&) = delete;
@@ -175,6 +194,7 @@ class Scheduler {
   void run();
   void admit(std::vector<std::unique_ptr<Active>>& running);
   void step(std::vector<std::unique_ptr<Active>>& running);
+  void speculative_round(std::vector<std::unique_ptr<Active>>& running);
   void accept_token(Active& a, int32_t tok);
   void retire(std::vector<std::unique_ptr<Active>>& running);
   int64_t pages_for(int64_t tokens) const;
@@ -186,6 +206,11 @@ class Scheduler {
   int64_t cache_tokens_ = 0;  // pool capacity
   int64_t max_context_ = 0;
   int64_t reserved_ = 0;  // worst-case KV tokens of the running sequences (worker only)
+  // With a draft: its engine, page size, pool and reservations, and the decoder that owns the
+  // generating sequences in both engines (worker only after construction).
+  runtime::Engine* draft_ = nullptr;
+  int64_t draft_page_tokens_ = 1, draft_cache_tokens_ = 0, draft_reserved_ = 0;
+  std::unique_ptr<runtime::SpeculativeDecoder> spec_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
