@@ -6,10 +6,12 @@
 namespace exl3 {
 namespace {
 
-constexpr std::array<ArchitectureInfo, 9> kArchitectures = {{
+constexpr std::array<ArchitectureInfo, 10> kArchitectures = {{
     // arch, HF class, model_type, CLI, moe, shared experts, qk_norm, qkv_bias, mla
     {Architecture::kLlama, "LlamaForCausalLM", "llama", "llama", false, false, false, false, false},
     {Architecture::kMistral, "MistralForCausalLM", "mistral", "mistral", false, false, false, false,
+     false},
+    {Architecture::kMixtral, "MixtralForCausalLM", "mixtral", "mixtral", true, false, false, false,
      false},
     {Architecture::kQwen2, "Qwen2ForCausalLM", "qwen2", "qwen2", false, false, false, true, false},
     {Architecture::kQwen3, "Qwen3ForCausalLM", "qwen3", "qwen3", false, false, true, false, false},

@@ -121,6 +121,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
     case Architecture::kMistral:
       families::describe_mistral(f);
       break;
+    case Architecture::kMixtral:
+      families::describe_mixtral(f);
+      break;
     case Architecture::kQwen2:
       families::describe_qwen2(f);
       break;

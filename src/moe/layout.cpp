@@ -26,8 +26,8 @@ std::string_view rotation_layout_name(RotationLayout layout) {
   }
 }
 
-std::string_view proj_name(Proj p) {
-  return p == Proj::kGate ? "gate_proj" : (p == Proj::kUp ? "up_proj" : "down_proj");
+std::string_view proj_name(Proj p, const ExpertNaming& n) {
+  return n.proj[static_cast<size_t>(p)];
 }
 std::string_view hidden_side_field(Proj p) {
   return p == Proj::kDown ? "svh" : "suh";
@@ -36,8 +36,9 @@ std::string_view intermediate_side_field(Proj p) {
   return p == Proj::kDown ? "suh" : "svh";
 }
 
-std::string expert_prefix(int layer, int expert, Proj p, int rank) {
-  std::string s = fmt::format("model.layers.{}.mlp.experts.{}.{}", layer, expert, proj_name(p));
+std::string expert_prefix(int layer, int expert, Proj p, int rank, const ExpertNaming& n) {
+  std::string s =
+      fmt::format("model.layers.{}.{}.experts.{}.{}", layer, n.block, expert, proj_name(p, n));
   if (rank >= 0) s += fmt::format(".rank{}", rank);
   return s;
 }
@@ -76,16 +77,21 @@ std::string format_tier_signature(const std::vector<std::pair<int, int>>& signat
 
 namespace {
 
-// `model.layers.{L}.mlp.experts.{E}.{gate_proj|up_proj|down_proj}`: {L, E, proj index}.
+// `model.layers.{L}.{block}.experts.{E}.{proj}` in one of the known namings: {L, E, proj index,
+// naming index}.
 struct PlainExpert {
   int layer, expert, proj;
+  size_t naming;
 };
 std::optional<PlainExpert> parse_plain_expert(const Exl3LinearInfo& l) {
   if (!l.expert || l.expert->layer < 0) return std::nullopt;
-  for (int p = 0; p < 3; ++p) {
-    if (l.expert->proj == proj_name(kProjs[p]) &&
-        l.prefix == expert_prefix(l.expert->layer, l.expert->expert, kProjs[p], -1)) {
-      return PlainExpert{l.expert->layer, l.expert->expert, p};
+  for (size_t n = 0; n < std::size(kExpertNamings); ++n) {
+    for (int p = 0; p < 3; ++p) {
+      const ExpertNaming& naming = kExpertNamings[n];
+      if (l.expert->proj == proj_name(kProjs[p], naming) &&
+          l.prefix == expert_prefix(l.expert->layer, l.expert->expert, kProjs[p], -1, naming)) {
+        return PlainExpert{l.expert->layer, l.expert->expert, p, n};
+      }
     }
   }
   return std::nullopt;
@@ -96,6 +102,7 @@ std::optional<PlainExpert> parse_plain_expert(const Exl3LinearInfo& l) {
 std::optional<MoeLayout> plain_layout(const Checkpoint& ckpt) {
   std::map<int, std::map<int, std::array<int, 3>>> bits;  // layer -> expert -> K per proj
   std::set<int> ks;
+  std::map<size_t, std::string> namings;  // naming index -> an example linear
   for (const auto& l : ckpt.linears()) {
     if (l.expert && l.expert->proj.find(".rank") != std::string::npos) {
       fail(
@@ -107,11 +114,19 @@ std::optional<MoeLayout> plain_layout(const Checkpoint& ckpt) {
     }
     const auto e = parse_plain_expert(l);
     if (!e) continue;
+    namings.emplace(e->naming, l.prefix);
     bits[e->layer][e->expert][static_cast<size_t>(e->proj)] = l.bits;
     ks.insert(l.bits);
   }
   if (bits.empty()) return std::nullopt;
+  if (namings.size() > 1) {
+    fail(
+        "{}: the EXL3 experts are named two ways ('{}' and '{}'); refusing to guess which the "
+        "model uses",
+        ckpt.path().string(), namings.begin()->second, namings.rbegin()->second);
+  }
   MoeLayout out;
+  out.naming = kExpertNamings[namings.begin()->first];
   out.rotation = RotationLayout::kPlain;
   out.label = ckpt.path().string();
   out.bits_source = "tensors";
@@ -131,6 +146,22 @@ std::optional<MoeLayout> plain_layout(const Checkpoint& ckpt) {
 }
 
 }  // namespace
+
+void check_expert_naming(const MoeLayout& layout, std::string_view block,
+                         const std::array<std::string, 3>& proj, const std::string& label) {
+  const ExpertNaming& n = layout.naming;
+  if (layout.rank_sliced() ? block == n.block
+                           : block == n.block && proj[0] == n.proj[0] && proj[1] == n.proj[1] &&
+                                 proj[2] == n.proj[2]) {
+    return;
+  }
+  fail(
+      "{}: the model's experts are '{}.experts.{{E}}.{{{},{},{}}}', but the checkpoint's EXL3 "
+      "experts ({}) are '{}.experts.{{E}}.{{{},{},{}}}'; hint: the checkpoint was converted for "
+      "another architecture",
+      label, block, proj[0], proj[1], proj[2], layout.label, n.block, n.proj[0], n.proj[1],
+      n.proj[2]);
+}
 
 std::optional<MoeLayout> read_moe_layout(const Checkpoint& ckpt) {
   if (ckpt.config()) {

@@ -31,9 +31,9 @@ std::vector<std::string_view> split_dots(std::string_view s) {
   }
 }
 
-std::optional<Proj> parse_proj(std::string_view s) {
+std::optional<Proj> parse_proj(std::string_view s, const ExpertNaming& n) {
   for (const Proj p : kProjs) {
-    if (s == proj_name(p)) return p;
+    if (s == proj_name(p, n)) return p;
   }
   return std::nullopt;
 }
@@ -65,10 +65,11 @@ class NameChecker {
   }
 
   Proj proj(std::string_view s) const {
-    const auto p = parse_proj(s);
+    const auto p = parse_proj(s, layout_.naming);
     if (!p)
       bad(fmt::format("unknown projection '{}'", s),
-          "experts have gate_proj, up_proj and down_proj");
+          fmt::format("experts here have {}, {} and {}", layout_.naming.proj[0],
+                      layout_.naming.proj[1], layout_.naming.proj[2]));
     return *p;
   }
 
@@ -144,7 +145,7 @@ class NameChecker {
 }  // namespace
 
 void check_layer_names(const TensorStore& store, const MoeLayout& layout, int layer) {
-  const std::string prefix = fmt::format("model.layers.{}.mlp.experts.", layer);
+  const std::string prefix = fmt::format("model.layers.{}.{}.experts.", layer, layout.naming.block);
   const auto& names = store.names();  // sorted
   NameChecker checker(store, layout);
   for (auto it = std::lower_bound(names.begin(), names.end(), prefix);

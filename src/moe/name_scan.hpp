@@ -1,4 +1,5 @@
-// Checks every tensor name under `model.layers.{L}.mlp.experts.` (all ranks: names only, no
+// Checks every tensor name under `model.layers.{L}.{block}.experts.` (the layout's naming; all
+// ranks: names only, no
 // data) against the layout's schema, so a tensor the loader would silently skip is an error:
 //   rank-sliced  `{E}.{proj}.rank{r}.{trellis|suh|svh|mcg|mul1}` and, under shared_h_v1 only,
 //                `shared_h.{proj}.rank{r}.{suh for gate/up | svh for down}`; under shared_h_v1

@@ -70,8 +70,8 @@ class LayerLoader {
     const int n = layout_.num_experts;
     const int r = layout_.rank_sliced() ? rank_ : -1;
     // Geometry from expert 0's gate (checked like every other trellis), then the tables.
-    const TrellisShape g0 =
-        check_trellis(trellis_ref(expert_prefix(layer_, 0, Proj::kGate, r)), bits[0], 0, 0);
+    const TrellisShape g0 = check_trellis(
+        trellis_ref(expert_prefix(layer_, 0, Proj::kGate, r, layout_.naming)), bits[0], 0, 0);
     w_.hidden = g0.in;
     w_.intermediate = g0.out;
     const size_t h = static_cast<size_t>(w_.hidden), i = static_cast<size_t>(w_.intermediate);
@@ -182,7 +182,7 @@ class LayerLoader {
 
   ProjWeights load_proj(int e, Proj p, int declared_bits) {
     const bool sliced = layout_.rank_sliced();
-    const std::string prefix = expert_prefix(layer_, e, p, sliced ? rank_ : -1);
+    const std::string prefix = expert_prefix(layer_, e, p, sliced ? rank_ : -1, layout_.naming);
     const bool down = p == Proj::kDown;
     const int64_t in = down ? w_.intermediate : w_.hidden, out = down ? w_.hidden : w_.intermediate;
     const TensorRef& tr = trellis_ref(prefix);
@@ -290,7 +290,8 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ckpt, int layer, int rank, int 
   if (!layout) {
     fail(
         "{}: no MoE experts (neither a hybrid_tr3_tail block in config.json nor "
-        "'model.layers.{{L}}.mlp.experts.{{E}}.{{proj}}' EXL3 linears)",
+        "'model.layers.{{L}}.mlp.experts.{{E}}.{{proj}}' or "
+        "'model.layers.{{L}}.block_sparse_moe.experts.{{E}}.{{w1,w3,w2}}' EXL3 linears)",
         ckpt.path().string());
   }
   MoeLayerWeights w =

@@ -92,7 +92,7 @@ OrderKey order_key(std::string_view name) {
         r = 0;
       else if (parts[3] == "self_attn")
         r = 1;
-      else if (parts[3] == "mlp")
+      else if (parts[3] == "mlp" || parts[3] == "block_sparse_moe")
         r = 3;
       return {1, l, r};
     }
@@ -140,6 +140,8 @@ class Planner {
 
  private:
   std::optional<LinearKey> parse_linear(const std::string& name) const;
+  // Layer l's MoE description, or nullptr for a dense layer (or an index past the decoder).
+  const model::MoeSpec* moe_of(int l) const;
   void add_linear(const LinearKey& key, const TensorRef& w);
   void add_plain(const TensorRef& t);
   void check_structure() const;
@@ -176,6 +178,19 @@ std::optional<LinearKey> Planner::parse_linear(const std::string& name) const {
       (arch_.mla ? kMlaProj.contains(p[4]) : kAttnProj.contains(p[4]))) {
     k.proj = std::string(p[4]);
     return k;
+  }
+  // Routed experts under the family's own names (Mixtral: block_sparse_moe.experts.E.w1/w3/w2),
+  // recorded under the canonical gate_proj / up_proj / down_proj.
+  if (const model::MoeSpec* m = moe_of(k.layer);
+      m != nullptr && m->block != "mlp" && p.size() == 8 && p[3] == m->block && p[4] == "experts") {
+    for (size_t i = 0; i < 3; ++i) {
+      if (p[6] != m->expert_proj[i]) continue;
+      k.expert = parse_index(p[5]);
+      if (k.expert < 0) return std::nullopt;
+      k.proj = i == 0 ? "gate_proj" : (i == 1 ? "up_proj" : "down_proj");
+      return k;
+    }
+    return std::nullopt;
   }
   if (p[3] != "mlp") return std::nullopt;
   if (p.size() == 6 && kMlpProj.contains(p[4])) {
@@ -297,7 +312,9 @@ void Planner::add_plain(const TensorRef& t) {
   it.name = n;
   it.source = n;
   const auto parts = split_dots(n);
-  const bool router = n.ends_with("mlp.gate.weight") || n.ends_with("e_score_correction_bias");
+  const bool router = n.ends_with("mlp.gate.weight") ||
+                      n.ends_with("block_sparse_moe.gate.weight") ||
+                      n.ends_with("e_score_correction_bias");
   if (std::find(parts.begin(), parts.end(), "embed_tokens") != parts.end())
     it.role_name = "embedding";
   else if (router)
@@ -316,6 +333,11 @@ void Planner::add_plain(const TensorRef& t) {
     it.out_dtype = DType::kF16;
   }
   items_.push_back(std::move(it));
+}
+
+const model::MoeSpec* Planner::moe_of(int l) const {
+  if (l < 0 || static_cast<size_t>(l) >= spec_.layers.size()) return nullptr;
+  return std::get_if<model::MoeSpec>(&spec_.layers[static_cast<size_t>(l)].mlp);
 }
 
 bool Planner::layer_is_moe(int l) const {
@@ -364,13 +386,17 @@ void Planner::check_structure() const {
       fail("{}: layer {} has a dense MLP but {} expects routed experts there", lbl, l,
            arch_.hf_name);
     }
-    if (!store_.contains(lp + "mlp.gate.weight")) missing(lp + "mlp.gate.weight");
+    const model::MoeSpec& ms = *moe_of(l);
+    const std::string router = lp + ms.block + ".gate.weight";
+    if (!store_.contains(router)) missing(router);
     for (int e = 0; e < cfg_.num_experts; ++e) {
-      for (const auto& p : kMlpProj) {
+      size_t i = 0;
+      for (const auto& p : {"gate_proj", "up_proj", "down_proj"}) {
         if (!experts_.contains(l) || !experts_.at(l).contains(e) ||
             !experts_.at(l).at(e).contains(std::string(p))) {
-          missing(fmt::format("{}mlp.experts.{}.{}.weight", lp, e, p));
+          missing(fmt::format("{}{}.experts.{}.{}.weight", lp, ms.block, e, ms.expert_proj[i]));
         }
+        ++i;
       }
     }
     if (experts_.contains(l) && experts_.at(l).rbegin()->first >= cfg_.num_experts) {

@@ -280,20 +280,23 @@ ModulePtr CpuBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoePl
         model::TpLinearPlan lp{p + proj, split, false, in, out, plan->ranks};
         return load_linear({lp.prefix, in, out, &lp, rank});
       };
+      const std::string gate = "." + s.expert_proj[0], up = "." + s.expert_proj[1],
+                        down = "." + s.expert_proj[2];
       DenseExpert x;
-      x.gate = ld(".gate_proj", model::TpSplit::kColumn, hidden, s.intermediate);
-      x.up = ld(".up_proj", model::TpSplit::kColumn, hidden, s.intermediate);
-      x.down = ld(".down_proj", model::TpSplit::kRow, s.intermediate, hidden);
-      x.gate_up_names[0] = p + ".gate_proj";
-      x.gate_up_names[1] = p + ".up_proj";
-      x.down_names[0] = p + ".down_proj";
+      x.gate = ld(gate.c_str(), model::TpSplit::kColumn, hidden, s.intermediate);
+      x.up = ld(up.c_str(), model::TpSplit::kColumn, hidden, s.intermediate);
+      x.down = ld(down.c_str(), model::TpSplit::kRow, s.intermediate, hidden);
+      x.gate_up_names[0] = p + gate;
+      x.gate_up_names[1] = p + up;
+      x.down_names[0] = p + down;
       m->dense.push_back(std::move(x));
     }
     return m;
   }
+  moe::check_expert_naming(*layout, s.block, s.expert_proj, spec_.label);
   for (int e = 0; e < experts; ++e) {
-    for (const auto p : moe::kProjs) {
-      const std::string w = fmt::format("{}.experts.{}.{}.weight", s.prefix, e, moe::proj_name(p));
+    for (const auto& proj : s.expert_proj) {
+      const std::string w = fmt::format("{}.experts.{}.{}.weight", s.prefix, e, proj);
       if (store.contains(w)) {
         fail(
             "{}: MoE layer {} mixes EXL3 experts with unquantized ones (e.g. '{}'); hint: "

@@ -284,6 +284,7 @@ ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoeP
         "use --device cpu)",
         ckpt_.path().string());
   }
+  moe::check_expert_naming(*layout, s.block, s.expert_proj, spec_.label);
   if (!layout->has_layer(layer)) {
     fail("{}: config.json makes layer {} a MoE layer, but the checkpoint has no experts for it",
          ckpt_.path().string(), layer);

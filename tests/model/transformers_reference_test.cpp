@@ -1,6 +1,8 @@
 // Families against transformers' own forward, on tiny random checkpoints whose fp64 logits are
 // committed beside them (tests/model/data/make_*.py, transformers 5.17):
 //   mistral_window     MistralForCausalLM with a sliding window of 8 over 40 positions
+//   mixtral            MixtralForCausalLM: the same window, 4 experts (top 2, renormalised) under
+//                      block_sparse_moe with w1/w3/w2 names, widths 128
 //   deepseek_v3_qlora  DeepseekV3ForCausalLM: q LoRA, interleaved RoPE, 4 expert groups (2 kept)
 //   deepseek_v3_yarn   plain q_proj, half-split RoPE with DeepSeek's yarn (mscale) over 40
 //                      positions against original_max_position_embeddings 16, 2 groups (1 kept)
@@ -23,6 +25,7 @@
 #include "exl3/format/safetensors.hpp"
 #include "exl3/model/spec.hpp"
 #include "exl3/model/tp_plan.hpp"
+#include "exl3/moe/layout.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "runtime_test_util.hpp"
 #include "test_support.hpp"
@@ -95,7 +98,7 @@ TEST_P(Transformers, MatchesFp64AndDecodesAtEveryTp) {
 INSTANTIATE_TEST_SUITE_P(Model, Transformers,
                          ::testing::Values("deepseek_v3_qlora", "deepseek_v3_yarn", "glm_moe_dsa",
                                            "deepseek_v32", "mistral_window", "deepseek_v3_q128",
-                                           "glm_moe_dsa_q128"));
+                                           "glm_moe_dsa_q128", "mixtral"));
 
 // The window matters: without it the Mistral model is far from its reference.
 TEST(Mistral, SlidingWindowChangesTheResult) {
@@ -114,6 +117,33 @@ TEST(Mistral, SlidingWindowChangesTheResult) {
   const double err = exl3::test::rel_l2(rt::forward_logits(*full, ref.ids), ref.logits);
   std::printf("mistral_window without its window: rel-L2 %.3e from the reference\n", err);
   EXPECT_GT(err, 1e-2);
+}
+
+// Mixtral: its MoE under Mixtral's names, and the router's renormalisation matters.
+TEST(Mixtral, DescribedWithItsExpertNamesAndRenormalisedRouter) {
+  const auto src = data_dir("mixtral");
+  const ModelSpec s = describe_model(Checkpoint::open(src));
+  EXPECT_EQ(s.architecture, Architecture::kMixtral);
+  EXPECT_EQ(std::get<GqaAttentionSpec>(s.layers[0].attention).sliding_window, 8);
+  const auto& moe = std::get<MoeSpec>(s.layers[1].mlp);
+  EXPECT_EQ(moe.prefix, "model.layers.1.block_sparse_moe");
+  EXPECT_EQ(moe.expert_proj[0], "w1");
+  EXPECT_EQ(moe.expert_proj[1], "w3");
+  EXPECT_EQ(moe.expert_proj[2], "w2");
+  EXPECT_EQ(moe.num_experts, 4);
+  EXPECT_EQ(moe.top_k, 2);
+  EXPECT_EQ(moe.intermediate, 128);
+  EXPECT_TRUE(moe.renormalize);
+  // EXL3 experts must be named as the family names them (a checkpoint converted for another
+  // architecture is refused, naming both spellings).
+  moe::MoeLayout mlp_named;
+  mlp_named.label = "ckpt";
+  EXPECT_NO_THROW(
+      moe::check_expert_naming(mlp_named, "mlp", {"gate_proj", "up_proj", "down_proj"}, "cfg"));
+  EXPECT_THAT(rt::test::error_of(
+                  [&] { moe::check_expert_naming(mlp_named, moe.block, moe.expert_proj, "cfg"); }),
+              HasSubstr("'block_sparse_moe.experts.{E}.{w1,w3,w2}', but the checkpoint's EXL3 "
+                        "experts (ckpt) are 'mlp.experts.{E}.{gate_proj,up_proj,down_proj}'"));
 }
 
 // The sparsity matters: with every position kept, the GLM-5 model is far from its reference.

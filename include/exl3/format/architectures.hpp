@@ -14,6 +14,7 @@ namespace exl3 {
 enum class Architecture : uint8_t {
   kLlama,
   kMistral,
+  kMixtral,
   kQwen2,
   kQwen3,
   kQwen3Moe,
@@ -28,7 +29,8 @@ struct ArchitectureInfo {
   std::string_view hf_name;     // config.json "architectures"[0], e.g. "Qwen3MoeForCausalLM"
   std::string_view model_type;  // config.json "model_type", e.g. "qwen3_moe"
   std::string_view cli_name;    // `exl3 sample-hf --arch`, e.g. "qwen3-moe"
-  bool moe;                     // routed experts mlp.experts.E.{gate,up,down}_proj
+  bool moe;                     // routed experts: mlp.experts.E.{gate,up,down}_proj (Mixtral:
+                                // block_sparse_moe.experts.E.{w1,w3,w2})
   bool shared_experts;          // mlp.shared_experts.* beside them (GLM-4.5)
   bool qk_norm;                 // per-head RMSNorm of q and k (Qwen3)
   bool qkv_bias;                // biases on q/k/v_proj (Qwen2, GLM-4.5)

@@ -27,6 +27,7 @@
 // added as another alternative without touching the GQA path; every backend visits it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -111,7 +112,11 @@ struct DenseMlpSpec {
 enum class RouterKind : uint8_t { kSoftmax, kSigmoidGrouped };
 
 struct MoeSpec {
-  std::string prefix;  // "model.layers.3.mlp": gate (router), experts.{E}.{gate,up,down}_proj
+  // "model.layers.3.mlp": gate (router), experts.{E}.{gate,up,down}_proj; Mixtral's
+  // "model.layers.3.block_sparse_moe": gate, experts.{E}.{w1,w3,w2}.
+  std::string prefix;
+  std::string block = "mlp";  // the prefix's last part, which moe_layers appends per layer
+  std::array<std::string, 3> expert_proj = {"gate_proj", "up_proj", "down_proj"};
   int64_t num_experts = 0;
   int top_k = 0;
   int64_t intermediate = 0;  // moe_intermediate_size

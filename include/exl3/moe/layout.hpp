@@ -15,6 +15,7 @@
 // bitmap file), the key and the problem, and end with a hint.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -42,7 +43,19 @@ std::string_view rotation_layout_name(RotationLayout layout);
 
 enum class Proj : uint8_t { kGate, kUp, kDown };
 inline constexpr Proj kProjs[] = {Proj::kGate, Proj::kUp, Proj::kDown};
-std::string_view proj_name(Proj p);  // "gate_proj" | "up_proj" | "down_proj"
+
+// How a family names its routed experts, `model.layers.{L}.{block}.experts.{E}.{proj}`: the
+// block and the gate, up and down projections. Rank-sliced layouts use the first only.
+struct ExpertNaming {
+  std::string_view block = "mlp";
+  std::array<std::string_view, 3> proj = {"gate_proj", "up_proj", "down_proj"};
+  bool operator==(const ExpertNaming&) const = default;
+};
+inline constexpr ExpertNaming kMlpExperts{};  // Qwen3-MoE, GLM-4.5, DeepSeek-V3, ...
+inline constexpr ExpertNaming kMixtralExperts{"block_sparse_moe", {"w1", "w3", "w2"}};
+inline constexpr ExpertNaming kExpertNamings[] = {kMlpExperts, kMixtralExperts};
+
+std::string_view proj_name(Proj p, const ExpertNaming& n = kMlpExperts);  // "gate_proj" | ...
 // The hidden-side vector of a projection: gate/up read x (suh), down writes the output (svh).
 std::string_view hidden_side_field(Proj p);        // "suh" | "svh"
 std::string_view intermediate_side_field(Proj p);  // "svh" | "suh"
@@ -61,7 +74,8 @@ inline constexpr int kUniformBits[] = {3, 4, 5, 6, 8};
 inline constexpr int kMixedMinBits = 3, kMixedMaxBits = 6;
 
 // Tensor names. rank < 0 gives the plain (exllamav3) spelling without `.rank{r}`.
-std::string expert_prefix(int layer, int expert, Proj p, int rank);
+std::string expert_prefix(int layer, int expert, Proj p, int rank,
+                          const ExpertNaming& n = kMlpExperts);
 std::string shared_h_name(int layer, Proj p,
                           int rank);  // `...experts.shared_h.{proj}.rank{r}.{suh|svh}`
 
@@ -79,6 +93,7 @@ struct MoeLayout {
   bool mixed = false;         // `bits: "mixed"`
   std::string bits_source;    // "bits" | "trellis_bits_by_layer" | "<file>:<field>" | "tensors"
   std::string label;          // what errors name: the config.json path or the checkpoint
+  ExpertNaming naming;        // plain layouts: as the checkpoint names its experts
 
   bool rank_sliced() const { return rotation != RotationLayout::kPlain; }
   bool has_layer(int layer) const;
@@ -103,8 +118,15 @@ std::optional<MoeLayout> parse_hybrid_tr3_tail(const nlohmann::json& config,
 std::optional<MoeLayout> read_hybrid_tr3_tail(const std::filesystem::path& checkpoint_dir);
 
 // The MoE layout of an opened checkpoint: rank-sliced from config.json's hybrid_tr3_tail, else
-// plain from the discovered `model.layers.{L}.mlp.experts.{E}.{proj}` linears; nullopt when the
+// plain from the discovered `model.layers.{L}.mlp.experts.{E}.{proj}` linears (or Mixtral's
+// `block_sparse_moe.experts.{E}.{w1,w3,w2}`; a checkpoint with both is refused); nullopt when the
 // checkpoint has neither.
 std::optional<MoeLayout> read_moe_layout(const Checkpoint& ckpt);
+
+// Refuses (naming `label`, the model's config.json) a plain layout whose experts are named other
+// than the model family names them (`block`, `proj`: gate, up, down), e.g. Mixtral's
+// block_sparse_moe.experts.E.w1 under a Qwen3-MoE config.
+void check_expert_naming(const MoeLayout& layout, std::string_view block,
+                         const std::array<std::string, 3>& proj, const std::string& label);
 
 }  // namespace exl3::moe

@@ -33,7 +33,7 @@ void moe_layers(Family& f, const MoeSpec& moe, const std::set<int64_t>& dense) {
     const std::string mlp_prefix = layer.prefix + ".mlp";
     if (any_moe && dense.count(l) == 0) {
       MoeSpec m = moe;
-      m.prefix = mlp_prefix;
+      m.prefix = layer.prefix + "." + moe.block;
       if (m.shared) m.shared->prefix = mlp_prefix + ".shared_experts";
       layer.mlp = m;
     } else {
@@ -44,7 +44,8 @@ void moe_layers(Family& f, const MoeSpec& moe, const std::set<int64_t>& dense) {
   }
 }
 
-MoeSpec routed_experts(const Family& f, int64_t experts, const char* experts_key) {
+MoeSpec routed_experts(const Family& f, int64_t experts, const char* experts_key,
+                       const char* intermediate_key) {
   MoeSpec moe;
   moe.num_experts = experts;
   if (moe.num_experts <= 0) fail("{}: key '{}' is missing or 0", f.label, experts_key);
@@ -54,7 +55,7 @@ MoeSpec routed_experts(const Family& f, int64_t experts, const char* experts_key
          moe.num_experts);
   }
   moe.top_k = static_cast<int>(top_k);
-  moe.intermediate = f.keys.integer("moe_intermediate_size");
+  moe.intermediate = f.keys.integer(intermediate_key);
   return moe;
 }
 

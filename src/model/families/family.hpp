@@ -33,11 +33,13 @@ void dense_layers(Family& f);
 // The layers of a MoE model: `moe` (prefix filled per layer) except the `dense` ones, which are
 // dense SwiGLU of intermediate_size.
 void moe_layers(Family& f, const MoeSpec& moe, const std::set<int64_t>& dense);
-// num_experts_per_tok and moe_intermediate_size, checked against `experts`.
-MoeSpec routed_experts(const Family& f, int64_t experts, const char* experts_key);
+// num_experts_per_tok and the experts' width (`intermediate_key`), checked against `experts`.
+MoeSpec routed_experts(const Family& f, int64_t experts, const char* experts_key,
+                       const char* intermediate_key = "moe_intermediate_size");
 
 void describe_llama(Family& f);
 void describe_mistral(Family& f);
+void describe_mixtral(Family& f);
 void describe_qwen2(Family& f);
 void describe_qwen3(Family& f);
 void describe_qwen3_moe(Family& f);
