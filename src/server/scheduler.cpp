@@ -375,8 +375,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
   } catch (const std::exception& e) {
     // Admission reserved the KV room and submit() checked every id, so this is an engine fault:
     // fail the step's requests (their clients get the message) and keep serving the others.
-    std::fprintf(stderr, "exl3 serve: forward_batch failed: %s\n", e.what());
-    for (Active* a : who) a->end(FinishReason::kError, e.what());
+    fail_all(who, "forward_batch", e);
     return;
   }
   {
@@ -402,6 +401,11 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
   }
 }
 
+void Scheduler::fail_all(std::span<Active* const> who, const char* what, const std::exception& e) {
+  std::fprintf(stderr, "exl3 serve: %s failed: %s\n", what, e.what());
+  for (Active* a : who) a->end(FinishReason::kError, e.what());
+}
+
 void Scheduler::speculative_round(std::vector<std::unique_ptr<Active>>& running) {
   std::vector<runtime::SpeculativeDecoder::Slot> slots;
   std::vector<Active*> who;
@@ -421,8 +425,7 @@ void Scheduler::speculative_round(std::vector<std::unique_ptr<Active>>& running)
     out = spec_->round(slots);
   } catch (const std::exception& e) {
     // The round's sequences are unusable now (SpeculativeDecoder::round); retire() removes them.
-    std::fprintf(stderr, "exl3 serve: a speculative round failed: %s\n", e.what());
-    for (Active* a : who) a->end(FinishReason::kError, e.what());
+    fail_all(who, "a speculative round", e);
     return;
   }
   {

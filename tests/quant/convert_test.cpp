@@ -89,6 +89,20 @@ std::vector<float> source_weight(const fs::path& dir, const std::string& name, i
   return exl3::read_as_float(ref);
 }
 
+// The converted checkpoint's CPU-engine logits against the source folder's committed
+// transformers fp64 reference (reference_logits.safetensors: `ids`, `logits`), as rel-L2.
+double rel_l2_to_reference(const fs::path& converted, const fs::path& src) {
+  const auto ref = exl3::TensorStore::open(src / "reference_logits.safetensors");
+  std::vector<int32_t> ids;
+  for (const int64_t id : exl3::copy_tensor<int64_t>(ref.at("ids")))
+    ids.push_back(static_cast<int32_t>(id));
+  const auto want = exl3::read_as_double(ref.at("logits"));
+  auto engine = exl3::runtime::load_engine(converted);
+  const auto got = exl3::runtime::forward_logits(*engine, ids);
+  EXPECT_EQ(got.size(), want.size());
+  return got.size() == want.size() ? exl3::test::rel_l2(got, want) : 1e9;
+}
+
 // Relative RMS error of the converted linear against the source weight (transposed), over the
 // unpadded region; padded output columns must reconstruct to exactly 0.
 double rel_rms(const exl3::Checkpoint& ckpt, const std::string& prefix, const fs::path& src,
@@ -370,15 +384,7 @@ TEST(Convert, DeepseekV3LatentAttention) {
   EXPECT_NE(ckpt.find_linear("model.layers.2.mlp.experts.3.up_proj"), nullptr);
   EXPECT_NE(ckpt.find_linear("model.layers.2.mlp.shared_experts.gate_proj"), nullptr);
 
-  const auto ref = exl3::TensorStore::open(src / "reference_logits.safetensors");
-  std::vector<int32_t> ids;
-  for (const int64_t id : exl3::copy_tensor<int64_t>(ref.at("ids")))
-    ids.push_back(static_cast<int32_t>(id));
-  const auto want = exl3::read_as_double(ref.at("logits"));
-  auto engine = exl3::runtime::load_engine(tmp / "out");
-  const auto got = exl3::runtime::forward_logits(*engine, ids);
-  ASSERT_EQ(got.size(), want.size());
-  const double err = exl3::test::rel_l2(got, want);
+  const double err = rel_l2_to_reference(tmp / "out", src);
   std::printf("DeepSeek-V3 K4 vs transformers fp64: rel-L2 %.3f\n", err);
   EXPECT_LE(err, 0.3);  // measured 0.197 with a searched scale (exl3 quantize --bits 4)
 }
@@ -414,15 +420,7 @@ TEST(Convert, MixtralBlockSparseMoe) {
   EXPECT_EQ(layout->naming, exl3::moe::kMixtralExperts);
   EXPECT_EQ(layout->num_experts, 4);
 
-  const auto ref = exl3::TensorStore::open(src / "reference_logits.safetensors");
-  std::vector<int32_t> ids;
-  for (const int64_t id : exl3::copy_tensor<int64_t>(ref.at("ids")))
-    ids.push_back(static_cast<int32_t>(id));
-  const auto want = exl3::read_as_double(ref.at("logits"));
-  auto engine = exl3::runtime::load_engine(tmp / "out");
-  const auto got = exl3::runtime::forward_logits(*engine, ids);
-  ASSERT_EQ(got.size(), want.size());
-  const double err = exl3::test::rel_l2(got, want);
+  const double err = rel_l2_to_reference(tmp / "out", src);
   std::printf("Mixtral K4 vs transformers fp64: rel-L2 %.3f\n", err);
   // Measured 0.26-0.33 over seeds 1-5: with 4 random experts, top-2 routing flips under the
   // quantization error move whole token outputs (each linear alone is within 0.12, checked above).

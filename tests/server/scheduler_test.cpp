@@ -175,38 +175,6 @@ TEST(Scheduler, DraftModelGivesTheSameTokens) {
   run(other.path(), {4, true}, "random draft");
 }
 
-// Cancelling a request mid-run with a draft gives both engines' KV pages back.
-TEST(Scheduler, DraftModelCancelFreesBothPools) {
-  EXL3_REQUIRE_CONFORMANCE(conf);
-  auto rng = exl3::test::make_rng();
-  SchedulerOptions so{.max_seqs = 2, .max_queue = 4, .max_context = 0, .step_tokens = 64};
-  so.speculative = {2, false};
-  Fixture f(conf, so, 4096, st::tiny_model(conf));
-  auto g = f.greedy(random_prompt(rng, 8), 3000);
-  g.stop_tokens.clear();
-  auto s = f.sched->submit(g).stream;
-  ASSERT_TRUE(s);
-  int64_t seen = 0;
-  while (seen < 6) {
-    const auto u = s->wait(std::chrono::milliseconds(100));
-    ASSERT_FALSE(u.finished);
-    seen += static_cast<int64_t>(u.tokens.size());
-  }
-  EXPECT_LT(f.sched->stats().draft_free_cache_tokens, f.sched->stats().draft_cache_tokens);
-  s->cancel();
-  EXPECT_EQ(drain(s).last.reason, FinishReason::kCancelled);
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  const auto back = [&] {
-    const auto st = f.sched->stats();
-    return st.free_cache_tokens == st.cache_tokens &&
-           st.draft_free_cache_tokens == st.draft_cache_tokens;
-  };
-  while (!back() && std::chrono::steady_clock::now() < end) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  EXPECT_TRUE(back());
-}
-
 TEST(Scheduler, ChunkedPrefillGivesTheSameTokens) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto rng = exl3::test::make_rng();
@@ -247,32 +215,44 @@ TEST(Scheduler, SmallKvPoolMakesRequestsWaitNotFail) {
   EXPECT_THAT(big.message, HasSubstr("context of 128 tokens"));
 }
 
+// Cancelling a request mid-run frees its KV pages (both pools with a draft model).
 TEST(Scheduler, CancelFreesTheSequence) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto rng = exl3::test::make_rng();
-  Fixture f(conf, {.max_seqs = 2, .max_queue = 4, .max_context = 0, .step_tokens = 64});
-  auto g = f.greedy(random_prompt(rng, 8), 3000);
-  g.stop_tokens.clear();
-  auto s = f.sched->submit(g).stream;
-  ASSERT_TRUE(s);
-  int64_t seen = 0;
-  while (seen < 3) {
-    const auto u = s->wait(std::chrono::milliseconds(100));
-    ASSERT_FALSE(u.finished);
-    seen += static_cast<int64_t>(u.tokens.size());
+  for (const bool with_draft : {false, true}) {
+    SchedulerOptions so{.max_seqs = 2, .max_queue = 4, .max_context = 0, .step_tokens = 64};
+    so.speculative = {2, false};
+    Fixture f(conf, so, 4096, with_draft ? st::tiny_model(conf) : std::filesystem::path());
+    auto g = f.greedy(random_prompt(rng, 8), 3000);
+    g.stop_tokens.clear();
+    auto s = f.sched->submit(g).stream;
+    ASSERT_TRUE(s);
+    int64_t seen = 0;
+    while (seen < 6) {
+      const auto u = s->wait(std::chrono::milliseconds(100));
+      ASSERT_FALSE(u.finished);
+      seen += static_cast<int64_t>(u.tokens.size());
+    }
+    EXPECT_LT(f.sched->stats().free_cache_tokens, f.sched->stats().cache_tokens);
+    if (with_draft) {
+      EXPECT_LT(f.sched->stats().draft_free_cache_tokens, f.sched->stats().draft_cache_tokens);
+    }
+    s->cancel();
+    const auto d = drain(s);
+    EXPECT_EQ(d.last.reason, FinishReason::kCancelled);
+    EXPECT_LT(d.last.completion_tokens, 3000);
+    const auto back = [&] {
+      const auto st = f.sched->stats();
+      return st.free_cache_tokens == st.cache_tokens &&
+             st.draft_free_cache_tokens == st.draft_cache_tokens;
+    };
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!back() && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_TRUE(back()) << (with_draft ? "with a draft" : "plain");
+    EXPECT_EQ(f.sched->stats().cancelled, 1);
   }
-  EXPECT_LT(f.sched->stats().free_cache_tokens, f.sched->stats().cache_tokens);
-  s->cancel();
-  const auto d = drain(s);
-  EXPECT_EQ(d.last.reason, FinishReason::kCancelled);
-  EXPECT_LT(d.last.completion_tokens, 3000);
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (f.sched->stats().free_cache_tokens != f.sched->stats().cache_tokens &&
-         std::chrono::steady_clock::now() < end) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  EXPECT_EQ(f.sched->stats().free_cache_tokens, f.sched->stats().cache_tokens);
-  EXPECT_EQ(f.sched->stats().cancelled, 1);
 }
 
 TEST(Scheduler, StopStringEndsTheTextBeforeIt) {

@@ -29,10 +29,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -195,6 +197,9 @@ class Scheduler {
   void admit(std::vector<std::unique_ptr<Active>>& running);
   void step(std::vector<std::unique_ptr<Active>>& running);
   void speculative_round(std::vector<std::unique_ptr<Active>>& running);
+  // An engine call of a step failed: its requests end with kError (their clients get the
+  // message); the others keep running.
+  static void fail_all(std::span<Active* const> who, const char* what, const std::exception& e);
   void accept_token(Active& a, int32_t tok);
   void retire(std::vector<std::unique_ptr<Active>>& running);
   int64_t pages_for(int64_t tokens) const;

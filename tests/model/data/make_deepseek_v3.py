@@ -96,6 +96,18 @@ def weights(cfg, rng):
     return w
 
 
+def randomize(model):
+    """Fresh random weights for a transformers model from torch's global generator (its own init
+    is too small to make the layers matter): norms 1 + 0.2 N(0, 1), everything else
+    N(0, 1) / sqrt(fan-in)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / (p.shape[-1] ** 0.5 if p.dim() > 1 else 1.0))
+
+
 def write_reference(d, model_cls, vocab_size, **load_kwargs):
     """Loads folder `d` with transformers in float64 (eager attention; failing on any missing or
     unexpected tensor) and writes reference_logits.safetensors: `ids` (40 fixed ids) and their

@@ -12,7 +12,7 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_deepseek_v3 import write_reference  # noqa: E402
+from make_deepseek_v3 import randomize, write_reference  # noqa: E402
 
 
 def main():
@@ -21,14 +21,9 @@ def main():
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
                         max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
                         bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(4000)
+    torch.manual_seed(4000)  # before the model: its init draws from the same stream
     model = MistralForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / (p.shape[-1] ** 0.5 if p.dim() > 1 else 1.0))
+    randomize(model)
     model.save_pretrained(d, safe_serialization=True)
     write_reference(d, MistralForCausalLM, cfg.vocab_size)
 

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from transformers import MixtralConfig, MixtralForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_deepseek_v3 import write_reference  # noqa: E402
+from make_deepseek_v3 import randomize, write_reference  # noqa: E402
 
 
 def main():
@@ -24,14 +24,9 @@ def main():
                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=8,
                         num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
                         rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(5000)
+    torch.manual_seed(5000)  # before the model: its init draws from the same stream
     model = MixtralForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / (p.shape[-1] ** 0.5 if p.dim() > 1 else 1.0))
+    randomize(model)
     model.save_pretrained(d, safe_serialization=True)
     with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
         names = sorted(f.keys())
