@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -39,6 +41,31 @@ struct Wrap {
   std::vector<int32_t> before, after;
 };
 
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t at = 0;;) {
+    const size_t hit = s.find(from, at);
+    if (hit == std::string_view::npos) {
+      out.append(s.substr(at));
+      return out;
+    }
+    out.append(s.substr(at, hit - at)).append(to);
+    at = hit + from.size();
+  }
+}
+
+// The byte of a SentencePiece byte-fallback token `<0xXX>`, or nullopt for any other token.
+std::optional<char> fallback_byte(std::string_view t) {
+  const auto hex = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+  };
+  if (t.size() != 6 || !t.starts_with("<0x") || t.back() != '>') return std::nullopt;
+  const int hi = hex(t[3]), lo = hex(t[4]);
+  if (hi < 0 || lo < 0) return std::nullopt;
+  return static_cast<char>(hi * 16 + lo);
+}
+
 std::string type_of(const json& j) {
   if (!j.is_object()) return "";
   const auto it = j.find("type");
@@ -47,15 +74,40 @@ std::string type_of(const json& j) {
 
 }  // namespace
 
+// A normalizer step: NFC, Prepend(a) (to non-empty text) or Replace(a -> b) (a literal).
+struct NormStep {
+  enum class Kind { kNfc, kPrepend, kReplace } kind;
+  std::string a, b;
+};
+
+// The Metaspace pre-tokenizer / decoder: spaces <-> `replacement`, a leading one prepended to
+// every piece (kAlways) or to the text's first (kFirst), and words cut before each one (split).
+struct Metaspace {
+  enum class Scheme { kAlways, kFirst, kNever } scheme = Scheme::kAlways;
+  std::string replacement = "\xE2\x96\x81";  // U+2581
+  bool split = true;
+};
+
+// A decoder step over the token strings (SentencePiece-style tokenizers; byte-level ones decode
+// by their byte alphabet instead).
+struct DecodeStep {
+  enum class Kind { kReplace, kByteFallback, kFuse, kStrip, kMetaspace } kind;
+  std::string a, b;  // Replace: a -> b; Strip: a is the stripped character
+  int start = 0, stop = 0;
+  Metaspace metaspace;
+};
+
 struct Tokenizer::Impl {
   std::string source;
   tok::BpeModel bpe;
   std::vector<AddedToken> added;  // matcher values index this
   tok::TokenMatcher raw_matcher, norm_matcher;
-  bool nfc = false;
+  std::vector<NormStep> normalizers;
   std::vector<tok::Regex> splits;  // Split(Isolated) steps, in order, before ByteLevel
   std::optional<tok::Regex> byte_level_regex;
-  std::vector<Wrap> post;  // TemplateProcessing steps in order
+  std::optional<Metaspace> metaspace;  // the pre-tokenizer of a SentencePiece-style BPE
+  std::vector<DecodeStep> decoders;    // SentencePiece-style BPE: what decode() runs
+  std::vector<Wrap> post;              // TemplateProcessing steps in order
   std::unordered_map<int32_t, TokenEntry> by_id;
   tok::Vocab token_ids;  // every token string -> id (added tokens take precedence)
   int32_t vocab_size = 0;
@@ -66,8 +118,12 @@ struct Tokenizer::Impl {
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;
   void split_added(std::string_view s, const tok::TokenMatcher& m,
                    std::vector<tok::TokenMatcher::Match>& out) const;
-  void encode_normalized(std::string_view s, std::vector<int32_t>& out) const;
-  void pre_tokenize_and_bpe(std::string_view s, std::vector<int32_t>& out) const;
+  std::string normalize(std::string_view s) const;
+  // `at_start`: s begins the text (Metaspace's prepend_scheme "first").
+  void encode_normalized(std::string_view s, bool at_start, std::vector<int32_t>& out) const;
+  void pre_tokenize_and_bpe(std::string_view s, bool at_start, std::vector<int32_t>& out) const;
+  // decode() of a SentencePiece-style tokenizer: the decoder steps over the token strings.
+  std::string decode_pieces(std::span<const int32_t> ids, bool skip_special) const;
 };
 
 // ---- loading ------------------------------------------------------------------------------------
@@ -94,8 +150,9 @@ class Loader {
  private:
   [[noreturn]] void unsupported(const std::string& where, const std::string& what) const {
     fail(
-        "{}: {}: {} is not supported (exl3 reads byte-level BPE tokenizers: GPT-2, Llama-3, "
-        "Qwen2/3 style)",
+        "{}: {}: {} is not supported (exl3 reads byte-level BPE tokenizers, GPT-2, Llama-3 and "
+        "Qwen2/3 style, and SentencePiece-style BPE with byte fallback, Llama-2 and Mistral "
+        "style)",
         file_, where, what);
   }
 
@@ -139,9 +196,8 @@ class Loader {
       unsupported("model.continuing_subword_prefix", "a subword prefix");
     if (!null_or_empty(m, "end_of_word_suffix"))
       unsupported("model.end_of_word_suffix", "an end-of-word suffix");
-    if (flag(m, "byte_fallback", false, "model"))
-      unsupported("model.byte_fallback", "byte_fallback (SentencePiece-style BPE)");
     auto& bpe = t_.bpe;
+    bpe.byte_fallback = flag(m, "byte_fallback", false, "model");
     bpe.fuse_unk = flag(m, "fuse_unk", false, "model");
     bpe.ignore_merges = flag(m, "ignore_merges", false, "model");
 
@@ -171,6 +227,8 @@ class Loader {
     for (int b = 0; b < 256; ++b) {
       const auto it = bpe.vocab.find(alpha.utf8[static_cast<size_t>(b)]);
       bpe.byte_id[static_cast<size_t>(b)] = it == bpe.vocab.end() ? -1 : it->second;
+      const auto fb = bpe.vocab.find(fmt::format("<0x{:02X}>", b));
+      bpe.fallback_id[static_cast<size_t>(b)] = fb == bpe.vocab.end() ? -1 : fb->second;
     }
 
     const json& merges = field(m, "merges", "model.merges");
@@ -265,19 +323,61 @@ class Loader {
     }
   }
 
+  // A Replace normalizer's or decoder's literal pattern ({"String": ...}; regexes unsupported).
+  std::string literal_pattern(const json& s, const std::string& where) const {
+    const json& pat = field(s, "pattern", where + ".pattern");
+    if (!pat.is_object() || !pat.contains("String") || !pat["String"].is_string()) {
+      unsupported(where + ".pattern", "a Replace pattern other than {\"String\": ...}");
+    }
+    const auto& a = pat["String"].get_ref<const std::string&>();
+    if (a.empty()) fail("{}: {}.pattern: empty string", file_, where);
+    const json& content = field(s, "content", where + ".content");
+    if (!content.is_string()) fail("{}: {}.content: expected a string", file_, where);
+    return a;
+  }
+
+  Metaspace metaspace(const json& s, const std::string& where) const {
+    Metaspace m;
+    const json& r = field(s, "replacement", where + ".replacement");
+    if (!r.is_string() || tok::utf8_step(r.get_ref<const std::string&>(), 0).len !=
+                              r.get_ref<const std::string&>().size()) {
+      fail("{}: {}.replacement: expected one character", file_, where);
+    }
+    m.replacement = r.get<std::string>();
+    const std::string scheme = s.value("prepend_scheme", std::string("always"));
+    if (scheme == "always") {
+      m.scheme = Metaspace::Scheme::kAlways;
+    } else if (scheme == "first") {
+      m.scheme = Metaspace::Scheme::kFirst;
+    } else if (scheme == "never") {
+      m.scheme = Metaspace::Scheme::kNever;
+    } else {
+      fail("{}: {}.prepend_scheme: '{}' (expected always, first or never)", file_, where, scheme);
+    }
+    m.split = flag(s, "split", true, where);
+    return m;
+  }
+
   void load_normalizer(const json& n, const std::string& where) {
     if (n.is_null()) return;
     const std::string type = type_of(n);
     if (type == "NFC") {
-      t_.nfc = true;
+      t_.normalizers.push_back({NormStep::Kind::kNfc, {}, {}});
+    } else if (type == "Prepend") {
+      const json& p = field(n, "prepend", where + ".prepend");
+      if (!p.is_string()) fail("{}: {}.prepend: expected a string", file_, where);
+      t_.normalizers.push_back({NormStep::Kind::kPrepend, p.get<std::string>(), {}});
+    } else if (type == "Replace") {
+      const std::string a = literal_pattern(n, where);
+      t_.normalizers.push_back({NormStep::Kind::kReplace, a, n["content"].get<std::string>()});
     } else if (type == "Sequence") {
       const json& list = field(n, "normalizers", where + ".normalizers");
       if (!list.is_array()) fail("{}: {}.normalizers: expected an array", file_, where);
       for (size_t i = 0; i < list.size(); ++i)
         load_normalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]");
     } else {
-      unsupported(where,
-                  "normalizer '" + (type.empty() ? n.dump() : type) + "' (supported: none, NFC)");
+      unsupported(where, "normalizer '" + (type.empty() ? n.dump() : type) +
+                             "' (supported: none, NFC, Prepend, Replace with a string)");
     }
   }
 
@@ -295,6 +395,15 @@ class Loader {
   }
 
   void load_pre_tokenizer(const json& p) {
+    if (t_.bpe.byte_fallback) {  // SentencePiece style: the whole text, or Metaspace words
+      if (p.is_null()) return;
+      if (type_of(p) != "Metaspace") {
+        unsupported("pre_tokenizer", "pre-tokenizer '" + type_of(p) +
+                                         "' with a byte_fallback BPE (supported: none, Metaspace)");
+      }
+      t_.metaspace = metaspace(p, "pre_tokenizer");
+      return;
+    }
     if (p.is_null())
       unsupported("pre_tokenizer", "a BPE without the ByteLevel pre-tokenizer (not byte-level)");
     std::vector<std::pair<const json*, std::string>> steps;
@@ -348,6 +457,43 @@ class Loader {
 
   void load_decoder(const json& d, const std::string& where) {
     const std::string type = type_of(d);
+    if (t_.bpe.byte_fallback && type != "Sequence") {
+      DecodeStep s{};
+      if (type == "Replace") {
+        s.kind = DecodeStep::Kind::kReplace;
+        s.a = literal_pattern(d, where);
+        s.b = d["content"].get<std::string>();
+      } else if (type == "ByteFallback") {
+        s.kind = DecodeStep::Kind::kByteFallback;
+      } else if (type == "Fuse") {
+        s.kind = DecodeStep::Kind::kFuse;
+      } else if (type == "Strip") {
+        s.kind = DecodeStep::Kind::kStrip;
+        const json& c = field(d, "content", where + ".content");
+        if (!c.is_string() || c.get_ref<const std::string&>().size() != 1) {
+          unsupported(where + ".content", "a Strip of other than one ASCII character");
+        }
+        s.a = c.get<std::string>();
+        const json& start = field(d, "start", where + ".start");
+        const json& stop = field(d, "stop", where + ".stop");
+        if (!start.is_number_unsigned() || !stop.is_number_unsigned() ||
+            start.get<int64_t>() > 64 || stop.get<int64_t>() > 64) {
+          fail("{}: {}: start and stop must be counts of at most 64", file_, where);
+        }
+        s.start = start.get<int>();
+        s.stop = stop.get<int>();
+      } else if (type == "Metaspace") {
+        s.kind = DecodeStep::Kind::kMetaspace;
+        s.metaspace = metaspace(d, where);
+      } else {
+        unsupported(where,
+                    "decoder '" + (d.is_null() ? std::string("null") : type) +
+                        "' with a byte_fallback BPE (supported: Replace, ByteFallback, Fuse, "
+                        "Strip, Metaspace)");
+      }
+      t_.decoders.push_back(std::move(s));
+      return;
+    }
     if (type == "ByteLevel") return;
     if (type == "Sequence") {
       const json& list = field(d, "decoders", where + ".decoders");
@@ -418,15 +564,31 @@ class Loader {
         const auto& a = t.added[i];
         if (a.special != special) continue;
         if (a.normalized) {
-          t.norm_matcher.add(t.nfc ? tok::nfc(a.content) : a.content, static_cast<int32_t>(i));
+          t.norm_matcher.add(t.normalize(a.content), static_cast<int32_t>(i));
         } else {
           t.raw_matcher.add(a.content, static_cast<int32_t>(i));
         }
       }
     }
-    auto entry_for = [](const std::string& token, bool special) {
-      auto bytes = tok::byte_level_decode(token);
-      return TokenEntry{token, bytes ? std::move(*bytes) : token, special};
+    const bool byte_level = !t.bpe.byte_fallback;
+    auto entry_for = [&](const std::string& token, bool special) {
+      if (byte_level) {
+        auto bytes = tok::byte_level_decode(token);
+        return TokenEntry{token, bytes ? std::move(*bytes) : token, special};
+      }
+      // SentencePiece-style tokens are text (decode() runs the decoder steps over a whole
+      // sequence); a token alone: <0xXX> is its byte, the replacement character a space.
+      std::string bytes = token;
+      if (const auto b = fallback_byte(token)) {
+        bytes.assign(1, *b);
+      } else {
+        for (const auto& d : t.decoders) {
+          if (d.kind == DecodeStep::Kind::kReplace) bytes = replace_all(bytes, d.a, d.b);
+          if (d.kind == DecodeStep::Kind::kMetaspace)
+            bytes = replace_all(bytes, d.metaspace.replacement, " ");
+        }
+      }
+      return TokenEntry{token, std::move(bytes), special};
     };
     t.by_id.reserve(t.bpe.vocab.size() + t.added.size());
     t.token_ids.reserve(t.bpe.vocab.size() + t.added.size());
@@ -580,7 +742,52 @@ void Tokenizer::Impl::split_added(std::string_view s, const tok::TokenMatcher& m
   if (start_offset < s.size()) out.push_back({start_offset, s.size(), -1});
 }
 
-void Tokenizer::Impl::pre_tokenize_and_bpe(std::string_view s, std::vector<int32_t>& out) const {
+std::string Tokenizer::Impl::normalize(std::string_view s) const {
+  std::string out(s);
+  for (const auto& n : normalizers) {
+    switch (n.kind) {
+      case NormStep::Kind::kNfc:
+        out = tok::nfc(out);
+        break;
+      case NormStep::Kind::kPrepend:
+        if (!out.empty()) out.insert(0, n.a);
+        break;
+      case NormStep::Kind::kReplace:
+        out = replace_all(out, n.a, n.b);
+        break;
+    }
+  }
+  return out;
+}
+
+void Tokenizer::Impl::pre_tokenize_and_bpe(std::string_view s, bool at_start,
+                                           std::vector<int32_t>& out) const {
+  if (metaspace) {
+    // The reference's Metaspace: spaces become the replacement, one is prepended (always, or to
+    // the text's first piece) unless the piece starts with one, and with split each replacement
+    // starts a word.
+    const Metaspace& m = *metaspace;
+    std::string w = replace_all(s, " ", m.replacement);
+    const bool prepend = m.scheme == Metaspace::Scheme::kAlways ||
+                         (m.scheme == Metaspace::Scheme::kFirst && at_start);
+    if (prepend && !w.starts_with(m.replacement)) w.insert(0, m.replacement);
+    if (!m.split) {
+      bpe.encode_word(w, out);
+      return;
+    }
+    size_t begin = 0;
+    for (size_t at = w.find(m.replacement, 1); at != std::string::npos;
+         at = w.find(m.replacement, at + 1)) {
+      bpe.encode_word(std::string_view(w).substr(begin, at - begin), out);
+      begin = at;
+    }
+    bpe.encode_word(std::string_view(w).substr(begin), out);
+    return;
+  }
+  if (bpe.byte_fallback) {  // no pre-tokenizer: the piece is one word
+    bpe.encode_word(s, out);
+    return;
+  }
   std::vector<std::pair<size_t, size_t>> pieces{{0, s.size()}}, next, matches;
   auto apply = [&](const tok::Regex& re) {
     next.clear();
@@ -603,14 +810,15 @@ void Tokenizer::Impl::pre_tokenize_and_bpe(std::string_view s, std::vector<int32
   for (const auto& [b, e] : pieces) bpe.encode_word(s.substr(b, e - b), out);
 }
 
-void Tokenizer::Impl::encode_normalized(std::string_view s, std::vector<int32_t>& out) const {
+void Tokenizer::Impl::encode_normalized(std::string_view s, bool at_start,
+                                        std::vector<int32_t>& out) const {
   std::vector<tok::TokenMatcher::Match> parts;
   split_added(s, norm_matcher, parts);
   for (const auto& p : parts) {
     if (p.value >= 0) {
       out.push_back(added[static_cast<size_t>(p.value)].id);
     } else {
-      pre_tokenize_and_bpe(s.substr(p.begin, p.end - p.begin), out);
+      pre_tokenize_and_bpe(s.substr(p.begin, p.end - p.begin), at_start && p.begin == 0, out);
     }
   }
 }
@@ -624,10 +832,10 @@ void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& o
       continue;
     }
     const std::string_view piece = text.substr(p.begin, p.end - p.begin);
-    if (nfc) {
-      encode_normalized(tok::nfc(piece), out);
+    if (normalizers.empty()) {
+      encode_normalized(piece, p.begin == 0, out);
     } else {
-      encode_normalized(piece, out);
+      encode_normalized(normalize(piece), p.begin == 0, out);
     }
   }
 }
@@ -657,7 +865,81 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
 // ---- decode and lookups
 // ---------------------------------------------------------------------------
 
+std::string Tokenizer::Impl::decode_pieces(std::span<const int32_t> ids, bool skip_special) const {
+  std::vector<std::string> toks;
+  toks.reserve(ids.size());
+  for (const int32_t id : ids) {
+    const auto it = by_id.find(id);
+    if (it == by_id.end() || (skip_special && it->second.special)) continue;
+    toks.push_back(it->second.token);
+  }
+  for (const auto& d : decoders) {
+    switch (d.kind) {
+      case DecodeStep::Kind::kReplace:
+        for (auto& t : toks) t = replace_all(t, d.a, d.b);
+        break;
+      case DecodeStep::Kind::kByteFallback: {
+        // Runs of <0xXX> tokens become their bytes when those are valid UTF-8, else one U+FFFD
+        // per byte token.
+        std::vector<std::string> next;
+        std::string run;
+        size_t run_tokens = 0;
+        const auto flush = [&] {
+          if (run_tokens == 0) return;
+          if (tok::utf8_invalid_offset(run)) {
+            for (size_t i = 0; i < run_tokens; ++i) next.emplace_back("\xEF\xBF\xBD");
+          } else {
+            next.push_back(run);
+          }
+          run.clear();
+          run_tokens = 0;
+        };
+        for (auto& t : toks) {
+          if (const auto b = fallback_byte(t)) {
+            run.push_back(*b);
+            ++run_tokens;
+          } else {
+            flush();
+            next.push_back(std::move(t));
+          }
+        }
+        flush();
+        toks.swap(next);
+        break;
+      }
+      case DecodeStep::Kind::kFuse: {
+        std::string all;
+        for (const auto& t : toks) all += t;
+        toks.assign(1, std::move(all));
+        break;
+      }
+      case DecodeStep::Kind::kStrip:
+        for (auto& t : toks) {
+          size_t b = 0, e = t.size();
+          for (int i = 0; i < d.start && b < e && t[b] == d.a[0]; ++i) ++b;
+          for (int i = 0; i < d.stop && e > b && t[e - 1] == d.a[0]; ++i) --e;
+          t = t.substr(b, e - b);
+        }
+        break;
+      case DecodeStep::Kind::kMetaspace:
+        // The replacement becomes a space, and in the first token (unless prepend_scheme is
+        // never) it is dropped, as the reference does.
+        for (size_t i = 0; i < toks.size(); ++i) {
+          const bool drop = i == 0 && d.metaspace.scheme != Metaspace::Scheme::kNever;
+          toks[i] = replace_all(toks[i], d.metaspace.replacement, drop ? "" : " ");
+        }
+        break;
+    }
+  }
+  std::string out;
+  for (const auto& t : toks) out += t;
+  return out;
+}
+
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
+  if (!impl_->decoders.empty() || impl_->bpe.byte_fallback) {
+    return impl_->decode_pieces(ids, skip_special);
+  }
   std::string bytes;
   for (const int32_t id : ids) {
     const auto it = impl_->by_id.find(id);
@@ -686,6 +968,10 @@ std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
   const auto it = impl_->by_id.find(id);
   if (it == impl_->by_id.end()) return std::nullopt;
   return it->second.token;
+}
+
+bool Tokenizer::byte_level() const {
+  return !impl_->bpe.byte_fallback;
 }
 
 bool Tokenizer::is_special(int32_t id) const {
@@ -729,6 +1015,19 @@ StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special)
 
 std::string StreamDecoder::push(int32_t id) {
   if (skip_special_ && tok_.is_special(id)) return {};
+  if (!tok_.byte_level()) {
+    ids_.push_back(id);
+    const std::span<const int32_t> all(ids_);
+    const std::string before = tok_.decode(all.subspan(prefix_, read_ - prefix_));
+    const std::string now = tok_.decode(all.subspan(prefix_));
+    // Held while the text ends in U+FFFD: a character whose byte tokens are still coming.
+    if (now.size() <= before.size() || now.ends_with("\xEF\xBF\xBD") || !now.starts_with(before)) {
+      return {};
+    }
+    prefix_ = read_;
+    read_ = ids_.size();
+    return now.substr(before.size());
+  }
   const auto bytes = tok_.token_bytes(id);
   if (!bytes) return {};
   pending_ += *bytes;
@@ -739,6 +1038,14 @@ std::string StreamDecoder::push(int32_t id) {
 }
 
 std::string StreamDecoder::finish() {
+  if (!tok_.byte_level()) {
+    const std::span<const int32_t> all(ids_);
+    const std::string before = tok_.decode(all.subspan(prefix_, read_ - prefix_));
+    const std::string now = tok_.decode(all.subspan(prefix_));
+    ids_.clear();
+    prefix_ = read_ = 0;
+    return now.size() > before.size() && now.starts_with(before) ? now.substr(before.size()) : "";
+  }
   std::string out;
   tok::utf8_append_lossy(pending_, out, true);
   pending_.clear();

@@ -1,6 +1,7 @@
 // BPE merges over one pre-tokenized word: the reference algorithm (tokenizers' Word::merge_all),
 // a min-heap of candidate merges keyed by (rank, position) over a linked list of symbols, with
 // stale heap entries skipped. O(n log n) per word; words are cached.
+#include <algorithm>
 #include <queue>
 
 #include "tokenizer_internal.hpp"
@@ -31,8 +32,12 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
   if (ignore_merges) {
     const auto& alpha = ByteAlphabet::get();
     std::string mapped;
-    mapped.reserve(word.size() * 2);
-    for (const char c : word) mapped += alpha.utf8[static_cast<unsigned char>(c)];
+    if (byte_fallback) {
+      mapped = word;
+    } else {
+      mapped.reserve(word.size() * 2);
+      for (const char c : word) mapped += alpha.utf8[static_cast<unsigned char>(c)];
+    }
     if (auto it = vocab.find(mapped); it != vocab.end()) {
       out.push_back(it->second);
       return;
@@ -53,14 +58,40 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
   // Initial symbols: one per byte. A byte without a token becomes unk (fused with a preceding
   // unk when fuse_unk), or is dropped when the model has no unk token, as in the reference.
   bool pending_unk = false;
-  for (const char c : word) {
-    const int32_t id = byte_id[static_cast<unsigned char>(c)];
-    if (id >= 0) {
-      if (pending_unk) push(*unk_id), pending_unk = false;
-      push(id);
-    } else if (unk_id) {
-      if (pending_unk && !fuse_unk) push(*unk_id);
-      pending_unk = true;
+  auto unknown = [&] {
+    if (!unk_id) return;
+    if (pending_unk && !fuse_unk) push(*unk_id);
+    pending_unk = true;
+  };
+  if (byte_fallback) {
+    // One symbol per character; a character without a token becomes its byte tokens (a pending
+    // unk is not flushed before them, as in the reference), or unk.
+    for (size_t i = 0; i < word.size();) {
+      const size_t n = std::max<size_t>(1, utf8_step(word, i).len);  // encode() checked UTF-8
+      const std::string_view ch = word.substr(i, n);
+      i += n;
+      if (const auto it = vocab.find(ch); it != vocab.end()) {
+        if (pending_unk) push(*unk_id), pending_unk = false;
+        push(it->second);
+        continue;
+      }
+      bool all = true;
+      for (const char c : ch) all = all && fallback_id[static_cast<unsigned char>(c)] >= 0;
+      if (all) {
+        for (const char c : ch) push(fallback_id[static_cast<unsigned char>(c)]);
+        continue;
+      }
+      unknown();
+    }
+  } else {
+    for (const char c : word) {
+      const int32_t id = byte_id[static_cast<unsigned char>(c)];
+      if (id >= 0) {
+        if (pending_unk) push(*unk_id), pending_unk = false;
+        push(id);
+      } else {
+        unknown();
+      }
     }
   }
   if (pending_unk) push(*unk_id);

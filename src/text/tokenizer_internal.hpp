@@ -144,13 +144,18 @@ class BpeModel {
   std::optional<int32_t> unk_id;
   bool fuse_unk = false;
   bool ignore_merges = false;
+  // SentencePiece-style BPE (Llama-2, Mistral): words are UTF-8 text, not byte-level strings;
+  // the initial symbols are characters, and a character outside the vocabulary becomes the
+  // <0xXX> tokens of its bytes (fallback_id) when they all exist, else unk.
+  bool byte_fallback = false;
+  std::array<int32_t, 256> fallback_id{};  // id of `<0xXX>`, -1 if none
 
   static uint64_t key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
 
   // Appends the ids of one pre-tokenized word, given as raw bytes (the byte-level mapping is
-  // implied). Words up to kMaxCachedWord bytes are cached.
+  // implied; with byte_fallback, as text). Words up to kMaxCachedWord bytes are cached.
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
 
   static constexpr size_t kMaxCachedWord = 256;

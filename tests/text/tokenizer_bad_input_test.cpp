@@ -90,9 +90,27 @@ TEST(TokenizerBadInput, UnsupportedModels) {
     const std::string needle = std::string("model type '") + type + "' is not supported";
     EXPECT_LOAD_FAILS(j.dump(), "model.type", needle.c_str());
   }
+  // byte_fallback is SentencePiece-style BPE: a byte-level pre-tokenizer or decoder with it, and
+  // the steps of that style that exl3 does not run, are refused by name.
   auto j = minimal();
   j["model"]["byte_fallback"] = true;
-  EXPECT_LOAD_FAILS(j.dump(), "byte_fallback");
+  EXPECT_LOAD_FAILS(j.dump(), "pre-tokenizer 'ByteLevel' with a byte_fallback BPE");
+  j["pre_tokenizer"] = nullptr;
+  EXPECT_LOAD_FAILS(j.dump(), "decoder 'ByteLevel' with a byte_fallback BPE");
+  j["decoder"] = {{"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "sometimes"}};
+  EXPECT_LOAD_FAILS(j.dump(), "decoder.prepend_scheme: 'sometimes'");
+  j["decoder"] = {{"type", "Strip"}, {"content", "ab"}, {"start", 1}, {"stop", 0}};
+  EXPECT_LOAD_FAILS(j.dump(), "decoder.content", "Strip of other than one ASCII character");
+  j["decoder"] = {{"type", "Fuse"}};
+  j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", " +"}}}, {"content", "_"}};
+  EXPECT_LOAD_FAILS(j.dump(), "normalizer.pattern", "Replace pattern other than");
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "ab"}};
+  EXPECT_LOAD_FAILS(j.dump(), "pre_tokenizer.replacement: expected one character");
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "first"}};
+  // "_ab": "_" has no token, no byte token and no unk here, so it is dropped.
+  EXPECT_EQ(Tokenizer::from_json(j.dump()).encode("ab"), (std::vector<int32_t>{2}));
+  j = minimal();
   j = minimal();
   j["model"]["dropout"] = 0.1;
   EXPECT_LOAD_FAILS(j.dump(), "BPE dropout");

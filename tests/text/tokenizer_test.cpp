@@ -82,6 +82,24 @@ TEST(Tokenizer, DigitsPreTokenizerMatchesReference) {
   check_golden(load_style("digits_grouped_style"), "digits_grouped_style", false);
 }
 
+TEST(Tokenizer, SentencePieceStyleMatchesReference) {
+  // BPE over characters with byte_fallback (<0xXX> tokens for characters outside the vocabulary):
+  // Llama-2 / Mistral v0.1 / Mixtral's Prepend + Replace normalizer with Replace, ByteFallback,
+  // Fuse, Strip decoding; Mistral v0.3's Metaspace (prepend_scheme first) pre-tokenizer and
+  // decoder; Metaspace with prepend_scheme always and split (data/make_sentencepiece_golden.py).
+  for (const char* style : {"sp_llama_style", "sp_meta_style", "sp_split_style"}) {
+    const auto tok = load_style(style);
+    EXPECT_FALSE(tok.byte_level()) << style;
+    EXPECT_EQ(tok.bos_id(), 1) << style;
+    check_golden(tok, style, false);
+  }
+  EXPECT_TRUE(load_style("llama3_style").byte_level());
+  // token_bytes: a byte token is its byte, the metaspace a space.
+  const auto tok = load_style("sp_llama_style");
+  EXPECT_EQ(tok.token_bytes(*tok.token_to_id("<0x41>")), "A");
+  EXPECT_EQ(tok.token_bytes(*tok.token_to_id("\xE2\x96\x81")), " ");
+}
+
 TEST(Tokenizer, Llama3StyleMatchesReference) {
   // Split(Llama-3 regex) + ByteLevel, no normalizer, ignore_merges, BOS template, "a b" merges.
   check_golden(load_style("llama3_style"), "llama3_style", true);
@@ -151,7 +169,8 @@ TEST(Tokenizer, LoadsFromTheFileItselfAndConformanceConfig) {
 }
 
 TEST(Tokenizer, StreamDecoderYieldsCompleteCharacters) {
-  for (const char* style : {"qwen2_style", "llama3_style"}) {
+  for (const char* style :
+       {"qwen2_style", "llama3_style", "sp_llama_style", "sp_meta_style", "sp_split_style"}) {
     const auto tok = load_style(style);
     const json g = read_golden(style);
     for (const auto& c : g["cases"]) {

@@ -1,5 +1,6 @@
 // Hugging Face tokenizer (`tokenizer.json`) for the model runtime: byte-level BPE as used by
-// GPT-2, Llama-3, Qwen2/2.5/3 and their derivatives, producing the same ids as the reference
+// GPT-2, Llama-3, Qwen2/2.5/3 and their derivatives, and SentencePiece-style BPE with byte
+// fallback as used by Llama-2, Mistral and Mixtral, producing the same ids as the reference
 // Rust `tokenizers` library (checked against it by tests/text/, golden data from
 // tests/text/data/make_tokenizer_golden.py).
 //
@@ -18,10 +19,14 @@
 //      the ids.
 //
 // Supported tokenizer.json: model BPE (merges as "a b" strings or ["a", "b"] pairs; unk_token,
-// fuse_unk, ignore_merges; no dropout, byte_fallback or subword prefix/suffix); normalizer null,
-// NFC or a Sequence of NFC; pre_tokenizer ByteLevel (add_prefix_space=false) optionally preceded by
-// Split(Regex|String, behavior Isolated, invert false) and Digits (individual_digits true or false:
-// an isolating split on \p{N} or \p{N}+) steps in a Sequence; decoder ByteLevel;
+// fuse_unk, ignore_merges; no dropout or subword prefix/suffix); normalizer null, NFC,
+// Prepend, Replace (a literal pattern) or a Sequence of those; pre_tokenizer ByteLevel
+// (add_prefix_space=false) optionally preceded by Split(Regex|String, behavior Isolated, invert
+// false) and Digits (individual_digits true or false: an isolating split on \p{N} or \p{N}+)
+// steps in a Sequence; decoder ByteLevel. With byte_fallback (SentencePiece style): BPE over
+// characters, a character outside the vocabulary becoming its <0xXX> byte tokens; pre_tokenizer
+// null (the text is one word) or Metaspace (prepend_scheme always/first/never, split); decoder a
+// Sequence of Replace, ByteFallback, Fuse, Strip and Metaspace, run over the whole id sequence;
 // post_processor null, ByteLevel, TemplateProcessing (single), or a Sequence of those. Anything
 // else (WordPiece/Unigram/WordLevel models, other normalizers, pre-tokenizers or decoders) fails at
 // load with an exl3::Error naming the file and the feature: exl3 never tokenizes differently in
@@ -72,7 +77,12 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
   // Raw bytes of one token (byte-level decoded, possibly an incomplete UTF-8 sequence), or nullopt.
+  // SentencePiece-style tokens: <0xXX> gives its byte, others their text with the decoder's
+  // replacement character as a space.
   std::optional<std::string> token_bytes(int32_t id) const;
+  // True for byte-level BPE (decode concatenates the tokens' bytes); false for SentencePiece-style
+  // BPE, whose decoder works on the whole sequence (a leading space dropped, byte runs joined).
+  bool byte_level() const;
 
   // Vocabulary lookups with the stored token strings (byte-level form, e.g. "Ġworld").
   std::optional<int32_t> token_to_id(std::string_view token) const;
@@ -120,7 +130,11 @@ class StreamDecoder {
  private:
   Tokenizer tok_;  // shares the loaded state
   bool skip_special_;
-  std::string pending_;
+  std::string pending_;  // byte-level: bytes of an incomplete character
+  // SentencePiece-style: the ids so far; text is the difference between decoding ids[prefix_..]
+  // and ids[prefix_..read_) (a window, so the decoder's start-of-text rules cancel out).
+  std::vector<int32_t> ids_;
+  size_t prefix_ = 0, read_ = 0;
 };
 
 }  // namespace exl3
