@@ -39,7 +39,7 @@ Runner add_serve(CLI::App& app, Common&) {
     bool draft_fixed = false;
     size_t max_body_mib = 8;
     int64_t cache_tokens = 16384, max_context = 0, step_tokens = 256, page_size = 32;
-    bool quiet = false;
+    bool quiet = false, prefix_cache = false;
   };
   auto o = std::make_shared<Opts>();
   app.add_option(
@@ -137,6 +137,10 @@ Runner add_serve(CLI::App& app, Common&) {
                "With --draft: always propose --draft-tokens tokens (sampled text then repeats for "
                "a seed)")
       ->needs(draft_opt);
+  app.add_flag("--prefix-cache", o->prefix_cache,
+               "Keep the KV pages of finished prompts (by a hash of their tokens) and let a new "
+               "request whose prompt starts the same way reuse them instead of prefilling them "
+               "again (a shared system prompt); cached pages are reclaimed when the pool is full");
   app.add_flag("--quiet,-q", o->quiet, "Do not log each request to stderr");
   app.footer(
       "Serves the OpenAI API over HTTP: POST /v1/completions, POST /v1/chat/completions "
@@ -179,6 +183,13 @@ Runner add_serve(CLI::App& app, Common&) {
     eo.page_size = o->page_size;
     eo.cache_tokens = o->cache_tokens;
     eo.tp = o->tp;
+    eo.prefix_cache = o->prefix_cache;
+    if (o->prefix_cache && o->tp > 1 && eo.device == runtime::Device::kCuda) {
+      fail(
+          "--prefix-cache is not available with --device cuda --tp {} yet (its ranks keep their "
+          "own caches); hint: drop --prefix-cache, or serve on one GPU",
+          o->tp);
+    }
     engine_options_from_env(eo);
     auto engine = runtime::load_engine(dir, eo);
     std::unique_ptr<runtime::Engine> draft;

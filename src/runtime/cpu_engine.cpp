@@ -68,6 +68,7 @@ class CpuEngine final : public PagedEngine {
       fail("engine: cache size {} tokens must be positive", opts.cache_tokens);
     const int64_t pages = (opts.cache_tokens + opts.page_size - 1) / opts.page_size;
     cache_ = std::make_unique<PagedKvCache>(std::move(kv), opts.page_size, pages);
+    if (opts.prefix_cache) cache_->enable_prefix_cache();
   }
 
   const ModelSpec& spec() const override { return spec_; }
@@ -89,7 +90,7 @@ class CpuEngine final : public PagedEngine {
     step.logit_rows = rows;
     cache_->reserve(seq, n);  // throws (nothing taken) when full
     run_ranks(step, logits.data());
-    cache_->advance(seq, n);
+    cache_->advance(seq, tokens);
     return logits;
   }
 

@@ -119,6 +119,7 @@ class CudaEngine final : public PagedEngine {
     modules_ = model::load_decoder(*backend_, spec_, of, [&] { progress.layer_done(); });
     cache_ = std::make_unique<PagedKvCache>(backend_->kv_shapes(), opts.page_size, pages,
                                             /*host_storage=*/false);
+    if (opts.prefix_cache) cache_->enable_prefix_cache();
     backend_->allocate(pages, opts.page_size, max_pages_, *modules_.head);
     meta_host_ =
         pinned<int32_t>(static_cast<size_t>(backend_->meta_capacity()), "the step metadata");
@@ -283,7 +284,7 @@ class CudaEngine final : public PagedEngine {
     std::vector<std::pair<float*, int64_t>> rows_out;  // destination, source row
     int64_t r_at = 0;
     for (const Run& r : runs) {
-      cache_->advance(r.seq, static_cast<int64_t>(r.len));
+      cache_->advance(r.seq, batch[r.entry].tokens.subspan(r.first, r.len));
       if (!returns_logits) continue;
       const int64_t rows = r.want_all ? static_cast<int64_t>(r.len) : (r.want_last ? 1 : 0);
       auto& dst = out[r.entry];

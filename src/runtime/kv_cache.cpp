@@ -6,6 +6,25 @@
 #include "exl3/error.hpp"
 
 namespace exl3::runtime {
+namespace {
+
+uint64_t mix(uint64_t x) {  // splitmix64's finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+constexpr uint64_t kRootHash = 0x6A09E667F3BCC908ull;
+
+// The hash of a page of `tokens` after a prefix whose last page hashed to `parent`.
+uint64_t chain_hash(uint64_t parent, std::span<const int32_t> tokens) {
+  uint64_t h = mix(parent);
+  for (const int32_t t : tokens) h = mix(h ^ static_cast<uint32_t>(t));
+  return h;
+}
+
+}  // namespace
 
 PagedKvCache::PagedKvCache(std::vector<KvLayerShape> layers, int64_t page_size, int64_t num_pages,
                            bool host_storage)
@@ -27,16 +46,83 @@ PagedKvCache::PagedKvCache(std::vector<KvLayerShape> layers, int64_t page_size, 
   }
   free_.reserve(static_cast<size_t>(num_pages));
   for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
+  refs_.assign(static_cast<size_t>(num_pages), 0);
+}
+
+void PagedKvCache::enable_prefix_cache() {
+  prefix_cache_ = true;
+  published_.resize(static_cast<size_t>(num_pages_));
+  idle_pos_.resize(static_cast<size_t>(num_pages_));
+}
+
+int32_t PagedKvCache::take_page() {
+  int32_t p = 0;
+  if (!free_.empty()) {
+    p = free_.back();
+    free_.pop_back();
+  } else {
+    p = idle_.front();  // the least recently released cached page
+    idle_.pop_front();
+    unpublish(p);
+  }
+  refs_[static_cast<size_t>(p)] = 1;
+  return p;
+}
+
+void PagedKvCache::release_page(int32_t page) {
+  const auto p = static_cast<size_t>(page);
+  if (--refs_[p] > 0) return;
+  if (prefix_cache_ && published_[p].live) {
+    idle_pos_[p] = idle_.insert(idle_.end(), page);
+  } else {
+    free_.push_back(page);
+  }
+}
+
+void PagedKvCache::unpublish(int32_t page) {
+  auto& pub = published_[static_cast<size_t>(page)];
+  if (!pub.live) return;
+  by_hash_.erase(pub.hash);
+  pub = Published{};
+}
+
+int64_t PagedKvCache::adopt_prefix(SeqId seq, std::span<const int32_t> prompt) {
+  Seq& s = seq_at(seq);
+  if (!prefix_cache_ || prompt.empty()) return 0;
+  if (s.length != 0 || !s.pages.empty())
+    fail("KV cache: sequence {} already holds tokens; a prefix is adopted by a new one", seq);
+  const auto page = static_cast<size_t>(page_size_);
+  const size_t full = (prompt.size() - 1) / page;  // at least one prompt token stays to compute
+  uint64_t parent = kRootHash;
+  for (size_t i = 0; i < full; ++i) {
+    const auto tokens = prompt.subspan(i * page, page);
+    const uint64_t h = chain_hash(parent, tokens);
+    const auto it = by_hash_.find(h);
+    if (it == by_hash_.end()) break;
+    const int32_t p = it->second;
+    const auto& pub = published_[static_cast<size_t>(p)];
+    if (pub.parent != parent || !std::ranges::equal(pub.tokens, tokens)) break;
+    if (refs_[static_cast<size_t>(p)]++ == 0) idle_.erase(idle_pos_[static_cast<size_t>(p)]);
+    s.pages.push_back(p);
+    s.hashes.push_back(h);
+    parent = h;
+  }
+  s.length = static_cast<int64_t>(s.pages.size()) * page_size_;
+  s.tokens.assign(prompt.begin(), prompt.begin() + s.length);
+  hit_tokens_ += s.length;
+  return s.length;
 }
 
 PagedKvCache::SeqId PagedKvCache::add_sequence() {
   for (size_t i = 0; i < seqs_.size(); ++i) {
     if (!seqs_[i].live) {
-      seqs_[i] = Seq{true, 0, {}};
+      seqs_[i] = Seq{};
+      seqs_[i].live = true;
       return static_cast<SeqId>(i);
     }
   }
-  seqs_.push_back(Seq{true, 0, {}});
+  seqs_.push_back(Seq{});
+  seqs_.back().live = true;
   return static_cast<SeqId>(seqs_.size() - 1);
 }
 
@@ -54,8 +140,10 @@ PagedKvCache::Seq& PagedKvCache::seq_at(SeqId seq) {
 
 void PagedKvCache::clear(SeqId seq) {
   Seq& s = seq_at(seq);
-  for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) free_.push_back(*it);
+  for (auto it = s.pages.rbegin(); it != s.pages.rend(); ++it) release_page(*it);
   s.pages.clear();
+  s.tokens.clear();
+  s.hashes.clear();
   s.length = 0;
 }
 
@@ -65,11 +153,28 @@ void PagedKvCache::truncate(SeqId seq, int64_t length) {
     fail("KV cache: sequence {} cannot be cut to {} tokens (it holds {})", seq, length, s.length);
   }
   const auto keep = static_cast<size_t>((length + page_size_ - 1) / page_size_);
+  // A page left partial will be written again: it stops being a cached prefix page, which it
+  // may only while no other sequence reads it.
+  const bool partial = length % page_size_ != 0 && keep <= s.pages.size();
+  const int32_t last = partial ? s.pages[keep - 1] : -1;
+  if (partial && prefix_cache_ && published_[static_cast<size_t>(last)].live) {
+    if (refs_[static_cast<size_t>(last)] > 1) {
+      fail(
+          "KV cache: sequence {} cannot be cut to {} tokens: that cuts a prefix-cache page another "
+          "sequence shares",
+          seq, length);
+    }
+    unpublish(last);
+  }
   while (s.pages.size() > keep) {
-    free_.push_back(s.pages.back());
+    release_page(s.pages.back());
     s.pages.pop_back();
   }
   s.length = length;
+  if (prefix_cache_) {
+    s.tokens.resize(static_cast<size_t>(length));
+    s.hashes.resize(std::min(s.hashes.size(), static_cast<size_t>(length / page_size_)));
+  }
 }
 
 void PagedKvCache::remove_sequence(SeqId seq) {
@@ -98,19 +203,44 @@ void PagedKvCache::reserve(SeqId seq, int64_t new_tokens) {
         "{} pages are free; hint: raise the cache size (e.g. --cache-tokens)",
         seq, more, page_size_, s.length, new_tokens, free_pages(), num_pages_);
   }
-  for (int64_t i = 0; i < more; ++i) {
-    s.pages.push_back(free_.back());
-    free_.pop_back();
-  }
+  for (int64_t i = 0; i < more; ++i) s.pages.push_back(take_page());
 }
 
-void PagedKvCache::advance(SeqId seq, int64_t n) {
+void PagedKvCache::commit(SeqId seq, int64_t n) {
   Seq& s = seq_at(seq);
   if (n < 0 || s.length + n > static_cast<int64_t>(s.pages.size()) * page_size_) {
     fail("KV cache: sequence {} cannot advance by {} (length {}, {} tokens reserved)", seq, n,
          s.length, static_cast<int64_t>(s.pages.size()) * page_size_);
   }
   s.length += n;
+}
+
+void PagedKvCache::advance(SeqId seq, int64_t n) {
+  if (prefix_cache_) fail("KV cache: with prefix caching, advance takes the committed tokens");
+  commit(seq, n);
+}
+
+void PagedKvCache::advance(SeqId seq, std::span<const int32_t> tokens) {
+  commit(seq, static_cast<int64_t>(tokens.size()));
+  if (!prefix_cache_) return;
+  Seq& s = seq_at(seq);
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  // Publish each page these tokens filled (unless an identical one is published already).
+  const auto page = static_cast<size_t>(page_size_);
+  for (size_t i = s.hashes.size(); (i + 1) * page <= s.tokens.size(); ++i) {
+    const uint64_t parent = i == 0 ? kRootHash : s.hashes[i - 1];
+    const auto span = std::span<const int32_t>(s.tokens).subspan(i * page, page);
+    const uint64_t h = chain_hash(parent, span);
+    s.hashes.push_back(h);
+    const int32_t p = s.pages[i];
+    auto& pub = published_[static_cast<size_t>(p)];
+    if (pub.live || by_hash_.contains(h)) continue;
+    pub.live = true;
+    pub.hash = h;
+    pub.parent = parent;
+    pub.tokens.assign(span.begin(), span.end());
+    by_hash_.emplace(h, p);
+  }
 }
 
 int64_t PagedKvCache::slot(const Seq& s, int64_t pos) const {

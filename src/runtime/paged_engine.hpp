@@ -15,6 +15,9 @@ class PagedEngine : public Engine {
   void drop_sequence(SeqId seq) override { cache_->remove_sequence(seq); }
   int64_t sequence_length(SeqId seq) const override { return cache_->length(seq); }
   void truncate_sequence(SeqId seq, int64_t length) override { cache_->truncate(seq, length); }
+  int64_t adopt_prefix(SeqId seq, std::span<const int32_t> prompt) override {
+    return cache_->adopt_prefix(seq, prompt);
+  }
   int64_t free_cache_tokens() const override { return cache_->free_pages() * cache_->page_size(); }
   int64_t cache_tokens_needed(SeqId seq, int64_t new_tokens) const override {
     return cache_->pages_needed(seq, new_tokens) * cache_->page_size();

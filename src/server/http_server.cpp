@@ -226,6 +226,8 @@ struct HttpServer::Impl {
             {"max_context", s.max_context},
             {"cache_tokens", s.cache_tokens},
             {"free_cache_tokens", s.free_cache_tokens},
+            {"prompt_tokens", s.prompt_tokens},
+            {"prefix_cache_hit_tokens", s.prefix_hit_tokens},
             {"completed", s.completed},
             {"cancelled", s.cancelled},
             {"failed", s.failed},

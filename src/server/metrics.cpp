@@ -41,6 +41,9 @@ std::string prometheus_metrics(const MetricsInput& in) {
          static_cast<double>(s.refused_queue_full));
   metric(out, "exl3_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
          static_cast<double>(s.prompt_tokens));
+  metric(out, "exl3_prefix_cache_hit_tokens_total", "counter",
+         "Prompt tokens found in the KV cache (prefix caching), not prefilled again.",
+         static_cast<double>(s.prefix_hit_tokens));
   metric(out, "exl3_generation_tokens_total", "counter", "Tokens sampled.",
          static_cast<double>(s.generation_tokens));
   metric(out, "exl3_forward_steps_total", "counter", "Batched forward steps run.",

@@ -329,6 +329,17 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& running) {
       a->draft_reserved = draft_need;
       draft_reserved_ += draft_need;
     }
+    // Prefix caching: the prompt's leading pages already in the KV cache are not prefilled
+    // again (both engines keep the same count, since prefill feeds them the same chunks).
+    int64_t reused = engine_.adopt_prefix(a->seq, a->req.prompt);
+    if (draft_) {
+      const int64_t d = draft_->adopt_prefix(a->dseq, a->req.prompt);
+      if (d > reused) draft_->truncate_sequence(a->dseq, reused);
+      if (reused > d) engine_.truncate_sequence(a->seq, d);
+      reused = std::min(reused, d);
+    }
+    a->prefilled = static_cast<size_t>(reused);
+    stats_.prefix_hit_tokens += reused;
     running.push_back(std::move(a));
   }
   stats_.running = static_cast<int64_t>(running.size());

@@ -106,6 +106,7 @@ TEST(HttpServer, HealthAndModels) {
   EXPECT_EQ(h["model"], "tiny");
   EXPECT_EQ(h["running"], 0);
   EXPECT_EQ(h["free_cache_tokens"], h["cache_tokens"]);
+  EXPECT_EQ(h["prefix_cache_hit_tokens"], 0);
   EXPECT_EQ(h["max_context"], 4096);  // the model's max_position_embeddings (= the cache here)
 
   auto c = s.client();

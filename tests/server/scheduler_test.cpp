@@ -57,10 +57,12 @@ std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t n) {
 struct Fixture {
   // `draft`: a draft model folder for speculative decoding (its engine made here).
   explicit Fixture(const std::filesystem::path& conf, SchedulerOptions so = {},
-                   int64_t cache = 4096, const std::filesystem::path& draft = {})
+                   int64_t cache = 4096, const std::filesystem::path& draft = {},
+                   bool prefix_cache = false)
       : model(st::tiny_model(conf)), tok(Tokenizer::load(model)) {
     runtime::EngineOptions eo;
     eo.cache_tokens = cache;
+    eo.prefix_cache = prefix_cache;
     engine = runtime::load_engine(model, eo);
     if (!draft.empty()) {
       draft_engine = runtime::load_engine(draft, eo);
@@ -173,6 +175,37 @@ TEST(Scheduler, DraftModelGivesTheSameTokens) {
   EXPECT_GT(same.drafted_tokens, 0);
   EXPECT_EQ(same.accepted_tokens, same.drafted_tokens);
   run(other.path(), {4, true}, "random draft");
+}
+
+// Prefix caching: a request whose prompt starts with an earlier one's system prompt prefills only
+// the rest (two 32-token pages of the 70-token system prompt are reused), with the same greedy
+// tokens as generate() alone; the same with a draft model (both engines reuse the same count).
+TEST(Scheduler, PrefixCacheReusesASharedSystemPrompt) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  const auto system = random_prompt(rng, 70);
+  for (const bool with_draft : {false, true}) {
+    SchedulerOptions so{.max_seqs = 2, .max_queue = 4, .max_context = 0, .step_tokens = 32};
+    so.speculative = {2, false};
+    Fixture f(conf, so, 4096, with_draft ? st::tiny_model(conf) : std::filesystem::path(),
+              /*prefix_cache=*/true);
+    const char* what = with_draft ? "with a draft" : "plain";
+    int64_t hits = 0;
+    for (int i = 0; i < 3; ++i) {
+      auto prompt = system;
+      const auto tail = random_prompt(rng, 3 + 5 * i);
+      prompt.insert(prompt.end(), tail.begin(), tail.end());
+      auto g = f.greedy(prompt, 12);
+      auto sub = f.sched->submit(g);
+      ASSERT_TRUE(sub.stream) << sub.message;
+      expect_equals_reference(f, g, drain(sub.stream), std::string(what) + " " + std::to_string(i));
+      const auto st = f.sched->stats();
+      EXPECT_EQ(st.prefix_hit_tokens - hits, i == 0 ? 0 : 64) << what << " request " << i;
+      hits = st.prefix_hit_tokens;
+    }
+    const auto st = f.sched->stats();
+    EXPECT_EQ(st.free_cache_tokens, st.cache_tokens) << what;  // cached pages count as free
+  }
 }
 
 TEST(Scheduler, ChunkedPrefillGivesTheSameTokens) {

@@ -31,7 +31,7 @@ TEST(ServeCli, HelpTeaches) {
   for (const char* s :
        {"MODEL", "--host", "--port", "--device", "--max-seqs", "--max-queue", "--cache-tokens",
         "--model-name", "--chat-format", "Examples:", "curl", "/v1/chat/completions", "503",
-        "SIGTERM", "--draft", "--draft-tokens", "--draft-fixed"}) {
+        "SIGTERM", "--draft", "--draft-tokens", "--draft-fixed", "--prefix-cache"}) {
     EXPECT_THAT(h.out, HasSubstr(s));
   }
 }

@@ -45,6 +45,10 @@ struct EngineOptions {
   // CUDA: capture each step of short runs (decode: one token per sequence; speculative verify:
   // up to 17) as a graph per shape, replayed afterwards.
   bool cuda_graphs = true;
+  // Automatic prefix caching: full KV pages are kept under a hash of the tokens up to their end,
+  // and adopt_prefix() gives a new sequence the cached pages its prompt starts with (single-rank
+  // CPU and CUDA engines, and the CPU engine's tensor-parallel ranks).
+  bool prefix_cache = false;
   // Tensor-parallel ranks. 1: the single-rank engine; N > 1: N ranks in this process, each on
   // its own thread with its slice of every weight (runtime/tp_plan.hpp); on the CPU they reduce
   // in memory, on CUDA each rank drives GPU r and they reduce through NCCL.
@@ -104,6 +108,14 @@ class Engine {
   // from position `length`, and KV pages past it go back to the pool. Speculative decoding uses
   // it to drop rejected draft tokens. Throws exl3::Error for a length outside 0..length.
   virtual void truncate_sequence(SeqId seq, int64_t length) = 0;
+  // With EngineOptions::prefix_cache, on a new (empty) sequence: takes the cached KV pages of
+  // `prompt`'s leading full pages (at least one prompt token is left to compute) and returns the
+  // tokens they hold; the caller then runs forward() on prompt[returned..]. 0 without caching.
+  virtual int64_t adopt_prefix(SeqId seq, std::span<const int32_t> prompt) {
+    (void)seq;
+    (void)prompt;
+    return 0;
+  }
   // Tokens that still fit in the KV pool (for all sequences together).
   virtual int64_t free_cache_tokens() const = 0;
   // KV pool tokens (whole pages) that appending `new_tokens` to `seq` would take from the pool.

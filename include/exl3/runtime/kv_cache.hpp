@@ -9,10 +9,21 @@
 // only when the sequence crosses a page boundary), writes the new keys/values of each layer at
 // positions length .. length + n - 1, attends over 0 .. length + n - 1, and calls
 // advance(seq, n) at the end. Decode is the n = 1 case. All storage is allocated up front.
+//
+// Prefix caching (enable_prefix_cache): advance(seq, tokens) records the committed tokens, and
+// each page they fill is published under a hash of every token up to its end (chained page by
+// page). adopt_prefix gives a new sequence the published pages of its prompt's leading full
+// pages, so their keys and values are not computed again. Pages are reference counted: a page
+// two sequences hold is read-only (a sequence only writes past its adopted length, on fresh
+// pages), and a published page no sequence holds stays cached, reclaimed least recently released
+// first when the pool runs out of free pages. A lookup checks the page's own tokens and its
+// parent's hash, so a false match needs two different earlier prefixes with equal 64-bit hashes.
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 namespace exl3::runtime {
@@ -38,8 +49,20 @@ class PagedKvCache {
   // Empties a sequence (its pages go back to the pool), keeping the id.
   void clear(SeqId seq);
   // Keeps the first `length` (<= length(seq)) committed tokens and gives the pages past them
-  // back to the pool (speculative decoding drops the draft tokens the target rejected).
+  // back to the pool (speculative decoding drops the draft tokens the target rejected). Refuses
+  // to cut inside a page another sequence shares (a prefix-cache page), leaving all as it was.
   void truncate(SeqId seq, int64_t length);
+
+  // Prefix caching, off by default (see the top of this file).
+  void enable_prefix_cache();
+  bool prefix_cache() const { return prefix_cache_; }
+  // On an empty sequence: takes the published pages matching `prompt`'s leading full pages
+  // (keeping at least one prompt token to compute) and returns the tokens they hold (0 when
+  // caching is off or nothing matches).
+  int64_t adopt_prefix(SeqId seq, std::span<const int32_t> prompt);
+  // Pages published (cached) now, and prompt tokens adopt_prefix has given out so far.
+  int64_t cached_pages() const { return static_cast<int64_t>(by_hash_.size()); }
+  int64_t prefix_hit_tokens() const { return hit_tokens_; }
 
   int64_t length(SeqId seq) const;  // committed tokens
   // Backs positions [0, length + new_tokens) with pages. Throws exl3::Error when the pool has
@@ -47,8 +70,10 @@ class PagedKvCache {
   void reserve(SeqId seq, int64_t new_tokens);
   // Free pages reserve(seq, new_tokens) would take (0 when the sequence's pages suffice).
   int64_t pages_needed(SeqId seq, int64_t new_tokens) const;
-  // Commits n reserved tokens: length += n.
+  // Commits n reserved tokens: length += n (not with prefix caching, which needs the tokens).
   void advance(SeqId seq, int64_t n);
+  // The same for `tokens` (the committed ids, which prefix caching records and publishes).
+  void advance(SeqId seq, std::span<const int32_t> tokens);
 
   // The K / V slot of token `pos` (< reserved length) in `layer`.
   float* key(int layer, SeqId seq, int64_t pos);
@@ -59,7 +84,8 @@ class PagedKvCache {
   std::span<const int32_t> page_table(SeqId seq) const;
   int64_t page_size() const { return page_size_; }
   int64_t num_pages() const { return num_pages_; }
-  int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
+  // Pages a sequence may take: free ones and cached ones no sequence holds.
+  int64_t free_pages() const { return static_cast<int64_t>(free_.size() + idle_.size()); }
   int num_layers() const { return static_cast<int>(layers_.size()); }
   const KvLayerShape& layer_shape(int layer) const { return layers_[static_cast<size_t>(layer)]; }
   uint64_t bytes() const;
@@ -69,10 +95,22 @@ class PagedKvCache {
     bool live = false;
     int64_t length = 0;
     std::vector<int32_t> pages;
+    std::vector<int32_t> tokens;   // prefix caching: the committed ids
+    std::vector<uint64_t> hashes;  // prefix caching: the chain hash of each full page
+  };
+  // A published page: its chain hash, its parent's, and its tokens (checked on a lookup).
+  struct Published {
+    bool live = false;
+    uint64_t hash = 0, parent = 0;
+    std::vector<int32_t> tokens;
   };
   const Seq& seq_at(SeqId seq) const;
   Seq& seq_at(SeqId seq);
   int64_t slot(const Seq& s, int64_t pos) const;
+  void commit(SeqId seq, int64_t n);
+  int32_t take_page();              // a free page, else the least recently released cached one
+  void release_page(int32_t page);  // one holder less
+  void unpublish(int32_t page);
 
   std::vector<KvLayerShape> layers_;
   int64_t page_size_;
@@ -81,6 +119,13 @@ class PagedKvCache {
   std::vector<std::vector<float>> k_, v_;  // per layer
   std::vector<int32_t> free_;              // free page ids (a stack)
   std::vector<Seq> seqs_;
+  std::vector<int32_t> refs_;  // per page: sequences holding it
+  bool prefix_cache_ = false;
+  std::vector<Published> published_;  // per page
+  std::unordered_map<uint64_t, int32_t> by_hash_;
+  std::list<int32_t> idle_;  // published pages no sequence holds, least recently released first
+  std::vector<std::list<int32_t>::iterator> idle_pos_;  // per page, valid while in idle_
+  int64_t hit_tokens_ = 0;
 };
 
 }  // namespace exl3::runtime

@@ -5,7 +5,10 @@
 //   1. drops cancelled requests (their KV pages go back to the pool) and admits queued ones while
 //      fewer than max_seqs run and the KV pool can hold their worst case (prompt + max_tokens,
 //      reserved at admission so a running sequence never runs out of cache mid-generation; a
-//      request that does not fit yet waits at the head of the queue, it does not fail);
+//      request that does not fit yet waits at the head of the queue, it does not fail); with
+//      the engine's prefix cache (EngineOptions::prefix_cache), an admitted prompt adopts the KV
+//      pages of its leading full pages that an earlier request left, and only the rest is
+//      prefilled;
 //   2. builds one Engine::forward_batch step: one decode token for every sequence that is
 //      generating, then prefill chunks of the admitted prompts in admission order until
 //      step_tokens tokens are in the step (so a long prompt costs the decoders at most one step
@@ -139,6 +142,7 @@ struct SchedulerStats {
   int64_t steps = 0;               // forward_batch calls
   int64_t refused_queue_full = 0;  // submit() answered kQueueFull
   int64_t prompt_tokens = 0;       // of admitted requests
+  int64_t prefix_hit_tokens = 0;   // of those, found in the KV cache (not prefilled again)
   int64_t generation_tokens = 0;   // sampled (a final stop token included)
   // Speculative decoding (0 without a draft): the draft's KV pool, and per sequence and round
   // the rounds run, the tokens drafted and the drafts kept.
