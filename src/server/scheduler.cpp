@@ -334,9 +334,15 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& running) {
     int64_t reused = engine_.adopt_prefix(a->seq, a->req.prompt);
     if (draft_) {
       const int64_t d = draft_->adopt_prefix(a->dseq, a->req.prompt);
-      if (d > reused) draft_->truncate_sequence(a->dseq, reused);
-      if (reused > d) engine_.truncate_sequence(a->seq, d);
-      reused = std::min(reused, d);
+      if (d != reused) {
+        // Both keep the shorter run, cut at a page boundary of both (pages of other sizes
+        // could not be cut inside while another request shares them).
+        int64_t keep = std::min(reused, d);
+        if (keep % page_tokens_ != 0 || keep % draft_page_tokens_ != 0) keep = 0;
+        engine_.truncate_sequence(a->seq, keep);
+        draft_->truncate_sequence(a->dseq, keep);
+        reused = keep;
+      }
     }
     a->prefilled = static_cast<size_t>(reused);
     stats_.prefix_hit_tokens += reused;
