@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "draft_options.hpp"
 #include "env_options.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -33,9 +34,8 @@ namespace exl3::cli {
 Runner add_generate(CLI::App& app, Common&) {
   struct Opts {
     OverlayArgs overlay;
-    std::string model, prompt, system, chat_format, device = "cpu", draft;
-    int draft_tokens = 4;
-    bool draft_fixed = false;
+    std::string model, prompt, system, chat_format, device = "cpu";
+    DraftOptions draft;
     int64_t max_tokens = 128, page_size = 32;
     int tp = 1;
     float temperature = 0.0f, top_p = 1.0f;
@@ -83,21 +83,7 @@ Runner add_generate(CLI::App& app, Common&) {
   app.add_option("--page-size", o->page_size, "KV cache page size in tokens")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  auto* draft_opt = app.add_option(
-      "--draft", o->draft,
-      "Speculative decoding: a smaller model folder with the same tokenizer proposes tokens and "
-      "the model checks them in one pass each round (greedy: the same text as without it; "
-      "sampling: the same distribution)");
-  app.add_option("--draft-tokens", o->draft_tokens,
-                 "With --draft: the most tokens proposed per round (each round's count adapts to "
-                 "how often the draft is right and what its passes cost)")
-      ->check(CLI::Range(1, 16))
-      ->needs(draft_opt)
-      ->capture_default_str();
-  app.add_flag("--draft-fixed", o->draft_fixed,
-               "With --draft: always propose --draft-tokens tokens (sampled text then repeats for "
-               "a --seed; adaptive counts depend on timings)")
-      ->needs(draft_opt);
+  add_draft_options(app, o->draft, "Loaded on the same device.");
   add_tp_option(app, o->tp);
   add_overlay_options(app, o->overlay);
   app.add_flag("--json", o->json,
@@ -173,12 +159,7 @@ Runner add_generate(CLI::App& app, Common&) {
     eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
     engine_options_from_env(eo);
     auto engine = runtime::load_engine(ckpt, eo);
-    std::unique_ptr<runtime::Engine> draft;
-    if (!o->draft.empty()) {
-      runtime::EngineOptions de = eo;
-      de.overlay = {};
-      draft = runtime::load_engine(Checkpoint::open(o->draft), de);
-    }
+    const auto draft = load_draft(o->draft, eo);
     if (!o->json) print_overlay_summary(engine->overlay_report());
     for (const int32_t id : model_stop_tokens(dir, engine->spec().eos_token_ids, tok))
       stops.insert(id);
@@ -200,10 +181,9 @@ Runner add_generate(CLI::App& app, Common&) {
       return true;
     };
     runtime::SpeculativeStats spec;
-    const auto r =
-        draft ? runtime::generate_speculative(*engine, *draft, prompt, go,
-                                              {o->draft_tokens, !o->draft_fixed}, &spec, on_token)
-              : runtime::generate(*engine, prompt, go, on_token);
+    const auto r = draft ? runtime::generate_speculative(*engine, *draft, prompt, go,
+                                                         o->draft.speculative(), &spec, on_token)
+                         : runtime::generate(*engine, prompt, go, on_token);
     const std::string tail = stream.finish();
     text += tail;
 
@@ -228,9 +208,9 @@ Runner add_generate(CLI::App& app, Common&) {
       j["overlay"] = engine->overlay_report().to_json();
       if (chat) j["chat_format"] = std::string(chat_format_name(chat->format()));
       if (draft) {
-        j["speculative"] = {{"draft", o->draft},
-                            {"draft_tokens", o->draft_tokens},
-                            {"adaptive", !o->draft_fixed},
+        j["speculative"] = {{"draft", o->draft.path},
+                            {"draft_tokens", o->draft.tokens},
+                            {"adaptive", !o->draft.fixed},
                             {"rounds", spec.rounds},
                             {"drafted", spec.drafted},
                             {"accepted", spec.accepted},

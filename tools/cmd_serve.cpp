@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "draft_options.hpp"
 #include "env_options.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -34,9 +35,8 @@ Runner add_serve(CLI::App& app, Common&) {
     std::string model, host = "127.0.0.1", device = "cpu", model_name, chat_format;
     int port = 8000, max_seqs = 8, max_queue = 32, tp = 1, max_connections = 512;
     double read_timeout = 30, write_timeout = 30, drain_timeout = 30;
-    std::string api_key, draft;
-    int draft_tokens = 4;
-    bool draft_fixed = false;
+    std::string api_key;
+    DraftOptions draft;
     size_t max_body_mib = 8;
     int64_t cache_tokens = 16384, max_context = 0, step_tokens = 256, page_size = 32;
     bool quiet = false, prefix_cache = false;
@@ -121,22 +121,8 @@ Runner add_serve(CLI::App& app, Common&) {
                  "stops at once")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
-  auto* draft_opt = app.add_option(
-      "--draft", o->draft,
-      "Speculative decoding: a smaller model folder with the same tokenizer proposes tokens and "
-      "the model checks them in one pass per round (greedy: the same text as without it; "
-      "sampling: the same distribution). Loaded on the same device, with its own KV cache of "
-      "--cache-tokens");
-  app.add_option("--draft-tokens", o->draft_tokens,
-                 "With --draft: the most tokens proposed per round and request (each round's "
-                 "count adapts to how often the draft is right and what its passes cost)")
-      ->check(CLI::Range(1, 16))
-      ->needs(draft_opt)
-      ->capture_default_str();
-  app.add_flag("--draft-fixed", o->draft_fixed,
-               "With --draft: always propose --draft-tokens tokens (sampled text then repeats for "
-               "a seed)")
-      ->needs(draft_opt);
+  add_draft_options(app, o->draft,
+                    "Loaded on the same device, with its own KV cache of --cache-tokens.");
   app.add_flag("--prefix-cache", o->prefix_cache,
                "Keep the KV pages of finished prompts (by a hash of their tokens) and let a new "
                "request whose prompt starts the same way reuse them instead of prefilling them "
@@ -192,12 +178,7 @@ Runner add_serve(CLI::App& app, Common&) {
     }
     engine_options_from_env(eo);
     auto engine = runtime::load_engine(dir, eo);
-    std::unique_ptr<runtime::Engine> draft;
-    if (!o->draft.empty()) {
-      runtime::EngineOptions de = eo;
-      de.overlay = {};
-      draft = runtime::load_engine(Checkpoint::open(o->draft), de);
-    }
+    const auto draft = load_draft(o->draft, eo);
 
     server::ServerOptions so;
     so.model_name = o->model_name;
@@ -213,7 +194,7 @@ Runner add_serve(CLI::App& app, Common&) {
     so.scheduler.max_context = o->max_context;
     so.scheduler.step_tokens = o->step_tokens;
     so.scheduler.draft = draft.get();
-    so.scheduler.speculative = {o->draft_tokens, !o->draft_fixed};
+    so.scheduler.speculative = o->draft.speculative();
     so.http.max_connections = o->max_connections;
     so.api_key = o->api_key;
     so.http.max_body_bytes = o->max_body_mib << 20;
@@ -243,8 +224,8 @@ Runner add_serve(CLI::App& app, Common&) {
         "format: {}\n",
         o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, server.chat_status());
     if (draft) {
-      fmt::print("  draft: {} (up to {} tokens per round, {}), KV cache {} tokens\n", o->draft,
-                 o->draft_tokens, o->draft_fixed ? "fixed" : "adaptive", st.draft_cache_tokens);
+      fmt::print("  draft: {} (up to {} tokens per round, {}), KV cache {} tokens\n", o->draft.path,
+                 o->draft.tokens, o->draft.fixed ? "fixed" : "adaptive", st.draft_cache_tokens);
     }
     fmt::print(
         "  limits: {} connections, {} MiB per body, {} s to send a request, {} s per write\n",

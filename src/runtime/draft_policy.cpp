@@ -2,7 +2,8 @@
 #include "exl3/runtime/draft_policy.hpp"
 
 #include <algorithm>
-#include <cmath>
+#include <iterator>
+#include <vector>
 
 namespace exl3::runtime {
 namespace {
@@ -60,35 +61,21 @@ void DraftPolicy::record_verify(int64_t seqs, int k, double seconds) {
 }
 
 double DraftPolicy::verify_seconds(const Costs& c, int k) {
-  const int n = static_cast<int>(c.verify.size());
-  if (k < n && c.verify[static_cast<size_t>(k)].seconds() > 0.0)
-    return c.verify[static_cast<size_t>(k)].seconds();
-  // The nearest measured k below and above (or the two nearest on one side), then a line.
-  int lo = -1, hi = -1;
-  for (int j = std::min(k, n) - 1; j >= 0 && lo < 0; --j)
-    if (c.verify[static_cast<size_t>(j)].seconds() > 0.0) lo = j;
-  for (int j = k + 1; j < n && hi < 0; ++j)
-    if (c.verify[static_cast<size_t>(j)].seconds() > 0.0) hi = j;
-  if (lo < 0 && hi < 0) return 0.0;
-  if (lo < 0 || hi < 0) {
-    const int a = lo >= 0 ? lo : hi;
-    int b = -1;  // a second point on the same side
-    if (lo >= 0) {
-      for (int j = a - 1; j >= 0 && b < 0; --j)
-        if (c.verify[static_cast<size_t>(j)].seconds() > 0.0) b = j;
-    } else {
-      for (int j = a + 1; j < n && b < 0; ++j)
-        if (c.verify[static_cast<size_t>(j)].seconds() > 0.0) b = j;
-    }
-    if (b < 0) return c.verify[static_cast<size_t>(a)].seconds();
-    lo = std::min(a, b);
-    hi = std::max(a, b);
-  }
-  const double tl = c.verify[static_cast<size_t>(lo)].seconds();
-  const double th = c.verify[static_cast<size_t>(hi)].seconds();
+  std::vector<int> known;  // the measured draft counts, ascending
+  for (int j = 0; j < static_cast<int>(c.verify.size()); ++j)
+    if (c.verify[static_cast<size_t>(j)].seconds() > 0.0) known.push_back(j);
+  const auto at = [&](int j) { return c.verify[static_cast<size_t>(j)].seconds(); };
+  if (known.empty()) return 0.0;
+  if (std::ranges::binary_search(known, k)) return at(k);
+  if (known.size() == 1) return at(known[0]);
+  // A line through the nearest measured counts on both sides of k, or the two nearest on one.
+  auto above = std::ranges::upper_bound(known, k);
+  if (above == known.begin()) ++above;
+  if (above == known.end()) --above;
+  const int hi = *above, lo = *std::prev(above);
   // A longer run never costs less than a shorter one (noise can tilt the line the wrong way).
-  const double slope = std::max(0.0, (th - tl) / (hi - lo));
-  return std::max(tl + slope * (k - lo), 0.0);
+  const double slope = std::max(0.0, (at(hi) - at(lo)) / (hi - lo));
+  return std::max(at(lo) + slope * (k - lo), 0.0);
 }
 
 double DraftPolicy::tokens_per_second(int k, double rate, int64_t seqs) const {

@@ -93,9 +93,10 @@ const SpeculativeStats& SpeculativeDecoder::stats(int handle) const {
   return seq(handle).stats;
 }
 
-int SpeculativeDecoder::next_draft_tokens(int handle, int64_t batch) const {
+int SpeculativeDecoder::next_draft_tokens(int handle, int64_t batch, int64_t remaining) const {
   const Seq& s = seq(handle);
-  return spec_.adaptive ? policy_.choose(s.acceptance, batch) : spec_.draft_tokens;
+  const int k = spec_.adaptive ? policy_.choose(s.acceptance, batch) : spec_.draft_tokens;
+  return static_cast<int>(std::clamp<int64_t>(remaining - 1, 0, k));
 }
 
 SpeculativeDecoder::Added SpeculativeDecoder::add(std::span<const int32_t> prompt,
@@ -314,10 +315,8 @@ GenerateResult generate_speculative(Engine& target, Engine& draft, std::span<con
   while (static_cast<int64_t>(r.tokens.size()) < opts.max_new_tokens) {
     t0 = std::chrono::steady_clock::now();
     const int64_t remaining = opts.max_new_tokens - static_cast<int64_t>(r.tokens.size());
-    // A round emits up to k + 1 tokens; the last round drafts only what it can still emit.
-    const SpeculativeDecoder::Slot slot{
-        added.handle,
-        static_cast<int>(std::min<int64_t>(dec.next_draft_tokens(added.handle, 1), remaining - 1))};
+    const SpeculativeDecoder::Slot slot{added.handle,
+                                        dec.next_draft_tokens(added.handle, 1, remaining)};
     const auto out = dec.round({&slot, 1});
     r.decode_seconds += seconds_since(t0);
     ++r.decode_steps;

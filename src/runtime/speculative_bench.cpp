@@ -74,12 +74,12 @@ Run run_rounds(Engine& target, Engine& draft, const std::vector<std::vector<int3
     for (size_t i = 0; i < handles.size(); ++i) {
       const int64_t left = tokens - emitted[i];
       if (left <= 0) continue;
+      // kFixed: the decoder is not adaptive, so it answers k (capped at the end).
       const int want =
-          mode == Drafting::kNone ? 0
-          : mode == Drafting::kFixed
-              ? k
-              : dec.next_draft_tokens(handles[i], static_cast<int64_t>(handles.size()));
-      slots.push_back({handles[i], static_cast<int>(std::min<int64_t>(want, left - 1))});
+          mode == Drafting::kNone
+              ? 0
+              : dec.next_draft_tokens(handles[i], static_cast<int64_t>(handles.size()), left);
+      slots.push_back({handles[i], want});
       index.push_back(i);
     }
     if (slots.empty()) break;

@@ -211,8 +211,8 @@ SchedulerStats Scheduler::stats() const {
   return s;
 }
 
-int64_t Scheduler::pages_for(int64_t tokens) const {
-  return (tokens + page_tokens_ - 1) / page_tokens_ * page_tokens_;
+int64_t Scheduler::pages_for(int64_t tokens, int64_t page_tokens) {
+  return (tokens + page_tokens - 1) / page_tokens * page_tokens;
 }
 
 Scheduler::Submitted Scheduler::submit(GenerationRequest req) {
@@ -312,10 +312,9 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& running) {
   while (static_cast<int64_t>(running.size()) < opts_.max_seqs && !queue_.empty()) {
     Pending& p = queue_.front();
     const int64_t tokens = static_cast<int64_t>(p.req.prompt.size()) + p.req.max_tokens;
-    const int64_t need = pages_for(tokens);
+    const int64_t need = pages_for(tokens, page_tokens_);
     if (need > cache_tokens_ - reserved_) break;
-    const int64_t draft_need =
-        draft_ ? (tokens + draft_page_tokens_ - 1) / draft_page_tokens_ * draft_page_tokens_ : 0;
+    const int64_t draft_need = draft_ ? pages_for(tokens, draft_page_tokens_) : 0;
     if (draft_ && draft_need > draft_cache_tokens_ - draft_reserved_) break;
     auto a = std::make_unique<Active>(std::move(p.req), std::move(p.stream), tokenizer_);
     a->submitted = p.submitted;
@@ -430,10 +429,8 @@ void Scheduler::speculative_round(std::vector<std::unique_ptr<Active>>& running)
   for (auto& a : running) n += !a->done && a->handle >= 0;
   for (auto& a : running) {
     if (a->done || a->handle < 0) continue;
-    // A round emits up to k + 1 tokens; drafts past max_tokens would be thrown away.
-    const int64_t left = a->req.max_tokens - a->generated;
-    const int k = spec_->next_draft_tokens(a->handle, n);
-    slots.push_back({a->handle, static_cast<int>(std::min<int64_t>(k, left - 1))});
+    slots.push_back(
+        {a->handle, spec_->next_draft_tokens(a->handle, n, a->req.max_tokens - a->generated)});
     who.push_back(a.get());
   }
   if (slots.empty()) return;

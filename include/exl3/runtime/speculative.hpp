@@ -88,8 +88,10 @@ class SpeculativeDecoder {
   const SpeculativeStats& stats(int handle) const;
   int draft_tokens() const { return spec_.draft_tokens; }
   // The draft count for the sequence's next round in a round of `batch` sequences: K, or with
-  // SpeculativeOptions::adaptive the policy's choice from its acceptance and the costs so far.
-  int next_draft_tokens(int handle, int64_t batch) const;
+  // SpeculativeOptions::adaptive the policy's choice from its acceptance and the costs so far;
+  // at most remaining - 1 when the sequence may emit only `remaining` (>= 1) more tokens, since
+  // a round emits up to k + 1 and drafts past the end would be thrown away.
+  int next_draft_tokens(int handle, int64_t batch, int64_t remaining) const;
 
  private:
   struct Seq;

@@ -206,7 +206,8 @@ class Scheduler {
   static void fail_all(std::span<Active* const> who, const char* what, const std::exception& e);
   void accept_token(Active& a, int32_t tok);
   void retire(std::vector<std::unique_ptr<Active>>& running);
-  int64_t pages_for(int64_t tokens) const;
+  // `tokens` rounded up to whole pages of `page_tokens`.
+  static int64_t pages_for(int64_t tokens, int64_t page_tokens);
 
   runtime::Engine& engine_;
   Tokenizer tokenizer_;
