@@ -1,6 +1,8 @@
 // Multi-head latent attention kernels (see include/exl3/cuda/mla.hpp): RoPE + latent norm + cache
 // store, the query absorption and value expansion through kv_b_proj, and the attention over the
 // latent cache.
+#include <algorithm>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -141,14 +143,20 @@ size_t attend_smem_bytes(const MlaShape& s) {
          static_cast<size_t>(kG) * kAttendKeys * 4 + 2 * kG * 4;
 }
 
-// One block per (token, group of kMlaHeadsPerBlock heads): online softmax over chunks of
-// kAttendKeys cached rows. Warp g scores head g (lane: key lane % 16, half the channels by
-// lane / 16) and keeps its running max and sum; then every thread updates its latent channels'
-// accumulators for all heads of the block.
+// Blocks of the attention a launch wants at least (two per SM of an H200) before it splits.
+constexpr int kAttendBlocksWanted = 264;
+constexpr int kMaxSplits = 16;
+
+// One block per (token, group of kMlaHeadsPerBlock heads, split): online softmax over chunks of
+// kAttendKeys cached rows of the split's range of positions. Warp g scores head g (lane: key
+// lane % 16, half the channels by lane / 16) and keeps its running max and sum; then every thread
+// updates its latent channels' accumulators for all heads of the block. Unsplit, the normalised
+// output goes to o_lat; split, the unnormalised accumulators and (max, sum) go to part / ml for
+// mla_merge_kernel.
 __global__ void __launch_bounds__(kAttendThreads)
     mla_attend_kernel(const float* q_lat, const float* q, const int32_t* selection,
                       int64_t sel_stride, const int32_t* count, TokenMeta meta, MlaShape s,
-                      float scale, PagedKv kv, float* o_lat) {
+                      float scale, PagedKv kv, float* o_lat, float* part, float2* ml) {
   constexpr int kG = kMlaHeadsPerBlock, kC = kAttendKeys;
   constexpr int kCols = kMaxLora / kAttendThreads;
   extern __shared__ float smem[];
@@ -172,12 +180,15 @@ __global__ void __launch_bounds__(kAttendThreads)
     qs[i] = v;
   }
   const int32_t seq = meta.seq_row[t];
-  const int32_t npos = selection != nullptr ? count[t] : meta.pos[t] + 1;
+  const int32_t total = selection != nullptr ? count[t] : meta.pos[t] + 1;
+  const int splits = static_cast<int>(gridDim.z), split = static_cast<int>(blockIdx.z);
+  const int32_t per = (total + splits - 1) / splits;
+  const int32_t first = min(total, split * per), npos = min(total, first + per);
   const int32_t* sel = selection != nullptr ? selection + t * sel_stride : nullptr;
   float acc[kG][kCols] = {};
   float m_run = kNegBig, l_run = 0.0f;  // warp g's head
-  const int key = lane & (kC - 1), part = lane / kC;
-  for (int j0 = 0; j0 < npos; j0 += kC) {
+  const int key = lane & (kC - 1), half_of = lane / kC;
+  for (int j0 = first; j0 < npos; j0 += kC) {
     __syncthreads();  // the previous chunk's rows and weights are consumed
     for (int i = threadIdx.x; i < kC * words; i += blockDim.x) {
       const int jj = i / words, w = i % words, j = j0 + jj;
@@ -192,7 +203,7 @@ __global__ void __launch_bounds__(kAttendThreads)
     __syncthreads();
     float dot = 0.0f;
     const float* qg = qs + g * width;
-    for (int w = part; w < words; w += 2) {
+    for (int w = half_of; w < words; w += 2) {
       const float2 r = __half22float2(rows[key * stride + w]);
       dot += qg[2 * w] * r.x + qg[2 * w + 1] * r.y;
     }
@@ -221,6 +232,8 @@ __global__ void __launch_bounds__(kAttendThreads)
     }
   }
   if (lane == 0) lsum[g] = l_run;
+  if (splits > 1 && lane == 0 && h0 + g < s.heads)
+    ml[(t * splits + split) * s.heads + h0 + g] = make_float2(m_run, l_run);
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < kCols; ++k) {
@@ -229,8 +242,36 @@ __global__ void __launch_bounds__(kAttendThreads)
 #pragma unroll
     for (int gg = 0; gg < kG; ++gg) {
       const int h = h0 + gg;
-      if (h < s.heads) o_lat[(t * s.heads + h) * s.lora + col] = acc[gg][k] / lsum[gg];
+      if (h >= s.heads) continue;
+      if (splits == 1) {
+        o_lat[(t * s.heads + h) * s.lora + col] = acc[gg][k] / lsum[gg];
+      } else {
+        part[((t * splits + split) * s.heads + h) * s.lora + col] = acc[gg][k];
+      }
     }
+  }
+}
+
+// o_lat[t, h] = the splits' accumulators rescaled to their common max, over the rescaled sums,
+// in split order. One block per (head, token).
+__global__ void __launch_bounds__(256)
+    mla_merge_kernel(const float* part, const float2* ml, int splits, MlaShape s, float* o_lat) {
+  const int h = blockIdx.x;
+  const int64_t t = blockIdx.y;
+  float m = kNegBig;
+  for (int z = 0; z < splits; ++z) m = fmaxf(m, ml[(t * splits + z) * s.heads + h].x);
+  float l = 0.0f;
+  for (int z = 0; z < splits; ++z) {
+    const float2 v = ml[(t * splits + z) * s.heads + h];
+    l += __expf(v.x - m) * v.y;
+  }
+  for (int c = threadIdx.x; c < s.lora; c += blockDim.x) {
+    float o = 0.0f;
+    for (int z = 0; z < splits; ++z) {
+      const float w = __expf(ml[(t * splits + z) * s.heads + h].x - m);
+      o += w * part[((t * splits + z) * s.heads + h) * s.lora + c];
+    }
+    o_lat[(t * s.heads + h) * s.lora + c] = o / l;
   }
 }
 
@@ -278,15 +319,40 @@ cudaError_t mla_absorb_q(const float* q, const void* kv_b, DType kv_b_type, int6
   });
 }
 
+int mla_attend_splits(int64_t n, const MlaShape& s) {
+  const int64_t blocks = static_cast<int64_t>(blocks_for(s.heads, kMlaHeadsPerBlock)) * n;
+  if (blocks <= 0) return 1;
+  return static_cast<int>(
+      std::clamp<int64_t>((kAttendBlocksWanted + blocks - 1) / blocks, 1, kMaxSplits));
+}
+
+// Splits times tokens is at most wanted / groups + 1 + n (splits = ceil(wanted / (groups n))).
+size_t mla_attend_workspace_bytes(int64_t n_max, const MlaShape& s) {
+  const int64_t groups = blocks_for(s.heads, kMlaHeadsPerBlock);
+  const int64_t rows = kAttendBlocksWanted / groups + 1 + n_max;  // (token, split) pairs
+  return static_cast<size_t>(rows * s.heads) * (static_cast<size_t>(s.lora) * 4 + 8);
+}
+
 cudaError_t mla_attend(const float* q_lat, const float* q, const int32_t* selection,
                        int64_t sel_stride, const int32_t* count, TokenMeta meta, int64_t n,
-                       const MlaShape& s, float scale, const PagedKv& kv, float* o_lat,
-                       cudaStream_t stream) {
+                       const MlaShape& s, float scale, const PagedKv& kv, void* workspace,
+                       size_t workspace_bytes, float* o_lat, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (!mla_supports(s) || (selection != nullptr && count == nullptr)) return cudaErrorInvalidValue;
-  const dim3 grid(blocks_for(s.heads, kMlaHeadsPerBlock), static_cast<unsigned>(n));
+  int splits = mla_attend_splits(n, s);
+  const size_t part_bytes = static_cast<size_t>(n * splits * s.heads) * s.lora * 4;
+  const size_t ml_bytes = static_cast<size_t>(n * splits * s.heads) * 8;
+  if (workspace == nullptr || part_bytes + ml_bytes > workspace_bytes) splits = 1;
+  auto* part = static_cast<float*>(workspace);
+  auto* ml = reinterpret_cast<float2*>(static_cast<char*>(workspace) + part_bytes);
+  const dim3 grid(blocks_for(s.heads, kMlaHeadsPerBlock), static_cast<unsigned>(n),
+                  static_cast<unsigned>(splits));
   mla_attend_kernel<<<grid, kAttendThreads, attend_smem_bytes(s), stream>>>(
-      q_lat, q, selection, sel_stride, count, meta, s, scale, kv, o_lat);
+      q_lat, q, selection, sel_stride, count, meta, s, scale, kv, o_lat, part, ml);
+  if (splits == 1) return cudaGetLastError();
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  mla_merge_kernel<<<dim3(static_cast<unsigned>(s.heads), static_cast<unsigned>(n)), 256, 0,
+                     stream>>>(part, ml, splits, s, o_lat);
   return cudaGetLastError();
 }
 

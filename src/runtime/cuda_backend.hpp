@@ -188,10 +188,12 @@ class CudaBackend final : public model::Backend {
   DeviceBuffer slots_[static_cast<size_t>(model::Slot::kCount)];
   DeviceBuffer router_, ids_, wts_, logits_, logits_local_, pad_in_, pad_out_, ws_, meta_;
   DeviceBuffer attn_ws_;  // split-KV decode attention: counters (zeroed here) and split states
-  // MLA: the absorbed queries and latent outputs of kMlaChunkTokens tokens; DSA: the indexer's
+  // MLA: the absorbed queries, latent outputs and split-KV partial states of kMlaChunkTokens
+  // tokens; DSA: the indexer's
   // queries, head weights and keys of the step, a chunk's scores, and the step's selection
   // (kept from a full indexer layer for the shared layers after it).
-  DeviceBuffer mla_q_lat_, mla_o_lat_, dsa_q_, dsa_w_, dsa_k_, dsa_scores_, dsa_sel_, dsa_count_;
+  DeviceBuffer mla_q_lat_, mla_o_lat_, mla_split_, dsa_q_, dsa_w_, dsa_k_, dsa_scores_, dsa_sel_,
+      dsa_count_;
   int64_t mla_lat_width_ = 0, dsa_q_width_ = 0, dsa_heads_ = 0, dsa_head_dim_ = 0, dsa_topk_ = 0;
   GpuLinear::Pads pads_;
   MetaLayout ml_;

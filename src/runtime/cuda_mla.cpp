@@ -206,6 +206,12 @@ void CudaBackend::allocate_mla(int64_t slots, int64_t max_pages, int64_t page_si
   const auto lat = static_cast<size_t>(chunk * mla_lat_width_) * 4;
   mla_q_lat_ = DeviceBuffer(lat, "the MLA absorbed queries");
   mla_o_lat_ = DeviceBuffer(lat, "the MLA latent outputs");
+  size_t split = 0;
+  for (const CacheLayer& c : cache_layers_) {
+    if (c.mla != nullptr)
+      split = std::max(split, cuda::mla_attend_workspace_bytes(chunk, c.mla->shape));
+  }
+  mla_split_ = DeviceBuffer(split, "the MLA split-KV partial states");
   if (dsa_topk_ == 0) return;
   const int64_t cap = opts_.capacity;
   dsa_q_ = DeviceBuffer(static_cast<size_t>(cap * dsa_q_width_) * 4, "the DSA indexer queries");
@@ -269,7 +275,8 @@ void CudaBackend::mla_attention(const Module& attn, Act h, Act q_resid, Act q, A
         cuda::mla_attend(mla_q_lat_.as<float>(), qc,
                          selection != nullptr ? selection + t0 * dsa_topk_ : nullptr, dsa_topk_,
                          selection != nullptr ? dsa_count_.as<int32_t>() + t0 : nullptr, tc, c,
-                         a.shape, static_cast<float>(s.scale), kv, mla_o_lat_.as<float>(), stream_),
+                         a.shape, static_cast<float>(s.scale), kv, mla_split_.get(),
+                         mla_split_.bytes(), mla_o_lat_.as<float>(), stream_),
         "MLA attention");
     EXL3_CUDA_CHECK(
         cuda::mla_expand_v(mla_o_lat_.as<float>(), a.kv_b.get(), a.kv_b_type, c, a.shape,

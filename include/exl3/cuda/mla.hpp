@@ -60,10 +60,17 @@ cudaError_t mla_absorb_q(const float* q, const void* kv_b, DType kv_b_type, int6
 // o_lat [n, heads, lora] = softmax over the attended positions of scale * (q_lat . latent_j +
 // q_rope . key_rope_j), weighting the latents. The positions of token t: 0..pos[t] of its
 // sequence, or (selection non-null) the count[t] positions selection[t * sel_stride + i].
+// Split-KV: with few (token, head group) blocks, each is cut into mla_attend_splits(n, s) ranges
+// of its positions run by separate blocks, whose partial softmax states a second kernel merges in
+// a fixed order; the split count depends only on n and the shape (never on the context), so a
+// captured step replays at any length. `workspace` holds mla_attend_workspace_bytes(n_max, s)
+// bytes for any n <= n_max (with less, every block runs unsplit).
+int mla_attend_splits(int64_t n, const MlaShape& s);
+size_t mla_attend_workspace_bytes(int64_t n_max, const MlaShape& s);
 cudaError_t mla_attend(const float* q_lat, const float* q, const int32_t* selection,
                        int64_t sel_stride, const int32_t* count, TokenMeta meta, int64_t n,
-                       const MlaShape& s, float scale, const PagedKv& kv, float* o_lat,
-                       cudaStream_t stream);
+                       const MlaShape& s, float scale, const PagedKv& kv, void* workspace,
+                       size_t workspace_bytes, float* o_lat, cudaStream_t stream);
 
 // out [n, heads * v_dim] = per head, kv_b_proj's value rows times o_lat.
 cudaError_t mla_expand_v(const float* o_lat, const void* kv_b, DType kv_b_type, int64_t n,
