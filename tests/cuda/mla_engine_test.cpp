@@ -2,7 +2,8 @@
 // DeepSeek-V3 (grouped routing, interleaved RoPE, q LoRA) and GLM-5 (DSA indexer with full and
 // shared layers, top-12 of 40 positions) reference checkpoints, with EXL3 experts and also as
 // `exl3 quantize` converts them; incremental decode through graphs and chunked prefill equal one
-// pass. Then the DSA top-k kernel alone against the CPU rule, ties included.
+// pass; prefix caching reuses latent pages exactly. Then the DSA top-k kernel alone against the
+// CPU rule, ties included.
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
@@ -98,6 +99,40 @@ TEST_P(CudaMlaTest, MatchesCpuQuantized) {
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaMlaTest,
                          ::testing::Values("deepseek_v3_q128", "glm_moe_dsa_q128"),
                          [](const auto& p) { return std::string(p.param); });
+
+// Automatic prefix caching on the GPU: a second prompt that shares a 3-page system prompt adopts
+// those pages (latent cache, DSA keys and all) and gives, bit for bit, the logits of an engine
+// without caching that ran the same chunks; the conformance model (GQA) and GLM-5 (MLA + DSA).
+void expect_prefix_reuse_exact(const fs::path& dir, const char* label) {
+  EngineOptions eo = cuda_options();
+  eo.prefix_cache = true;
+  auto cached = load_engine(dir, eo);
+  auto plain = load_engine(dir, cuda_options());
+  const auto vocab = static_cast<int32_t>(plain->spec().vocab_size);
+  const auto system = random_tokens(12, vocab), a = random_tokens(5, vocab),
+             b = random_tokens(30, vocab);  // past the DSA top-12, so the selection matters
+  const auto s1 = cached->new_sequence();
+  (void)cached->forward(s1, system, LogitsMode::kLast);
+  (void)cached->forward(s1, a, LogitsMode::kLast);
+  cached->drop_sequence(s1);
+  auto second = system;
+  second.insert(second.end(), b.begin(), b.end());
+  const auto s2 = cached->new_sequence();
+  ASSERT_EQ(cached->adopt_prefix(s2, second), 12) << label;
+  const auto got = cached->forward(s2, b, LogitsMode::kAll);
+  const auto p = plain->new_sequence();
+  (void)plain->forward(p, system, LogitsMode::kLast);
+  const auto want = plain->forward(p, b, LogitsMode::kAll);
+  EXPECT_EQ(got, want) << label;
+}
+
+TEST(CudaPrefixCache, AdoptedPagesGiveTheSameLogits) {
+  EXL3_REQUIRE_GPU();
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  expect_prefix_reuse_exact(test::tiny_model(conf), "tiny-qwen3moe-exl3");
+  exl3::test::TempDir tmp;
+  expect_prefix_reuse_exact(with_exl3_experts(tmp, "glm_moe_dsa_q128"), "glm_moe_dsa_q128");
+}
 
 // The top-k kernel against the CPU rule (score descending, ties to the lower position, kept
 // positions ascending): one head, so every key whose dot is negative scores exactly 0, and a k
