@@ -6,7 +6,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "cuda/mla_attend_tc.cuh"
 #include "cuda/mla_rope.cuh"
 #include "cuda/paged_kv.cuh"
 #include "exl3/cuda/mla.hpp"
@@ -320,13 +319,8 @@ cudaError_t mla_absorb_q(const float* q, const void* kv_b, DType kv_b_type, int6
   });
 }
 
-// Heads per attention block: 16 on tensor cores, else kMlaHeadsPerBlock.
-static int attend_heads_per_block(const MlaShape& s) {
-  return mla_tc_supports(s) ? kMlaTcHeads : kMlaHeadsPerBlock;
-}
-
 int mla_attend_splits(int64_t n, const MlaShape& s) {
-  const int64_t blocks = static_cast<int64_t>(blocks_for(s.heads, attend_heads_per_block(s))) * n;
+  const int64_t blocks = static_cast<int64_t>(blocks_for(s.heads, kMlaHeadsPerBlock)) * n;
   if (blocks <= 0) return 1;
   return static_cast<int>(
       std::clamp<int64_t>((kAttendBlocksWanted + blocks - 1) / blocks, 1, kMaxSplits));
@@ -334,13 +328,9 @@ int mla_attend_splits(int64_t n, const MlaShape& s) {
 
 // Splits times tokens is at most wanted / groups + 1 + n (splits = ceil(wanted / (groups n))).
 size_t mla_attend_workspace_bytes(int64_t n_max, const MlaShape& s) {
-  const int64_t groups = blocks_for(s.heads, attend_heads_per_block(s));
+  const int64_t groups = blocks_for(s.heads, kMlaHeadsPerBlock);
   const int64_t rows = kAttendBlocksWanted / groups + 1 + n_max;  // (token, split) pairs
   return static_cast<size_t>(rows * s.heads) * (static_cast<size_t>(s.lora) * 4 + 8);
-}
-
-cudaError_t mla_prepare(const MlaShape& s) {
-  return mla_tc_prepare(s);
 }
 
 cudaError_t mla_attend(const float* q_lat, const float* q, const int32_t* selection,
@@ -355,18 +345,12 @@ cudaError_t mla_attend(const float* q_lat, const float* q, const int32_t* select
   if (workspace == nullptr || part_bytes + ml_bytes > workspace_bytes) splits = 1;
   auto* part = static_cast<float*>(workspace);
   auto* ml = reinterpret_cast<float2*>(static_cast<char*>(workspace) + part_bytes);
-  const dim3 grid(blocks_for(s.heads, attend_heads_per_block(s)), static_cast<unsigned>(n),
+  const dim3 grid(blocks_for(s.heads, kMlaHeadsPerBlock), static_cast<unsigned>(n),
                   static_cast<unsigned>(splits));
-  cudaError_t e = cudaSuccess;
-  if (mla_tc_supports(s)) {
-    e = launch_mla_attend_tc(grid, q_lat, q, selection, sel_stride, count, meta, s, scale, kv,
-                             o_lat, part, ml, stream);
-  } else {
-    mla_attend_kernel<<<grid, kAttendThreads, attend_smem_bytes(s), stream>>>(
-        q_lat, q, selection, sel_stride, count, meta, s, scale, kv, o_lat, part, ml);
-    e = cudaGetLastError();
-  }
-  if (splits == 1 || e != cudaSuccess) return e;
+  mla_attend_kernel<<<grid, kAttendThreads, attend_smem_bytes(s), stream>>>(
+      q_lat, q, selection, sel_stride, count, meta, s, scale, kv, o_lat, part, ml);
+  if (splits == 1) return cudaGetLastError();
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   mla_merge_kernel<<<dim3(static_cast<unsigned>(s.heads), static_cast<unsigned>(n)), 256, 0,
                      stream>>>(part, ml, splits, s, o_lat);
   return cudaGetLastError();

@@ -130,7 +130,6 @@ ModulePtr CudaBackend::load_mla(const MlaAttentionSpec& s, int, const model::Lin
         "(even), qk_nope_head_dim <= 256 (this layer: {}, {}, {}; hint: --device cpu)",
         spec_.label, s.prefix, s.kv_lora_rank, s.qk_rope_head_dim, s.qk_nope_head_dim);
   }
-  EXL3_CUDA_CHECK(cuda::mla_prepare(a->shape), "preparing the MLA attention kernel");
   a->kv_norm = DeviceBuffer::upload(
       load_vector(ckpt_.store(), s.prefix + ".kv_a_layernorm.weight", s.kv_lora_rank),
       "kv_a_layernorm");

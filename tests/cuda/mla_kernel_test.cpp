@@ -1,8 +1,7 @@
 // mla_attend (attention over the MLA latent cache) against a double-precision CPU computation of
-// the same softmax, for the tensor-core kernel (kv_lora_rank a multiple of 64) and the CUDA-core
-// kernel (any other): long contexts (several 512-position passes, rescaled), steps of one token
-// (split over the context and merged) and of many (unsplit), a DSA selection list, and heads
-// that do not fill the last block. Poisoned outputs, scattered pages, fresh random inputs.
+// the same softmax: long contexts, steps of one token (split over the context and merged) and of
+// many (unsplit), DSA selection lists, heads that do not fill the last block, latent widths of
+// DeepSeek-V3 (512 + 64) and odd small ones. Poisoned outputs, scattered pages, fresh inputs.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -38,7 +37,6 @@ DeviceBuffer upload(const std::vector<T>& v, const char* what) {
 void run_case(const Case& c) {
   const MlaShape& s = c.shape;
   ASSERT_TRUE(mla_supports(s)) << c.name;
-  ASSERT_EQ(mla_prepare(s), cudaSuccess);
   auto rng = exl3::test::make_rng();
   std::normal_distribution<float> nd;
   const int page = 16, pages = (c.context + page - 1) / page, width = s.latent_width();
@@ -129,19 +127,19 @@ void run_case(const Case& c) {
   }
   const double err = std::sqrt(num / den);
   std::printf("%s: %d tokens, %d splits, rel-L2 %.3e\n", c.name, n, mla_attend_splits(n, s), err);
-  EXPECT_LE(err, 2e-3) << c.name;  // fp16 queries and weights on the tensor-core path
+  EXPECT_LE(err, 1e-5) << c.name;  // fp32 queries and weights; the cache is the fp16 input
 }
 
 TEST(MlaAttend, MatchesCpuSoftmax) {
   EXL3_REQUIRE_GPU();
   // heads, nope, rope_half, v, lora
   const Case cases[] = {
-      {"tc 20 heads, 1 token, 1300 positions (split)", {20, 16, 16, 16, 512}, 1, 1300, 0},
-      {"tc 20 heads, 140 tokens, 1300 positions (3 passes)", {20, 16, 16, 16, 512}, 140, 1300, 0},
-      {"tc 4 heads lora 64, 40 tokens", {4, 16, 4, 16, 64}, 40, 40, 0},
-      {"tc 20 heads, DSA 700 of 1300, 140 tokens", {20, 16, 16, 16, 512}, 140, 1300, 700},
-      {"cuda cores lora 96, 1 token, 1300 positions", {6, 16, 8, 16, 96}, 1, 1300, 0},
-      {"cuda cores lora 96, 70 tokens, DSA 300", {6, 16, 8, 16, 96}, 70, 600, 300},
+      {"20 heads, 1 token, 1300 positions (split)", {20, 16, 32, 16, 512}, 1, 1300, 0},
+      {"20 heads, 140 tokens, 1300 positions (unsplit)", {20, 16, 32, 16, 512}, 140, 1300, 0},
+      {"4 heads lora 64, 40 tokens", {4, 16, 4, 16, 64}, 40, 40, 0},
+      {"20 heads, DSA 700 of 1300, 140 tokens", {20, 16, 32, 16, 512}, 140, 1300, 700},
+      {"6 heads lora 96, 1 token, 1300 positions", {6, 16, 8, 16, 96}, 1, 1300, 0},
+      {"6 heads lora 96, 70 tokens, DSA 300", {6, 16, 8, 16, 96}, 70, 600, 300},
   };
   for (const Case& c : cases) run_case(c);
 }

@@ -66,9 +66,6 @@ cudaError_t mla_absorb_q(const float* q, const void* kv_b, DType kv_b_type, int6
 // captured step replays at any length. `workspace` holds mla_attend_workspace_bytes(n_max, s)
 // bytes for any n <= n_max (with less, every block runs unsplit).
 int mla_attend_splits(int64_t n, const MlaShape& s);
-// Once per shape at load (never while capturing a graph): lets the tensor-core attention kernel,
-// which serves kv_lora_rank multiples of 64, take more than 48 KiB of shared memory.
-cudaError_t mla_prepare(const MlaShape& s);
 size_t mla_attend_workspace_bytes(int64_t n_max, const MlaShape& s);
 cudaError_t mla_attend(const float* q_lat, const float* q, const int32_t* selection,
                        int64_t sel_stride, const int32_t* count, TokenMeta meta, int64_t n,
