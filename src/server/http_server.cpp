@@ -278,8 +278,7 @@ SchedulerStats HttpServer::stats() const {
 }
 
 std::string HttpServer::chat_status() const {
-  return impl_->chat ? std::string(chat_format_name(impl_->chat->format()))
-                     : "none (" + impl_->chat_error + ")";
+  return impl_->chat ? impl_->chat->description() : "none (" + impl_->chat_error + ")";
 }
 
 http::Reply HttpServer::Impl::handle(const http::Request& q) {

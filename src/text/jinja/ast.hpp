@@ -18,7 +18,7 @@ struct Expr {
   enum class Kind {
     kLiteral,    // value
     kName,       // name
-    kList,       // args (tuples are lists too)
+    kList,       // args; name "tuple" for a tuple literal
     kDict,       // args: key, value, key, value, ...
     kAttr,       // args[0].name
     kIndex,      // args[0][args[1]]

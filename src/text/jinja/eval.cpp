@@ -266,7 +266,7 @@ class Evaluator {
       case Expr::Kind::kList: {
         List l;
         for (const auto& x : e.args) l.push_back(eval(*x));
-        return l;
+        return e.name == "tuple" ? Value::tuple(std::move(l)) : Value(std::move(l));
       }
       case Expr::Kind::kDict: {
         auto d = std::make_shared<Dict>();

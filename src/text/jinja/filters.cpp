@@ -223,7 +223,7 @@ Value dictsort(const Value& v, Args& a) {
   if (by != "key" && by != "value") value_error("dictsort: 'by' must be 'key' or 'value'");
   const size_t pos = by == "key" ? 0 : 1;
   List items;
-  for (const auto& [k, x] : v.dict().items) items.emplace_back(List{Value(k), x});
+  for (const auto& [k, x] : v.dict().items) items.push_back(Value::tuple({Value(k), x}));
   std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
     const Value kx = sort_key(x.list()[pos], cs), ky = sort_key(y.list()[pos], cs);
     return rev ? less(ky, kx) : less(kx, ky);

@@ -261,7 +261,7 @@ std::optional<Value> str_method(const Value& self, std::string_view name) {
 
 List pairs(const Dict& d) {
   List out;
-  for (const auto& [k, v] : d.items) out.emplace_back(List{Value(k), v});
+  for (const auto& [k, v] : d.items) out.push_back(Value::tuple({Value(k), v}));
   return out;
 }
 

@@ -519,13 +519,13 @@ class Parser {
     }
     if (at_op("(")) {
       const size_t off = next().offset;
-      if (skip_op(")")) return node(Expr::Kind::kList, off);  // ()
+      if (skip_op(")")) return node(Expr::Kind::kList, off, "tuple");  // ()
       ExprPtr e = expression();
       if (!at_op(",")) {
         expect_op(")");
         return e;
       }
-      auto tuple = node(Expr::Kind::kList, off);
+      auto tuple = node(Expr::Kind::kList, off, "tuple");
       tuple->args.push_back(std::move(e));
       while (skip_op(",")) {
         if (at_op(")")) break;

@@ -324,12 +324,13 @@ std::string repr(const Value& v) {
   if (v.is_float()) return float_repr(v.as_float());
   if (v.is_string()) return str_repr(v.str());
   if (v.is_list()) {
-    std::string out = "[";
+    std::string out = v.is_tuple ? "(" : "[";
     for (size_t i = 0; i < v.list().size(); ++i) {
       if (i > 0) out += ", ";
       out += repr(v.list()[i]);
     }
-    return out + "]";
+    if (v.is_tuple && v.list().size() == 1) out += ",";
+    return out + (v.is_tuple ? ")" : "]");
   }
   if (v.is_dict()) {
     const auto& d = v.dict();

@@ -48,6 +48,7 @@ struct Value {
                             std::shared_ptr<const List>, std::shared_ptr<Dict>,
                             std::shared_ptr<const Callable>>;
   Data data;
+  bool is_tuple = false;  // a list that Python would hold as a tuple: repr() shows (a, b)
 
   Value() = default;
   Value(Undefined u) : data(std::move(u)) {}
@@ -59,6 +60,11 @@ struct Value {
   Value(std::string s) : data(std::move(s)) {}
   Value(const char* s) : data(std::string(s)) {}
   Value(List l) : data(std::make_shared<const List>(std::move(l))) {}
+  static Value tuple(List l) {
+    Value v(std::move(l));
+    v.is_tuple = true;
+    return v;
+  }
   Value(std::shared_ptr<Dict> d) : data(std::move(d)) {}
   Value(std::shared_ptr<const Callable> c) : data(std::move(c)) {}
 
