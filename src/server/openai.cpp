@@ -259,6 +259,15 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     }
   }
   if (auto v = f.boolean("ignore_eos")) r.ignore_eos = *v;
+  if (const json* k = f.get("chat_template_kwargs")) {
+    if (!k->is_object()) {
+      f.fail_type("chat_template_kwargs", "an object", *k);
+    } else if (endpoint != Endpoint::kChat) {
+      f.fail_value("chat_template_kwargs", "applies to /v1/chat/completions only");
+    } else {
+      r.chat_template_kwargs = *k;
+    }
+  }
   f.unsupported_unless("best_of", 1, "one completion per request");
   f.unsupported_unless("echo", false, "the prompt is not echoed");
   f.unsupported_unless("logprobs", false, "no log-probabilities");

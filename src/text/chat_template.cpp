@@ -155,6 +155,12 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool ad
       fail("chat format {} cannot list tools; use the model's own chat template",
            chat_format_name(*format_));
     }
+    if (!extra.empty()) {
+      fail(
+          "chat format {} has no template variables (such as '{}'); they need the model's own "
+          "chat template",
+          chat_format_name(*format_), extra.begin().key());
+    }
     std::vector<ChatMessage> text;
     for (const auto& m : messages) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||

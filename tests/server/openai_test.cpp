@@ -69,6 +69,8 @@ TEST(OpenAiParse, RefusesBadBodiesNamingTheField) {
       {R"({"prompt": "x", "presence_penalty": 0.5})", "presence_penalty", "not supported"},
       {R"({"prompt": "x", "echo": true})", "echo", "not supported"},
       {R"({"prompt": "x", "stream_options": 1})", "stream_options", "an object"},
+      {R"({"prompt": "x", "chat_template_kwargs": {"a": 1}})", "chat_template_kwargs", "chat/completions only"},
+      {R"({"prompt": "x", "chat_template_kwargs": [1]})", "chat_template_kwargs", "an object"},
   };
   for (const auto& c : cases) {
     const auto e = error_of(c.body);
@@ -122,6 +124,13 @@ TEST(OpenAiParse, AcceptsTheDocumentedForms) {
   EXPECT_EQ(r.messages[0].role, "system");
   EXPECT_EQ(r.messages[1].content, "Hi there");
   EXPECT_EQ(r.max_tokens, 3);
+  EXPECT_TRUE(r.chat_template_kwargs.empty());
+
+  r = ok_of(R"({"messages": [{"role": "user", "content": "Hi"}],
+                "chat_template_kwargs": {"enable_thinking": false, "custom": [1, "x"]}})",
+            Endpoint::kChat);
+  EXPECT_EQ(r.chat_template_kwargs["enable_thinking"], false);
+  EXPECT_EQ(r.chat_template_kwargs["custom"][1], "x");
 }
 
 TEST(OpenAiShapes, CompletionChunkAndUsage) {

@@ -82,7 +82,7 @@ class ChatTemplate {
   // Messages as transformers takes them (objects with role, content and any other keys:
   // tool_calls, reasoning_content, ...), `tools` (null or a list of JSON schemas) and `extra`
   // template variables (an object: enable_thinking, date_string, ...). Native formats take only
-  // string role / content messages and no tools.
+  // string role / content messages, no tools and no extra variables.
   std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                      const nlohmann::ordered_json& tools = nullptr,
                      const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;

@@ -377,15 +377,27 @@ class Evaluator {
       const double m = std::fmod(x, y);
       return m != 0 && ((m < 0) != (y < 0)) ? m + y : m;
     }
+    // Python's ints do not overflow; a template that leaves int64 is refused, not wrapped.
     const int64_t x = a.as_int(), y = b.as_int();
-    if (op == "+") return x + y;
-    if (op == "-") return x - y;
-    if (op == "*") return x * y;
+    int64_t r = 1;
+    auto checked = [&](bool overflowed) -> Value {
+      if (overflowed) value_error(fmt::format("integer overflow in {} {} {}", x, op, y));
+      return r;
+    };
+    if (op == "+") return checked(__builtin_add_overflow(x, y, &r));
+    if (op == "-") return checked(__builtin_sub_overflow(x, y, &r));
+    if (op == "*") return checked(__builtin_mul_overflow(x, y, &r));
     if (op == "**") {
       if (y < 0) return std::pow(static_cast<double>(x), static_cast<double>(y));
-      int64_t r = 1;
-      for (int64_t i = 0; i < y; ++i) r *= x;
-      return r;
+      // Squaring: base^2 divides the result whenever bits remain, so it overflows only if the
+      // result would.
+      bool overflowed = false;
+      int64_t base = x;
+      for (int64_t e = y; e > 0 && !overflowed; e >>= 1) {
+        if (e & 1) overflowed = __builtin_mul_overflow(r, base, &r);
+        if (e > 1 && !overflowed) overflowed = __builtin_mul_overflow(base, base, &base);
+      }
+      return checked(overflowed);
     }
     if (y == 0) value_error("integer division or modulo by zero");
     int64_t q = x / y, m = x % y;
@@ -437,8 +449,12 @@ class Evaluator {
     }
     if (op == "*" && (a.is_string() || b.is_string()) && (a.is_int() || b.is_int())) {
       const std::string& s = a.is_string() ? a.str() : b.str();
+      const int64_t n = a.is_int() ? a.as_int() : b.as_int();
+      if (n > 0 && s.size() * static_cast<uint64_t>(n) > (uint64_t{64} << 20)) {
+        value_error("string repetition longer than 64 MiB");
+      }
       std::string out;
-      for (int64_t i = 0; i < (a.is_int() ? a.as_int() : b.as_int()); ++i) out += s;
+      for (int64_t i = 0; i < n; ++i) out += s;
       return out;
     }
     if (op == "%" && a.is_string()) return percent_format(a.str(), b);

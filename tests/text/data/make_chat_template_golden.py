@@ -266,6 +266,13 @@ FEATURES = [
     ("string_escapes", "{{ 'a\\nb\\tc\\\\d\\'e\"f\\u00e9\\x41' }}|{{ \"x\" 'y' }}", {}),
     ("set_tuple_and_percent", "{% set a, b = [1, 'two'] %}{{ a }}{{ b }} {{ '%s-%d' % ('x', 3) }} {{ '%s!' | format('hey') }}", {}),
     ("generation_tag", "{% for m in ms %}{% generation %}[{{ m }}]{% endgeneration %}{% endfor %}", {"ms": [1, 2]}),
+    ("macro_recursion", "{% macro ty(s) %}{% if s.type == 'array' %}list[{{ ty(s['items']) }}]{% elif s.type == 'object' %}dict{% else %}{{ s.type }}{% endif %}{% endmacro %}{{ ty(p) }}", {"p": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}}}),
+    ("nested_loops", "{% for a in [1, 2] %}{% for b in 'xy' %}{{ a }}{{ b }}{{ loop.index }}{% endfor %}/{{ loop.index }} {% endfor %}", {}),
+    ("more_tests", "{{ 4 is divisibleby(2) }}{{ none is sameas none }}{{ ms | selectattr('role', 'in', ['user', 'tool']) | list | length }}{{ ms | selectattr('name', 'defined') | list | length }}{{ 'ab' is lower }}{{ 'AB' is upper }}{{ 'x' is eq('x') }}{{ 3 is gt(2) }}", {"ms": [{"role": "user"}, {"role": "tool", "name": "n"}, {"role": "assistant"}]}),
+    ("tuples", "{{ (1, 'a') }} {{ (1,) }} {{ () }} {{ (1, 2) | tojson }} {{ 'x' in ('x', 'y') }} {% for a, b in [(1, 2), [3, 4]] %}{{ a + b }}{% endfor %}", {}),
+    ("title_variants", "{{ \"it's a dog-eat-dog [world]\" | title }} | {{ \"it's a dog-eat-dog [world]\".title() }} | {{ 'ÉCOLE été' | lower }} {{ 'école' | upper }}", {}),
+    ("map_filters", "{{ ['  a ', 'b  '] | map('trim') | list }} {{ [1, 2] | map('string') | join('+') }} {{ d | items | map('first') | list }} {{ ts | map(attribute='function.name') | list }}", {"d": {"k": 1, "j": 2}, "ts": [{"function": {"name": "f"}}, {"function": {"name": "g"}}]}),
+    ("tojson_nested_indent", "{{ t | tojson(indent=4) }}|{{ t | tojson(indent='\t', separators=(',', ' = ')) }}", {"t": {"name": "f", "params": {"a": [1, {"b": None}], "e": []}}}),
     ("unicode_whitespace_strip", "{{ s | trim }}|{{ s.split() }}|{{ s | length }}", {"s": "\u3000\u00a0 x\u2003y \u2028"}),
 ]
 

@@ -154,6 +154,10 @@ TEST(Jinja, RuntimeErrorsNameTheConstruct) {
   EXPECT_THAT(render_error("{{ [1] | join(sep=',') }}"),
               HasSubstr("unexpected keyword argument 'sep'"));
   EXPECT_THAT(render_error("{% break %}"), HasSubstr("break or continue outside a loop"));
+  EXPECT_THAT(render_error("{{ 9223372036854775807 + 1 }}"), HasSubstr("integer overflow"));
+  EXPECT_THAT(render_error("{{ 3 ** 99 }}"), HasSubstr("integer overflow"));
+  EXPECT_EQ(render("{{ 2 ** 62 }} {{ -2 ** 2 }} {{ 1 ** 1000000000 }} {{ (-1) ** 1000000001 }}"),
+            "4611686018427387904 4 1 -1");
 }
 
 TEST(Jinja, RaiseExceptionIsTheTemplatesOwnMessage) {
