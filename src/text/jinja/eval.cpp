@@ -207,11 +207,12 @@ class Evaluator {
       value_error(fmt::format("macro '{}': calls nested too deeply", s.text));
     Frame local;
     for (size_t i = 0; i < a.pos.size(); ++i) local[s.params[i].first] = a.pos[i];
-    for (auto& [k, v] : a.kw) {
+    for (auto& kw : a.kw) {
+      const std::string& k = kw.first;  // named: clang 14 lambdas cannot capture bindings
       const bool known = std::any_of(s.params.begin(), s.params.end(),
                                      [&](const auto& p) { return p.first == k; });
       if (!known) value_error(fmt::format("macro '{}' has no parameter named '{}'", s.text, k));
-      local[k] = v;
+      local[k] = kw.second;
     }
     // A macro sees the template's top-level names, not its caller's locals.
     std::vector<Frame*> saved_scopes = {scopes_.front(), &local};

@@ -142,6 +142,7 @@ class Parser {
 
   StmtPtr statement() {
     const Token tag = peek();
+    const Nest nest(*this, tag.offset);
     if (tag.kind != Tok::kName)
       error(tag.offset, fmt::format("expected a tag name, got {}", describe(tag)));
     ++i_;
@@ -246,8 +247,22 @@ class Parser {
 
   // ---- expressions ----
 
+  // Nesting deeper than this is refused rather than risking the stack on a hostile template.
+  static constexpr int kMaxDepth = 200;
+  int depth_ = 0;
+  struct Nest {
+    Parser& p;
+    Nest(Parser& parser, size_t at) : p(parser) {
+      if (++p.depth_ > kMaxDepth) p.error(at, "nested too deeply");
+    }
+    ~Nest() { --p.depth_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+  };
+
   ExprPtr expression(bool with_condition = true) {
     const size_t off = peek().offset;
+    const Nest nest(*this, off);
     ExprPtr e = or_expr();
     while (with_condition && skip_name("if")) {
       auto c = node(Expr::Kind::kCondition, off);
@@ -279,6 +294,7 @@ class Parser {
 
   ExprPtr not_expr() {
     if (at_name("not")) {
+      const Nest nest(*this, peek().offset);
       auto e = node(Expr::Kind::kUnary, next().offset, "not");
       e->args.push_back(not_expr());
       return e;
@@ -350,6 +366,7 @@ class Parser {
     ExprPtr e;
     if (at_op("-") || at_op("+")) {
       const Token& t = next();
+      const Nest nest(*this, t.offset);
       e = node(Expr::Kind::kUnary, t.offset, t.text);
       e->args.push_back(unary(false));
     } else {

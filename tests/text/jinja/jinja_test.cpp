@@ -123,6 +123,10 @@ TEST(Jinja, SyntaxErrorsNameLineAndColumn) {
   EXPECT_THAT(parse_error("{% raw %}x{% endraw %}"), HasSubstr("raw blocks are not supported"));
   EXPECT_THAT(parse_error("{{ f(a=1, 2) }}"), HasSubstr("positional argument follows a keyword"));
   EXPECT_THAT(parse_error("{% set x %}"), HasSubstr("'set' is never closed"));
+  EXPECT_THAT(parse_error("{{ " + std::string(500, '(') + "1" + std::string(500, ')') + " }}"),
+              HasSubstr("nested too deeply"));
+  EXPECT_THAT(parse_error("{{ " + std::string(5000, '-') + "1 }}"), HasSubstr("nested too deeply"));
+  EXPECT_EQ(render("{{ " + std::string(50, '(') + "1" + std::string(50, ')') + " }}"), "1");
 }
 
 TEST(Jinja, RuntimeErrorsNameTheConstruct) {
