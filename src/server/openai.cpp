@@ -122,6 +122,14 @@ void parse_prompt(Fields& f, CompletionRequest& r) {
   f.fail_type("prompt", "a string or a list of token ids", *one);
 }
 
+// Nesting depth of a JSON value (a scalar is 0), counted only up to `limit` + 1.
+int json_depth(const json& v, int limit) {
+  if (limit < 0 || !v.is_structured()) return 0;
+  int deepest = 0;
+  for (const auto& x : v) deepest = std::max(deepest, json_depth(x, limit - 1));
+  return deepest + 1;
+}
+
 void parse_messages(Fields& f, CompletionRequest& r) {
   const json* m = f.get("messages");
   if (!m)
@@ -286,6 +294,8 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
       f.fail_type("chat_template_kwargs", "an object", *k);
     } else if (endpoint != Endpoint::kChat) {
       f.fail_value("chat_template_kwargs", "applies to /v1/chat/completions only");
+    } else if (json_depth(*k, 16) > 16) {
+      f.fail_value("chat_template_kwargs", "is nested more than 16 levels deep");
     } else {
       r.chat_template_kwargs = *k;
     }

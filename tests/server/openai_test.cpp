@@ -135,6 +135,15 @@ TEST(OpenAiParse, AcceptsTheDocumentedForms) {
             Endpoint::kChat);
   EXPECT_EQ(r.chat_template_kwargs["enable_thinking"], false);
   EXPECT_EQ(r.chat_template_kwargs["custom"][1], "x");
+
+  // Deep nesting is refused before anything walks it recursively.
+  const std::string deep = std::string(17, '[') + std::string(17, ']');
+  const auto e = error_of(
+      R"({"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"a": )" + deep +
+          "}}",
+      Endpoint::kChat);
+  EXPECT_EQ(e.param, "chat_template_kwargs");
+  EXPECT_THAT(e.message, HasSubstr("nested more than 16 levels"));
 }
 
 TEST(OpenAiShapes, CompletionChunkAndUsage) {

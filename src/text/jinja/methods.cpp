@@ -102,6 +102,8 @@ std::string brace_format(const std::string& f, Args& a) {
     }
     const Value* v = nullptr;
     if (field.empty() || std::all_of(field.begin(), field.end(), ::isdigit)) {
+      if (field.size() > 9)
+        value_error(fmt::format("format field '{{{}}}' is out of range", field));
       const size_t k = field.empty() ? auto_index++ : std::stoul(field);
       if (k >= a.pos.size()) value_error(fmt::format("Replacement index {} out of range", k));
       v = &a.pos[k];

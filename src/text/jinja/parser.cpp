@@ -382,8 +382,7 @@ class Parser {
         const size_t off = next().offset;
         if (peek().kind == Tok::kInt) {
           auto ix = node(Expr::Kind::kIndex, off);
-          auto lit = node(Expr::Kind::kLiteral, off);
-          lit->value = static_cast<int64_t>(std::stoll(next().text));
+          ExprPtr lit = primary();  // the integer literal
           ix->args.push_back(std::move(e));
           ix->args.push_back(std::move(lit));
           e = std::move(ix);

@@ -32,11 +32,16 @@ void Dict::set(std::string key, Value v) {
 }
 
 int64_t Value::as_int() const {
-  return is_bool() ? static_cast<int64_t>(std::get<bool>(data)) : std::get<int64_t>(data);
+  if (is_bool()) return static_cast<int64_t>(std::get<bool>(data));
+  if (!is_int()) value_error(fmt::format("an integer is required, got {}", type_name(*this)));
+  return std::get<int64_t>(data);
 }
 
 double Value::as_float() const {
-  return is_float() ? std::get<double>(data) : static_cast<double>(as_int());
+  if (is_float()) return std::get<double>(data);
+  if (!is_int() && !is_bool())
+    value_error(fmt::format("a number is required, got {}", type_name(*this)));
+  return static_cast<double>(as_int());
 }
 
 Value make_dict(std::vector<std::pair<std::string, Value>> items) {
@@ -45,7 +50,8 @@ Value make_dict(std::vector<std::pair<std::string, Value>> items) {
   return Value(std::move(d));
 }
 
-Value from_json(const nlohmann::ordered_json& j) {
+Value from_json(const nlohmann::ordered_json& j, int depth) {
+  if (depth > 256) value_error("the template's input is nested more than 256 levels deep");
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
       return nullptr;
@@ -65,12 +71,12 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       List l;
       l.reserve(j.size());
-      for (const auto& e : j) l.push_back(from_json(e));
+      for (const auto& e : j) l.push_back(from_json(e, depth + 1));
       return l;
     }
     case nlohmann::ordered_json::value_t::object: {
       std::vector<std::pair<std::string, Value>> items;
-      for (const auto& [k, v] : j.items()) items.emplace_back(k, from_json(v));
+      for (const auto& [k, v] : j.items()) items.emplace_back(k, from_json(v, depth + 1));
       return make_dict(std::move(items));
     }
     default:

@@ -83,12 +83,14 @@ struct Value {
   const List& list() const { return *std::get<std::shared_ptr<const List>>(data); }
   Dict& dict() const { return *std::get<std::shared_ptr<Dict>>(data); }
   const Callable& callable() const { return *std::get<std::shared_ptr<const Callable>>(data); }
+  // Python's int / float views; any other type throws ValueError.
   int64_t as_int() const;   // bool or int
   double as_float() const;  // bool, int or float
 };
 
 Value make_dict(std::vector<std::pair<std::string, Value>> items = {});
-Value from_json(const nlohmann::ordered_json& j);
+// A JSON value as the template sees it; nesting deeper than 256 throws ValueError.
+Value from_json(const nlohmann::ordered_json& j, int depth = 0);
 
 // Python's type name ("str", "int", "dict", "NoneType", ...; "undefined" for Undefined).
 std::string type_name(const Value& v);

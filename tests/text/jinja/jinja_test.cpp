@@ -158,6 +158,11 @@ TEST(Jinja, RuntimeErrorsNameTheConstruct) {
   EXPECT_THAT(render_error("{{ [1] | join(sep=',') }}"),
               HasSubstr("unexpected keyword argument 'sep'"));
   EXPECT_THAT(render_error("{% break %}"), HasSubstr("break or continue outside a loop"));
+  EXPECT_THAT(render_error("{{ 'a b'.split(none, 'x') }}"),
+              HasSubstr("an integer is required, got str"));
+  EXPECT_THAT(render_error("{{ [1, 'a'] | sum }}"), HasSubstr("sum needs numbers"));
+  EXPECT_THAT(render_error("{{ '{99999999999999999999}'.format(1) }}"), HasSubstr("out of range"));
+  EXPECT_THAT(parse_error("{{ x.99999999999999999999 }}"), HasSubstr("out of range"));
   EXPECT_THAT(render_error("{{ 9223372036854775807 + 1 }}"), HasSubstr("integer overflow"));
   EXPECT_THAT(render_error("{{ 3 ** 99 }}"), HasSubstr("integer overflow"));
   EXPECT_EQ(render("{{ 2 ** 62 }} {{ -2 ** 2 }} {{ 1 ** 1000000000 }} {{ (-1) ** 1000000001 }}"),
@@ -179,4 +184,10 @@ TEST(Jinja, TemplatesAreValuesAndRenderRepeatedly) {
   EXPECT_EQ(copy.render({{"n", 21}}), "42");
   EXPECT_EQ(t.name(), "t");
   EXPECT_THAT(error_of([&] { t.render(json::array()); }), HasSubstr("context must be an object"));
+  json deep = 1;
+  for (int i = 0; i < 300; ++i) deep = json::array({deep});
+  EXPECT_THAT(error_of([&] {
+                t.render({{"n", 1}, {"deep", deep}});
+              }),
+              HasSubstr("nested more than 256 levels"));
 }
