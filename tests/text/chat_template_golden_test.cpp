@@ -5,8 +5,8 @@
 // templates refuse (raise_exception) refused with the template's own message.
 //
 // EXL3_CHAT_TEMPLATE_EXTRA_GOLDEN may name another file of the same shape whose templates are
-// inline (the generator's --smollm2-wheel writes one from a real model's template); without it
-// that test is skipped.
+// inline (data/check_smollm2_template.sh writes one from SmolLM2's real template and runs this);
+// without it that test is skipped.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>

