@@ -285,21 +285,33 @@ Value indent(const Value& v, Args& a) {
   return first ? pad + out : out;
 }
 
-// Jinja's title filter: words start after runs of white space, '-', '(', '{', '[' or '<'.
+// Jinja's title filter: the text splits into words and runs of white space, '-', '(', '{', '['
+// or '<'; each word becomes word[0].upper() + word[1:].lower().
 Value title(const Value& v, Args& a) {
   Binder("title", a, {});
   const std::string s = to_str(v);
   std::string out;
-  bool word_start = true;
-  size_t len = 0;
+  size_t len = 0, word = std::string::npos;
+  auto flush = [&](size_t end) {
+    if (word == std::string::npos) return;
+    size_t first = 0;
+    uni::decode_at(s, word, &first);
+    out += uni::upper(std::string_view(s).substr(word, first));
+    out += uni::lower(std::string_view(s).substr(word + first, end - word - first));
+    word = std::string::npos;
+  };
   for (size_t i = 0; i < s.size(); i += len) {
     const uint32_t cp = uni::decode_at(s, i, &len);
-    const std::string_view ch = std::string_view(s).substr(i, len);
     const bool sep =
         uni::is_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
-    out += sep ? std::string(ch) : word_start ? uni::upper(ch) : uni::lower(ch);
-    word_start = sep;
+    if (sep) {
+      flush(i);
+      out += std::string_view(s).substr(i, len);
+    } else if (word == std::string::npos) {
+      word = i;
+    }
   }
+  flush(s.size());
   return out;
 }
 

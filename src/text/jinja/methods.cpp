@@ -119,24 +119,6 @@ std::string brace_format(const std::string& f, Args& a) {
   return out;
 }
 
-std::string py_title(const std::string& s) {
-  std::string out;
-  bool prev_cased = false;
-  size_t len = 0;
-  for (size_t i = 0; i < s.size(); i += len) {
-    const uint32_t cp = uni::decode_at(s, i, &len);
-    const std::string_view ch = std::string_view(s).substr(i, len);
-    if (uni::is_alpha(cp)) {
-      out += prev_cased ? uni::lower(ch) : uni::upper(ch);
-      prev_cased = true;
-    } else {
-      out += ch;
-      prev_cased = false;
-    }
-  }
-  return out;
-}
-
 std::string replace(const std::string& s, const std::string& old, const std::string& with,
                     int64_t count) {
   std::string out;
@@ -192,7 +174,7 @@ std::optional<Value> str_method(const Value& self, std::string_view name) {
       {"title",
        [](const Value& s, Args& a) -> Value {
          Binder("title", a, {});
-         return py_title(s.str());
+         return uni::title(s.str());
        }},
       {"capitalize",
        [](const Value& s, Args& a) -> Value {

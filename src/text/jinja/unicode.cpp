@@ -93,36 +93,111 @@ std::string strip(std::string_view s, const std::optional<std::string>& chars, b
 
 namespace {
 
-template <typename F>
-std::string map_chars(std::string_view s, F f) {
-  std::string out;
-  out.reserve(s.size());
-  size_t len = 0;
-  for (size_t i = 0; i < s.size(); i += len) {
-    const uint32_t cp = decode_at(s, i, &len);
-    if (cp < 0x80) {
-      out += static_cast<char>(f(static_cast<utf8proc_int32_t>(cp)));
-    } else {
-      append_utf8(static_cast<uint32_t>(f(static_cast<utf8proc_int32_t>(cp))), out);
-    }
+bool cased(uint32_t cp) {
+  const auto c = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+  return c == UTF8PROC_CATEGORY_LU || c == UTF8PROC_CATEGORY_LL || c == UTF8PROC_CATEGORY_LT;
+}
+
+// Unicode's Case_Ignorable: marks, format characters, modifiers, and the apostrophes and
+// middle dots that may sit inside a word.
+bool case_ignorable(uint32_t cp) {
+  const auto c = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+  if (c == UTF8PROC_CATEGORY_MN || c == UTF8PROC_CATEGORY_ME || c == UTF8PROC_CATEGORY_CF ||
+      c == UTF8PROC_CATEGORY_LM || c == UTF8PROC_CATEGORY_SK) {
+    return true;
   }
-  return out;
+  for (const uint32_t x : {0x27u, 0x2Eu, 0x3Au, 0xB7u, 0x387u, 0x5F4u, 0x2018u, 0x2019u, 0x2024u,
+                           0x2027u, 0xFE13u, 0xFE52u, 0xFE55u, 0xFF07u, 0xFF0Eu, 0xFF1Au}) {
+    if (cp == x) return true;
+  }
+  return false;
+}
+
+void append_upper(uint32_t cp, bool title, std::string& out) {
+  if (const char* s = special_upper(cp, title)) {
+    out += s;
+    return;
+  }
+  const auto i = static_cast<utf8proc_int32_t>(cp);
+  append_utf8(static_cast<uint32_t>(title ? utf8proc_totitle(i) : utf8proc_toupper(i)), out);
 }
 
 }  // namespace
 
 std::string upper(std::string_view s) {
-  return map_chars(s, utf8proc_toupper);
+  std::string out;
+  out.reserve(s.size());
+  size_t len = 0;
+  for (size_t i = 0; i < s.size(); i += len) append_upper(decode_at(s, i, &len), false, out);
+  return out;
 }
+
+std::string title_char(std::string_view ch) {
+  std::string out;
+  size_t len = 0;
+  for (size_t i = 0; i < ch.size(); i += len) append_upper(decode_at(ch, i, &len), true, out);
+  return out;
+}
+
+namespace {
+
+std::vector<uint32_t> code_points(std::string_view s) {
+  std::vector<uint32_t> cps;
+  size_t len = 0;
+  for (size_t i = 0; i < s.size(); i += len) cps.push_back(decode_at(s, i, &len));
+  return cps;
+}
+
+// Python's lower-case mapping of cps[i] in its context.
+void append_lower(const std::vector<uint32_t>& cps, size_t i, std::string& out) {
+  const uint32_t cp = cps[i];
+  if (cp == 0x130) {  // İ: i followed by a combining dot above
+    out += "i\xcc\x87";
+  } else if (cp == 0x3A3) {
+    // Final sigma: after a cased letter (case-ignorables between) and not before one.
+    size_t j = i;
+    while (j > 0 && case_ignorable(cps[j - 1])) --j;
+    bool final = j > 0 && cased(cps[j - 1]);
+    size_t k = i + 1;
+    while (k < cps.size() && case_ignorable(cps[k])) ++k;
+    if (k < cps.size() && cased(cps[k])) final = false;
+    append_utf8(final ? 0x3C2 : 0x3C3, out);
+  } else {
+    append_utf8(static_cast<uint32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))), out);
+  }
+}
+
+}  // namespace
+
 std::string lower(std::string_view s) {
-  return map_chars(s, utf8proc_tolower);
+  const auto cps = code_points(s);
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < cps.size(); ++i) append_lower(cps, i, out);
+  return out;
+}
+
+std::string title(std::string_view s) {
+  const auto cps = code_points(s);
+  std::string out;
+  out.reserve(s.size());
+  bool previous_cased = false;
+  for (size_t i = 0; i < cps.size(); ++i) {
+    if (previous_cased) {
+      append_lower(cps, i, out);
+    } else {
+      append_upper(cps[i], true, out);
+    }
+    previous_cased = cased(cps[i]);
+  }
+  return out;
 }
 
 std::string capitalize(std::string_view s) {
   if (s.empty()) return {};
   size_t len = 0;
   decode_at(s, 0, &len);
-  return upper(s.substr(0, len)) + lower(s.substr(len));
+  return title_char(s.substr(0, len)) + lower(s.substr(len));
 }
 
 bool is_alpha(uint32_t cp) {

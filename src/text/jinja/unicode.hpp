@@ -1,6 +1,7 @@
 // The parts of Python's str semantics templates reach: code-point indexing, str.isspace,
-// strip, and case mapping (per code point, through utf8proc). Input is UTF-8; malformed bytes
-// count as one character each (they do not occur in JSON-decoded content).
+// strip, and case mapping as Python does it (utf8proc's one-to-one mappings, Python's
+// multi-character ones such as ß -> SS, and the final-sigma rule of lower()). Input is UTF-8;
+// malformed bytes count as one character each (they do not occur in JSON-decoded content).
 #pragma once
 
 #include <cstdint>
@@ -23,7 +24,11 @@ std::string strip(std::string_view s, const std::optional<std::string>& chars, b
                   bool right);
 std::string upper(std::string_view s);
 std::string lower(std::string_view s);
-std::string capitalize(std::string_view s);  // first character upper, the rest lower
+std::string title_char(std::string_view ch);  // one character's title case
+std::string title(std::string_view s);        // str.title: title case after uncased characters
+std::string capitalize(std::string_view s);   // str.capitalize: first title case, rest lower
+// Python's multi-character upper / title case of `cp`, UTF-8; nullptr when it maps one to one.
+const char* special_upper(uint32_t cp, bool title);
 bool is_alpha(uint32_t cp);
 bool is_upper(uint32_t cp);
 bool is_lower(uint32_t cp);

@@ -270,6 +270,7 @@ FEATURES = [
     ("title_variants", "{{ \"it's a dog-eat-dog [world]\" | title }} | {{ \"it's a dog-eat-dog [world]\".title() }} | {{ 'ÉCOLE été' | lower }} {{ 'école' | upper }}", {}),
     ("map_filters", "{{ ['  a ', 'b  '] | map('trim') | list }} {{ [1, 2] | map('string') | join('+') }} {{ d | items | map('first') | list }} {{ ts | map(attribute='function.name') | list }}", {"d": {"k": 1, "j": 2}, "ts": [{"function": {"name": "f"}}, {"function": {"name": "g"}}]}),
     ("tojson_nested_indent", "{{ t | tojson(indent=4) }}|{{ t | tojson(indent='\t', separators=(',', ' = ')) }}", {"t": {"name": "f", "params": {"a": [1, {"b": None}], "e": []}}}),
+    ("case_mapping", "{{ s | upper }}|{{ s | lower }}|{{ s | title }}|{{ s | capitalize }}|{{ s.upper() }}|{{ s.title() }}|{{ 'ΣΑΣ ΟΔΟΣ. Σ' | lower }}|{{ 'ǆemal ﬁne' | title }}|{{ '日本abc 1st' .title() }}", {"s": "straße İstanbul ﬂoß ǆ ΐ ΣΊΣΥΦΟΣ's ŉ"}),
     ("unicode_whitespace_strip", "{{ s | trim }}|{{ s.split() }}|{{ s | length }}", {"s": "\u3000\u00a0 x\u2003y \u2028"}),
 ]
 
