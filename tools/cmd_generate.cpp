@@ -73,9 +73,8 @@ Runner add_generate(CLI::App& app, Common&) {
                                  "with the assistant generation prompt");
   app.add_option("--system", o->system, "With --chat: a system message before the user turn")
       ->needs(chat_flag);
-  app.add_option(
-         "--chat-format", o->chat_format,
-         "With --chat: use this format instead of detecting it from the model's chat_template")
+  app.add_option("--chat-format", o->chat_format,
+                 "With --chat: use this native format instead of the model's chat_template")
       ->check(CLI::IsMember({"chatml", "llama3", "plain"}))
       ->needs(chat_flag);
   app.add_flag("--ignore-eos", o->ignore_eos,
@@ -118,9 +117,9 @@ Runner add_generate(CLI::App& app, Common&) {
       "--overlay stores the unquantized attention / dense-MLP / shared-expert linears as MXFP8 "
       "(about\n"
       "half their BF16 bytes); see docs/mxfp8.md.\n"
-      "--chat recognises ChatML and Llama-3 templates (it is not a Jinja engine); other models "
-      "need\n"
-      "--chat-format chatml|llama3|plain. Special tokens are not printed.");
+      "--chat renders the model's own Jinja chat_template as transformers does; a template that\n"
+      "uses something exl3's interpreter lacks is refused, naming the line: --chat-format\n"
+      "chatml|llama3|plain picks a native format instead. Special tokens are not printed.");
   return [o] {
     const std::filesystem::path dir(o->model);
     const auto tok = Tokenizer::load(dir);
@@ -206,7 +205,7 @@ Runner add_generate(CLI::App& app, Common&) {
           {"sampling", {{"temperature", o->temperature}, {"top_p", o->top_p}, {"seed", o->seed}}}};
       if (r.stop_token >= 0) j["stop_token"] = r.stop_token;
       j["overlay"] = engine->overlay_report().to_json();
-      if (chat) j["chat_format"] = std::string(chat_format_name(chat->format()));
+      if (chat) j["chat_format"] = std::string(chat->kind());
       if (draft) {
         j["speculative"] = {{"draft", o->draft.path},
                             {"draft_tokens", o->draft.tokens},

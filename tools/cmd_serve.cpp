@@ -86,7 +86,7 @@ Runner add_serve(CLI::App& app, Common&) {
       "--model-name", o->model_name,
       "Model id clients send as \"model\" and /v1/models lists (default: the folder name)");
   app.add_option("--chat-format", o->chat_format,
-                 "Chat format for /v1/chat/completions instead of detecting it from the model's "
+                 "Native chat format for /v1/chat/completions instead of the model's own "
                  "chat_template")
       ->check(CLI::IsMember({"chatml", "llama3", "plain"}));
   app.add_option("--max-connections", o->max_connections,

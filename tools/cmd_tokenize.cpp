@@ -102,9 +102,8 @@ Runner add_tokenize(CLI::App& app, Common&) {
       "assistant generation prompt)");
   app.add_option("--system", o->system, "With --chat: a system message before the user turn")
       ->needs(chat_flag);
-  app.add_option(
-         "--chat-format", o->chat_format,
-         "With --chat: use this format instead of detecting it from the model's chat_template")
+  app.add_option("--chat-format", o->chat_format,
+                 "With --chat: use this native format instead of the model's chat_template")
       ->check(CLI::IsMember({"chatml", "llama3", "plain"}))
       ->needs(chat_flag);
   app.add_flag("--no-special", o->no_special,
@@ -126,11 +125,10 @@ Runner add_tokenize(CLI::App& app, Common&) {
       "ids as the `tokenizers` library. Tokens are shown as the text they decode to, with \\n, \\t "
       "and \\xNN\n"
       "escapes (\\xNN: part of a multi-byte character that continues in the next token).\n"
-      "--chat renders a model's chat_template natively only when exl3 knows the template's exact\n"
-      "text (plain ChatML, Meta-Llama-3-Instruct); it is not a Jinja engine, so any other "
-      "template\n"
-      "(also one that merely uses the same marker tokens) needs --chat-format "
-      "chatml|llama3|plain.");
+      "--chat renders the model's own Jinja chat_template (tokenizer_config.json or\n"
+      "chat_template.jinja) byte for byte as transformers' apply_chat_template does; a template\n"
+      "using something the interpreter lacks is refused with its line and column, and\n"
+      "--chat-format chatml|llama3|plain picks a native format instead.");
   return [o] {
     const auto tok = Tokenizer::load(o->model);
     if (!o->decode.empty()) {
@@ -177,14 +175,13 @@ Runner add_tokenize(CLI::App& app, Common&) {
       }
       nlohmann::json j = {{"ids", ids}, {"count", ids.size()}, {"tokens", tokens}};
       if (chat) {
-        j["chat_format"] = std::string(chat_format_name(chat->format()));
+        j["chat_format"] = std::string(chat->kind());
         j["prompt"] = prompt;
       }
       fmt::print("{}\n", dump(j));
       return 0;
     }
-    if (chat)
-      fmt::print("chat format {}; prompt:\n{}\n\n", chat_format_name(chat->format()), prompt);
+    if (chat) fmt::print("chat: {}; prompt:\n{}\n\n", chat->description(), prompt);
     fmt::print("{} tokens from {} bytes (vocabulary {}):\n", ids.size(), prompt.size(),
                tok.vocab_size());
     for (size_t i = 0; i < ids.size(); ++i) {

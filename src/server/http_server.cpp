@@ -278,8 +278,7 @@ SchedulerStats HttpServer::stats() const {
 }
 
 std::string HttpServer::chat_status() const {
-  return impl_->chat ? std::string(chat_format_name(impl_->chat->format()))
-                     : "none (" + impl_->chat_error + ")";
+  return impl_->chat ? impl_->chat->description() : "none (" + impl_->chat_error + ")";
 }
 
 http::Reply HttpServer::Impl::handle(const http::Request& q) {
@@ -350,7 +349,12 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
         return api_error(400, fmt::format("chat completions are unavailable: {}", chat_error),
                          "invalid_request_error", "", "messages");
       }
-      g.prompt = tok.encode(chat->render(r.messages, true), chat->encode_adds_special_tokens());
+      auto messages = nlohmann::ordered_json::array();
+      for (const auto& m : r.messages)
+        messages.push_back({{"role", m.role}, {"content", m.content}});
+      const auto extra = nlohmann::ordered_json::parse(r.chat_template_kwargs.dump());
+      g.prompt = tok.encode(chat->render(messages, true, nullptr, extra),
+                            chat->encode_adds_special_tokens());
       if (chat_end) g.stop_tokens.push_back(*chat_end);
     } else if (r.prompt_is_ids) {
       g.prompt = r.prompt_ids;

@@ -56,8 +56,9 @@ class Fields {
     const double d = v->get<double>();
     // Every sampling number is a float: a larger one would silently become infinity.
     if (!std::isfinite(d) || std::abs(d) > static_cast<double>(std::numeric_limits<float>::max())) {
-      return fail_value(key, fmt::format("must be a finite number within +-{:g}, got {:g}",
-                                         static_cast<double>(std::numeric_limits<float>::max()), d)),
+      return fail_value(key,
+                        fmt::format("must be a finite number within +-{:g}, got {:g}",
+                                    static_cast<double>(std::numeric_limits<float>::max()), d)),
              std::nullopt;
     }
     return d;
@@ -85,7 +86,8 @@ class Fields {
 std::optional<std::vector<int32_t>> token_list(const json& v) {
   std::vector<int32_t> ids;
   for (const auto& x : v) {
-    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX) return std::nullopt;
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+      return std::nullopt;
     ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
   }
   return ids;
@@ -97,7 +99,9 @@ void parse_prompt(Fields& f, CompletionRequest& r) {
   const json* one = p;
   if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
     if (p->size() != 1) {
-      return f.fail_value("prompt", fmt::format("holds {} prompts; this server takes one prompt per request", p->size()));
+      return f.fail_value(
+          "prompt",
+          fmt::format("holds {} prompts; this server takes one prompt per request", p->size()));
     }
     one = &p->front();
   }
@@ -109,7 +113,8 @@ void parse_prompt(Fields& f, CompletionRequest& r) {
   if (one->is_array()) {
     if (one->empty()) return f.fail_value("prompt", "is an empty token list");
     auto ids = token_list(*one);
-    if (!ids) return f.fail_value("prompt", "must be a string or a list of non-negative integer token ids");
+    if (!ids)
+      return f.fail_value("prompt", "must be a string or a list of non-negative integer token ids");
     r.prompt_ids = std::move(*ids);
     r.prompt_is_ids = true;
     return;
@@ -117,23 +122,37 @@ void parse_prompt(Fields& f, CompletionRequest& r) {
   f.fail_type("prompt", "a string or a list of token ids", *one);
 }
 
+// Nesting depth of a JSON value (a scalar is 0), counted only up to `limit` + 1.
+int json_depth(const json& v, int limit) {
+  if (limit < 0 || !v.is_structured()) return 0;
+  int deepest = 0;
+  for (const auto& x : v) deepest = std::max(deepest, json_depth(x, limit - 1));
+  return deepest + 1;
+}
+
 void parse_messages(Fields& f, CompletionRequest& r) {
   const json* m = f.get("messages");
-  if (!m) return f.fail_value("messages", "is required (a list of {\"role\", \"content\"} objects)");
+  if (!m)
+    return f.fail_value("messages", "is required (a list of {\"role\", \"content\"} objects)");
   if (!m->is_array()) return f.fail_type("messages", "a list", *m);
   if (m->empty()) return f.fail_value("messages", "is empty");
   for (size_t i = 0; i < m->size(); ++i) {
     const json& msg = (*m)[i];
-    if (!msg.is_object()) return f.fail_value("messages", fmt::format("item {} must be an object, got {}", i, type_name(msg)));
+    if (!msg.is_object())
+      return f.fail_value("messages",
+                          fmt::format("item {} must be an object, got {}", i, type_name(msg)));
     const auto role = msg.find("role");
     if (role == msg.end() || !role->is_string()) {
       return f.fail_value("messages", fmt::format("item {} needs a string 'role'", i));
     }
     ChatMessage cm;
     cm.role = role->get<std::string>();
-    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" && cm.role != "developer") {
-      return f.fail_value("messages", fmt::format("item {}: role '{}' is not supported (system, developer, user, "
-                                                  "assistant)", i, cm.role));
+    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" &&
+        cm.role != "developer") {
+      return f.fail_value(
+          "messages", fmt::format("item {}: role '{}' is not supported (system, developer, user, "
+                                  "assistant)",
+                                  i, cm.role));
     }
     if (cm.role == "developer") cm.role = "system";  // OpenAI's newer name for the system turn
     const auto content = msg.find("content");
@@ -146,16 +165,20 @@ void parse_messages(Fields& f, CompletionRequest& r) {
       for (const auto& part : *content) {
         const auto type = part.is_object() ? part.find("type") : part.end();
         const auto text = part.is_object() ? part.find("text") : part.end();
-        if (!part.is_object() || type == part.end() || *type != "text" || text == part.end() || !text->is_string()) {
-          return f.fail_value("messages", fmt::format("item {}: only text content parts ({{\"type\": \"text\", "
-                                                      "\"text\": ...}}) are supported",
-                                                      i));
+        if (!part.is_object() || type == part.end() || *type != "text" || text == part.end() ||
+            !text->is_string()) {
+          return f.fail_value("messages",
+                              fmt::format("item {}: only text content parts ({{\"type\": \"text\", "
+                                          "\"text\": ...}}) are supported",
+                                          i));
         }
         cm.content += text->get<std::string>();
       }
     } else {
-      return f.fail_value("messages", fmt::format("item {}: 'content' must be a string or a list of text parts, got {}",
-                                                  i, type_name(*content)));
+      return f.fail_value(
+          "messages",
+          fmt::format("item {}: 'content' must be a string or a list of text parts, got {}", i,
+                      type_name(*content)));
     }
     r.messages.push_back(std::move(cm));
   }
@@ -171,7 +194,8 @@ json ApiError::to_json() const {
             {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
-std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, Endpoint endpoint) {
+std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body,
+                                                                   Endpoint endpoint) {
   json j;
   try {
     j = json::parse(body);
@@ -180,7 +204,8 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
                                "Content-Type: application/json",
                                e.what()));
   }
-  if (!j.is_object()) return bad("", fmt::format("the request body must be a JSON object, got {}", type_name(j)));
+  if (!j.is_object())
+    return bad("", fmt::format("the request body must be a JSON object, got {}", type_name(j)));
 
   CompletionRequest r;
   r.endpoint = endpoint;
@@ -207,20 +232,24 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     r.temperature = static_cast<float>(*v);
   }
   if (auto v = f.number("top_p")) {
-    if (!(*v > 0.0 && *v <= 1.0)) f.fail_value("top_p", fmt::format("must be in (0, 1], got {}", *v));
+    if (!(*v > 0.0 && *v <= 1.0))
+      f.fail_value("top_p", fmt::format("must be in (0, 1], got {}", *v));
     r.top_p = static_cast<float>(*v);
   }
   if (auto v = f.integer("top_k")) {
     // vLLM's convention: -1 (or 0) keeps every token.
-    if (*v < -1) f.fail_value("top_k", fmt::format("must be -1 or 0 (off) or at least 1, got {}", *v));
+    if (*v < -1)
+      f.fail_value("top_k", fmt::format("must be -1 or 0 (off) or at least 1, got {}", *v));
     r.top_k = std::max<int64_t>(0, *v);
   }
   if (auto v = f.number("min_p")) {
-    if (!(*v >= 0.0 && *v <= 1.0)) f.fail_value("min_p", fmt::format("must be in [0, 1], got {:g}", *v));
+    if (!(*v >= 0.0 && *v <= 1.0))
+      f.fail_value("min_p", fmt::format("must be in [0, 1], got {:g}", *v));
     r.min_p = static_cast<float>(*v);
   }
   if (auto v = f.number("repetition_penalty")) {
-    if (!(*v > 0.0)) f.fail_value("repetition_penalty", fmt::format("must be > 0 (1 = off), got {:g}", *v));
+    if (!(*v > 0.0))
+      f.fail_value("repetition_penalty", fmt::format("must be > 0 (1 = off), got {:g}", *v));
     r.repetition_penalty = static_cast<float>(*v);
   }
   if (auto v = f.integer("seed")) r.seed = static_cast<uint64_t>(*v);
@@ -250,7 +279,8 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
         }
         r.stop.push_back(x.get<std::string>());
       }
-      if (r.stop.size() > 4) f.fail_value("stop", fmt::format("holds {} strings; at most 4 are allowed", r.stop.size()));
+      if (r.stop.size() > 4)
+        f.fail_value("stop", fmt::format("holds {} strings; at most 4 are allowed", r.stop.size()));
     } else {
       f.fail_type("stop", "a string or a list of strings", *s);
     }
@@ -259,6 +289,17 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     }
   }
   if (auto v = f.boolean("ignore_eos")) r.ignore_eos = *v;
+  if (const json* k = f.get("chat_template_kwargs")) {
+    if (!k->is_object()) {
+      f.fail_type("chat_template_kwargs", "an object", *k);
+    } else if (endpoint != Endpoint::kChat) {
+      f.fail_value("chat_template_kwargs", "applies to /v1/chat/completions only");
+    } else if (json_depth(*k, 16) > 16) {
+      f.fail_value("chat_template_kwargs", "is nested more than 16 levels deep");
+    } else {
+      r.chat_template_kwargs = *k;
+    }
+  }
   f.unsupported_unless("best_of", 1, "one completion per request");
   f.unsupported_unless("echo", false, "the prompt is not echoed");
   f.unsupported_unless("logprobs", false, "no log-probabilities");
@@ -277,7 +318,8 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   f.unsupported_unless("length_penalty", 1, "no beam search");
   if (const json* rf = f.get("response_format")) {
     if (!(rf->is_object() && rf->value("type", "text") == "text")) {
-      f.fail_value("response_format", "is not supported by this server (only plain text); leave it out");
+      f.fail_value("response_format",
+                   "is not supported by this server (only plain text); leave it out");
     }
   }
   if (f.error) return *f.error;
@@ -290,8 +332,9 @@ json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
           {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
-json completion_response(const ResponseMeta& meta, const std::string& text, std::string_view finish_reason,
-                         int64_t prompt_tokens, int64_t completion_tokens) {
+json completion_response(const ResponseMeta& meta, const std::string& text,
+                         std::string_view finish_reason, int64_t prompt_tokens,
+                         int64_t completion_tokens) {
   json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
   const bool chat = meta.endpoint == Endpoint::kChat;
   if (chat) {
@@ -307,8 +350,8 @@ json completion_response(const ResponseMeta& meta, const std::string& text, std:
           {"usage", usage_json(prompt_tokens, completion_tokens)}};
 }
 
-json stream_chunk(const ResponseMeta& meta, const std::string& text, std::optional<std::string_view> finish_reason,
-                  bool role_delta) {
+json stream_chunk(const ResponseMeta& meta, const std::string& text,
+                  std::optional<std::string_view> finish_reason, bool role_delta) {
   const bool chat = meta.endpoint == Endpoint::kChat;
   json choice = {{"index", 0},
                  {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)},

@@ -1,9 +1,11 @@
-// Chat formats recognised from a model's Jinja chat_template (see chat_template.hpp).
+// Chat prompts: the model's Jinja template through exl3::jinja, or a native format (see
+// chat_template.hpp).
 #include "exl3/text/chat_template.hpp"
 
 #include <array>
 
 #include "exl3/error.hpp"
+#include "exl3/text/jinja.hpp"
 #include "tokenizer_internal.hpp"
 
 namespace exl3 {
@@ -13,41 +15,11 @@ namespace {
 constexpr std::array<std::string_view, 2> kChatMLMarkers = {"<|im_start|>", "<|im_end|>"};
 constexpr std::array<std::string_view, 3> kLlama3Markers = {"<|start_header_id|>",
                                                             "<|end_header_id|>", "<|eot_id|>"};
-
-template <size_t N>
-bool contains_all(std::string_view s, const std::array<std::string_view, N>& markers) {
-  for (const auto m : markers) {
-    if (s.find(m) == std::string_view::npos) return false;
-  }
-  return true;
-}
-
-// Templates whose whole behaviour a native renderer reproduces, character for character, for any
-// conversation of text turns. Recognition is by the exact text: a template that merely uses the
-// same marker tokens may add a default system prompt (SmolLM2, Qwen2.5), tools or reasoning
-// blocks (Qwen3), or a date preamble (Llama-3.1), and rendering it as plain ChatML or Llama-3
-// would silently change the prompt.
-struct KnownTemplate {
-  std::string_view text;
-  ChatFormat format;
-};
-// (Raw strings: the templates' \n are backslash-n inside Jinja string literals.)
-constexpr std::array<KnownTemplate, 3> kKnownTemplates = {{
-    // Plain ChatML as many fine-tunes ship it (the form TRL's setup_chat_format writes).
-    {R"({% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + )"
-     R"('\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %})",
-     ChatFormat::kChatML},
-    // The same with whitespace control and attribute access.
-    {R"({%- for message in messages %}{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + )"
-     R"('\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %})",
-     ChatFormat::kChatML},
-    // Meta-Llama-3-Instruct (3.0; 3.1 and later add a system preamble and tools).
-    {R"({% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + )"
-     R"(message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 )"
-     R"(%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ )"
-     R"('<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %})",
-     ChatFormat::kLlama3},
-}};
+// Tokens that close an assistant turn in common templates. Generation stops at the model's EOS
+// ids anyway; these cover templates whose turn end is a different token (ChatML's <|im_end|>
+// when EOS is <|endoftext|>, Llama-3's <|eot_id|>, Phi-3's <|end|>, Gemma's <end_of_turn>).
+constexpr std::array<std::string_view, 4> kTurnEnds = {"<|im_end|>", "<|eot_id|>", "<|end|>",
+                                                       "<end_of_turn>"};
 
 // Jinja's `trim` (Python str.strip): leading and trailing white space.
 std::string_view trim(std::string_view s) {
@@ -76,58 +48,44 @@ ChatFormat parse_chat_format(std::string_view name) {
   fail("unknown chat format '{}' (choose chatml, llama3 or plain)", name);
 }
 
-std::optional<ChatFormat> detect_chat_format(std::string_view jinja_template) {
-  // Jinja drops one trailing newline of a template (keep_trailing_newline is off), so a
-  // chat_template.jinja file that ends in one renders the same.
-  if (jinja_template.ends_with('\n')) jinja_template.remove_suffix(1);
-  for (const auto& k : kKnownTemplates) {
-    if (jinja_template == k.text) return k.format;
-  }
-  return std::nullopt;
-}
-
-std::optional<ChatFormat> chat_format_by_markers(std::string_view jinja_template) {
-  const bool chatml = contains_all(jinja_template, kChatMLMarkers);
-  const bool llama3 = contains_all(jinja_template, kLlama3Markers);
-  if (chatml == llama3) return std::nullopt;  // neither, or ambiguous
-  return chatml ? ChatFormat::kChatML : ChatFormat::kLlama3;
-}
-
 ChatTemplate::ChatTemplate(ChatFormat format, std::string bos_text)
-    : format_(format), bos_text_(std::move(bos_text)) {}
+    : format_(format), bos_text_(std::move(bos_text)) {
+  if (format == ChatFormat::kChatML) end_of_turn_ = "<|im_end|>";
+  if (format == ChatFormat::kLlama3) end_of_turn_ = "<|eot_id|>";
+}
+
+ChatTemplate ChatTemplate::from_jinja(std::string_view source, std::string name,
+                                      std::optional<std::string> bos_token,
+                                      std::optional<std::string> eos_token,
+                                      std::string end_of_turn) {
+  ChatTemplate t;
+  t.jinja_ = std::make_shared<const jinja::Template>(source, std::move(name));
+  t.bos_token_ = std::move(bos_token);
+  t.eos_token_ = std::move(eos_token);
+  t.end_of_turn_ = std::move(end_of_turn);
+  return t;
+}
 
 ChatTemplate ChatTemplate::for_tokenizer(const Tokenizer& tok, std::optional<ChatFormat> force) {
-  ChatFormat f{};
-  if (force) {
-    f = *force;
-  } else if (tok.chat_template().empty()) {
-    fail(
-        "{}: the model has no chat_template (tokenizer_config.json or chat_template.jinja); choose "
-        "a format "
-        "explicitly (--chat-format chatml|llama3|plain)",
-        tok.source());
-  } else if (const auto d = detect_chat_format(tok.chat_template())) {
-    f = *d;
-  } else if (const auto like = chat_format_by_markers(tok.chat_template())) {
-    fail(
-        "{}: the chat_template uses {} marker tokens but is not a template exl3 renders exactly "
-        "(it may add a "
-        "default system prompt, tools or reasoning blocks, which plain {} would silently drop); "
-        "exl3 does not run "
-        "Jinja. hint: pass --chat-format {} to render plain {} turns anyway, or use the model's "
-        "own template "
-        "elsewhere",
-        tok.chat_template_source(), chat_format_name(*like), chat_format_name(*like),
-        chat_format_name(*like), chat_format_name(*like));
-  } else {
-    fail(
-        "{}: unrecognised chat_template: it has neither the ChatML markers (<|im_start|>, "
-        "<|im_end|>) nor the "
-        "Llama-3 markers (<|start_header_id|>, <|end_header_id|>, <|eot_id|>); exl3 does not run "
-        "Jinja, choose a "
-        "format explicitly (--chat-format chatml|llama3|plain)",
-        tok.chat_template_source());
+  if (!force) {
+    const std::string& src = tok.chat_template();
+    if (src.empty()) {
+      fail(
+          "{}: the model has no chat_template (tokenizer_config.json or chat_template.jinja); "
+          "choose a format explicitly (--chat-format chatml|llama3|plain)",
+          tok.source());
+    }
+    std::string turn_end;
+    for (const auto m : kTurnEnds) {
+      if (src.find(m) != std::string::npos && tok.token_to_id(m)) {
+        turn_end = m;
+        break;
+      }
+    }
+    return from_jinja(src, tok.chat_template_source(), tok.bos_token(), tok.eos_token(),
+                      std::move(turn_end));
   }
+  const ChatFormat f = *force;
   auto require = [&](std::string_view marker) {
     if (!tok.token_to_id(marker)) {
       fail("{}: chat format {} needs the token {}, which this tokenizer lacks", tok.source(),
@@ -142,10 +100,24 @@ ChatTemplate ChatTemplate::for_tokenizer(const Tokenizer& tok, std::optional<Cha
   return ChatTemplate(f, f == ChatFormat::kLlama3 ? tok.bos_token().value_or("") : std::string());
 }
 
+std::string_view ChatTemplate::kind() const {
+  return format_ ? chat_format_name(*format_) : "jinja";
+}
+
+std::string ChatTemplate::description() const {
+  if (jinja_) return "the model's chat template (" + jinja_->name() + ")";
+  return std::string(kind()) + " (chosen explicitly)";
+}
+
 std::string ChatTemplate::render(std::span<const ChatMessage> messages,
                                  bool add_generation_prompt) const {
+  if (jinja_) {
+    auto j = nlohmann::ordered_json::array();
+    for (const auto& m : messages) j.push_back({{"role", m.role}, {"content", m.content}});
+    return render(j, add_generation_prompt);
+  }
   std::string out;
-  switch (format_) {
+  switch (*format_) {
     case ChatFormat::kChatML:
       for (const auto& m : messages)
         out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
@@ -173,16 +145,49 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages,
   return out;
 }
 
-std::string_view ChatTemplate::end_of_turn() const {
-  switch (format_) {
-    case ChatFormat::kChatML:
-      return "<|im_end|>";
-    case ChatFormat::kLlama3:
-      return "<|eot_id|>";
-    case ChatFormat::kPlain:
-      return "";
+std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                 const nlohmann::ordered_json& tools,
+                                 const nlohmann::ordered_json& extra) const {
+  if (!messages.is_array()) fail("chat messages must be a list, got {}", messages.type_name());
+  if (!extra.is_object()) fail("extra chat template variables must be an object");
+  if (!jinja_) {
+    if (!tools.is_null()) {
+      fail("chat format {} cannot list tools; use the model's own chat template",
+           chat_format_name(*format_));
+    }
+    if (!extra.empty()) {
+      fail(
+          "chat format {} has no template variables (such as '{}'); they need the model's own "
+          "chat template",
+          chat_format_name(*format_), extra.begin().key());
+    }
+    std::vector<ChatMessage> text;
+    for (const auto& m : messages) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+          !m.contains("content") || !m["content"].is_string()) {
+        fail("chat format {} takes only messages with string role and content",
+             chat_format_name(*format_));
+      }
+      text.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    }
+    return render(text, add_generation_prompt);
   }
-  return "";
+  // The variables transformers' apply_chat_template passes: its special tokens first, then the
+  // caller's keywords (which may override them), then the fixed arguments.
+  nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
+  if (bos_token_) ctx["bos_token"] = *bos_token_;
+  if (eos_token_) ctx["eos_token"] = *eos_token_;
+  for (const auto& [k, v] : extra.items()) {
+    if (k == "messages" || k == "tools" || k == "documents" || k == "add_generation_prompt") {
+      fail("extra chat template variable '{}' would replace a fixed argument", k);
+    }
+    ctx[k] = v;
+  }
+  ctx["messages"] = messages;
+  ctx["tools"] = tools;
+  ctx["documents"] = nullptr;
+  ctx["add_generation_prompt"] = add_generation_prompt;
+  return jinja_->render(ctx);
 }
 
 }  // namespace exl3

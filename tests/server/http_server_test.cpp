@@ -289,6 +289,53 @@ TEST(HttpServer, ChatCompletionsWithAChatFormat) {
   EXPECT_EQ(st.text, want.text);
 }
 
+TEST(HttpServer, ChatCompletionsWithTheModelsTemplate) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  // The conformance model, given a Jinja chat template that reads a chat_template_kwargs
+  // variable and raises for a conversation it refuses.
+  exl3::test::TempDir tmp;
+  for (const auto& e : std::filesystem::directory_iterator(tiny_model(conf))) {
+    std::filesystem::copy_file(e.path(), tmp / e.path().filename());
+  }
+  auto cfg = json::parse(exl3::test::read_file(tmp / "tokenizer_config.json"));
+  cfg["chat_template"] =
+      "{% if messages[-1].role != 'user' %}{{ raise_exception('the last turn must be a user "
+      "turn') }}{% endif %}{{ bos_token }}{% for m in messages %}{{ m.role | upper }}: "
+      "{{ m.content | trim }}\n{% endfor %}{% if enable_thinking is defined and not "
+      "enable_thinking %}/no_think\n{% endif %}{% if add_generation_prompt %}ASSISTANT:{% endif %}";
+  exl3::test::write_file(tmp / "tokenizer_config.json", cfg.dump());
+  LiveServer s(tmp.path(), options());
+  EXPECT_THAT(s.server().chat_status(), HasSubstr("the model's chat template"));
+  auto prompt_tokens = [&](const json& body) {
+    const auto [status, j] = post(s, "/v1/chat/completions", body.dump());
+    EXPECT_EQ(status, 200) << j.dump();
+    return j["usage"]["prompt_tokens"].get<int64_t>();
+  };
+  const json msgs = {{{"role", "user"}, {"content", "  Hi  "}}};
+  const auto bos = s.tokenizer().bos_token().value();
+  EXPECT_EQ(prompt_tokens({{"messages", msgs}, {"max_tokens", 1}}),
+            static_cast<int64_t>(s.tokenizer().encode(bos + "USER: Hi\nASSISTANT:", false).size()));
+  EXPECT_EQ(prompt_tokens({{"messages", msgs},
+                           {"max_tokens", 1},
+                           {"chat_template_kwargs", {{"enable_thinking", false}}}}),
+            static_cast<int64_t>(
+                s.tokenizer().encode(bos + "USER: Hi\n/no_think\nASSISTANT:", false).size()));
+  // The template's refusal is the client's 400, with the template's words.
+  const json wrong = {{"messages", {{{"role", "assistant"}, {"content", "x"}}}}, {"max_tokens", 1}};
+  const auto [status, j] = post(s, "/v1/chat/completions", wrong.dump());
+  EXPECT_EQ(status, 400);
+  EXPECT_THAT(j["error"]["message"].get<std::string>(),
+              HasSubstr("the last turn must be a user turn"));
+  // A native format has no variables to set.
+  auto o = options();
+  o.chat_format = ChatFormat::kPlain;
+  LiveServer plain(tmp.path(), o);
+  const json kw = {{"messages", msgs}, {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  const auto [status2, j2] = post(plain, "/v1/chat/completions", kw.dump());
+  EXPECT_EQ(status2, 400);
+  EXPECT_THAT(j2["error"]["message"].get<std::string>(), HasSubstr("no template variables"));
+}
+
 TEST(HttpServer, BadRequestsGetOpenAiErrors) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   LiveServer s(tiny_model(conf), options());

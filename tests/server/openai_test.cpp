@@ -69,6 +69,9 @@ TEST(OpenAiParse, RefusesBadBodiesNamingTheField) {
       {R"({"prompt": "x", "presence_penalty": 0.5})", "presence_penalty", "not supported"},
       {R"({"prompt": "x", "echo": true})", "echo", "not supported"},
       {R"({"prompt": "x", "stream_options": 1})", "stream_options", "an object"},
+      {R"({"prompt": "x", "chat_template_kwargs": {"a": 1}})", "chat_template_kwargs",
+       "chat/completions only"},
+      {R"({"prompt": "x", "chat_template_kwargs": [1]})", "chat_template_kwargs", "an object"},
   };
   for (const auto& c : cases) {
     const auto e = error_of(c.body);
@@ -82,10 +85,12 @@ TEST(OpenAiParse, RefusesBadBodiesNamingTheField) {
 }
 
 TEST(OpenAiParse, RefusesBadChatMessages) {
-  for (const char* body : {R"({})", R"({"messages": []})", R"({"messages": {}})", R"({"messages": ["hi"]})",
-                           R"({"messages": [{"content": "hi"}]})", R"({"messages": [{"role": "robot", "content": "x"}]})",
-                           R"({"messages": [{"role": "user"}]})", R"({"messages": [{"role": "user", "content": 5}]})",
-                           R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"}) {
+  for (const char* body :
+       {R"({})", R"({"messages": []})", R"({"messages": {}})", R"({"messages": ["hi"]})",
+        R"({"messages": [{"content": "hi"}]})",
+        R"({"messages": [{"role": "robot", "content": "x"}]})",
+        R"({"messages": [{"role": "user"}]})", R"({"messages": [{"role": "user", "content": 5}]})",
+        R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"}) {
     const auto e = error_of(body, Endpoint::kChat);
     EXPECT_EQ(e.status, 400) << body;
     EXPECT_EQ(e.param, "messages") << body;
@@ -93,7 +98,8 @@ TEST(OpenAiParse, RefusesBadChatMessages) {
 }
 
 TEST(OpenAiParse, AcceptsTheDocumentedForms) {
-  auto r = ok_of(R"({"model": "m", "prompt": "Hello", "max_tokens": 7, "temperature": 0, "top_p": 0.5,
+  auto r =
+      ok_of(R"({"model": "m", "prompt": "Hello", "max_tokens": 7, "temperature": 0, "top_p": 0.5,
                      "seed": 42, "stop": "\n", "stream": true, "stream_options": {"include_usage": true},
                      "n": 1, "user": "ignored", "logprobs": null, "frequency_penalty": 0})");
   EXPECT_EQ(r.model, "m");
@@ -122,6 +128,22 @@ TEST(OpenAiParse, AcceptsTheDocumentedForms) {
   EXPECT_EQ(r.messages[0].role, "system");
   EXPECT_EQ(r.messages[1].content, "Hi there");
   EXPECT_EQ(r.max_tokens, 3);
+  EXPECT_TRUE(r.chat_template_kwargs.empty());
+
+  r = ok_of(R"({"messages": [{"role": "user", "content": "Hi"}],
+                "chat_template_kwargs": {"enable_thinking": false, "custom": [1, "x"]}})",
+            Endpoint::kChat);
+  EXPECT_EQ(r.chat_template_kwargs["enable_thinking"], false);
+  EXPECT_EQ(r.chat_template_kwargs["custom"][1], "x");
+
+  // Deep nesting is refused before anything walks it recursively.
+  const std::string deep = std::string(17, '[') + std::string(17, ']');
+  const auto e = error_of(
+      R"({"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"a": )" + deep +
+          "}}",
+      Endpoint::kChat);
+  EXPECT_EQ(e.param, "chat_template_kwargs");
+  EXPECT_THAT(e.message, HasSubstr("nested more than 16 levels"));
 }
 
 TEST(OpenAiShapes, CompletionChunkAndUsage) {

@@ -1,5 +1,5 @@
-// Chat formats: detection from real-style templates, the exact prompt strings, and the errors for
-// missing or unrecognised templates.
+// ChatTemplate: the model's Jinja template through the interpreter (the prompts the old native
+// renderers produced, now from the template itself), the forced native formats, and the errors.
 #include <string>
 #include <vector>
 
@@ -41,16 +41,20 @@ std::string error_of(const auto& fn) {
 
 }  // namespace
 
-TEST(ChatTemplate, ChatML) {
+TEST(ChatTemplate, ChatMLTemplate) {
   const auto tok = style("qwen2_style");
   const auto t = ChatTemplate::for_tokenizer(tok);
-  EXPECT_EQ(t.format(), ChatFormat::kChatML);
-  EXPECT_EQ(t.render(kChat),
-            "<|im_start|>system\nYou are terse.<|im_end|>\n"
-            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
-            "<|im_start|>assistant\n 4 <|im_end|>\n"
-            "<|im_start|>user\nAnd 3+3?<|im_end|>\n"
-            "<|im_start|>assistant\n");
+  EXPECT_EQ(t.format(), std::nullopt);
+  EXPECT_EQ(t.kind(), "jinja");
+  EXPECT_THAT(t.description(), HasSubstr("tokenizer_config.json"));
+  const std::string expected =
+      "<|im_start|>system\nYou are terse.<|im_end|>\n"
+      "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+      "<|im_start|>assistant\n 4 <|im_end|>\n"
+      "<|im_start|>user\nAnd 3+3?<|im_end|>\n"
+      "<|im_start|>assistant\n";
+  EXPECT_EQ(t.render(kChat), expected);
+  EXPECT_EQ(ChatTemplate(ChatFormat::kChatML).render(kChat), expected);  // the native format agrees
   EXPECT_EQ(t.render(std::vector<ChatMessage>{{"user", "Hi"}}, false),
             "<|im_start|>user\nHi<|im_end|>\n");
   EXPECT_EQ(t.end_of_turn(), "<|im_end|>");
@@ -62,17 +66,18 @@ TEST(ChatTemplate, ChatML) {
   EXPECT_EQ(std::count(ids.begin(), ids.end(), *tok.token_to_id("<|im_end|>")), 1);
 }
 
-TEST(ChatTemplate, Llama3) {
+TEST(ChatTemplate, Llama3Template) {
   const auto tok = style("llama3_style");
   const auto t = ChatTemplate::for_tokenizer(tok);
-  EXPECT_EQ(t.format(), ChatFormat::kLlama3);
-  EXPECT_EQ(
-      t.render(kChat),
+  EXPECT_EQ(t.kind(), "jinja");
+  const std::string expected =
       "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
       "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
       "<|start_header_id|>assistant<|end_header_id|>\n\n4<|eot_id|>"  // content | trim
       "<|start_header_id|>user<|end_header_id|>\n\nAnd 3+3?<|eot_id|>"
-      "<|start_header_id|>assistant<|end_header_id|>\n\n");
+      "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  EXPECT_EQ(t.render(kChat), expected);
+  EXPECT_EQ(ChatTemplate::for_tokenizer(tok, ChatFormat::kLlama3).render(kChat), expected);
   EXPECT_EQ(t.end_of_turn(), "<|eot_id|>");
   const auto ids = tok.encode(t.render(std::vector<ChatMessage>{{"user", "Hi"}}),
                               t.encode_adds_special_tokens());
@@ -87,24 +92,10 @@ TEST(ChatTemplate, Plain) {
             "3+3?\n\nAssistant:");
   EXPECT_TRUE(t.encode_adds_special_tokens());
   EXPECT_EQ(t.end_of_turn(), "");
+  EXPECT_EQ(t.kind(), "plain");
 }
 
-TEST(ChatTemplate, DetectionAndNames) {
-  // Marker tokens alone are not recognition: only a known template text is.
-  EXPECT_EQ(exl3::detect_chat_format("{{ '<|im_start|>' + m.role }}...<|im_end|>"), std::nullopt);
-  EXPECT_EQ(exl3::chat_format_by_markers("{{ '<|im_start|>' + m.role }}...<|im_end|>"),
-            ChatFormat::kChatML);
-  EXPECT_EQ(exl3::detect_chat_format("<|start_header_id|>x<|end_header_id|>y<|eot_id|>"),
-            std::nullopt);
-  EXPECT_EQ(exl3::chat_format_by_markers("<|start_header_id|>x<|end_header_id|>y<|eot_id|>"),
-            ChatFormat::kLlama3);
-  EXPECT_EQ(exl3::detect_chat_format(style("qwen2_style").chat_template()), ChatFormat::kChatML);
-  EXPECT_EQ(exl3::detect_chat_format(style("qwen2_style").chat_template() + "\n"),
-            ChatFormat::kChatML);
-  EXPECT_EQ(exl3::detect_chat_format(style("llama3_style").chat_template()), ChatFormat::kLlama3);
-  EXPECT_EQ(exl3::detect_chat_format("{{ bos_token }}[INST] {{ m.content }} [/INST]"),
-            std::nullopt);
-  EXPECT_EQ(exl3::detect_chat_format(""), std::nullopt);
+TEST(ChatTemplate, Names) {
   for (const auto f : {ChatFormat::kChatML, ChatFormat::kLlama3, ChatFormat::kPlain}) {
     EXPECT_EQ(exl3::parse_chat_format(exl3::chat_format_name(f)), f);
   }
@@ -119,28 +110,35 @@ TEST(ChatTemplate, Errors) {
   EXPECT_THAT(error_of([&] { ChatTemplate::for_tokenizer(none); }),
               testing::AllOf(HasSubstr("m/tokenizer.json"), HasSubstr("no chat_template"),
                              HasSubstr("--chat-format")));
-  const auto mistral = Tokenizer::from_json(tj, R"({"chat_template": "[INST] {{ m }} [/INST]"})",
-                                            "m/tokenizer.json");
-  EXPECT_THAT(
-      error_of([&] { ChatTemplate::for_tokenizer(mistral); }),
-      testing::AllOf(HasSubstr("tokenizer_config.json"), HasSubstr("unrecognised chat_template"),
-                     HasSubstr("does not run Jinja")));
+  // A template the interpreter cannot run is refused when it is loaded, naming where.
+  const auto odd = Tokenizer::from_json(
+      tj, R"({"chat_template": "{% for m in messages %}\n{{ m.content | wordwrap }}{% endfor %}"})",
+      "m/tokenizer.json");
+  EXPECT_THAT(error_of([&] { ChatTemplate::for_tokenizer(odd); }),
+              HasSubstr("tokenizer_config.json):2:16: unknown filter 'wordwrap'"));
   // Forcing a format whose marker tokens the tokenizer lacks.
-  EXPECT_THAT(error_of([&] { ChatTemplate::for_tokenizer(mistral, ChatFormat::kChatML); }),
+  EXPECT_THAT(error_of([&] { ChatTemplate::for_tokenizer(odd, ChatFormat::kChatML); }),
               HasSubstr("chat format chatml needs the token <|im_start|>"));
-  EXPECT_EQ(ChatTemplate::for_tokenizer(mistral, ChatFormat::kPlain).format(), ChatFormat::kPlain);
+  EXPECT_EQ(ChatTemplate::for_tokenizer(odd, ChatFormat::kPlain).format(), ChatFormat::kPlain);
+  // A template's own refusal reaches the caller with its message.
+  const auto strict = ChatTemplate::from_jinja(
+      "{% if messages[0].role != 'user' %}{{ raise_exception('user first, please') }}{% endif %}",
+      "strict.jinja", std::nullopt, std::nullopt);
+  EXPECT_THAT(error_of([&] {
+                strict.render(std::vector<ChatMessage>{{"assistant", "x"}});
+              }),
+              testing::AllOf(HasSubstr("strict.jinja:1:"), HasSubstr("user first, please")));
 }
 
-TEST(ChatTemplate, LookalikeTemplatesAreRefusedNotGuessed) {
+TEST(ChatTemplate, DefaultSystemPromptsAreKept) {
   // SmolLM2's template shape: ChatML turns, plus a default system prompt when the conversation
-  // has none. Rendering it as plain ChatML would drop that prompt (14 tokens instead of 35).
+  // has none. The old recognise-by-text path refused it; the interpreter renders it whole.
   const std::string smol =
       "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
       "'<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
       "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
       "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
       "'<|im_start|>assistant\n' }}{% endif %}";
-  EXPECT_EQ(exl3::detect_chat_format(smol), std::nullopt);
   exl3::test::TempDir tmp;
   const auto src = exl3::test::tokenizer_data_dir() / "qwen2_style";
   std::filesystem::copy_file(src / "tokenizer.json", tmp / "tokenizer.json");
@@ -148,12 +146,37 @@ TEST(ChatTemplate, LookalikeTemplatesAreRefusedNotGuessed) {
       tmp / "tokenizer_config.json",
       nlohmann::json{{"eos_token", "<|im_end|>"}, {"chat_template", smol}}.dump());
   const auto tok = Tokenizer::load(tmp.path());
-  EXPECT_THAT(error_of([&] { ChatTemplate::for_tokenizer(tok); }),
-              testing::AllOf(HasSubstr("tokenizer_config.json"), HasSubstr("chatml marker tokens"),
-                             HasSubstr("not a template exl3 renders exactly"),
-                             HasSubstr("--chat-format chatml")));
-  // Forcing the format is the user's informed choice.
-  EXPECT_EQ(ChatTemplate::for_tokenizer(tok, ChatFormat::kChatML).format(), ChatFormat::kChatML);
+  const auto t = ChatTemplate::for_tokenizer(tok);
+  EXPECT_EQ(t.render(std::vector<ChatMessage>{{"user", "Hi"}}),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(t.render(std::vector<ChatMessage>{{"system", "S"}, {"user", "Hi"}}, false),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+}
+
+TEST(ChatTemplate, ToolsAndExtraVariables) {
+  const auto t = ChatTemplate::from_jinja(
+      "{{ bos_token }}{% if tools %}{{ tools | map(attribute='name') | join(',') }}|{% endif %}"
+      "{{ messages | length }}|{{ enable_thinking is defined and not enable_thinking }}|"
+      "{{ eos_token }}|{{ documents }}",
+      "t.jinja", "<s>", std::nullopt);
+  const auto msgs = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "x"}])");
+  EXPECT_EQ(t.render(msgs, true), "<s>1|False||None");
+  EXPECT_EQ(t.render(msgs, true, nlohmann::ordered_json::parse(R"([{"name": "a"}, {"name": "b"}])"),
+                     {{"enable_thinking", false}, {"eos_token", "</s>"}}),
+            "<s>a,b|1|True|</s>|None");
+  EXPECT_THAT(error_of([&] {
+                t.render(msgs, true, nullptr, {{"messages", 1}});
+              }),
+              HasSubstr("would replace a fixed argument"));
+  // Native formats take text turns only.
+  EXPECT_THAT(
+      error_of([&] {
+        ChatTemplate(ChatFormat::kChatML).render(msgs, true, nlohmann::ordered_json::array());
+      }),
+      HasSubstr("cannot list tools"));
+  EXPECT_EQ(ChatTemplate(ChatFormat::kChatML).render(msgs, false),
+            "<|im_start|>user\nx<|im_end|>\n");
 }
 
 TEST(ChatTemplate, JinjaFileFallback) {
@@ -165,6 +188,9 @@ TEST(ChatTemplate, JinjaFileFallback) {
   EXPECT_TRUE(Tokenizer::load(tmp.path()).chat_template().empty());
   exl3::test::write_file(tmp / "chat_template.jinja", style("qwen2_style").chat_template() + "\n");
   const auto tok = Tokenizer::load(tmp.path());
-  EXPECT_EQ(ChatTemplate::for_tokenizer(tok).format(), ChatFormat::kChatML);
+  const auto t = ChatTemplate::for_tokenizer(tok);
+  EXPECT_EQ(t.render(std::vector<ChatMessage>{{"user", "Hi"}}, false),
+            "<|im_start|>user\nHi<|im_end|>\n");
   EXPECT_THAT(tok.chat_template_source(), ::testing::EndsWith("chat_template.jinja"));
+  EXPECT_THAT(t.description(), ::testing::EndsWith("chat_template.jinja)"));
 }

@@ -43,7 +43,7 @@ TEST(TokenizeCli, HelpTeaches) {
   const auto h = run_cli("tokenize --help");
   EXPECT_EQ(h.code, 0);
   for (const char* s : {"MODEL_DIR", "--text", "--json", "--decode", "--chat", "--chat-format",
-                        "--system", "Examples:", "not a Jinja engine"}) {
+                        "--system", "Examples:", "apply_chat_template"}) {
     EXPECT_THAT(h.out, HasSubstr(s));
   }
 }
@@ -84,7 +84,7 @@ TEST(TokenizeCli, DecodeAndChat) {
       fmt::format("tokenize {} --chat --text 'Hi' --system 'Be brief' --json", q(qwen)), "", false);
   ASSERT_EQ(c.code, 0) << c.out;
   const auto j = json::parse(c.out);
-  EXPECT_EQ(j["chat_format"], "chatml");
+  EXPECT_EQ(j["chat_format"], "jinja");  // the model's template, interpreted
   EXPECT_EQ(j["prompt"],
             "<|im_start|>system\nBe "
             "brief<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");

@@ -4,7 +4,7 @@
 // and a connection cap answered with an immediate 503.
 //
 //   POST /v1/completions       prompt (text or token ids) -> text_completion
-//   POST /v1/chat/completions  messages -> chat prompt (the model's ChatML / Llama-3 template, or
+//   POST /v1/chat/completions  messages -> chat prompt (the model's own Jinja chat template, or
 //                              the ServerOptions::chat_format override) -> chat.completion
 //   GET  /v1/models, /v1/models/{id}
 //   GET  /health               {"status": "ok", running, queued, KV cache use, counters}
@@ -38,7 +38,7 @@ namespace exl3::server {
 
 struct ServerOptions {
   std::string model_name = "exl3";  // the id /v1/models lists and requests must name (or omit)
-  std::optional<ChatFormat> chat_format;  // overrides detection from the tokenizer's chat_template
+  std::optional<ChatFormat> chat_format;  // a native format instead of the model's chat_template
   std::vector<int32_t> stop_tokens;       // the model's end-of-sequence ids (model_stop_tokens)
   SchedulerOptions scheduler;
   HttpLimits http;  // connections, deadlines, byte limits, handler threads

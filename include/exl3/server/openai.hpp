@@ -5,10 +5,10 @@
 // Supported request fields: model, prompt (string, token-id list, or a one-element list of
 // either), messages (roles system/user/assistant; content a string or text parts), max_tokens /
 // max_completion_tokens, temperature, top_p, seed, stop (string or up to 4 strings), stream,
-// stream_options.include_usage, and vLLM's ignore_eos. Fields that would change the result but
-// are not implemented (n > 1, best_of > 1, echo, logprobs, penalties, logit_bias, suffix, tools,
-// a JSON response_format) are refused with 400 rather than silently ignored; fields without
-// effect on the output (user, ...) are ignored.
+// stream_options.include_usage, and vLLM's ignore_eos and chat_template_kwargs. Fields that would
+// change the result but are not implemented (n > 1, best_of > 1, echo, logprobs, penalties,
+// logit_bias, suffix, tools, a JSON response_format) are refused with 400 rather than silently
+// ignored; fields without effect on the output (user, ...) are ignored.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +45,9 @@ struct CompletionRequest {
   bool prompt_is_ids = false;
   // /v1/chat/completions
   std::vector<ChatMessage> messages;
+  // vLLM's chat_template_kwargs: extra variables for the model's chat template (enable_thinking,
+  // ...); an object, empty when the client sent none.
+  nlohmann::json chat_template_kwargs = nlohmann::json::object();
 
   std::optional<int64_t> max_tokens;  // > 0 when set
   float temperature = 1.0f;           // OpenAI's default
