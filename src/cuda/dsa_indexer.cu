@@ -1,6 +1,7 @@
 // DSA lightning-indexer kernels (see include/exl3/cuda/mla.hpp): the indexer's RoPE, key norm and
-// key cache, then per token the scores of every earlier position and an exact top-k (radix select
-// on the scores' bits, ties to the lower position, the kept positions in ascending order).
+// key cache, then per token the scores of every earlier position (spread over blocks of
+// positions) and an exact top-k (radix select on the scores' bits, ties to the lower position, the
+// kept positions in ascending order).
 #include <cstdint>
 
 #include <cub/block/block_scan.cuh>
@@ -54,44 +55,57 @@ __device__ __forceinline__ uint32_t ordered_bits(float f) {
   return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
 }
 
-// One block per token. Scores (thread per position, the query in shared memory), then the k-th
-// largest key by four 8-bit radix passes, then the kept positions in order with block scans.
+constexpr int kScoreThreads = 256;
+
+// Blocks of kScoreThreads positions for each token (grid: position blocks x tokens, so a long
+// context spreads over the GPU; blocks past the token's position exit): a thread per position,
+// the token's query and head weights in shared memory.
+__global__ void __launch_bounds__(kScoreThreads)
+    dsa_index_score_kernel(const float* iq, const float* weights, const float* keys, TokenMeta meta,
+                           DsaShape s, PagedKv kv, float* scratch, int64_t scratch_stride) {
+  extern __shared__ float qw[];  // [heads * head_dim] query, then [heads] weights
+  const int64_t t = blockIdx.y;
+  const int32_t npos = meta.pos[t] + 1;
+  const int32_t j0 = static_cast<int32_t>(blockIdx.x) * kScoreThreads;
+  if (npos <= s.topk || j0 >= npos) return;  // everything is kept, or nothing to score here
+  const int qn = s.heads * s.head_dim;
+  for (int i = threadIdx.x; i < qn; i += blockDim.x) qw[i] = iq[t * qn + i];
+  for (int h = threadIdx.x; h < s.heads; h += blockDim.x) qw[qn + h] = weights[t * s.heads + h];
+  __syncthreads();
+  const int32_t j = j0 + static_cast<int32_t>(threadIdx.x);
+  if (j >= npos) return;
+  const float kscale = rsqrtf(static_cast<float>(s.head_dim));
+  const float wscale = rsqrtf(static_cast<float>(s.heads));
+  const float* kj = keys + kv_slot(kv, meta.seq_row[t], j) * static_cast<int64_t>(s.head_dim);
+  float score = 0.0f;
+  for (int h = 0; h < s.heads; ++h) {
+    const float* qh = qw + h * s.head_dim;
+    float dot = 0.0f;
+    for (int d = 0; d < s.head_dim; ++d) dot += qh[d] * kj[d];
+    score += qw[qn + h] * wscale * fmaxf(dot * kscale, 0.0f);
+  }
+  scratch[t * scratch_stride + j] = score;
+}
+
+// One block per token over its scores: the k-th largest key by four 8-bit radix passes, then the
+// kept positions in order with block scans.
 __global__ void __launch_bounds__(kSelectThreads)
-    dsa_index_select_kernel(const float* iq, const float* weights, const float* keys,
-                            TokenMeta meta, DsaShape s, PagedKv kv, float* scratch,
+    dsa_index_select_kernel(TokenMeta meta, DsaShape s, const float* scratch,
                             int64_t scratch_stride, int32_t* selection, int32_t* count) {
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ int hist[256];
   __shared__ uint32_t prefix_s;
   __shared__ int need_s, out_s, eq_seen_s;
-  extern __shared__ float qw[];  // [heads * head_dim] query, then [heads] weights
   const int64_t t = blockIdx.x;
-  const int32_t npos = meta.pos[t] + 1, seq = meta.seq_row[t];
+  const int32_t npos = meta.pos[t] + 1;
   int32_t* out = selection + t * s.topk;
   if (npos <= s.topk) {
     for (int j = threadIdx.x; j < npos; j += blockDim.x) out[j] = j;
     if (threadIdx.x == 0) count[t] = npos;
     return;
   }
-  const int qn = s.heads * s.head_dim;
-  for (int i = threadIdx.x; i < qn; i += blockDim.x) qw[i] = iq[t * qn + i];
-  for (int h = threadIdx.x; h < s.heads; h += blockDim.x) qw[qn + h] = weights[t * s.heads + h];
-  __syncthreads();
-  const float kscale = rsqrtf(static_cast<float>(s.head_dim));
-  const float wscale = rsqrtf(static_cast<float>(s.heads));
-  float* sc = scratch + t * scratch_stride;
-  for (int j = threadIdx.x; j < npos; j += blockDim.x) {
-    const float* kj = keys + kv_slot(kv, seq, j) * static_cast<int64_t>(s.head_dim);
-    float score = 0.0f;
-    for (int h = 0; h < s.heads; ++h) {
-      const float* qh = qw + h * s.head_dim;
-      float dot = 0.0f;
-      for (int d = 0; d < s.head_dim; ++d) dot += qh[d] * kj[d];
-      score += qw[qn + h] * wscale * fmaxf(dot * kscale, 0.0f);
-    }
-    sc[j] = score;
-  }
+  const float* sc = scratch + t * scratch_stride;
   // The k-th largest ordered key, 8 bits at a time from the top; need_s ends as how many keys
   // equal to it are kept (every larger one is).
   uint32_t prefix = 0, mask = 0;
@@ -168,8 +182,12 @@ cudaError_t dsa_index_select(const float* iq, const float* weights, const float*
   if (!dsa_supports(s)) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(s.heads) * (s.head_dim + 1) * 4;
   const int64_t stride = static_cast<int64_t>(kv.max_pages) * kv.page_size;
-  dsa_index_select_kernel<<<static_cast<unsigned>(n), kSelectThreads, smem, stream>>>(
-      iq, weights, keys, meta, s, kv, scratch, stride, selection, count);
+  const dim3 grid(blocks_for(stride, kScoreThreads), static_cast<unsigned>(n));
+  dsa_index_score_kernel<<<grid, kScoreThreads, smem, stream>>>(iq, weights, keys, meta, s, kv,
+                                                                scratch, stride);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  dsa_index_select_kernel<<<static_cast<unsigned>(n), kSelectThreads, 0, stream>>>(
+      meta, s, scratch, stride, selection, count);
   return cudaGetLastError();
 }
 

@@ -18,6 +18,7 @@
 #include "exl3/cuda/mla.hpp"
 #include "exl3/quant/convert.hpp"
 #include "exl3/runtime/engine.hpp"
+#include "exl3/runtime/generate.hpp"
 #include "require_gpu.hpp"
 #include "test_support.hpp"
 
@@ -37,11 +38,13 @@ EngineOptions cuda_options(int64_t max_batch_tokens = 2048) {
 
 // A copy of the reference checkpoint `name` with random EXL3 experts (the CUDA engine runs
 // quantized experts only); attention and dense MLPs stay unquantized.
-fs::path with_exl3_experts(const exl3::test::TempDir& tmp, const std::string& name) {
-  const fs::path src = exl3::test::model_data_dir() / name, dir = tmp / name;
+fs::path with_exl3_experts(const exl3::test::TempDir& tmp, const std::string& name,
+                           const nlohmann::json& config_patch = nlohmann::json::object(),
+                           const std::string& as = "") {
+  const fs::path src = exl3::test::model_data_dir() / name, dir = tmp / (as.empty() ? name : as);
   fs::create_directories(dir);
   for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(src / f, dir / f);
-  test::exl3_experts(dir, 23);
+  test::exl3_experts(dir, 23, config_patch);
   return dir;
 }
 
@@ -53,34 +56,63 @@ std::vector<int32_t> random_tokens(size_t n, int32_t vocab) {
   return ids;
 }
 
-void expect_mla_engine_matches(const fs::path& dir, const char* label) {
+// A DSA top-k is discontinuous: where two positions' scores are within the compared paths'
+// rounding difference (about 1e-4 relative by the later layers between the engines, less
+// between the GPU's decode and prefill paths) one side may keep the other position, and that
+// token's logits move by far more than rounding. So with `sparse` up to 4 of the 40 positions may
+// differ and every other is held to the bound; the same model with the selection covering every
+// position is held to it everywhere.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, size_t vocab,
+                  double bound, bool sparse, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const double err = exl3::test::rel_l2(got, want);
+  int differing = 0;
+  for (size_t t = 0; t * vocab < want.size(); ++t) {
+    const auto row = [&](const std::vector<float>& v) {
+      return std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(t * vocab),
+                                v.begin() + static_cast<std::ptrdiff_t>((t + 1) * vocab));
+    };
+    const std::vector<float> g = row(got), w = row(want);
+    differing += exl3::test::rel_l2(g, w) > bound || argmax(g) != argmax(w);
+  }
+  std::printf("%s: rel-L2 %.3e, %d positions beyond %.0e\n", what.c_str(), err, differing, bound);
+  if (sparse) {
+    EXPECT_LE(differing, 4) << what;
+  } else {
+    EXPECT_LE(err, bound) << what;
+    test::expect_same_argmax(got, want, vocab, what);
+  }
+}
+
+void expect_mla_engine_matches(const fs::path& dir, const std::string& label, bool sparse = false) {
   auto cpu = load_engine(dir);
   auto gpu = load_engine(dir, cuda_options());
-  const auto ids = random_tokens(40, static_cast<int32_t>(cpu->spec().vocab_size));
-  const auto want = forward_logits(*cpu, ids);
+  const auto vocab = static_cast<size_t>(cpu->spec().vocab_size);
+  const auto ids = random_tokens(40, static_cast<int32_t>(vocab));
   const auto full = forward_logits(*gpu, ids);
-  const double err = exl3::test::rel_l2(full, want);
-  std::printf("%s: CUDA vs CPU logits rel-L2 %.3e\n", label, err);
-  EXPECT_LE(err, 2e-3) << label;
-  test::expect_same_argmax(full, want, static_cast<size_t>(cpu->spec().vocab_size), label);
-
-  const auto inc = test::prefill_then_decode(*gpu, ids, 7);
-  const double inc_err = exl3::test::rel_l2(inc, full);
-  std::printf("%s: incremental (decode graphs) vs one pass rel-L2 %.3e\n", label, inc_err);
-  EXPECT_LE(inc_err, 1e-3) << label;
-
+  expect_close(full, forward_logits(*cpu, ids), vocab, 2e-3, sparse, label + ": CUDA vs CPU");
+  expect_close(test::prefill_then_decode(*gpu, ids, 7), full, vocab, 1e-3, sparse,
+               label + ": incremental (decode graphs) vs one pass");
   auto small = load_engine(dir, cuda_options(4));  // 4-token chunks: several passes
-  const double chunk_err = exl3::test::rel_l2(forward_logits(*small, ids), full);
-  std::printf("%s: 4-token chunks vs one pass rel-L2 %.3e\n", label, chunk_err);
-  EXPECT_LE(chunk_err, 1e-3) << label;
+  expect_close(forward_logits(*small, ids), full, vocab, 1e-3, sparse,
+               label + ": 4-token chunks vs one pass");
 }
 
 class CudaMlaTest : public ::testing::TestWithParam<const char*> {};
 
+bool is_sparse(const std::string& name) {
+  return name.find("dsa") != std::string::npos;
+}
+
 TEST_P(CudaMlaTest, MatchesCpuWithExl3Experts) {
   EXL3_REQUIRE_GPU();
   exl3::test::TempDir tmp;
-  expect_mla_engine_matches(with_exl3_experts(tmp, GetParam()), GetParam());
+  const std::string name = GetParam();
+  expect_mla_engine_matches(with_exl3_experts(tmp, name), GetParam(), is_sparse(name));
+  if (is_sparse(name)) {  // the indexer runs, and keeps every position
+    expect_mla_engine_matches(with_exl3_experts(tmp, name, {{"index_topk", 64}}, name + "_dense"),
+                              "glm_moe_dsa_q128 (index_topk 64: dense)");
+  }
 }
 
 // What `exl3 quantize` writes (EXL3 attention projections, kv_b_proj and the indexer kept).
@@ -93,7 +125,7 @@ TEST_P(CudaMlaTest, MatchesCpuQuantized) {
   o.device = quant::Device::kCuda;
   const fs::path out = tmp / "q";
   quant::convert_model(exl3::test::model_data_dir() / GetParam(), out, o);
-  expect_mla_engine_matches(out, GetParam());
+  expect_mla_engine_matches(out, GetParam(), is_sparse(GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaMlaTest,
