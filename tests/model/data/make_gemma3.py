@@ -8,7 +8,8 @@ and full layers mixed (window 8, far shorter than the 40 test positions), their 
 base 10000, global 50000 with linear scaling), query_pre_attn_scalar 48 against head_dim 32,
 final logit soft-capping low enough to bite, and the sandwich norms. attn_logit_softcapping is set
 as well: transformers' Gemma 3 never applies it, and the test checks that exl3 does not. Widths are
-multiples of 128 so `exl3 quantize` converts it without padding the hidden size.
+multiples of 128 so `exl3 quantize` converts it without padding, and the 384 ids fit the
+synthetic byte-level tokenizer the calibrated conversion test gives it.
 """
 import os
 import sys
@@ -23,7 +24,7 @@ from make_deepseek_v3 import randomize, write_reference  # noqa: E402
 def main():
     d = os.path.join(sys.argv[1], "gemma3")
     cfg = Gemma3TextConfig(
-        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+        vocab_size=384, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=48,
         sliding_window=8,
         layer_types=["sliding_attention", "sliding_attention", "full_attention",
