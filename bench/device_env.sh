@@ -2,11 +2,13 @@
 #   source bench/device_env.sh BUNDLE.tar.xz || exit 1
 # unpacks the carried bundle (scripts/device_bundle.sh, then `tar -cf - .devbundle | xz`) with
 # Python (no xz binary needed there), points the loader at its libraries, the CUDA toolkit and the
-# image's NCCL wheel (NVLink multicast off), the tests at the carried conformance folder .conf/,
+# image's NCCL wheel (NVLink multicast off), the tests at the carried conformance folder .conf/
+# and this copy's tests/model/data,
 # and sets `bin`. gpu_tests LOG SUMMARY then runs every GPU test binary of the bundle.
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('.')" "$1" || return 1
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
 export LD_LIBRARY_PATH=$PWD/.devbundle/lib:/usr/local/cuda/lib64:${nccl:-} EXL3_CONFORMANCE_DIR=$PWD/.conf
+export EXL3_SOURCE_DIR=$PWD  # the tests' reference checkpoints (tests/model/data) in this copy
 export NCCL_NVLS_ENABLE=0
 bin=$PWD/.devbundle/bin
 

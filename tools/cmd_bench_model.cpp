@@ -47,8 +47,28 @@ SyntheticSpec synthetic_geometry(const std::string& name) {
     s.moe_intermediate_size = 768;
     s.vocab_size = 151936;
     s.max_position_embeddings = 40960;  // so --context 8k and 32k run as on the real model
+  } else if (name == "deepseek-v3") {   // DeepSeek-V3 / R1 (Kimi-K2: the same layer, 384 experts)
+    s.hidden_size = 7168;
+    s.num_layers = 61;
+    s.num_heads = 128;
+    s.num_kv_heads = 128;
+    s.q_lora_rank = 1536;
+    s.kv_lora_rank = 512;
+    s.qk_nope_head_dim = 128;
+    s.qk_rope_head_dim = 64;
+    s.v_head_dim = 128;
+    s.first_k_dense_replace = 3;
+    s.intermediate_size = 18432;
+    s.num_experts = 256;
+    s.experts_per_tok = 8;
+    s.moe_intermediate_size = 2048;
+    s.n_shared_experts = 1;
+    s.n_group = 8;
+    s.topk_group = 4;
+    s.vocab_size = 129280;
+    s.max_position_embeddings = 40960;
   } else if (name != "tiny") {
-    fail("--synthetic '{}' is unknown; choose qwen3-30b-a3b or tiny", name);
+    fail("--synthetic '{}' is unknown; choose qwen3-30b-a3b, deepseek-v3 or tiny", name);
   }
   return s;
 }
@@ -66,10 +86,12 @@ Runner add_bench_model(CLI::App& app, Common&) {
   };
   auto o = std::make_shared<Opts>();
   app.add_option("MODEL", o->model, "EXL3 checkpoint folder (or use --synthetic)");
-  app.add_option("--synthetic", o->synthetic,
-                 "Write and time a synthetic EXL3 model of this geometry: qwen3-30b-a3b or tiny "
-                 "(random valid trellis "
-                 "bits: a speed benchmark, never a quality one)");
+  app.add_option(
+      "--synthetic", o->synthetic,
+      "Write and time a synthetic EXL3 model of this geometry: qwen3-30b-a3b, deepseek-v3 "
+      "(61 layers; use --layers to keep the first N: 3 dense, then MoE) or tiny "
+      "(random valid trellis "
+      "bits: a speed benchmark, never a quality one)");
   app.add_option("--bits", o->bits, "--synthetic: K of the decoder linears and experts")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();

@@ -14,23 +14,12 @@
 namespace exl3::cuda {
 namespace {
 
-using namespace detail;  // kNegBig, kv_slot, warp_max, warp_sum, blocks_for (cuda/paged_kv.cuh)
+using namespace detail;  // kNegBig, kv_slot, warp/block sums, blocks_for (cuda/paged_kv.cuh)
 
 __device__ __forceinline__ float load_as_f32(const void* p, DType t, int64_t i) {
   if (t == DType::kF32) return static_cast<const float*>(p)[i];
   if (t == DType::kF16) return __half2float(static_cast<const __half*>(p)[i]);
   return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-}
-
-// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the total.
-__device__ float block_sum(float v, float* scratch /* [32] */) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // scratch may still be read from a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float t = lane < warps ? scratch[lane] : 0.0f;
-  return warp_sum(t);
 }
 
 // ---- embeddings, norms, elementwise ---------------------------------------------------------

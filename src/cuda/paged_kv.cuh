@@ -1,6 +1,7 @@
 // Helpers shared by the model kernels (model_ops.cu), the decode attention (attention_decode.cu)
 // and the routers (router.cu): the paged-KV slot of a position, warp reductions, the "no score"
-// value, and the grid size of a launch.
+// value, and the grid size of a launch. (Also the MLA and DSA kernels: mla_attention.cu,
+// dsa_indexer.cu.)
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,17 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the total.
+__device__ __forceinline__ float block_sum(float v, float* scratch /* [32] */) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < warps ? scratch[lane] : 0.0f;
+  return warp_sum(t);
 }
 
 }  // namespace exl3::cuda::detail

@@ -25,9 +25,12 @@ class Builder {
  public:
   Builder(const SyntheticSpec& spec) : spec_(spec), rng_(spec.seed) {}
 
+  // An EXL3 linear in -> out, its stored output padded to a multiple of 128 as the converter pads
+  // it (MLA's kv_a_proj_with_mqa: kv_lora_rank + qk_rope_head_dim outputs).
   void exl3_linear(const std::string& prefix, int64_t in, int64_t out, int bits) {
-    if (in % 128 != 0 || out % 128 != 0)
-      fail("synthetic checkpoint: {} is {}x{}, dims must be multiples of 128", prefix, in, out);
+    if (in % 128 != 0)
+      fail("synthetic checkpoint: {} has {} inputs, a multiple of 128 is needed", prefix, in);
+    out = (out + 127) / 128 * 128;
     std::vector<uint16_t> trellis(static_cast<size_t>(in / 16 * (out / 16) * 16 * bits));
     // Four words per draw: the largest models hold billions of words, and their bits are only
     // required to be uniform.
@@ -91,6 +94,36 @@ class Builder {
   int64_t linears_ = 0;
 };
 
+bool is_mla(const SyntheticSpec& s) {
+  return s.kv_lora_rank > 0;
+}
+
+// The DeepSeek-V3 keys transformers' DeepseekV3Config reads.
+void add_deepseek_config(const SyntheticSpec& s, nlohmann::json& c) {
+  c["architectures"] = {"DeepseekV3ForCausalLM"};
+  c["model_type"] = "deepseek_v3";
+  c["q_lora_rank"] = s.q_lora_rank;
+  c["kv_lora_rank"] = s.kv_lora_rank;
+  c["qk_nope_head_dim"] = s.qk_nope_head_dim;
+  c["qk_rope_head_dim"] = s.qk_rope_head_dim;
+  c["v_head_dim"] = s.v_head_dim;
+  c["head_dim"] = s.qk_rope_head_dim;
+  c["num_key_value_heads"] = s.num_heads;
+  c["n_routed_experts"] = s.num_experts;
+  c["num_experts_per_tok"] = s.experts_per_tok;
+  c["moe_intermediate_size"] = s.moe_intermediate_size;
+  c["n_shared_experts"] = s.n_shared_experts;
+  c["first_k_dense_replace"] = s.first_k_dense_replace;
+  c["n_group"] = s.n_group;
+  c["topk_group"] = s.topk_group;
+  c["routed_scaling_factor"] = 2.5;
+  c["norm_topk_prob"] = true;
+  c["topk_method"] = "noaux_tc";
+  c["scoring_func"] = "sigmoid";
+  c["rope_interleave"] = true;
+  c["attention_bias"] = false;
+}
+
 nlohmann::json make_config(const SyntheticSpec& s, int64_t padded_vocab) {
   const bool moe = s.num_experts > 0;
   nlohmann::json c = {{"architectures", {moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"}},
@@ -108,7 +141,9 @@ nlohmann::json make_config(const SyntheticSpec& s, int64_t padded_vocab) {
                       {"hidden_act", "silu"},
                       {"tie_word_embeddings", false},
                       {"torch_dtype", "bfloat16"}};
-  if (moe) {
+  if (is_mla(s)) {
+    add_deepseek_config(s, c);
+  } else if (moe) {
     c["num_experts"] = s.num_experts;
     c["num_experts_per_tok"] = s.experts_per_tok;
     c["moe_intermediate_size"] = s.moe_intermediate_size;
@@ -136,28 +171,44 @@ SyntheticResult write_synthetic_checkpoint(const std::filesystem::path& dir,
   const int64_t h = s.hidden_size, q = s.num_heads * s.head_dim, kv = s.num_kv_heads * s.head_dim;
   const int64_t vocab = (s.vocab_size + 127) / 128 * 128;
   b.bf16_tensor("model.embed_tokens.weight", {vocab, h}, 0.05);
+  const auto mlp = [&](const std::string& p, int64_t inter) {
+    b.exl3_linear(p + "gate_proj", h, inter, s.bits);
+    b.exl3_linear(p + "up_proj", h, inter, s.bits);
+    b.exl3_linear(p + "down_proj", inter, h, s.bits);
+  };
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     b.bf16_tensor(p + "input_layernorm.weight", {h}, 0.02, 1.0);
     b.bf16_tensor(p + "post_attention_layernorm.weight", {h}, 0.02, 1.0);
-    b.bf16_tensor(p + "self_attn.q_norm.weight", {s.head_dim}, 0.02, 1.0);
-    b.bf16_tensor(p + "self_attn.k_norm.weight", {s.head_dim}, 0.02, 1.0);
-    b.exl3_linear(p + "self_attn.q_proj", h, q, s.bits);
-    b.exl3_linear(p + "self_attn.k_proj", h, kv, s.bits);
-    b.exl3_linear(p + "self_attn.v_proj", h, kv, s.bits);
-    b.exl3_linear(p + "self_attn.o_proj", q, h, s.bits);
-    if (s.num_experts > 0) {
-      b.f16_tensor(p + "mlp.gate.weight", {s.num_experts, h}, 0.05);
-      for (int64_t e = 0; e < s.num_experts; ++e) {
-        const std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
-        b.exl3_linear(ep + "gate_proj", h, s.moe_intermediate_size, s.bits);
-        b.exl3_linear(ep + "up_proj", h, s.moe_intermediate_size, s.bits);
-        b.exl3_linear(ep + "down_proj", s.moe_intermediate_size, h, s.bits);
-      }
+    if (is_mla(s)) {
+      const int64_t qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
+      b.exl3_linear(p + "self_attn.q_a_proj", h, s.q_lora_rank, s.bits);
+      b.bf16_tensor(p + "self_attn.q_a_layernorm.weight", {s.q_lora_rank}, 0.02, 1.0);
+      b.exl3_linear(p + "self_attn.q_b_proj", s.q_lora_rank, s.num_heads * qk, s.bits);
+      b.exl3_linear(p + "self_attn.kv_a_proj_with_mqa", h, s.kv_lora_rank + s.qk_rope_head_dim,
+                    s.bits);
+      b.bf16_tensor(p + "self_attn.kv_a_layernorm.weight", {s.kv_lora_rank}, 0.02, 1.0);
+      b.bf16_tensor(p + "self_attn.kv_b_proj.weight",
+                    {s.num_heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank},
+                    1.0 / std::sqrt(static_cast<double>(s.kv_lora_rank)));
+      b.exl3_linear(p + "self_attn.o_proj", s.num_heads * s.v_head_dim, h, s.bits);
     } else {
-      b.exl3_linear(p + "mlp.gate_proj", h, s.intermediate_size, s.bits);
-      b.exl3_linear(p + "mlp.up_proj", h, s.intermediate_size, s.bits);
-      b.exl3_linear(p + "mlp.down_proj", s.intermediate_size, h, s.bits);
+      b.bf16_tensor(p + "self_attn.q_norm.weight", {s.head_dim}, 0.02, 1.0);
+      b.bf16_tensor(p + "self_attn.k_norm.weight", {s.head_dim}, 0.02, 1.0);
+      b.exl3_linear(p + "self_attn.q_proj", h, q, s.bits);
+      b.exl3_linear(p + "self_attn.k_proj", h, kv, s.bits);
+      b.exl3_linear(p + "self_attn.v_proj", h, kv, s.bits);
+      b.exl3_linear(p + "self_attn.o_proj", q, h, s.bits);
+    }
+    if (s.num_experts > 0 && l >= s.first_k_dense_replace) {
+      b.f16_tensor(p + "mlp.gate.weight", {s.num_experts, h}, 0.05);
+      if (is_mla(s)) b.f16_tensor(p + "mlp.gate.e_score_correction_bias", {s.num_experts}, 0.01);
+      for (int64_t e = 0; e < s.num_experts; ++e)
+        mlp(fmt::format("{}mlp.experts.{}.", p, e), s.moe_intermediate_size);
+      if (s.n_shared_experts > 0)
+        mlp(p + "mlp.shared_experts.", s.moe_intermediate_size * s.n_shared_experts);
+    } else {
+      mlp(p + "mlp.", s.intermediate_size);
     }
   }
   b.bf16_tensor("model.norm.weight", {h}, 0.02, 1.0);

@@ -517,9 +517,11 @@ void CpuBackend::mla_attention(const Module& attn, Act h, Act q_resid, Act q, Ac
         scored[static_cast<size_t>(j)] = {score, static_cast<int32_t>(j)};
       }
       const auto k = static_cast<size_t>(std::min(keep, n));
+      // Ties go to the lower position, so the CUDA backend's selection is the same set.
       std::partial_sort(scored.begin(), scored.begin() + static_cast<std::ptrdiff_t>(k),
-                        scored.end(),
-                        [](const auto& x, const auto& y) { return x.first > y.first; });
+                        scored.end(), [](const auto& x, const auto& y) {
+                          return x.first > y.first || (x.first == y.first && x.second < y.second);
+                        });
       auto& sel = dsa_selection_[static_cast<size_t>(t)];
       for (size_t i = 0; i < k; ++i) sel.push_back(scored[i].second);
       std::sort(sel.begin(), sel.end());

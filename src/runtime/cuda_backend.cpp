@@ -269,15 +269,8 @@ ModulePtr CudaBackend::load_gqa(const GqaAttentionSpec& s, Extent hq, Extent hk,
         load_vector(ckpt_.store(), s.prefix + ".k_norm.weight", s.head_dim), "k_norm");
   }
   a->rope = rope_table(s.rope);
-  attention_.push_back(a.get());
+  cache_layers_.push_back({a.get(), nullptr});
   return a;
-}
-
-ModulePtr CudaBackend::load_mla(const MlaAttentionSpec& s, int, const model::LinearSource&) {
-  fail(
-      "{}: {} uses multi-head latent attention, which runs on the CPU backend so far (hint: "
-      "--device cpu)",
-      spec_.label, s.prefix);
 }
 
 ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoePlan* p, int rank) {
@@ -386,10 +379,18 @@ int CudaBackend::rope_table(const RopeSpec& r) {
   return static_cast<int>(ropes_.size() - 1);
 }
 
+const float* CudaBackend::rope_cs(int table) const {
+  return ropes_[static_cast<size_t>(table)].table.as<float>();
+}
+
 std::vector<KvLayerShape> CudaBackend::kv_shapes() const {
   std::vector<KvLayerShape> kv;
-  for (const Gqa* a : attention_) {
-    const int64_t w = a->spec.num_kv_heads * a->spec.head_dim;
+  for (const CacheLayer& c : cache_layers_) {
+    if (c.mla != nullptr) {
+      kv.push_back(mla_kv_shape(*c.mla));
+      continue;
+    }
+    const int64_t w = c.gqa->spec.num_kv_heads * c.gqa->spec.head_dim;
     kv.push_back({w, w});
   }
   return kv;
@@ -400,13 +401,16 @@ void CudaBackend::allocate(int64_t pages, int64_t page_size, int64_t max_pages,
   head_out_ = static_cast<const CudaLinear&>(head).linear.out();
   page_size_ = page_size;
   max_pages_ = max_pages;
-  for (Gqa* a : attention_) {
+  for (const CacheLayer& c : cache_layers_) {
+    Gqa* a = c.gqa;
+    if (a == nullptr) continue;
     const auto bytes =
         static_cast<size_t>(pages * page_size * a->spec.num_kv_heads * a->spec.head_dim) * 2;
     a->kcache = DeviceBuffer(bytes, "the KV cache");
     a->vcache = DeviceBuffer(bytes, "the KV cache");
     kv_bytes_ += 2 * bytes;
   }
+  allocate_mla(pages * page_size, max_pages, page_size);
   const int64_t cap = opts_.capacity;
   const auto f = [&](int64_t width, const char* what) {
     return DeviceBuffer(static_cast<size_t>(cap * std::max<int64_t>(width, 1)) * 4, what);
@@ -432,10 +436,11 @@ void CudaBackend::allocate(int64_t pages, int64_t page_size, int64_t max_pages,
   size_t attn_bytes = 0;
   const cuda::PagedKv kv_shape{nullptr, nullptr, nullptr, static_cast<int32_t>(max_pages),
                                static_cast<int32_t>(page_size)};
-  for (const Gqa* a : attention_) {
+  for (const CacheLayer& c : cache_layers_) {
+    if (c.gqa == nullptr) continue;
     attn_bytes = std::max(attn_bytes, cuda::attention_decode_workspace_bytes(
                                           std::min(cap, cuda::kAttentionSplitMaxTokens),
-                                          attn_shape(a->spec), kv_shape));
+                                          attn_shape(c.gqa->spec), kv_shape));
   }
   attn_ws_ = DeviceBuffer(attn_bytes, "the decode attention workspace");
   if (attn_bytes > 0) {
@@ -496,8 +501,7 @@ void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
   const cuda::AttnShape shape = attn_shape(s);
   EXL3_CUDA_CHECK(
       cuda::qk_norm_rope_store(q.data, k.data, v.data, a.q_norm.as<float>(), a.k_norm.as<float>(),
-                               static_cast<float>(spec_.rms_norm_eps),
-                               ropes_[static_cast<size_t>(a.rope)].table.as<float>(), tm, q.rows,
+                               static_cast<float>(spec_.rms_norm_eps), rope_cs(a.rope), tm, q.rows,
                                shape, kv, stream_),
       "rope");
   const auto scale = static_cast<float>(s.scale);
@@ -509,10 +513,6 @@ void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
       cuda::attention_prefill(q.data, meta() + ml_.tile_first(), meta() + ml_.tile_len(), ml_.tiles,
                               tm, shape, scale, kv, out.data, stream_),
       "attention (prefill)");
-}
-
-void CudaBackend::mla_attention(const Module&, Act, Act, Act, Act, Act) {
-  fail("CUDA backend: MLA attention is not built (load_mla refuses it)");
 }
 
 void CudaBackend::glu(Act gate, Act up, model::Activation act) {

@@ -1,7 +1,8 @@
 // The CUDA backend of the op layer (exl3/model/ops.hpp), for one GPU (one tensor-parallel rank or
 // the whole model). Linears are GpuLinears (EXL3, cuBLAS dense or MXFP8, the overlay planned as
 // the CPU engine plans it), the routed experts a fused MoeLayerCuda behind the GPU router, and
-// attention reads an fp16 paged KV cache whose page tables come with the step.
+// attention reads an fp16 paged KV cache whose page tables come with the step (MLA layers: the
+// latent cache of exl3/cuda/mla.hpp, and a DSA indexer's fp32 key cache beside it).
 //
 // Every buffer is sized once: the model reserves each slot's widest width while it loads, and
 // allocate() then sizes the slots for `capacity` tokens, the KV cache for the pool and the
@@ -150,9 +151,20 @@ class CudaBackend final : public model::Backend {
  private:
   struct Rope;
   struct Gqa;
+  struct Mla;
+  // The layers that own a KV cache, in load order (kv_shapes' order): one of the two is set.
+  struct CacheLayer {
+    Gqa* gqa = nullptr;
+    Mla* mla = nullptr;
+  };
   GpuLinear whole_linear(const std::string& prefix, int64_t in, int64_t out);
   void track(const GpuLinear& l);
   int rope_table(const RopeSpec& r);
+  const float* rope_cs(int table) const;  // the device cos/sin rows of a rope_table()
+  // MLA layers (cuda_mla.cpp, where Mla is defined): a layer's cache widths, and the latent and
+  // indexer caches of every MLA layer plus the MLA / DSA workspaces, at allocate().
+  static KvLayerShape mla_kv_shape(const Mla& a);
+  void allocate_mla(int64_t slots, int64_t max_pages, int64_t page_size);
   int tp_size() const;
 
   // Declared before everything that keeps a pointer to it (the linears), so destroyed after.
@@ -166,7 +178,8 @@ class CudaBackend final : public model::Backend {
   OverlayPlan overlay_plan_;
   OverlayReport overlay_report_;
   std::vector<Rope> ropes_;
-  std::vector<Gqa*> attention_;  // every attention layer loaded, for the KV allocation
+  std::vector<CacheLayer> cache_layers_;  // every attention layer loaded, for the KV allocation
+  bool dsa_selection_made_ = false;       // a full DSA indexer was loaded before (load order)
   int64_t widths_[static_cast<size_t>(model::Slot::kCount)] = {};
   int64_t widest_experts_ = 0, widest_topk_ = 0, widest_pad_in_ = 0, widest_pad_out_ = 0;
   int64_t rank_vocab_ = 0, head_out_ = 0, logits_width_ = 0, meta_capacity_ = 0;
@@ -175,6 +188,13 @@ class CudaBackend final : public model::Backend {
   DeviceBuffer slots_[static_cast<size_t>(model::Slot::kCount)];
   DeviceBuffer router_, ids_, wts_, logits_, logits_local_, pad_in_, pad_out_, ws_, meta_;
   DeviceBuffer attn_ws_;  // split-KV decode attention: counters (zeroed here) and split states
+  // MLA: the absorbed queries, latent outputs and split-KV partial states of kMlaChunkTokens
+  // tokens; DSA: the indexer's
+  // queries, head weights and keys of the step, a chunk's scores, and the step's selection
+  // (kept from a full indexer layer for the shared layers after it).
+  DeviceBuffer mla_q_lat_, mla_o_lat_, mla_split_, dsa_q_, dsa_w_, dsa_k_, dsa_scores_, dsa_sel_,
+      dsa_count_;
+  int64_t mla_lat_width_ = 0, dsa_q_width_ = 0, dsa_heads_ = 0, dsa_head_dim_ = 0, dsa_topk_ = 0;
   GpuLinear::Pads pads_;
   MetaLayout ml_;
 };

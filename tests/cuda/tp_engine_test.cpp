@@ -103,6 +103,17 @@ TEST(CudaTpEngine, UnquantizedTiedHead) {
   for (const int tp : tp_sizes({1, 2})) expect_tp_matches(dir, tp, ids, "llama unquantized tied");
 }
 
+// Multi-head latent attention cut by heads (q_b_proj, kv_b_proj and o_proj per rank, the latent
+// path replicated) on the shrunk synthetic DeepSeek-V3 layer.
+TEST(CudaTpEngine, MlaHeadsSliced) {
+  EXL3_REQUIRE_GPU();
+  exl3::test::TempDir tmp;
+  test::write_tp_deepseek(tmp.path(), exl3::test::test_seed());
+  auto rng = exl3::test::make_rng();
+  const auto ids = test::random_ids(rng, 11, 512);
+  for (const int tp : tp_sizes({1, 2})) expect_tp_matches(tmp.path(), tp, ids, "deepseek-v3 MLA");
+}
+
 // A batch of one prefill and one decode entry equals the two run separately.
 TEST(CudaTpEngine, MixedBatchEqualsSeparateCalls) {
   EXL3_REQUIRE_GPU();

@@ -5,6 +5,7 @@
 //     checkpoint (unquantized linears, EXL3 experts, biases, tied heads, partial rotary, llama3
 //     and yarn RoPE, GLM's grouped sigmoid router and shared experts);
 //   - incremental decode through the paged KV cache equals one full forward pass.
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <limits>
@@ -17,6 +18,7 @@
 
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
+#include "exl3/format/synthetic.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
 #include "runtime_test_util.hpp"
@@ -174,6 +176,40 @@ const ArchCase kArchCases[] = {
 
 INSTANTIATE_TEST_SUITE_P(Runtime, ArchTest, ::testing::ValuesIn(kArchCases),
                          [](const auto& p) { return std::string(p.param.name); });
+
+// The synthetic DeepSeek-V3 geometry `exl3 bench model --synthetic deepseek-v3` writes (MLA with
+// a q LoRA, a padded kv_a_proj_with_mqa, BF16 kv_b_proj, a dense first layer, grouped sigmoid
+// routing with shared experts), shrunk: it loads as DeepSeek-V3 and decodes incrementally as one
+// pass does.
+TEST(Engine, SyntheticDeepseekV3LoadsAndDecodes) {
+  exl3::test::TempDir tmp;
+  SyntheticSpec s;
+  s.hidden_size = 128;
+  s.num_layers = 2;
+  s.num_heads = 2;
+  s.num_kv_heads = 2;
+  s.q_lora_rank = 128;
+  s.kv_lora_rank = 64;
+  s.qk_nope_head_dim = 32;
+  s.qk_rope_head_dim = 16;
+  s.v_head_dim = 64;
+  s.first_k_dense_replace = 1;
+  s.intermediate_size = 256;
+  s.num_experts = 4;
+  s.experts_per_tok = 2;
+  s.moe_intermediate_size = 128;
+  s.n_shared_experts = 1;
+  s.n_group = 2;
+  s.topk_group = 1;
+  s.vocab_size = 256;
+  write_synthetic_checkpoint(tmp.path(), s);
+  auto e = load_engine(tmp.path());
+  EXPECT_EQ(e->spec().architecture, Architecture::kDeepseekV3);
+  const std::vector<int32_t> ids = {5, 17, 99, 3, 250, 8, 41, 77, 12};
+  const auto full = forward_logits(*e, ids);
+  for (const float v : full) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_LE(exl3::test::rel_l2(test::prefill_then_decode(*e, ids, 3), full), 1e-5);
+}
 
 TEST(Engine, ErrorsAreClear) {
   EXL3_REQUIRE_CONFORMANCE(dir);

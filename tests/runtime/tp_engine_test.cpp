@@ -25,8 +25,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-
-std::unique_ptr<Engine> engine_at(const std::filesystem::path& dir, int tp, int64_t page_size = 32) {
+std::unique_ptr<Engine> engine_at(const std::filesystem::path& dir, int tp,
+                                  int64_t page_size = 32) {
   EngineOptions o;
   o.tp = tp;
   o.page_size = page_size;
@@ -70,6 +70,21 @@ TEST_P(TpSlicedEqualsUnsliced, Exl3Linears) {
 INSTANTIATE_TEST_SUITE_P(Runtime, TpSlicedEqualsUnsliced, ::testing::ValuesIn(test::kTpArchs),
                          [](const auto& p) { return std::string(p.param.name); });
 
+// Multi-head latent attention cut by heads, every projection EXL3 (the shrunk synthetic
+// DeepSeek-V3 layer): TP 2 equals TP 1; TP 4 would cut a head's 192 q channels inside a
+// 128-channel block and is refused with the TP sizes that work.
+TEST(TpEngine, MlaHeadsSliced) {
+  exl3::test::TempDir tmp;
+  test::write_tp_deepseek(tmp.path(), exl3::test::test_seed());
+  auto rng = exl3::test::make_rng();
+  const auto ids = test::random_ids(rng, 9, 512);
+  expect_tp_matches(tmp.path(), 2, ids, "deepseek-v3 MLA");
+  EXPECT_THAT([&] { (void)engine_at(tmp.path(), 4); },
+              ::testing::ThrowsMessage<Error>(::testing::AllOf(
+                  HasSubstr("q_b_proj"), HasSubstr("cuts a 128-channel EXL3 block"),
+                  HasSubstr("TP sizes that work for this model: 1, 2"))));
+}
+
 // Unquantized: 6 heads over 2 kv heads at TP 4 pads to 8 heads (the last rank holds none) and
 // rank 1's heads 2, 3 straddle kv heads 0 and 1; a tied head and vocab 500 split unevenly.
 TEST(TpEngine, UnquantizedPaddedHeadsAndStraddlingKv) {
@@ -81,7 +96,8 @@ TEST(TpEngine, UnquantizedPaddedHeadsAndStraddlingKv) {
   o.num_kv_heads = 2;
   o.head_dim = 64;
   o.vocab = 500;
-  test::write_tp_model(dir, HfArch::kLlama, exl3::test::test_seed(), o, {{"tie_word_embeddings", true}});
+  test::write_tp_model(dir, HfArch::kLlama, exl3::test::test_seed(), o,
+                       {{"tie_word_embeddings", true}});
   auto rng = exl3::test::make_rng();
   const auto ids = test::random_ids(rng, 7, 500);
   for (const int tp : {2, 3, 4, 5}) expect_tp_matches(dir, tp, ids, "llama unquantized");
@@ -94,7 +110,8 @@ TEST(TpEngine, RankSlicedExpertsEqualPlainCheckpoint) {
   const auto plain = tmp / "plain", sliced = tmp / "sliced";
   test::write_tp_model(plain, HfArch::kQwen3Moe, exl3::test::test_seed());
   test::write_rank_sliced_copy(plain, sliced, 2, {0, 1}, 4);
-  ASSERT_EQ(Checkpoint::open(sliced).find_linear("model.layers.0.mlp.experts.0.gate_proj"), nullptr);
+  ASSERT_EQ(Checkpoint::open(sliced).find_linear("model.layers.0.mlp.experts.0.gate_proj"),
+            nullptr);
   auto rng = exl3::test::make_rng();
   const auto ids = test::random_ids(rng, 6, 512);
   auto ref = engine_at(plain, 1);
@@ -105,8 +122,9 @@ TEST(TpEngine, RankSlicedExpertsEqualPlainCheckpoint) {
   EXPECT_LE(err, 1e-5);
   // A different runtime TP is an error, never a reshuffle.
   EXPECT_THAT([&] { engine_at(sliced, 4); },
-              ::testing::ThrowsMessage<Error>(::testing::AllOf(HasSubstr("rank-sliced for TP 2"),
-                                                               HasSubstr("TP sizes that work for this model: 1, 2"))));
+              ::testing::ThrowsMessage<Error>(
+                  ::testing::AllOf(HasSubstr("rank-sliced for TP 2"),
+                                   HasSubstr("TP sizes that work for this model: 1, 2"))));
 }
 
 // head_dim 64 with EXL3 k/v: each rank computes the 128-channel block around its kv head.
@@ -128,7 +146,8 @@ TEST(TpEngine, ConformanceModel) {
   const auto model = conf / "models" / "tiny-qwen3moe-exl3";
   const auto store = TensorStore::open(model / "reference_logits.safetensors");
   std::vector<int32_t> ids;
-  for (const int64_t id : copy_tensor<int64_t>(store.at("input_ids"))) ids.push_back(static_cast<int32_t>(id));
+  for (const int64_t id : copy_tensor<int64_t>(store.at("input_ids")))
+    ids.push_back(static_cast<int32_t>(id));
   const auto fp64 = read_as_double(store.at("hf_dequant_fp64.logits"));
   for (const int tp : {2, 3}) {
     expect_tp_matches(model, tp, ids, "tiny-qwen3moe-exl3");
@@ -138,22 +157,26 @@ TEST(TpEngine, ConformanceModel) {
     EXPECT_LE(err, 1e-4);
   }
   EXPECT_THAT([&] { engine_at(model, 4); },
-              ::testing::ThrowsMessage<Error>(::testing::AllOf(HasSubstr("self_attn.q_proj: TP 4"),
-                                                               HasSubstr("TP sizes that work for this model: 1, 2, 3"))));
+              ::testing::ThrowsMessage<Error>(
+                  ::testing::AllOf(HasSubstr("self_attn.q_proj: TP 4"),
+                                   HasSubstr("TP sizes that work for this model: 1, 2, 3"))));
 }
 
 TEST(TpEngine, FailsClosed) {
   exl3::test::TempDir tmp;
   const auto ok = tmp / "ok";
   test::write_tp_model(ok, HfArch::kLlama, exl3::test::test_seed());
-  EXPECT_THAT([&] { engine_at(ok, 0); }, ::testing::ThrowsMessage<Error>(HasSubstr("--tp 0 must be at least 1")));
+  EXPECT_THAT([&] { engine_at(ok, 0); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("--tp 0 must be at least 1")));
   // Bad ids and a full cache fail before any rank runs, leaving the sequence unchanged.
   auto eng = engine_at(ok, 2);
   const auto seq = eng->new_sequence();
   const std::vector<int32_t> bad = {1, 512};
-  EXPECT_THAT([&] { eng->forward(seq, bad); }, ::testing::ThrowsMessage<Error>(HasSubstr("outside the vocabulary")));
+  EXPECT_THAT([&] { eng->forward(seq, bad); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("outside the vocabulary")));
   const std::vector<int32_t> many(300, 1);
-  EXPECT_THAT([&] { eng->forward(seq, many); }, ::testing::ThrowsMessage<Error>(HasSubstr("KV cache is full")));
+  EXPECT_THAT([&] { eng->forward(seq, many); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("KV cache is full")));
   EXPECT_EQ(eng->sequence_length(seq), 0);
   const std::vector<int32_t> two = {1, 2};
   EXPECT_EQ(eng->forward(seq, two).size(), 2u * 512u);
@@ -203,7 +226,11 @@ TEST(TpLinear, MoeLayerSlicesSumToTheWholeLayer) {
     std::printf("MoE layer %d sliced over %d ranks: rel-L2 %.3e\n", layer, tp, err);
     EXPECT_LE(err, 1e-5) << "TP " << tp;
   }
-  EXPECT_THAT([&] { slice_moe_layer(full, {64, 128}, 0, 2); }, ::testing::ThrowsMessage<Error>(HasSubstr("128-channel")));
+  EXPECT_THAT(
+      [&] {
+        slice_moe_layer(full, {64, 128}, 0, 2);
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("128-channel")));
 }
 
 TEST(TpLinear, SlicesRecomposeTheUnslicedLinear) {
@@ -243,7 +270,8 @@ TEST(TpLinear, SlicesRecomposeTheUnslicedLinear) {
       ASSERT_EQ(cs[r].out_features(), e.count);
       std::vector<float> y(static_cast<size_t>(m * e.count));
       cs[r].forward(x.data(), m, y.data());
-      for (int64_t t = 0; t < m; ++t) std::copy_n(y.data() + t * e.count, e.count, cat.data() + t * out + e.begin);
+      for (int64_t t = 0; t < m; ++t)
+        std::copy_n(y.data() + t * e.count, e.count, cat.data() + t * out + e.begin);
     }
     EXPECT_EQ(cat, want) << "column TP " << tp;  // the same tiles in the same order: bit-exact
     TpLinearPlan row{"lin", TpSplit::kRow, true, in, out, deal_extents(in, tp, kTpBlock)};
@@ -252,14 +280,19 @@ TEST(TpLinear, SlicesRecomposeTheUnslicedLinear) {
     for (size_t r = 0; r < rs.size(); ++r) {
       const Extent e = row.ranks[r];
       std::vector<float> xs(static_cast<size_t>(m * e.count)), y(want.size());
-      for (int64_t t = 0; t < m; ++t) std::copy_n(x.data() + t * in + e.begin, e.count, xs.data() + t * e.count);
+      for (int64_t t = 0; t < m; ++t)
+        std::copy_n(x.data() + t * in + e.begin, e.count, xs.data() + t * e.count);
       rs[r].forward(xs.data(), m, y.data());
       for (size_t i = 0; i < y.size(); ++i) sum[i] += y[i];
     }
     EXPECT_LE(exl3::test::rel_l2(sum, want), 1e-6) << "row TP " << tp;
   }
-  EXPECT_THAT([&] { slice_exl3(cpu::LinearView::of(Exl3LinearData::load(ckpt, "lin")), TpSplit::kColumn, 8, 128, true); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("not whole 16-channel tiles")));
+  EXPECT_THAT(
+      [&] {
+        slice_exl3(cpu::LinearView::of(Exl3LinearData::load(ckpt, "lin")), TpSplit::kColumn, 8, 128,
+                   true);
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("not whole 16-channel tiles")));
 }
 
 // ---- the in-process communicator --------------------------------------------------------------
@@ -280,7 +313,8 @@ TEST(Communicator, AllReduceSumsInRankOrderAndGathers) {
   for (auto& d : data)
     for (size_t i = 0; i < count; ++i) d.push_back(nd(rng));
   std::vector<float> want(count);
-  for (size_t i = 0; i < count; ++i) want[i] = ((data[0][i] + data[1][i]) + data[2][i]) + data[3][i];
+  for (size_t i = 0; i < count; ++i)
+    want[i] = ((data[0][i] + data[1][i]) + data[2][i]) + data[3][i];
   auto bufs = data;
   std::vector<std::vector<float>> gathered(n, std::vector<float>(n * count));
   auto comms = make_in_process_group(n);
@@ -294,8 +328,9 @@ TEST(Communicator, AllReduceSumsInRankOrderAndGathers) {
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(bufs[static_cast<size_t>(r)], want) << "rank " << r;  // bit-identical on every rank
     for (int q = 0; q < n; ++q) {
-      EXPECT_TRUE(std::equal(data[static_cast<size_t>(q)].begin(), data[static_cast<size_t>(q)].end(),
-                             gathered[static_cast<size_t>(r)].begin() + static_cast<ptrdiff_t>(q * count)));
+      EXPECT_TRUE(
+          std::equal(data[static_cast<size_t>(q)].begin(), data[static_cast<size_t>(q)].end(),
+                     gathered[static_cast<size_t>(r)].begin() + static_cast<ptrdiff_t>(q * count)));
     }
   }
   EXPECT_EQ(comms[2]->size(), 4);
@@ -325,7 +360,8 @@ TEST(Communicator, MismatchAndAbortNeverHang) {
     try {
       c.all_reduce_sum(v);
     } catch (const Error& e) {
-      threw[static_cast<size_t>(c.rank())] = std::string(e.what()).find("aborted") != std::string::npos;
+      threw[static_cast<size_t>(c.rank())] =
+          std::string(e.what()).find("aborted") != std::string::npos;
     }
   });
   EXPECT_EQ(threw, (std::vector<int>{1, 0, 1}));

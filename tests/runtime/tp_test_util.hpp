@@ -14,6 +14,7 @@
 
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/safetensors.hpp"
+#include "exl3/format/synthetic.hpp"
 #include "exl3/format/synthetic_hf.hpp"
 #include "exl3/moe/layout.hpp"
 #include "exl3/trellis/codebook.hpp"
@@ -36,8 +37,36 @@ inline constexpr TpArch kTpArchs[] = {{"llama", HfArch::kLlama},
                                       {"qwen3moe", HfArch::kQwen3Moe},
                                       {"glm4moe", HfArch::kGlm4Moe}};
 
+// The synthetic DeepSeek-V3 layer (`exl3 bench model --synthetic deepseek-v3`), shrunk so it cuts
+// at TP 2 and 4: 4 MLA heads (q LoRA, nope 128 + rope 64, v 128), every projection EXL3 (two
+// heads of q_b_proj are 384 outputs, whole 128-channel blocks), kv_b_proj BF16, one dense layer,
+// then 4 experts 256 wide with grouped routing and a shared expert.
+inline void write_tp_deepseek(const std::filesystem::path& dir, uint64_t seed) {
+  SyntheticSpec s;
+  s.hidden_size = 256;
+  s.num_layers = 2;
+  s.num_heads = 4;
+  s.num_kv_heads = 4;
+  s.q_lora_rank = 128;
+  s.kv_lora_rank = 128;
+  s.qk_nope_head_dim = 128;
+  s.qk_rope_head_dim = 64;
+  s.v_head_dim = 128;
+  s.first_k_dense_replace = 1;
+  s.intermediate_size = 512;
+  s.num_experts = 4;
+  s.experts_per_tok = 2;
+  s.moe_intermediate_size = 256;
+  s.n_shared_experts = 1;
+  s.n_group = 2;
+  s.topk_group = 1;
+  s.vocab_size = 512;
+  s.seed = seed;
+  write_synthetic_checkpoint(dir, s);
+}
+
 struct TpModelOptions {
-  bool quantize = true;       // projections as EXL3 (else left unquantized as written)
+  bool quantize = true;  // projections as EXL3 (else left unquantized as written)
   int64_t num_heads = 4;
   int64_t num_kv_heads = 2;
   int64_t head_dim = 128;
@@ -46,7 +75,8 @@ struct TpModelOptions {
 
 // Writes the model; every quantized projection gets K = 4 MCG (experts) or MUL1 (the rest).
 inline void write_tp_model(const std::filesystem::path& dir, HfArch arch, uint64_t seed,
-                           const TpModelOptions& o = {}, const nlohmann::json& patch = nlohmann::json::object()) {
+                           const TpModelOptions& o = {},
+                           const nlohmann::json& patch = nlohmann::json::object()) {
   SyntheticHfSpec s;
   s.arch = arch;
   s.seed = seed;
@@ -65,7 +95,8 @@ inline void write_tp_model(const std::filesystem::path& dir, HfArch arch, uint64
   auto half_vec = [&](int64_t n, double mag) {
     std::vector<uint16_t> v(static_cast<size_t>(n));
     std::uniform_real_distribution<double> u(0.5, 1.5);
-    for (auto& x : v) x = trellis::float_to_half(static_cast<float>((rng() & 1 ? 1 : -1) * mag * u(rng)));
+    for (auto& x : v)
+      x = trellis::float_to_half(static_cast<float>((rng() & 1 ? 1 : -1) * mag * u(rng)));
     return v;
   };
   for (const auto& name : store.names()) {
@@ -76,13 +107,15 @@ inline void write_tp_model(const std::filesystem::path& dir, HfArch arch, uint64
       const int k = 4;
       std::vector<uint16_t> tr(static_cast<size_t>(in / 16 * out / 16 * 16 * k));
       for (auto& x : tr) x = static_cast<uint16_t>(rng());
-      w.add(prefix + ".trellis", DType::kI16, {in / 16, out / 16, 16 * k}, std::span<const uint16_t>(tr));
+      w.add(prefix + ".trellis", DType::kI16, {in / 16, out / 16, 16 * k},
+            std::span<const uint16_t>(tr));
       const auto suh = half_vec(in, 0.05), svh = half_vec(out, 1.0);
       w.add(prefix + ".suh", DType::kF16, {in}, std::span<const uint16_t>(suh));
       w.add(prefix + ".svh", DType::kF16, {out}, std::span<const uint16_t>(svh));
       const bool expert = name.find(".experts.") != std::string::npos;
       const int32_t marker = expert ? trellis::kMcgMarker : trellis::kMul1Marker;
-      w.add(prefix + (expert ? ".mcg" : ".mul1"), DType::kI32, {}, std::span<const int32_t>(&marker, 1));
+      w.add(prefix + (expert ? ".mcg" : ".mul1"), DType::kI32, {},
+            std::span<const int32_t>(&marker, 1));
       continue;
     }
     w.add(name, ref.info->dtype, ref.info->shape, ref.bytes());
@@ -98,16 +131,20 @@ inline void write_tp_model(const std::filesystem::path& dir, HfArch arch, uint64
 // Copies the model at `src` to `dst` with every routed expert projection stored rank-sliced for
 // `tp` ranks (gate/up: output columns [I/tp * r, I/tp * (r + 1)), down: those input rows) under
 // a hybrid_tr3_tail block, sliced here tile by tile (independently of the runtime's slicer).
-inline void write_rank_sliced_copy(const std::filesystem::path& src, const std::filesystem::path& dst, int tp,
+inline void write_rank_sliced_copy(const std::filesystem::path& src,
+                                   const std::filesystem::path& dst, int tp,
                                    const std::vector<int>& moe_layers, int64_t num_experts) {
   std::filesystem::create_directories(dst);
   for (const auto& f : std::filesystem::directory_iterator(src)) {
-    if (f.path().filename() != "model.safetensors") std::filesystem::copy_file(f.path(), dst / f.path().filename());
+    if (f.path().filename() != "model.safetensors")
+      std::filesystem::copy_file(f.path(), dst / f.path().filename());
   }
   const auto ckpt = Checkpoint::open(src);
   SafetensorsWriter w;
   for (const auto& name : ckpt.store().names()) {
-    if (name.find(".mlp.experts.") == std::string::npos) w.add(name, ckpt.store().at(name).info->dtype, ckpt.store().at(name).info->shape, ckpt.store().at(name).bytes());
+    if (name.find(".mlp.experts.") == std::string::npos)
+      w.add(name, ckpt.store().at(name).info->dtype, ckpt.store().at(name).info->shape,
+            ckpt.store().at(name).bytes());
   }
   for (const auto& info : ckpt.linears()) {
     if (info.prefix.find(".mlp.experts.") == std::string::npos) continue;
@@ -127,7 +164,8 @@ inline void write_rank_sliced_copy(const std::filesystem::path& src, const std::
           t.insert(t.end(), at, at + words);
         }
       const int64_t lin = down ? loc : in, lout = down ? out : loc;
-      w.add(p + ".trellis", DType::kI16, {lin / 16, lout / 16, words}, std::span<const uint16_t>(t));
+      w.add(p + ".trellis", DType::kI16, {lin / 16, lout / 16, words},
+            std::span<const uint16_t>(t));
       std::vector<uint16_t> suh = data.suh(), svh = data.svh();
       auto& mid = down ? suh : svh;
       mid = std::vector<uint16_t>(mid.begin() + loc * r, mid.begin() + loc * (r + 1));

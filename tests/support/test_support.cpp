@@ -1,13 +1,13 @@
 #include "test_support.hpp"
 
 #include <atomic>
-#include <mutex>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -26,6 +26,13 @@ std::optional<std::filesystem::path> conformance_dir() {
   const auto p = std::filesystem::path(EXL3_SOURCE_DIR) / ".." / "shared" / "conformance";
   if (std::filesystem::is_directory(p / "tensors")) return std::filesystem::weakly_canonical(p);
   return std::nullopt;
+}
+
+std::filesystem::path model_data_dir() {
+  const char* env = std::getenv("EXL3_SOURCE_DIR");
+  const std::filesystem::path root =
+      env != nullptr && *env != '\0' ? std::filesystem::path(env) : EXL3_SOURCE_DIR;
+  return root / "tests" / "model" / "data";
 }
 
 bool running_in_ci() {
@@ -80,9 +87,15 @@ double rel_l2_impl(std::span<const A> a, std::span<const B> b) {
 }
 }  // namespace
 
-double rel_l2(std::span<const double> a, std::span<const double> b) { return rel_l2_impl(a, b); }
-double rel_l2(std::span<const float> a, std::span<const double> b) { return rel_l2_impl(a, b); }
-double rel_l2(std::span<const float> a, std::span<const float> b) { return rel_l2_impl(a, b); }
+double rel_l2(std::span<const double> a, std::span<const double> b) {
+  return rel_l2_impl(a, b);
+}
+double rel_l2(std::span<const float> a, std::span<const double> b) {
+  return rel_l2_impl(a, b);
+}
+double rel_l2(std::span<const float> a, std::span<const float> b) {
+  return rel_l2_impl(a, b);
+}
 
 void write_file(const std::filesystem::path& p, const std::string& bytes) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
@@ -100,8 +113,10 @@ std::string read_file(const std::filesystem::path& p) {
 
 CliRun run_cli(const std::string& args, const std::string& env, bool with_stderr) {
   const char* override_path = std::getenv("EXL3_CLI");
-  const std::string bin = override_path != nullptr && *override_path != '\0' ? override_path : EXL3_CLI_PATH;
-  const std::string cmd = fmt::format("{} '{}' {} {}", env, bin, args, with_stderr ? "2>&1" : "2>/dev/null");
+  const std::string bin =
+      override_path != nullptr && *override_path != '\0' ? override_path : EXL3_CLI_PATH;
+  const std::string cmd =
+      fmt::format("{} '{}' {} {}", env, bin, args, with_stderr ? "2>&1" : "2>/dev/null");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return {-1, "popen failed"};
   std::string out;
@@ -112,6 +127,8 @@ CliRun run_cli(const std::string& args, const std::string& env, bool with_stderr
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-std::string shell_quote(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
+std::string shell_quote(const std::filesystem::path& p) {
+  return "'" + p.string() + "'";
+}
 
 }  // namespace exl3::test

@@ -16,17 +16,22 @@ std::optional<std::filesystem::path> conformance_dir();
 
 // Skips the current test loudly when the conformance data is missing, and fails it under CI=true
 // (CI must never pass by skipping the golden vectors). Use as: EXL3_REQUIRE_CONFORMANCE(dir);
-#define EXL3_REQUIRE_CONFORMANCE(var)                                                    \
-  auto var##_opt = ::exl3::test::conformance_dir();                                      \
-  if (!var##_opt) {                                                                      \
-    if (::exl3::test::running_in_ci()) {                                                 \
-      FAIL() << "conformance data missing (expected <repo>/../shared/conformance) under CI"; \
-    }                                                                                    \
+#define EXL3_REQUIRE_CONFORMANCE(var)                                                           \
+  auto var##_opt = ::exl3::test::conformance_dir();                                             \
+  if (!var##_opt) {                                                                             \
+    if (::exl3::test::running_in_ci()) {                                                        \
+      FAIL() << "conformance data missing (expected <repo>/../shared/conformance) under CI";    \
+    }                                                                                           \
     GTEST_SKIP() << "*** conformance data missing: <repo>/../shared/conformance not found ***"; \
-  }                                                                                      \
+  }                                                                                             \
   const std::filesystem::path var = *var##_opt
 
 bool running_in_ci();
+
+// The repository's tests/model/data (reference checkpoints): $EXL3_SOURCE_DIR/tests/model/data
+// when set (a copy of the tree on another machine, e.g. the GPU host), else the source tree this
+// build came from.
+std::filesystem::path model_data_dir();
 
 // A fresh temporary directory under the build tree, removed at destruction.
 class TempDir {

@@ -22,6 +22,18 @@ struct SyntheticSpec {
   int64_t intermediate_size = 512;  // dense MLP width (num_experts == 0)
   int64_t vocab_size = 512;
   int64_t max_position_embeddings = 4096;  // config.json's (the longest sequence the engines run)
+  // DeepSeek-V3 (DeepseekV3ForCausalLM) when kv_lora_rank > 0: multi-head latent attention (a q
+  // LoRA of q_lora_rank), kv_b_proj BF16, the first first_k_dense_replace layers dense
+  // (intermediate_size), then sigmoid grouped routing over num_experts with n_shared_experts.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  int64_t first_k_dense_replace = 0;
+  int64_t n_shared_experts = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
   int bits = 4;
   int head_bits = 6;
   trellis::Codebook codebook = trellis::Codebook::kMul1;
@@ -38,7 +50,8 @@ struct SyntheticResult {
 };
 
 // Writes config.json, model.safetensors and sample_input.safetensors into `dir` (created if
-// needed). Architecture Qwen3MoeForCausalLM when num_experts > 0, else Qwen3ForCausalLM.
+// needed). Architecture DeepseekV3ForCausalLM when kv_lora_rank > 0, else Qwen3MoeForCausalLM
+// when num_experts > 0, else Qwen3ForCausalLM.
 SyntheticResult write_synthetic_checkpoint(const std::filesystem::path& dir,
                                            const SyntheticSpec& spec);
 
