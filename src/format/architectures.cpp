@@ -6,7 +6,7 @@
 namespace exl3 {
 namespace {
 
-constexpr std::array<ArchitectureInfo, 10> kArchitectures = {{
+constexpr std::array<ArchitectureInfo, 11> kArchitectures = {{
     // arch, HF class, model_type, CLI, moe, shared experts, qk_norm, qkv_bias, mla
     {Architecture::kLlama, "LlamaForCausalLM", "llama", "llama", false, false, false, false, false},
     {Architecture::kMistral, "MistralForCausalLM", "mistral", "mistral", false, false, false, false,
@@ -25,6 +25,8 @@ constexpr std::array<ArchitectureInfo, 10> kArchitectures = {{
      true, false, false, true},
     {Architecture::kGlmMoeDsa, "GlmMoeDsaForCausalLM", "glm_moe_dsa", "glm-moe-dsa", true, true,
      false, false, true},
+    {Architecture::kGemma3, "Gemma3ForCausalLM", "gemma3_text", "gemma3", false, false, true, false,
+     false},
 }};
 
 }  // namespace

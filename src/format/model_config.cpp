@@ -42,7 +42,8 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& la
       fail("{}: key 'rms_norm_eps': expected a number, got {}", label, e->dump());
     c.rms_norm_eps = e->get<double>();
   }
-  c.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
+  // Gemma3TextConfig ties the head by default; the other families' configs do not.
+  c.tie_word_embeddings = k.boolean("tie_word_embeddings", c.architecture == "Gemma3ForCausalLM");
   if (const auto* q = k.get("quantization_config")) {
     if (!q->is_object()) fail("{}: key 'quantization_config': expected an object", label);
     c.quantization_config = *q;

@@ -117,6 +117,12 @@ void validate(const SyntheticHfSpec& s) {
         "writer; hint: make a tiny one with transformers (tests/model/data/make_deepseek_v3.py)",
         architecture_info(s.arch).hf_name);
   }
+  if (s.arch == HfArch::kGemma3) {
+    fail(
+        "synthetic HF model: Gemma3ForCausalLM (sandwich norms, GeGLU, local/global layers) is "
+        "not written by the synthetic writer; hint: make a tiny one with transformers "
+        "(tests/model/data/make_gemma3.py)");
+  }
   if (s.arch == HfArch::kGlm4Moe && (s.first_k_dense_replace < 0 || s.n_shared_experts < 0)) {
     fail("synthetic HF model: first_k_dense_replace and n_shared_experts must be >= 0");
   }

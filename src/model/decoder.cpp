@@ -97,8 +97,9 @@ MlaModules load_mla(Backend& b, const ModelSpec& model, const MlaAttentionSpec& 
 }
 
 DenseMlpModules load_dense(Backend& b, const std::string& prefix, int64_t hidden, int64_t inter,
-                           const TpMlpPlan* p, int rank) {
+                           const TpMlpPlan* p, int rank, Activation act = Activation::kSilu) {
   DenseMlpModules m;
+  m.activation = act;
   if (p == nullptr) {
     m.intermediate = inter;
     m.gate = b.load_linear(whole(prefix + ".gate_proj", hidden, inter));
@@ -117,13 +118,13 @@ DenseMlpModules load_dense(Backend& b, const std::string& prefix, int64_t hidden
   return m;
 }
 
-// y = down(SiLU(gate(h)) * up(h)).
+// y = down(act(gate(h)) * up(h)).
 void dense_mlp(Backend& b, const DenseMlpModules& m, Act h, Act y) {
   const Act g = b.act(Slot::kGate, m.intermediate), u = b.act(Slot::kUp, m.intermediate);
   const Module* gate_up[] = {m.gate.get(), m.up.get()};
   const Act outs[] = {g, u};
   b.linears(gate_up, h, outs);
-  b.silu_mul(g, u);
+  b.glu(g, u, m.activation);
   b.linear(*m.down, g, y);
 }
 
@@ -182,6 +183,11 @@ LayerModules load_layer(Backend& b, const ModelSpec& model, const LayerSpec& ls,
   LayerModules l;
   l.input_norm = b.load_norm(ls.input_norm, hidden);
   l.post_norm = b.load_norm(ls.post_attention_norm, hidden);
+  if (!ls.attention_output_norm.empty()) {
+    l.attention_output_norm = b.load_norm(ls.attention_output_norm, hidden);
+    l.mlp_output_norm = b.load_norm(ls.mlp_output_norm, hidden);
+    b.reserve(Slot::kNormedY, hidden);
+  }
   if (const auto* a = std::get_if<GqaAttentionSpec>(&ls.attention)) {
     l.attention = load_gqa(b, model, *a, cache_layer, lp ? &lp->attention : nullptr, rank.rank);
   } else {
@@ -190,7 +196,7 @@ LayerModules load_layer(Backend& b, const ModelSpec& model, const LayerSpec& ls,
   }
   if (const auto* d = std::get_if<DenseMlpSpec>(&ls.mlp)) {
     l.mlp = load_dense(b, d->prefix, hidden, d->intermediate,
-                       lp ? &std::get<TpMlpPlan>(lp->mlp) : nullptr, rank.rank);
+                       lp ? &std::get<TpMlpPlan>(lp->mlp) : nullptr, rank.rank, d->activation);
   } else {
     const auto& s = std::get<MoeSpec>(ls.mlp);
     const TpMoePlan* mp = lp ? &std::get<TpMoePlan>(lp->mlp) : nullptr;
@@ -228,7 +234,10 @@ Act layer_forward(Backend& b, const LayerModules& l, int64_t hidden, Act x, cons
   b.add_rms_norm(x, pending, *l.input_norm, h);
   std::visit([&](const auto& a) { attention(b, a, h, y); }, l.attention);
   b.all_reduce(y, "attention output");
-  b.add_rms_norm(x, &y, *l.post_norm, h);
+  // A sandwich norm needs the whole sum, so it runs after the all-reduce, on every rank alike.
+  const Act normed = l.attention_output_norm ? b.act(Slot::kNormedY, hidden) : y;
+  if (l.attention_output_norm) b.add_rms_norm(y, nullptr, *l.attention_output_norm, normed);
+  b.add_rms_norm(x, &normed, *l.post_norm, h);
   if (const auto* d = std::get_if<DenseMlpModules>(&l.mlp)) {
     dense_mlp(b, *d, h, y);
   } else {
@@ -241,7 +250,9 @@ Act layer_forward(Backend& b, const LayerModules& l, int64_t hidden, Act x, cons
     }
   }
   b.all_reduce(y, "MLP output");
-  return y;
+  if (!l.mlp_output_norm) return y;
+  b.add_rms_norm(y, nullptr, *l.mlp_output_norm, normed);
+  return normed;
 }
 
 void decoder_forward(Backend& b, const DecoderModules& m, int64_t hidden) {

@@ -11,6 +11,7 @@
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/config_keys.hpp"
+#include "exl3/trellis/half.hpp"
 #include "model/families/family.hpp"
 
 namespace exl3::model {
@@ -48,16 +49,19 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
   }
   s.architecture = arch->arch;
 
+  // Gemma3TextConfig's defaults for keys a config may omit differ from the other families'.
+  const bool gemma = arch->arch == Architecture::kGemma3;
   s.hidden_size = k.integer("hidden_size");
   s.vocab_size = k.integer("vocab_size");
   const int64_t num_layers = k.integer("num_hidden_layers");
   const int64_t heads = k.integer("num_attention_heads");
-  const int64_t kv_heads = k.integer("num_key_value_heads", heads);  // transformers' default
+  // transformers' default
+  const int64_t kv_heads = k.integer("num_key_value_heads", gemma ? 4 : heads);
   if (kv_heads == 0 || heads % kv_heads != 0) {
     fail("{}: key 'num_key_value_heads': {} does not divide num_attention_heads {}", label,
          kv_heads, heads);
   }
-  int64_t head_dim = k.integer("head_dim", 0);
+  int64_t head_dim = k.integer("head_dim", gemma ? 256 : 0);
   if (head_dim == 0) {
     if (s.hidden_size % heads != 0) {
       fail(
@@ -67,13 +71,16 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
     }
     head_dim = s.hidden_size / heads;
   }
-  s.rms_norm_eps = k.number("rms_norm_eps");
-  s.max_position_embeddings = k.integer("max_position_embeddings", 0);
-  s.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
+  s.rms_norm_eps = gemma ? k.number("rms_norm_eps", 1e-6) : k.number("rms_norm_eps");
+  s.max_position_embeddings = k.integer("max_position_embeddings", gemma ? 131072 : 0);
+  s.tie_word_embeddings = k.boolean("tie_word_embeddings", gemma);
   s.eos_token_ids = k.ids("eos_token_id");
   if (const auto bos = k.ids("bos_token_id"); !bos.empty()) s.bos_token_id = bos[0];
+  if (gemma && !k.has("eos_token_id")) s.eos_token_ids = {1};
+  if (gemma && !k.has("bos_token_id")) s.bos_token_id = 2;
 
-  const std::string act = k.string("hidden_act", "silu");
+  // Gemma names its activation hidden_activation and checks it itself.
+  const std::string act = gemma ? "silu" : k.string("hidden_act", "silu");
   if (act != "silu") {
     fail("{}: key 'hidden_act': '{}' is not supported (the runtime's MLPs are SwiGLU: silu)", label,
          act);
@@ -84,10 +91,11 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
         "off in the released Qwen2/Qwen3 configs",
         label);
   }
-  // The DSA families name their attention kind in layer_types; they check the entries.
-  const bool dsa =
-      arch->arch == Architecture::kGlmMoeDsa || arch->arch == Architecture::kDeepseekV32;
-  if (const json* lt = dsa ? nullptr : k.get("layer_types")) {
+  // The DSA families name their attention kind in layer_types, Gemma its sliding layers; they
+  // check the entries.
+  const bool own_layer_types =
+      gemma || arch->arch == Architecture::kGlmMoeDsa || arch->arch == Architecture::kDeepseekV32;
+  if (const json* lt = own_layer_types ? nullptr : k.get("layer_types")) {
     if (!lt->is_array()) fail("{}: key 'layer_types': expected a list of strings", label);
     for (const auto& t : *lt) {
       if (!t.is_string() || t.get<std::string>() != "full_attention") {
@@ -97,7 +105,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
     }
   }
   for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    if (k.has(key)) fail("{}: key '{}': logit soft-capping is not supported", label, key);
+    if (!gemma && k.has(key)) {
+      fail("{}: key '{}': logit soft-capping is supported for Gemma3ForCausalLM only", label, key);
+    }
   }
 
   families::Family f{config, k, label, s, {}, {}, num_layers};
@@ -113,7 +123,7 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
         "only, not {}",
         label, config.architecture);
   }
-  attn.rope = parse_rope(raw, head_dim, label);
+  if (!gemma) attn.rope = parse_rope(raw, head_dim, label);  // Gemma's differs per layer type
   switch (s.architecture) {
     case Architecture::kLlama:
       families::describe_llama(f);
@@ -145,6 +155,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
     case Architecture::kGlmMoeDsa:
       families::describe_glm_moe_dsa(f);
       break;
+    case Architecture::kGemma3:
+      families::describe_gemma3(f);
+      break;
   }
   s.lm_head_tied = false;
   return s;
@@ -172,6 +185,15 @@ ModelSpec describe_model(const Checkpoint& ckpt) {
         ckpt.path().string());
   }
   return s;
+}
+
+float embedding_scale(const ModelSpec& spec, DType stored) {
+  if (!spec.scale_embedding) return 1.0f;
+  // transformers keeps the scale in an fp32 tensor, then casts it to the weight's dtype.
+  const auto f = static_cast<float>(std::sqrt(static_cast<double>(spec.hidden_size)));
+  if (stored == DType::kBF16) return trellis::bf16_to_float(trellis::float_to_bf16(f));
+  if (stored == DType::kF16) return trellis::round_to_half(f);
+  return f;
 }
 
 nlohmann::json spec_summary(const ModelSpec& s) {

@@ -252,9 +252,12 @@ void run_calibrated(const CalibratedRun& r) {
     const auto ids = calibration_tokens(r.in_dir, o.calibration_text, o.calibration_label, rows,
                                         len, spec.vocab_size);
     const auto embed = runtime::DenseMatrix::load(src.store(), spec.embed_tokens, 0, hidden);
+    // As the runtime's embedding op: Gemma scales the looked-up rows.
+    const float scale = model::embedding_scale(spec, src.store().at(spec.embed_tokens).info->dtype);
     x.resize(static_cast<size_t>(tokens * hidden));
     for (int64_t t = 0; t < tokens; ++t)
       embed.row(ids[static_cast<size_t>(t)], x.data() + t * hidden);
+    for (auto& v : x) v *= scale;
   }
 
   // Layers finished by an earlier run: their items report as resumed.

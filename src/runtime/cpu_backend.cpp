@@ -28,6 +28,7 @@ using model::ModulePtr;
 
 struct CpuEmbedding final : Module {
   std::shared_ptr<const DenseMatrix> table;
+  float scale = 1.0f;  // model::embedding_scale
 };
 
 struct CpuNorm final : Module {
@@ -158,13 +159,25 @@ ModulePtr CpuBackend::load_embedding() {
     fail("{}: tensor '{}' has {} rows, fewer than vocab_size {} (config.json)",
          ckpt_.path().string(), spec_.embed_tokens, e->table->rows(), spec_.vocab_size);
   }
+  if (spec_.scale_embedding) {
+    e->scale = model::embedding_scale(spec_, ckpt_.store().at(spec_.embed_tokens).info->dtype);
+  }
   return e;
+}
+
+// Gemma's (1 + w) is folded into the weight: the same fp32 sum transformers forms before it
+// multiplies, so the norm itself stays x * rsqrt(mean(x^2) + eps) * w.
+std::vector<float> CpuBackend::load_norm_weight(const std::string& tensor, int64_t width) const {
+  std::vector<float> w = load_vector(ckpt_.store(), tensor, width);
+  if (spec_.norm_unit_offset)
+    for (auto& v : w) v += 1.0f;
+  return w;
 }
 
 ModulePtr CpuBackend::load_norm(const std::string& tensor, int64_t width,
                                 std::optional<double> eps) {
   auto n = std::make_unique<CpuNorm>();
-  n->weight = load_vector(ckpt_.store(), tensor, width);
+  n->weight = load_norm_weight(tensor, width);
   n->eps = eps.value_or(spec_.rms_norm_eps);
   return n;
 }
@@ -211,8 +224,8 @@ ModulePtr CpuBackend::load_gqa(const GqaAttentionSpec& s, Extent q_heads, Extent
   a->eps = spec_.rms_norm_eps;
   a->rope.emplace(s.rope);
   if (s.qk_norm) {
-    a->q_norm = load_vector(ckpt_.store(), s.prefix + ".q_norm.weight", s.head_dim);
-    a->k_norm = load_vector(ckpt_.store(), s.prefix + ".k_norm.weight", s.head_dim);
+    a->q_norm = load_norm_weight(s.prefix + ".q_norm.weight", s.head_dim);
+    a->k_norm = load_norm_weight(s.prefix + ".k_norm.weight", s.head_dim);
   }
   const int64_t width = kv_heads.count * s.head_dim;
   kv_.push_back({width, width});
@@ -372,7 +385,10 @@ Act CpuBackend::act(model::Slot slot, int64_t width) {
 void CpuBackend::embed(const Module& embedding, Act x) {
   const auto& e = static_cast<const CpuEmbedding&>(embedding);
   for (int64_t t = 0; t < x.rows; ++t) {
-    e.table->row(step_.tokens[static_cast<size_t>(t)], x.data + t * x.width);
+    float* row = x.data + t * x.width;
+    e.table->row(step_.tokens[static_cast<size_t>(t)], row);
+    if (e.scale != 1.0f)
+      for (int64_t i = 0; i < x.width; ++i) row[i] *= e.scale;
   }
 }
 
@@ -562,8 +578,12 @@ void CpuBackend::mla_attention(const Module& attn, Act h, Act q_resid, Act q, Ac
   });
 }
 
-void CpuBackend::silu_mul(Act gate, Act up) {
-  cpu_ops::silu_mul(gate.data, up.data, gate.rows * gate.width);
+void CpuBackend::glu(Act gate, Act up, model::Activation act) {
+  if (act == model::Activation::kGeluTanh) {
+    cpu_ops::gelu_tanh_mul(gate.data, up.data, gate.rows * gate.width);
+  } else {
+    cpu_ops::silu_mul(gate.data, up.data, gate.rows * gate.width);
+  }
 }
 
 void CpuBackend::moe(const Module& moe, Act x, Act out) {
@@ -617,6 +637,9 @@ void CpuBackend::logits(Act x, const Act* residual, const Module& norm, const Mo
   const int64_t out = l.out_features(), vocab = spec_.vocab_size;
   std::vector<float> local(static_cast<size_t>(rows * out));
   l.forward(h.data(), rows, local.data());
+  if (spec_.final_logit_softcapping > 0.0) {
+    cpu_ops::softcap(local.data(), rows * out, static_cast<float>(spec_.final_logit_softcapping));
+  }
   if (step_.comm == nullptr) {  // the whole vocabulary (a tied head may cover padded rows)
     if (step_.logits == nullptr) return;
     for (int64_t r = 0; r < rows; ++r)

@@ -98,7 +98,7 @@ class CpuBackend final : public model::Backend {
                  model::Act out) override;
   void mla_attention(const model::Module& attn, model::Act h, model::Act q_resid, model::Act q,
                      model::Act kv_a, model::Act out) override;
-  void silu_mul(model::Act gate, model::Act up) override;
+  void glu(model::Act gate, model::Act up, model::Activation act) override;
   void moe(const model::Module& moe, model::Act x, model::Act out) override;
   void add(model::Act y, model::Act x) override;
   void all_reduce(model::Act y, const char* what) override;
@@ -106,6 +106,9 @@ class CpuBackend final : public model::Backend {
               const model::Module& head) override;
 
  private:
+  // A norm weight as fp32, with the model's unit offset applied.
+  std::vector<float> load_norm_weight(const std::string& tensor, int64_t width) const;
+
   const Checkpoint& ckpt_;
   const ModelSpec& spec_;
   Options opts_;

@@ -32,6 +32,18 @@ void silu_mul(float* g, const float* u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
+void gelu_tanh_mul(float* g, const float* u, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    g[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))) * u[i];
+  }
+}
+
+void softcap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 void gqa_attention(const float* q, int64_t m, int64_t start, const PagedKvCache& cache, int layer,
                    PagedKvCache::SeqId seq, const GqaShape& shape, float scale, float* out) {
   const int64_t nh = shape.num_heads, nkv = shape.num_kv_heads, hd = shape.head_dim;

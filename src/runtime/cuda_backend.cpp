@@ -93,6 +93,11 @@ CudaBackend::CudaBackend(const Checkpoint& ckpt, const ModelSpec& spec, Options 
       ckpt_(ckpt),
       spec_(spec),
       opts_(std::move(opts)) {
+  // Gemma 3's (1 + w) and sandwich norms, GeGLU, scaled embedding and soft-capping have no CUDA
+  // kernels yet, and its sliding layers are shorter than any useful KV pool.
+  if (spec_.architecture == Architecture::kGemma3) {
+    fail("{}: Gemma3ForCausalLM runs on the CPU runtime only (hint: --device cpu)", spec_.label);
+  }
   if (opts_.plan == nullptr) overlay_plan_ = OverlayPlan::build(opts_.overlay, ckpt_, spec_);
 }
 
@@ -510,7 +515,8 @@ void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
       "attention (prefill)");
 }
 
-void CudaBackend::silu_mul(Act gate, Act up) {
+void CudaBackend::glu(Act gate, Act up, model::Activation act) {
+  if (act != model::Activation::kSilu) fail("CUDA backend: only SwiGLU MLPs are built");
   EXL3_CUDA_CHECK(cuda::silu_mul(gate.data, up.data, gate.rows * gate.width, stream_), "SiLU");
 }
 

@@ -141,7 +141,7 @@ class CudaBackend final : public model::Backend {
                  model::Act out) override;
   void mla_attention(const model::Module& attn, model::Act h, model::Act q_resid, model::Act q,
                      model::Act kv_a, model::Act out) override;
-  void silu_mul(model::Act gate, model::Act up) override;
+  void glu(model::Act gate, model::Act up, model::Activation act) override;
   void moe(const model::Module& moe, model::Act x, model::Act out) override;
   void add(model::Act y, model::Act x) override;
   void all_reduce(model::Act y, const char* what) override;

@@ -13,12 +13,19 @@
 //   deepseek_v3_q128   DeepSeek-V3 with hidden and expert widths of 128 (what the conversion test
 //                      quantizes: EXL3 experts are not padded)
 //   glm_moe_dsa_q128   GLM-5 likewise, 384 ids (the calibrated conversion test's tokenizer)
+//   gemma3             Gemma3ForCausalLM: sliding (window 8) and full layers with their own RoPE,
+//                      query_pre_attn_scalar 48 for head_dim 32, final logit soft-capping (the
+//                      attention's is set too, and unused as in transformers), sandwich norms,
+//                      GeGLU, the scaled and tied embedding
 // The first two were made on the device, the others with CPU torch (same transformers 5.17).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
@@ -98,7 +105,7 @@ TEST_P(Transformers, MatchesFp64AndDecodesAtEveryTp) {
 INSTANTIATE_TEST_SUITE_P(Model, Transformers,
                          ::testing::Values("deepseek_v3_qlora", "deepseek_v3_yarn", "glm_moe_dsa",
                                            "deepseek_v32", "mistral_window", "deepseek_v3_q128",
-                                           "glm_moe_dsa_q128", "mixtral"));
+                                           "glm_moe_dsa_q128", "mixtral", "gemma3"));
 
 // The window matters: without it the Mistral model is far from its reference.
 TEST(Mistral, SlidingWindowChangesTheResult) {
@@ -117,6 +124,106 @@ TEST(Mistral, SlidingWindowChangesTheResult) {
   const double err = exl3::test::rel_l2(rt::forward_logits(*full, ref.ids), ref.logits);
   std::printf("mistral_window without its window: rel-L2 %.3e from the reference\n", err);
   EXPECT_GT(err, 1e-2);
+}
+
+// Gemma 3: the description follows Gemma3TextConfig, and each trait the reference exercises
+// moves the logits when it is taken away (so the test above checks every one of them).
+TEST(Gemma3, DescribedAsGemma3TextConfigReadsIt) {
+  const auto src = data_dir("gemma3");
+  const ModelSpec s = describe_model(Checkpoint::open(src));
+  EXPECT_EQ(s.architecture, Architecture::kGemma3);
+  EXPECT_TRUE(s.lm_head_tied);
+  EXPECT_TRUE(s.norm_unit_offset);
+  EXPECT_TRUE(s.scale_embedding);
+  EXPECT_DOUBLE_EQ(s.final_logit_softcapping, 3.0);
+  ASSERT_EQ(s.layers.size(), 4u);
+  for (const auto& l : s.layers) {
+    const auto& a = std::get<GqaAttentionSpec>(l.attention);
+    const bool full = l.index == 2;
+    EXPECT_EQ(a.sliding_window, full ? 0 : 8) << l.index;
+    EXPECT_DOUBLE_EQ(a.rope.theta, full ? 50000.0 : 10000.0) << l.index;
+    EXPECT_EQ(a.rope.type, full ? RopeType::kLinear : RopeType::kDefault) << l.index;
+    EXPECT_DOUBLE_EQ(a.scale, 1.0 / std::sqrt(48.0));
+    EXPECT_TRUE(a.qk_norm);
+    EXPECT_EQ(l.post_attention_norm, l.prefix + ".pre_feedforward_layernorm.weight");
+    EXPECT_EQ(l.attention_output_norm, l.prefix + ".post_attention_layernorm.weight");
+    EXPECT_EQ(l.mlp_output_norm, l.prefix + ".post_feedforward_layernorm.weight");
+    EXPECT_EQ(std::get<DenseMlpSpec>(l.mlp).activation, Activation::kGeluTanh);
+  }
+  // The embedding scale is cast to the weight's dtype first, as transformers does.
+  EXPECT_EQ(embedding_scale(s, DType::kBF16), 11.3125f);
+  EXPECT_EQ(embedding_scale(s, DType::kF32), static_cast<float>(std::sqrt(128.0)));
+
+  auto cfg = nlohmann::json::parse(exl3::test::read_file(src / "config.json"));
+  // Without layer_types every sliding_window_pattern-th layer is full; the legacy rope keys
+  // (rope_theta + rope_scaling for full layers, rope_local_base_freq for sliding ones) and the
+  // config's defaults apply.
+  nlohmann::json legacy = cfg;
+  for (const char* k : {"layer_types", "rope_parameters", "head_dim", "query_pre_attn_scalar",
+                        "tie_word_embeddings", "sliding_window", "num_key_value_heads"})
+    legacy.erase(k);
+  legacy["sliding_window_pattern"] = 2;
+  legacy["rope_theta"] = 20000.0;
+  legacy["rope_local_base_freq"] = 5000.0;
+  legacy["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  legacy["num_attention_heads"] = 8;
+  const ModelSpec d = describe_model(rt::test::config_of(legacy), "m/config.json");
+  EXPECT_TRUE(d.tie_word_embeddings);
+  for (const auto& l : d.layers) {
+    const auto& a = std::get<GqaAttentionSpec>(l.attention);
+    const bool full = l.index % 2 == 1;
+    EXPECT_EQ(a.sliding_window, full ? 0 : 4096) << l.index;
+    EXPECT_DOUBLE_EQ(a.rope.theta, full ? 20000.0 : 5000.0) << l.index;
+    EXPECT_DOUBLE_EQ(a.rope.factor, full ? 8.0 : 1.0) << l.index;
+    EXPECT_EQ(a.head_dim, 256);
+    EXPECT_EQ(a.num_kv_heads, 4);
+    EXPECT_DOUBLE_EQ(a.scale, 1.0 / 16.0);
+  }
+  // What the runtime does not compute is refused, naming the key.
+  auto refused = [&](const char* key, const nlohmann::json& value, const char* what) {
+    nlohmann::json c = cfg;
+    c[key] = value;
+    EXPECT_THAT([&] { describe_model(rt::test::config_of(c), "m/config.json"); },
+                ::testing::ThrowsMessage<Error>(HasSubstr(what)))
+        << key;
+  };
+  refused("use_bidirectional_attention", true, "use_bidirectional_attention");
+  refused("hidden_activation", "gelu", "hidden_activation");
+  refused("sliding_window", nullptr, "'sliding_window' is null");
+  refused("layer_types", {"full_attention"}, "layer_types");
+}
+
+TEST(Gemma3, EveryTraitChangesTheResult) {
+  const auto src = data_dir("gemma3");
+  const auto ref = load_reference(src);
+  const auto cfg = nlohmann::json::parse(exl3::test::read_file(src / "config.json"));
+  auto moved = [&](const std::function<void(nlohmann::json&)>& edit) {
+    exl3::test::TempDir tmp;
+    for (const auto& e : std::filesystem::directory_iterator(src))
+      std::filesystem::copy_file(e.path(), tmp.path() / e.path().filename());
+    nlohmann::json c = cfg;
+    edit(c);
+    exl3::test::write_file(tmp.path() / "config.json", c.dump(2));
+    auto engine = rt::load_engine(tmp.path());
+    return exl3::test::rel_l2(rt::forward_logits(*engine, ref.ids), ref.logits);
+  };
+  const std::pair<const char*, std::function<void(nlohmann::json&)>> edits[] = {
+      {"no window", [](auto& c) { c["sliding_window"] = 4096; }},
+      {"no final soft-cap", [](auto& c) { c["final_logit_softcapping"] = nullptr; }},
+      {"head_dim scale", [](auto& c) { c["query_pre_attn_scalar"] = 32; }},
+      {"one RoPE",
+       [](auto& c) {
+         c["rope_parameters"]["full_attention"] = c["rope_parameters"]["sliding_attention"];
+       }},
+  };
+  for (const auto& [what, edit] : edits) {
+    const double err = moved(edit);
+    std::printf("gemma3 with %s: rel-L2 %.3e from the reference\n", what, err);
+    EXPECT_GT(err, 1e-3) << what;
+  }
+  // transformers' Gemma 3 never applies attn_logit_softcapping (Gemma 2 did): neither does exl3.
+  const double err = moved([](auto& c) { c["attn_logit_softcapping"] = nullptr; });
+  EXPECT_LE(err, 1e-5);
 }
 
 // Mixtral: its MoE under Mixtral's names, and the router's renormalisation matters.

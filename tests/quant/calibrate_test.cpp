@@ -259,6 +259,33 @@ TEST(Calibration, DsaSelectionCarriedAcrossLayersAndResume) {
   EXPECT_LE(err, 0.5);
 }
 
+// Gemma 3 calibrated through the runtime's layers (the scaled embedding, sandwich norms, GeGLU,
+// sliding windows): the result runs near transformers' fp64 logits of the source.
+TEST(Calibration, Gemma3CalibratedRuns) {
+  if (exl3::test::quant_fast_mode()) {
+    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): too slow under instrumentation";
+  }
+  const auto data = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / "gemma3";
+  TempDir tmp;
+  const auto src = tmp / "src";
+  fs::create_directories(src);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(data / f, src / f);
+  // The synthetic byte-level tokenizer (384 ids, as the checkpoint's vocabulary).
+  exl3::write_synthetic_hf_model(tmp / "tok", small_model(exl3::HfArch::kLlama, 1, 1));
+  fs::copy_file(tmp / "tok" / "tokenizer.json", src / "tokenizer.json");
+  (void)q::convert_model(src, tmp / "out", options(4.0, true, 2, 32, 6));
+
+  const auto ref = exl3::TensorStore::open(data / "reference_logits.safetensors");
+  std::vector<int32_t> ids;
+  for (const int64_t id : exl3::copy_tensor<int64_t>(ref.at("ids")))
+    ids.push_back(static_cast<int32_t>(id));
+  auto engine = rt::load_engine(tmp / "out");
+  const double err =
+      exl3::test::rel_l2(rt::forward_logits(*engine, ids), exl3::read_as_double(ref.at("logits")));
+  std::printf("Gemma 3 calibrated K4 vs transformers fp64: rel-L2 %.3f\n", err);
+  EXPECT_LE(err, 0.3);
+}
+
 // Mean KL(source || quantized) per position over `ids` rows of `len`.
 double mean_kl(const fs::path& src, const fs::path& quant, const std::vector<int32_t>& ids,
                int64_t len) {

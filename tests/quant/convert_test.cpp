@@ -427,6 +427,42 @@ TEST(Convert, MixtralBlockSparseMoe) {
   EXPECT_LE(err, 0.45);
 }
 
+// Gemma 3 (tied head, sandwich and q/k norms, GeGLU): the seven projections of every layer and
+// the head (from the embedding) become EXL3, every norm and the embedding stay as stored, and the
+// result runs on the CPU engine near transformers' fp64 logits of the source.
+TEST(Convert, Gemma3TiedHeadSandwichNorms) {
+  if (exl3::test::quant_fast_mode()) {
+    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): too slow under instrumentation";
+  }
+  const fs::path src = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / "gemma3";
+  TempDir tmp;
+  q::ConvertOptions o = fast_options(4.0, exl3::test::test_seed());
+  o.head_bits = 6;
+  const auto r = q::convert_model(src, tmp / "out", o);
+  EXPECT_EQ(r.architecture, "Gemma3ForCausalLM");
+  const auto ckpt = exl3::Checkpoint::open(tmp / "out");
+  for (int l = 0; l < 4; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    for (const char* proj : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                             "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+      const std::string name = p + proj;
+      ASSERT_NE(ckpt.find_linear(name), nullptr) << name;
+      EXPECT_LT(rel_rms(ckpt, name, src, name + ".weight"), 0.12) << name;
+    }
+    for (const char* norm :
+         {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+          "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm"}) {
+      EXPECT_NE(ckpt.store().find(p + norm + ".weight"), nullptr) << p + norm;
+    }
+  }
+  ASSERT_NE(ckpt.find_linear("lm_head"), nullptr);
+  EXPECT_NE(ckpt.store().find("model.embed_tokens.weight"), nullptr);
+
+  const double err = rel_l2_to_reference(tmp / "out", src);
+  std::printf("Gemma 3 K4 vs transformers fp64: rel-L2 %.3f\n", err);
+  EXPECT_LE(err, 0.3);
+}
+
 // A damaged resume journal is refused when the run resumes -- naming the journal file, the line
 // and the way out -- instead of being trusted until the final write fails (and failing again on
 // every re-run); a torn last line (a crash while appending) is not damage; --overwrite recovers.

@@ -93,6 +93,13 @@ TEST(Tokenizer, SentencePieceStyleMatchesReference) {
     EXPECT_EQ(tok.bos_id(), 1) << style;
     check_golden(tok, style, false);
   }
+  // Gemma's pipeline (data/make_gemma_golden.py): Replace alone, no dummy prefix (a leading
+  // space stays a token of its own); <bos> is id 2 and the chat turn markers are special added
+  // tokens.
+  const auto gemma = load_style("sp_gemma_style");
+  EXPECT_FALSE(gemma.byte_level());
+  EXPECT_EQ(gemma.bos_id(), 2);
+  check_golden(gemma, "sp_gemma_style", false);
   EXPECT_TRUE(load_style("llama3_style").byte_level());
   // token_bytes: a byte token is its byte, the metaspace a space.
   const auto tok = load_style("sp_llama_style");

@@ -21,7 +21,8 @@ enum class Architecture : uint8_t {
   kGlm4Moe,
   kDeepseekV3,
   kDeepseekV32,
-  kGlmMoeDsa
+  kGlmMoeDsa,
+  kGemma3
 };
 
 struct ArchitectureInfo {

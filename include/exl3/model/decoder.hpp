@@ -7,8 +7,10 @@
 //   per layer:  h = rms_norm(x += pending)
 //               y = all_reduce(o(attention(q(h), k(h), v(h))))       GQA, or MLA (latent KV)
 //               h = rms_norm(x += y)
-//               y = all_reduce(mlp(h))         SwiGLU, or routed experts (+ shared experts)
+//               y = all_reduce(mlp(h))         gated MLP, or routed experts (+ shared experts)
 //               pending = y
+// With sandwich norms (Gemma) each block's y is normed (after its all-reduce) before it is
+// added: h = rms_norm(x += rms_norm(y)), pending = rms_norm(y).
 //   logits = head(rms_norm(x += pending))     only the rows the step wants, vocab gathered
 //
 // The residual add is folded into the next norm, as the fused CUDA kernel does; a backend that
@@ -41,6 +43,7 @@ struct MlaModules {
 
 struct DenseMlpModules {
   int64_t intermediate = 0;  // this rank's channels
+  Activation activation = Activation::kSilu;
   ModulePtr gate, up, down;
 };
 
@@ -51,6 +54,7 @@ struct MoeModules {
 
 struct LayerModules {
   ModulePtr input_norm, post_norm;
+  ModulePtr attention_output_norm, mlp_output_norm;  // sandwich norms (null without)
   std::variant<GqaModules, MlaModules> attention;
   std::variant<DenseMlpModules, MoeModules> mlp;
 };

@@ -68,6 +68,7 @@ enum class Slot : uint8_t {
   kLatentQ,
   kLatentQNormed,
   kLatentKv,  // MLA: q_a_proj output, its norm, kv_a_proj_with_mqa output
+  kNormedY,   // a sandwich norm's output (the normed attention or MLP output)
   kCount
 };
 
@@ -78,7 +79,8 @@ class Backend {
   // ---- load ----------------------------------------------------------------------------------
   // The token embedding (every rank holds all of it: the lookup needs no collective).
   virtual ModulePtr load_embedding() = 0;
-  // An RMSNorm weight [width]; `eps` defaults to the model's rms_norm_eps.
+  // An RMSNorm weight [width]; `eps` defaults to the model's rms_norm_eps. Under the model's
+  // norm_unit_offset the norm scales by (1 + weight) (q/k norms of load_gqa too).
   virtual ModulePtr load_norm(const std::string& tensor, int64_t width,
                               std::optional<double> eps = std::nullopt) = 0;
   virtual ModulePtr load_linear(const LinearSource& src) = 0;
@@ -106,7 +108,7 @@ class Backend {
   // ---- run (over the current step) -----------------------------------------------------------
   // An activation buffer of the slot for the step's tokens.
   virtual Act act(Slot slot, int64_t width) = 0;
-  // x = the step's token embeddings.
+  // x = the step's token embeddings, times the model's embedding_scale.
   virtual void embed(const Module& embedding, Act x) = 0;
   // x += residual (when given), then out = rms_norm(x) * weight.
   virtual void add_rms_norm(Act x, const Act* residual, const Module& norm, Act out) = 0;
@@ -128,8 +130,8 @@ class Backend {
   // layer's input h and the normed q LoRA latent q_resid feed the indexer, and attention reads only
   // the positions it selects (a shared layer: the last selection of this step).
   virtual void mla_attention(const Module& attn, Act h, Act q_resid, Act q, Act kv_a, Act out) = 0;
-  // gate = SiLU(gate) * up.
-  virtual void silu_mul(Act gate, Act up) = 0;
+  // gate = act(gate) * up (SwiGLU, GeGLU).
+  virtual void glu(Act gate, Act up, Activation act) = 0;
   // out = the routed experts' top-k weighted sum for x (router included).
   virtual void moe(const Module& moe, Act x, Act out) = 0;
   // y += x.
@@ -137,7 +139,8 @@ class Backend {
   // Sums y over the tensor-parallel ranks (in place); nothing at TP 1. `what` names it in errors.
   virtual void all_reduce(Act y, const char* what) = 0;
   // x += residual, then the head over rms_norm of the rows the step wants logits for, gathered
-  // over the ranks' vocabulary slices into the backend's logits.
+  // over the ranks' vocabulary slices into the backend's logits (soft-capped when the model's
+  // final_logit_softcapping is set).
   virtual void logits(Act x, const Act* residual, const Module& norm, const Module& head) = 0;
 };
 

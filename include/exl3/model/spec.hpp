@@ -19,6 +19,10 @@
 //                        (use_qk_norm), sigmoid grouped router with e_score_correction_bias,
 //                        n_group / topk_group, routed_scaling_factor, shared experts, the first
 //                        first_k_dense_replace layers dense; MTP layers are not loaded
+//   Gemma3ForCausalLM    Gemma 3 text: sliding / full layers (layer_types or
+//                        sliding_window_pattern) with their own RoPE, q/k norm, softmax scale
+//                        query_pre_attn_scalar^-0.5, sandwich norms, RMSNorm by (1 + w), the
+//                        embedding scaled by sqrt(hidden_size), GeGLU, logit soft-capping
 //
 // Anything else fails with an exl3::Error that names config.json and the key at fault: the
 // runtime never runs a model it would compute differently from its reference.
@@ -38,6 +42,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/format/architectures.hpp"
+#include "exl3/format/dtype.hpp"
 #include "exl3/model/rope.hpp"
 
 namespace exl3 {
@@ -103,10 +108,15 @@ struct MlaAttentionSpec {
 // Every backend visits the kind: GQA, or MLA (on the CPU backend so far).
 using AttentionSpec = std::variant<GqaAttentionSpec, MlaAttentionSpec>;
 
-// SwiGLU MLP: down(SiLU(gate(x)) * up(x)).
+// The activation of a gated MLP's gate: SiLU (SwiGLU), or GELU's tanh approximation (GeGLU,
+// transformers' gelu_pytorch_tanh).
+enum class Activation : uint8_t { kSilu, kGeluTanh };
+
+// Gated MLP: down(act(gate(x)) * up(x)).
 struct DenseMlpSpec {
   std::string prefix;  // "model.layers.0.mlp": gate_proj, up_proj, down_proj
   int64_t intermediate = 0;
+  Activation activation = Activation::kSilu;
 };
 
 enum class RouterKind : uint8_t { kSoftmax, kSigmoidGrouped };
@@ -136,8 +146,12 @@ struct LayerSpec {
   std::string prefix;  // "model.layers.3"
   AttentionSpec attention;
   MlpSpec mlp;
-  std::string input_norm;  // tensor names (RMSNorm weights [hidden])
-  std::string post_attention_norm;
+  std::string input_norm;           // tensor names (RMSNorm weights [hidden])
+  std::string post_attention_norm;  // the norm before the MLP
+  // Sandwich norms (Gemma): the attention's and the MLP's outputs are normed before their
+  // residual adds. Empty: the output is added as it is.
+  std::string attention_output_norm;
+  std::string mlp_output_norm;
 
   // The layer's DSA indexer (full or shared), or nullptr when its attention is not sparse.
   const DsaIndexerSpec* dsa_indexer() const {
@@ -162,6 +176,11 @@ struct ModelSpec {
   bool lm_head_tied = false;
   std::vector<int32_t> eos_token_ids;  // config.json eos_token_id (number or list)
   std::optional<int32_t> bos_token_id;
+  // Gemma: every RMSNorm scales by (1 + weight) rather than weight.
+  bool norm_unit_offset = false;
+  // Gemma: token embeddings are multiplied by sqrt(hidden_size) (see embedding_scale).
+  bool scale_embedding = false;
+  double final_logit_softcapping = 0.0;  // > 0: logits z -> c * tanh(z / c)
   std::vector<LayerSpec> layers;
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
@@ -175,6 +194,11 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label);
 // writes lm_head even for tied models; the embedding is used only when no lm_head exists and
 // tie_word_embeddings is set).
 ModelSpec describe_model(const Checkpoint& ckpt);
+
+// The factor token embeddings are multiplied by: 1, or with scale_embedding sqrt(hidden_size)
+// rounded to the embedding's stored dtype, since transformers casts the scale to the weight's
+// dtype before multiplying (sqrt(3072) is 55.5 in bf16); the product itself stays fp32.
+float embedding_scale(const ModelSpec& spec, DType stored);
 
 // A summary for `--json` outputs and logs.
 nlohmann::json spec_summary(const ModelSpec& spec);

@@ -13,6 +13,11 @@ void rms_norm(const float* x, const float* w, int64_t m, int64_t n, double eps, 
 
 // g[i] = SiLU(g[i]) * u[i].
 void silu_mul(float* g, const float* u, int64_t n);
+// g[i] = GELU(g[i]) * u[i], GELU's tanh approximation (transformers' gelu_pytorch_tanh):
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+void gelu_tanh_mul(float* g, const float* u, int64_t n);
+// x[i] = cap * tanh(x[i] / cap) (Gemma's logit soft-capping).
+void softcap(float* x, int64_t n, float cap);
 
 // The kv head a query head reads under grouped-query attention (transformers' repeat_kv):
 // q heads [j * q_per_kv, (j + 1) * q_per_kv) share kv head j.
