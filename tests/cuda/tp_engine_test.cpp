@@ -108,7 +108,7 @@ TEST(CudaTpEngine, UnquantizedTiedHead) {
 TEST(CudaTpEngine, MlaHeadsSliced) {
   EXL3_REQUIRE_GPU();
   exl3::test::TempDir tmp;
-  test::write_tp_deepseek(tmp.path(), exl3::test::test_seed());
+  test::write_small_deepseek(tmp.path(), exl3::test::test_seed());
   auto rng = exl3::test::make_rng();
   const auto ids = test::random_ids(rng, 11, 512);
   for (const int tp : tp_sizes({1, 2})) expect_tp_matches(tmp.path(), tp, ids, "deepseek-v3 MLA");

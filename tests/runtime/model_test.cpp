@@ -18,11 +18,11 @@
 
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
-#include "exl3/format/synthetic.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
 #include "runtime_test_util.hpp"
 #include "test_support.hpp"
+#include "tp_test_util.hpp"
 
 namespace exl3::runtime {
 namespace {
@@ -183,26 +183,7 @@ INSTANTIATE_TEST_SUITE_P(Runtime, ArchTest, ::testing::ValuesIn(kArchCases),
 // pass does.
 TEST(Engine, SyntheticDeepseekV3LoadsAndDecodes) {
   exl3::test::TempDir tmp;
-  SyntheticSpec s;
-  s.hidden_size = 128;
-  s.num_layers = 2;
-  s.num_heads = 2;
-  s.num_kv_heads = 2;
-  s.q_lora_rank = 128;
-  s.kv_lora_rank = 64;
-  s.qk_nope_head_dim = 32;
-  s.qk_rope_head_dim = 16;
-  s.v_head_dim = 64;
-  s.first_k_dense_replace = 1;
-  s.intermediate_size = 256;
-  s.num_experts = 4;
-  s.experts_per_tok = 2;
-  s.moe_intermediate_size = 128;
-  s.n_shared_experts = 1;
-  s.n_group = 2;
-  s.topk_group = 1;
-  s.vocab_size = 256;
-  write_synthetic_checkpoint(tmp.path(), s);
+  test::write_small_deepseek(tmp.path(), exl3::test::test_seed());
   auto e = load_engine(tmp.path());
   EXPECT_EQ(e->spec().architecture, Architecture::kDeepseekV3);
   const std::vector<int32_t> ids = {5, 17, 99, 3, 250, 8, 41, 77, 12};

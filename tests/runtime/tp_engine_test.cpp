@@ -75,7 +75,7 @@ INSTANTIATE_TEST_SUITE_P(Runtime, TpSlicedEqualsUnsliced, ::testing::ValuesIn(te
 // 128-channel block and is refused with the TP sizes that work.
 TEST(TpEngine, MlaHeadsSliced) {
   exl3::test::TempDir tmp;
-  test::write_tp_deepseek(tmp.path(), exl3::test::test_seed());
+  test::write_small_deepseek(tmp.path(), exl3::test::test_seed());
   auto rng = exl3::test::make_rng();
   const auto ids = test::random_ids(rng, 9, 512);
   expect_tp_matches(tmp.path(), 2, ids, "deepseek-v3 MLA");

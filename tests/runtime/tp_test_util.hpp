@@ -37,11 +37,11 @@ inline constexpr TpArch kTpArchs[] = {{"llama", HfArch::kLlama},
                                       {"qwen3moe", HfArch::kQwen3Moe},
                                       {"glm4moe", HfArch::kGlm4Moe}};
 
-// The synthetic DeepSeek-V3 layer (`exl3 bench model --synthetic deepseek-v3`), shrunk so it cuts
-// at TP 2 and 4: 4 MLA heads (q LoRA, nope 128 + rope 64, v 128), every projection EXL3 (two
+// The synthetic DeepSeek-V3 layer (`exl3 bench model --synthetic deepseek-v3`), shrunk (it cuts at
+// TP 2): 4 MLA heads (q LoRA, nope 128 + rope 64, v 128), every projection EXL3 (two
 // heads of q_b_proj are 384 outputs, whole 128-channel blocks), kv_b_proj BF16, one dense layer,
 // then 4 experts 256 wide with grouped routing and a shared expert.
-inline void write_tp_deepseek(const std::filesystem::path& dir, uint64_t seed) {
+inline void write_small_deepseek(const std::filesystem::path& dir, uint64_t seed) {
   SyntheticSpec s;
   s.hidden_size = 256;
   s.num_layers = 2;

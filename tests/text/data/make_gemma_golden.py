@@ -18,8 +18,9 @@ downloaded); this reproduces its pipeline, not its vocabulary.
 import json
 import pathlib
 
-import tokenizers
 from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+from make_sentencepiece_golden import write_golden
 
 HERE = pathlib.Path(__file__).parent
 ROOT = HERE.parents[2]
@@ -76,24 +77,7 @@ def train():
 
 
 def main():
-    out = HERE / NAME
-    out.mkdir(exist_ok=True)
-    (out / "tokenizer.json").write_text(json.dumps(train(), ensure_ascii=False))
-    (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>",
-                                                          "eos_token": "<eos>"}))
-    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-    cases = []
-    for text in TEXTS:
-        ids = tok.encode(text, add_special_tokens=True).ids
-        plain = tok.encode(text, add_special_tokens=False).ids
-        cases.append({"text": text, "ids": ids, "ids_no_special": plain,
-                      "decoded": tok.decode(plain, skip_special_tokens=False),
-                      "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
-                      "decoded_half": tok.decode(plain[: len(plain) // 2], skip_special_tokens=False)})
-    golden = {"generator": "tests/text/data/make_gemma_golden.py",
-              "tokenizers_version": tokenizers.__version__, "tokenizer": NAME, "cases": cases}
-    (HERE / f"golden_{NAME}.json").write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n")
-    print(NAME, [len(c["ids"]) for c in cases])
+    write_golden(NAME, train(), "<bos>", "<eos>", TEXTS, "tests/text/data/make_gemma_golden.py")
 
 
 if __name__ == "__main__":

@@ -90,21 +90,33 @@ STYLES = {
                            decoders.ByteFallback(), decoders.Fuse()])),
 }
 
-for name, (norm, pre, dec) in STYLES.items():
+def write_golden(name, tokenizer_json, bos, eos, texts, generator):
+    """Writes HERE/name/{tokenizer.json, tokenizer_config.json} and HERE/golden_<name>.json: the
+    library's ids (with and without special tokens) and decodes of each text."""
     out = HERE / name
     out.mkdir(exist_ok=True)
-    (out / "tokenizer.json").write_text(json.dumps(train(norm, pre, dec), ensure_ascii=False))
-    (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer_json, ensure_ascii=False))
+    (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": bos, "eos_token": eos}))
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     cases = []
-    for text in TEXTS:
+    for text in texts:
         ids = tok.encode(text, add_special_tokens=True).ids
         plain = tok.encode(text, add_special_tokens=False).ids
         cases.append({"text": text, "ids": ids, "ids_no_special": plain,
                       "decoded": tok.decode(plain, skip_special_tokens=False),
                       "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
                       "decoded_half": tok.decode(plain[: len(plain) // 2], skip_special_tokens=False)})
-    golden = {"generator": "tests/text/data/make_sentencepiece_golden.py",
+    golden = {"generator": generator,
               "tokenizers_version": tokenizers.__version__, "tokenizer": name, "cases": cases}
     (HERE / f"golden_{name}.json").write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n")
     print(name, [len(c["ids"]) for c in cases])
+
+
+def main():
+    for name, (norm, pre, dec) in STYLES.items():
+        write_golden(name, train(norm, pre, dec), "<s>", "</s>", TEXTS,
+                     "tests/text/data/make_sentencepiece_golden.py")
+
+
+if __name__ == "__main__":
+    main()
