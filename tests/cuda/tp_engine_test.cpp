@@ -51,8 +51,9 @@ std::vector<int> tp_sizes(std::initializer_list<int> wanted) {
 
 // TP logits vs the single-GPU engine: one pass, then prefill + decode steps (graphs) of the
 // same tokens. TP 1 must agree bit for bit in spirit (same kernels on the same slices): 1e-6.
+// `inc_tol` bounds the decode steps against the one pass (other GEMM paths at m = 1).
 void expect_tp_matches(const std::filesystem::path& dir, int tp, const std::vector<int32_t>& ids,
-                       const char* what) {
+                       const char* what, double inc_tol = 1e-3) {
   auto ref = cuda_engine(dir, 1, false);
   const auto want = forward_logits(*ref, ids);
   auto eng = cuda_engine(dir, tp, true);
@@ -69,7 +70,7 @@ void expect_tp_matches(const std::filesystem::path& dir, int tp, const std::vect
   const double inc_err = exl3::test::rel_l2(inc, want);
   std::printf("%s CUDA TP %d: incremental decode vs unsliced one pass rel-L2 %.3e\n", what, tp,
               inc_err);
-  EXPECT_LE(inc_err, 1e-3) << what << " TP " << tp << " incremental";
+  EXPECT_LE(inc_err, inc_tol) << what << " TP " << tp << " incremental";
 }
 
 class CudaTpSlicedEqualsUnsliced : public ::testing::TestWithParam<test::TpArch> {};
@@ -100,7 +101,11 @@ TEST(CudaTpEngine, UnquantizedTiedHead) {
                        {{"tie_word_embeddings", true}});
   auto rng = exl3::test::make_rng();
   const auto ids = test::random_ids(rng, 9, 500);
-  for (const int tp : tp_sizes({1, 2})) expect_tp_matches(dir, tp, ids, "llama unquantized tied");
+  // BF16 weights: cuBLAS takes the activations rounded to BF16, so where the m = 1 and m = 9
+  // GEMMs differ in the last fp32 bit a value can round one BF16 step (0.4%) the other way. On
+  // the H200 over 13 seeds: ~2e-7 when nothing flips, 1.8e-4 to 1.94e-3 when something does.
+  for (const int tp : tp_sizes({1, 2}))
+    expect_tp_matches(dir, tp, ids, "llama unquantized tied", 5e-3);
 }
 
 // Multi-head latent attention cut by heads (q_b_proj, kv_b_proj and o_proj per rank, the latent
