@@ -1,5 +1,6 @@
-// The str and dict methods templates call (obj.method(...)). Lists have none: the sandbox
-// transformers uses makes them immutable, and reading methods are not used by chat templates.
+// The string and dict methods templates call (`value.name(...)`). Lists have none: templates
+// render in an immutable environment, where list methods could only modify, and chat templates
+// call no reading ones.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -30,7 +31,8 @@ const std::string& str_arg(const Value& v, std::string_view fn) {
   return v.str();
 }
 
-// Python's str.split / rsplit (from the left only here): sep None splits on white-space runs.
+// Python's split / rsplit of a string (from the left only here): no separator splits on
+// white-space runs.
 List split(const std::string& s, const Value& sep, int64_t maxsplit) {
   List out;
   if (sep.is_none() || sep.is_undefined()) {
@@ -77,7 +79,7 @@ bool affix(const Value& self, Args& a, bool prefix) {
   return false;
 }
 
-// Python's str.format for {} / {0} / {name} fields without format specs.
+// Python's string format method, for {} / {0} / {name} fields without format specs.
 std::string brace_format(const std::string& f, Args& a) {
   std::string out;
   size_t auto_index = 0;
