@@ -12,6 +12,7 @@
 
 #include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
+#include "test_support.hpp"
 
 namespace exl3::test {
 
@@ -58,20 +59,6 @@ inline std::string raw_file(const std::string& header, size_t data_bytes = 0) {
   uint64_t n = header.size();
   for (int i = 0; i < 8; ++i, n >>= 8) out[static_cast<size_t>(i)] = static_cast<char>(n & 0xFF);
   return out + header + std::string(data_bytes, '\0');
-}
-
-// The message of the exl3::Error `fn` throws; records a failure when it throws nothing.
-inline std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-exl3 exception: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "expected an exl3::Error, nothing was thrown";
-  return {};
 }
 
 }  // namespace exl3::test

@@ -27,19 +27,11 @@
 #include "exl3/runtime/generate.hpp"
 #include "exl3/trellis/codebook.hpp"
 #include "exl3/trellis/half.hpp"
+#include "test_support.hpp"
 
 namespace exl3::runtime::test {
 
-// The message of the exl3::Error that fn() must throw (a failure, and "", when none is thrown).
-inline std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no exl3::Error thrown";
-  return {};
-}
+using exl3::test::error_of;  // (test_support.hpp)
 
 // n random token ids below `vocab`.
 inline std::vector<int32_t> random_ids(std::mt19937_64& rng, int n, int64_t vocab) {

@@ -12,8 +12,11 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "exl3/error.hpp"
 
 namespace exl3::test {
 
@@ -33,6 +36,19 @@ std::filesystem::path model_data_dir() {
   const std::filesystem::path root =
       env != nullptr && *env != '\0' ? std::filesystem::path(env) : EXL3_SOURCE_DIR;
   return root / "tests" / "model" / "data";
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-exl3 exception: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected an exl3::Error, nothing was thrown";
+  return {};
 }
 
 bool running_in_ci() {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <random>
 #include <span>
@@ -27,6 +28,10 @@ std::optional<std::filesystem::path> conformance_dir();
   const std::filesystem::path var = *var##_opt
 
 bool running_in_ci();
+
+// The message of the exl3::Error `fn` throws; records a failure when it throws nothing or throws
+// something else.
+std::string error_of(const std::function<void()>& fn);
 
 // The repository's tests/model/data (reference checkpoints): $EXL3_SOURCE_DIR/tests/model/data
 // when set (a copy of the tree on another machine, e.g. the GPU host), else the source tree this

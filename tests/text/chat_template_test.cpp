@@ -30,14 +30,7 @@ Tokenizer style(const char* name) {
   return Tokenizer::load(exl3::test::tokenizer_data_dir() / name);
 }
 
-std::string error_of(const auto& fn) {
-  try {
-    fn();
-  } catch (const exl3::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using exl3::test::error_of;
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 
 #include "env_options.hpp"
 #include "exl3/error.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -41,14 +42,7 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const exl3::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using exl3::test::error_of;
 
 TEST(EnvOptions, MoeOverridesAreValidated) {
   ScopedEnv decode("EXL3_MOE_DECODE_MAX_M", "16");

@@ -10,6 +10,7 @@
 
 #include "exl3/error.hpp"
 #include "exl3/text/jinja.hpp"
+#include "test_support.hpp"
 
 using exl3::jinja::RenderOptions;
 using exl3::jinja::Template;
@@ -24,14 +25,7 @@ std::string render(std::string_view src, const json& ctx = json::object(),
   return Template(src, "t.jinja").render(ctx, o);
 }
 
-std::string error_of(const auto& fn) {
-  try {
-    fn();
-  } catch (const exl3::Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using exl3::test::error_of;
 
 std::string parse_error(std::string_view src) {
   return error_of([&] { Template(src, "t.jinja"); });
