@@ -12,7 +12,6 @@
 #include "exl3/error.hpp"
 #include "exl3/runtime/linear.hpp"
 #include "exl3/runtime/tp_linear.hpp"
-#include "exl3/trellis/half.hpp"
 
 namespace exl3::runtime {
 
@@ -41,6 +40,11 @@ struct CudaBackend::Mla final : Module {
 };
 
 namespace {
+
+// Tokens per chunk of a step: what the MLA and DSA workspaces are sized for.
+int64_t chunk_tokens(int64_t capacity) {
+  return std::min(capacity, kMlaChunkTokens);
+}
 
 // kv_b_proj as the host [out, in] matrix the kernels read: an unquantized weight in its stored
 // type (16-bit stays 16-bit, so the GPU multiplies the checkpoint's exact values), anything else
@@ -104,16 +108,9 @@ HostWeight load_kv_b(const Checkpoint& ckpt, const model::LinearSource& src, int
 
 // The matrix uploaded in its kernel type: BF16 / F16 when stored so, else F32.
 DeviceBuffer upload_weight(const HostWeight& h, cuda::DType& type, const std::string& name) {
-  if (h.stored != exl3::DType::kBF16 && h.stored != exl3::DType::kF16) {
-    type = cuda::DType::kF32;
-    return DeviceBuffer::upload(h.f32, name);
-  }
-  const bool bf16 = h.stored == exl3::DType::kBF16;
-  std::vector<uint16_t> bits(h.f32.size());
-  for (size_t i = 0; i < bits.size(); ++i)
-    bits[i] = bf16 ? trellis::float_to_bf16(h.f32[i]) : trellis::float_to_half(h.f32[i]);
-  type = bf16 ? cuda::DType::kBF16 : cuda::DType::kF16;
-  return DeviceBuffer(bits.data(), bits.size() * 2, name);
+  const std::vector<uint16_t> bits = to_stored_16bit(h.f32, h.stored, type);
+  return bits.empty() ? DeviceBuffer::upload(h.f32, name)
+                      : DeviceBuffer(bits.data(), bits.size() * 2, name);
 }
 
 }  // namespace
@@ -189,7 +186,7 @@ KvLayerShape CudaBackend::mla_kv_shape(const Mla& a) {
 }
 
 void CudaBackend::allocate_mla(int64_t slots, int64_t max_pages, int64_t page_size) {
-  const int64_t chunk = std::min(opts_.capacity, kMlaChunkTokens);
+  const int64_t chunk = chunk_tokens(opts_.capacity);
   for (const CacheLayer& c : cache_layers_) {
     Mla* a = c.mla;
     if (a == nullptr) continue;
@@ -231,6 +228,7 @@ void CudaBackend::mla_attention(const Module& attn, Act h, Act q_resid, Act q, A
   const cuda::PagedKv kv{a.latent.as<uint16_t>(), nullptr, meta() + ml_.page_tables(),
                          static_cast<int32_t>(max_pages_), static_cast<int32_t>(page_size_)};
   const float* rope = rope_cs(a.rope);
+  const int64_t chunk = chunk_tokens(opts_.capacity);
   EXL3_CUDA_CHECK(cuda::mla_rope_store(q.data, kv_a.data, a.kv_norm.as<float>(),
                                        static_cast<float>(s.latent_norm_eps), rope,
                                        s.rope_interleave, tm, n, a.shape, kv, stream_),
@@ -247,7 +245,6 @@ void CudaBackend::mla_attention(const Module& attn, Act h, Act q_resid, Act q, A
                                 a.ln_b.as<float>(), rope, s.indexer->rope_interleave, tm, n, a.dsa,
                                 a.index_keys.as<float>(), kv, stream_),
           "DSA indexer keys");
-      const int64_t chunk = std::min(opts_.capacity, kMlaChunkTokens);
       for (int64_t t0 = 0; t0 < n; t0 += chunk) {
         const int64_t c = std::min(chunk, n - t0);
         const cuda::TokenMeta tc{tm.pos + t0, tm.seq_row + t0};
@@ -262,7 +259,6 @@ void CudaBackend::mla_attention(const Module& attn, Act h, Act q_resid, Act q, A
     }
     selection = dsa_sel_.as<int32_t>();
   }
-  const int64_t chunk = std::min(opts_.capacity, kMlaChunkTokens);
   const int64_t qk = s.qk_head_dim();
   for (int64_t t0 = 0; t0 < n; t0 += chunk) {
     const int64_t c = std::min(chunk, n - t0);

@@ -11,7 +11,6 @@
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
 #include "exl3/runtime/linear.hpp"
-#include "exl3/trellis/half.hpp"
 
 namespace exl3::runtime {
 namespace {
@@ -128,18 +127,9 @@ GpuLinear GpuLinear::from_rank(cuda::CudaContext& ctx, const RankLinear& r, cons
   l.stored_out_ = l.out_;
   // The fp32 slice holds the checkpoint's values exactly; back to their dtype, so cuBLAS runs the
   // same GEMM as for the unsliced tensor.
-  std::vector<uint16_t> half;
-  const void* host = w.data();
   cuda::DType t = cuda::DType::kF32;
-  if (stored == exl3::DType::kBF16 || stored == exl3::DType::kF16) {
-    half.resize(w.size());
-    for (size_t i = 0; i < w.size(); ++i) {
-      half[i] = stored == exl3::DType::kBF16 ? trellis::float_to_bf16(w[i])
-                                             : trellis::float_to_half(w[i]);
-    }
-    host = half.data();
-    t = stored == exl3::DType::kBF16 ? cuda::DType::kBF16 : cuda::DType::kF16;
-  }
+  const std::vector<uint16_t> half = to_stored_16bit(w, stored, t);
+  const void* host = half.empty() ? static_cast<const void*>(w.data()) : half.data();
   l.dense_ = std::make_unique<cuda::DenseLinearCuda>(
       ctx, name, host, t, l.in_, l.out_, bias.empty() ? nullptr : bias.data(), cap, false);
   l.bytes_ = l.dense_->device_bytes();
