@@ -210,7 +210,7 @@ Runner add_bench_model(CLI::App& app, Common&) {
     eo.cache_tokens =
         o->cache_tokens > 0
             ? o->cache_tokens
-            : std::max({biggest * (o->bench.context + o->bench.decode_steps + 2) + 64 * biggest,
+            : std::max({biggest * runtime::bench_sequence_tokens(o->bench) + 64 * biggest,
                         o->bench.prefill_tokens + 64,
                         // --draft-tokens: two sequences per stream (the model drafting for
                         // itself)
@@ -247,8 +247,8 @@ Runner add_bench_model(CLI::App& app, Common&) {
     // Launches per layer: the step's kernels over the decoder layers (the embedding, final norm,
     // head and step bookkeeping counted in), the figure the decode-fusion work tracks.
     const auto layers = static_cast<double>(std::max<int64_t>(1, engine->spec().num_layers()));
-    std::printf("%8s %12s %12s %10s %14s%s\n", "batch", "ms/step", "tok/s", "% ceiling",
-                "kernels/layer", tp ? "   collectives ms (% step)" : "");
+    std::printf("%8s %12s %12s %10s %14s %18s%s\n", "batch", "ms/step", "tok/s", "% ceiling",
+                "kernels/layer", "tok/s logits back", tp ? "   collectives ms (% step)" : "");
     nlohmann::json decode = nlohmann::json::array();
     for (const auto& d : res.decode) {
       const double pct = ceiling > 0 ? 100.0 * d.tokens_per_second / ceiling : 0.0;
@@ -259,6 +259,8 @@ Runner add_bench_model(CLI::App& app, Common&) {
       } else {
         std::printf(" %14s", "-");
       }
+      const double logits_tps = static_cast<double>(d.batch) / d.seconds_per_step_logits;
+      std::printf(" %18.1f", logits_tps);
       if (tp)
         std::printf("   %8.3f (%4.1f%%)", 1e3 * d.collective_seconds,
                     100.0 * d.collective_seconds / d.seconds_per_step);
@@ -267,6 +269,8 @@ Runner add_bench_model(CLI::App& app, Common&) {
           {{"batch", d.batch},
            {"ms_per_step", 1e3 * d.seconds_per_step},
            {"tokens_per_second", d.tokens_per_second},
+           {"ms_per_step_logits_back", 1e3 * d.seconds_per_step_logits},
+           {"tokens_per_second_logits_back", logits_tps},
            {"percent_of_ceiling", ceiling > 0 ? nlohmann::json(pct) : nlohmann::json(nullptr)},
            {"collectives_ms", 1e3 * d.collective_seconds},
            {"collectives_share", d.collective_seconds / d.seconds_per_step},

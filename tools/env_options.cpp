@@ -4,7 +4,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
+#include "exl3/cuda/launch.hpp"
 #include "exl3/error.hpp"
 
 namespace exl3::cli {
@@ -58,6 +60,14 @@ void engine_options_from_env(runtime::EngineOptions& eo) {
   if (eo.device != runtime::Device::kCuda) return;
   eo.moe = moe_options_from_env(eo.moe);
   eo.mxfp8 = mxfp8_options_from_env(eo.mxfp8);
+  if (const char* v = std::getenv("EXL3_PDL"); v != nullptr && *v != '\0') {
+    const std::string_view s(v);
+    if (s != "0" && s != "1")
+      fail("environment variable EXL3_PDL='{}' must be 0 or 1 (unset it or give EXL3_PDL=0)", s);
+#if defined(EXL3_HAVE_CUDA)
+    cuda::set_programmatic_launch(s == "1");
+#endif
+  }
 }
 
 int64_t quantize_stop_after_from_env() {

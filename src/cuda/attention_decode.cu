@@ -18,6 +18,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/paged_kv.cuh"
+#include "cuda/pdl.cuh"
 #include "exl3/cuda/model_ops.hpp"
 
 namespace exl3::cuda {
@@ -72,6 +73,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     attention_decode_kernel(const float* __restrict__ q, const int32_t* __restrict__ tokens,
                             TokenMeta meta, AttnShape s, float scale, PagedKv kv, int splits,
                             int32_t* counters, float* partial, float* __restrict__ out) {
+  pdl_begin();
   using L = Smem<HD, G>;
   constexpr int kDpl = HD / 32;  // output channels per lane
   constexpr int kVec = HD / 8;   // 16-byte pieces per K/V row
@@ -260,8 +262,8 @@ cudaError_t launch(const float* q, const int32_t* tokens, int64_t count, TokenMe
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(s.num_heads / G),
                   static_cast<unsigned>(splits));
-  attention_decode_kernel<HD, G><<<grid, 32 * kWarps, bytes, stream>>>(
-      q, tokens, meta, s, scale, kv, splits, counters, partial, out);
+  launch_pdl(attention_decode_kernel<HD, G>, grid, 32 * kWarps, bytes, stream, q, tokens, meta, s,
+             scale, kv, splits, counters, partial, out);
   return cudaGetLastError();
 }
 

@@ -8,6 +8,7 @@
 
 #include "cuda/mla_rope.cuh"
 #include "cuda/paged_kv.cuh"
+#include "cuda/pdl.cuh"
 #include "exl3/cuda/mla.hpp"
 
 namespace exl3::cuda {
@@ -25,6 +26,7 @@ __global__ void __launch_bounds__(kStoreThreads)
     dsa_index_store_kernel(float* iq, const float* ik, const float* ln_w, const float* ln_b,
                            const float* rope_cs, bool interleave, TokenMeta meta, DsaShape s,
                            float* keys, PagedKv kv) {
+  pdl_begin();
   __shared__ float scratch[32];
   __shared__ float k[kMaxHeadDim];
   const int64_t t = blockIdx.x;
@@ -63,6 +65,7 @@ constexpr int kScoreThreads = 256;
 __global__ void __launch_bounds__(kScoreThreads)
     dsa_index_score_kernel(const float* iq, const float* weights, const float* keys, TokenMeta meta,
                            DsaShape s, PagedKv kv, float* scratch, int64_t scratch_stride) {
+  pdl_begin();
   extern __shared__ float qw[];  // [heads * head_dim] query, then [heads] weights
   const int64_t t = blockIdx.y;
   const int32_t npos = meta.pos[t] + 1;
@@ -92,6 +95,7 @@ __global__ void __launch_bounds__(kScoreThreads)
 __global__ void __launch_bounds__(kSelectThreads)
     dsa_index_select_kernel(TokenMeta meta, DsaShape s, const float* scratch,
                             int64_t scratch_stride, int32_t* selection, int32_t* count) {
+  pdl_begin();
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ int hist[256];
@@ -169,8 +173,8 @@ cudaError_t dsa_index_store(float* iq, const float* ik, const float* ln_w, const
                             cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (!dsa_supports(s)) return cudaErrorInvalidValue;
-  dsa_index_store_kernel<<<static_cast<unsigned>(n), kStoreThreads, 0, stream>>>(
-      iq, ik, ln_w, ln_b, rope_cs, interleave, meta, s, keys, kv);
+  launch_pdl(dsa_index_store_kernel, static_cast<unsigned>(n), kStoreThreads, 0, stream, iq, ik,
+             ln_w, ln_b, rope_cs, interleave, meta, s, keys, kv);
   return cudaGetLastError();
 }
 
@@ -183,11 +187,11 @@ cudaError_t dsa_index_select(const float* iq, const float* weights, const float*
   const size_t smem = static_cast<size_t>(s.heads) * (s.head_dim + 1) * 4;
   const int64_t stride = static_cast<int64_t>(kv.max_pages) * kv.page_size;
   const dim3 grid(blocks_for(stride, kScoreThreads), static_cast<unsigned>(n));
-  dsa_index_score_kernel<<<grid, kScoreThreads, smem, stream>>>(iq, weights, keys, meta, s, kv,
-                                                                scratch, stride);
+  launch_pdl(dsa_index_score_kernel, grid, kScoreThreads, smem, stream, iq, weights, keys, meta, s,
+             kv, scratch, stride);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  dsa_index_select_kernel<<<static_cast<unsigned>(n), kSelectThreads, 0, stream>>>(
-      meta, s, scratch, stride, selection, count);
+  launch_pdl(dsa_index_select_kernel, static_cast<unsigned>(n), kSelectThreads, 0, stream, meta, s,
+             scratch, stride, selection, count);
   return cudaGetLastError();
 }
 

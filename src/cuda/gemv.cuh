@@ -23,6 +23,7 @@
 
 #include "cuda/had128.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/pdl.cuh"
 #include "cuda/trellis_decode.cuh"
 #include "exl3/trellis/dispatch.hpp"
 
@@ -156,6 +157,7 @@ static_assert(16 * kGemvWarps * kGemvTiles == 128, "a GEMV column block is one H
 template <int K, tr::Codebook CB, int NT>
 __global__ void __launch_bounds__(32 * kGemvWarps)
     gemv_kernel(const __grid_constant__ GemvGroupArgs a) {
+  pdl_begin();
   __shared__ int s_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -237,8 +239,9 @@ cudaError_t launch_gemv_nt(const GemvGroupArgs& a, cudaStream_t stream) {
     splits = a.member[i].splits > splits ? a.member[i].splits : splits;
   }
   const unsigned gz = static_cast<unsigned>((a.m + 8 * NT - 1) / (8 * NT));
-  gemv_kernel<K, CB, NT><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(splits), gz),
-                           dim3(32 * kGemvWarps), 0, stream>>>(a);
+  launch_pdl(gemv_kernel<K, CB, NT>,
+             dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(splits), gz),
+             dim3(32 * kGemvWarps), 0, stream, a);
   return cudaGetLastError();
 }
 

@@ -8,6 +8,7 @@
 
 #include "cuda/mla_rope.cuh"
 #include "cuda/paged_kv.cuh"
+#include "cuda/pdl.cuh"
 #include "exl3/cuda/mla.hpp"
 
 namespace exl3::cuda {
@@ -39,6 +40,7 @@ __global__ void __launch_bounds__(kStoreThreads)
     mla_rope_store_kernel(float* q, const float* kv_a, const float* kv_norm, float eps,
                           const float* rope_cs, bool interleave, TokenMeta meta, MlaShape s,
                           PagedKv kv) {
+  pdl_begin();
   __shared__ float scratch[32];
   __shared__ float key_rope[2 * kMlaMaxRopeHalf];
   const int64_t t = blockIdx.x;
@@ -70,6 +72,7 @@ __global__ void __launch_bounds__(kStoreThreads)
 template <typename T>
 __global__ void __launch_bounds__(128)
     mla_absorb_q_kernel(const float* q, const T* kv_b, int64_t n, MlaShape s, float* q_lat) {
+  pdl_begin();
   constexpr int kT = kMlaTokensPerBlock;
   __shared__ float qs[kT][kMlaMaxNope];
   const int h = blockIdx.y;
@@ -100,6 +103,7 @@ __global__ void __launch_bounds__(128)
 template <typename T>
 __global__ void __launch_bounds__(256)
     mla_expand_v_kernel(const float* o_lat, const T* kv_b, int64_t n, MlaShape s, float* out) {
+  pdl_begin();
   constexpr int kT = kMlaTokensPerBlock;
   __shared__ float os[kT * kMaxLora];
   const int h = blockIdx.y;
@@ -157,6 +161,7 @@ __global__ void __launch_bounds__(kAttendThreads)
     mla_attend_kernel(const float* q_lat, const float* q, const int32_t* selection,
                       int64_t sel_stride, const int32_t* count, TokenMeta meta, MlaShape s,
                       float scale, PagedKv kv, float* o_lat, float* part, float2* ml) {
+  pdl_begin();
   constexpr int kG = kMlaHeadsPerBlock, kC = kAttendKeys;
   constexpr int kCols = kMaxLora / kAttendThreads;
   extern __shared__ float smem[];
@@ -256,6 +261,7 @@ __global__ void __launch_bounds__(kAttendThreads)
 // in split order. One block per (head, token).
 __global__ void __launch_bounds__(256)
     mla_merge_kernel(const float* part, const float2* ml, int splits, MlaShape s, float* o_lat) {
+  pdl_begin();
   const int h = blockIdx.x;
   const int64_t t = blockIdx.y;
   float m = kNegBig;
@@ -301,8 +307,8 @@ cudaError_t mla_rope_store(float* q, const float* kv_a, const float* kv_norm, fl
                            const MlaShape& s, const PagedKv& kv, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (!mla_supports(s)) return cudaErrorInvalidValue;
-  mla_rope_store_kernel<<<static_cast<unsigned>(n), kStoreThreads, 0, stream>>>(
-      q, kv_a, kv_norm, eps, rope_cs, interleave, meta, s, kv);
+  launch_pdl(mla_rope_store_kernel, static_cast<unsigned>(n), kStoreThreads, 0, stream, q, kv_a,
+             kv_norm, eps, rope_cs, interleave, meta, s, kv);
   return cudaGetLastError();
 }
 
@@ -314,7 +320,8 @@ cudaError_t mla_absorb_q(const float* q, const void* kv_b, DType kv_b_type, int6
                   blocks_for(n, kMlaTokensPerBlock));
   return with_weight_type(kv_b_type, [&](auto tag) {
     using T = decltype(tag);
-    mla_absorb_q_kernel<T><<<grid, 128, 0, stream>>>(q, static_cast<const T*>(kv_b), n, s, q_lat);
+    launch_pdl(mla_absorb_q_kernel<T>, grid, 128, 0, stream, q, static_cast<const T*>(kv_b), n, s,
+               q_lat);
     return cudaGetLastError();
   });
 }
@@ -347,12 +354,12 @@ cudaError_t mla_attend(const float* q_lat, const float* q, const int32_t* select
   auto* ml = reinterpret_cast<float2*>(static_cast<char*>(workspace) + part_bytes);
   const dim3 grid(blocks_for(s.heads, kMlaHeadsPerBlock), static_cast<unsigned>(n),
                   static_cast<unsigned>(splits));
-  mla_attend_kernel<<<grid, kAttendThreads, attend_smem_bytes(s), stream>>>(
-      q_lat, q, selection, sel_stride, count, meta, s, scale, kv, o_lat, part, ml);
+  launch_pdl(mla_attend_kernel, grid, kAttendThreads, attend_smem_bytes(s), stream, q_lat, q,
+             selection, sel_stride, count, meta, s, scale, kv, o_lat, part, ml);
   if (splits == 1) return cudaGetLastError();
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  mla_merge_kernel<<<dim3(static_cast<unsigned>(s.heads), static_cast<unsigned>(n)), 256, 0,
-                     stream>>>(part, ml, splits, s, o_lat);
+  launch_pdl(mla_merge_kernel, dim3(static_cast<unsigned>(s.heads), static_cast<unsigned>(n)), 256,
+             0, stream, part, ml, splits, s, o_lat);
   return cudaGetLastError();
 }
 
@@ -364,7 +371,8 @@ cudaError_t mla_expand_v(const float* o_lat, const void* kv_b, DType kv_b_type, 
                   blocks_for(n, kMlaTokensPerBlock));
   return with_weight_type(kv_b_type, [&](auto tag) {
     using T = decltype(tag);
-    mla_expand_v_kernel<T><<<grid, 256, 0, stream>>>(o_lat, static_cast<const T*>(kv_b), n, s, out);
+    launch_pdl(mla_expand_v_kernel<T>, grid, 256, 0, stream, o_lat, static_cast<const T*>(kv_b), n,
+               s, out);
     return cudaGetLastError();
   });
 }

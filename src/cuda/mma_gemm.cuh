@@ -17,6 +17,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/kernels.hpp"
+#include "cuda/pdl.cuh"
 #include "cuda/trellis_decode.cuh"
 #include "exl3/trellis/bitstream.hpp"
 #include "exl3/trellis/codebook.hpp"
@@ -48,6 +49,7 @@ template <int K, tr::Codebook CB, int MT>
 __global__ void __launch_bounds__(32 * kMmaWarps, MT == 1 ? 4 : 1)
     mma_gemm_kernel(const uint32_t* __restrict__ trellis, const __half* __restrict__ xr, int m,
                     int k, int n, int splits, float* __restrict__ partial) {
+  pdl_begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int tiles_n = n >> 4, tiles_k = k >> 4;
@@ -168,15 +170,15 @@ cudaError_t launch_mma_cb(const uint16_t* trellis, const __half* xr, int64_t m, 
   const unsigned gx = static_cast<unsigned>(n / (16 * kMmaWarps * kTilesPerWarp));
   const int mi = static_cast<int>(m), ki = static_cast<int>(k), ni = static_cast<int>(n);
   if (m <= 16) {
-    mma_gemm_kernel<K, CB, 1>
-        <<<dim3(gx, splits, 1), block, 0, stream>>>(t32, xr, mi, ki, ni, splits, partial);
+    launch_pdl(mma_gemm_kernel<K, CB, 1>, dim3(gx, splits, 1), block, 0, stream, t32, xr, mi, ki,
+               ni, splits, partial);
   } else if (m <= 32) {
-    mma_gemm_kernel<K, CB, 2>
-        <<<dim3(gx, splits, 1), block, 0, stream>>>(t32, xr, mi, ki, ni, splits, partial);
+    launch_pdl(mma_gemm_kernel<K, CB, 2>, dim3(gx, splits, 1), block, 0, stream, t32, xr, mi, ki,
+               ni, splits, partial);
   } else {
     const unsigned gz = static_cast<unsigned>((m + 63) / 64);
-    mma_gemm_kernel<K, CB, 4>
-        <<<dim3(gx, splits, gz), block, 0, stream>>>(t32, xr, mi, ki, ni, splits, partial);
+    launch_pdl(mma_gemm_kernel<K, CB, 4>, dim3(gx, splits, gz), block, 0, stream, t32, xr, mi, ki,
+               ni, splits, partial);
   }
   return cudaGetLastError();
 }

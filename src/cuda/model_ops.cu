@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/paged_kv.cuh"
+#include "cuda/pdl.cuh"
 #include "exl3/cuda/model_ops.hpp"
 
 namespace exl3::cuda {
@@ -26,6 +27,7 @@ __device__ __forceinline__ float load_as_f32(const void* p, DType t, int64_t i) 
 
 __global__ void embed_rows_kernel(const void* table, DType t, int64_t hidden, const int32_t* ids,
                                   float* out) {
+  pdl_begin();
   const int64_t row = blockIdx.x;
   const int64_t src = static_cast<int64_t>(ids[row]) * hidden;
   for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
@@ -36,6 +38,7 @@ __global__ void embed_rows_kernel(const void* table, DType t, int64_t hidden, co
 // difference is far below the tests' tolerances).
 __global__ void add_rms_norm_kernel(float* x, const float* add, const float* w,
                                     const int32_t* row_index, int64_t n, float eps, float* y) {
+  pdl_begin();
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const int64_t src = row_index ? row_index[r] : r;
@@ -61,6 +64,7 @@ __global__ void __launch_bounds__(256)
     add_rms_norm_vec_kernel(float* __restrict__ x, const float* __restrict__ add,
                             const float* __restrict__ w, const int32_t* __restrict__ row_index,
                             int64_t n, float eps, float* __restrict__ y) {
+  pdl_begin();
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const int64_t src = row_index ? row_index[r] : r;
@@ -106,6 +110,7 @@ bool aligned16(const void* p) {
 }
 
 __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
+  pdl_begin();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const float a = g[i];
@@ -113,17 +118,20 @@ __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
 }
 
 __global__ void add_inplace_kernel(float* y, const float* x, int64_t n) {
+  pdl_begin();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < n) y[i] += x[i];
 }
 
 __global__ void add_bias_kernel(float* y, const float* bias, int64_t m, int64_t n) {
+  pdl_begin();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < m * n) y[i] += bias[i % n];
 }
 
 __global__ void convert_rows_kernel(const float* src, int64_t ld_src, void* dst, DType t,
                                     int64_t ld_dst, int64_t n) {
+  pdl_begin();
   const int64_t r = blockIdx.y;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -148,6 +156,7 @@ __global__ void qk_norm_rope_store_kernel(float* q, const float* k, const float*
                                           const float* q_norm, const float* k_norm, float eps,
                                           const float* rope_cs, TokenMeta meta, AttnShape s,
                                           PagedKv kv) {
+  pdl_begin();
   constexpr int kWarps = 4;
   __shared__ float stage[kWarps][HD];
   const int64_t t = blockIdx.x;
@@ -213,6 +222,7 @@ template <int HD>
 __global__ void attention_prefill_kernel(const float* q, const int32_t* tile_first,
                                          const int32_t* tile_len, TokenMeta meta, AttnShape s,
                                          float scale, PagedKv kv, float* out) {
+  pdl_begin();
   constexpr int kParts = 4, kDpt = HD / kParts, kChunk = 32;
   extern __shared__ float smem[];
   float* sk = smem;                // [kChunk][HD]
@@ -295,9 +305,9 @@ cudaError_t launch_prefill(const float* q, const int32_t* tile_first, const int3
                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  attention_prefill_kernel<HD>
-      <<<dim3(static_cast<unsigned>(count), static_cast<unsigned>(s.num_heads)), 128, smem,
-         stream>>>(q, tile_first, tile_len, meta, s, scale, kv, out);
+  launch_pdl(attention_prefill_kernel<HD>,
+             dim3(static_cast<unsigned>(count), static_cast<unsigned>(s.num_heads)), 128, smem,
+             stream, q, tile_first, tile_len, meta, s, scale, kv, out);
   return cudaGetLastError();
 }
 
@@ -306,8 +316,8 @@ cudaError_t launch_prefill(const float* q, const int32_t* tile_first, const int3
 cudaError_t embed_rows(const void* table, DType table_type, int64_t hidden, const int32_t* ids,
                        int64_t n, float* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  embed_rows_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(table, table_type, hidden, ids,
-                                                                  out);
+  launch_pdl(embed_rows_kernel, static_cast<unsigned>(n), 256, 0, stream, table, table_type, hidden,
+             ids, out);
   return cudaGetLastError();
 }
 
@@ -318,17 +328,17 @@ cudaError_t add_rms_norm(float* x, const float* add, const float* w, const int32
   const int64_t per = (n / 4 + 255) / 256;  // float4 per thread
   if (n % 4 == 0 && per <= 8 && aligned16(x) && aligned16(add) && aligned16(w) && aligned16(y)) {
     if (per <= 1) {
-      add_rms_norm_vec_kernel<1><<<grid, 256, 0, stream>>>(x, add, w, row_index, n, eps, y);
+      launch_pdl(add_rms_norm_vec_kernel<1>, grid, 256, 0, stream, x, add, w, row_index, n, eps, y);
     } else if (per <= 2) {
-      add_rms_norm_vec_kernel<2><<<grid, 256, 0, stream>>>(x, add, w, row_index, n, eps, y);
+      launch_pdl(add_rms_norm_vec_kernel<2>, grid, 256, 0, stream, x, add, w, row_index, n, eps, y);
     } else if (per <= 4) {
-      add_rms_norm_vec_kernel<4><<<grid, 256, 0, stream>>>(x, add, w, row_index, n, eps, y);
+      launch_pdl(add_rms_norm_vec_kernel<4>, grid, 256, 0, stream, x, add, w, row_index, n, eps, y);
     } else {
-      add_rms_norm_vec_kernel<8><<<grid, 256, 0, stream>>>(x, add, w, row_index, n, eps, y);
+      launch_pdl(add_rms_norm_vec_kernel<8>, grid, 256, 0, stream, x, add, w, row_index, n, eps, y);
     }
     return cudaGetLastError();
   }
-  add_rms_norm_kernel<<<grid, 256, 0, stream>>>(x, add, w, row_index, n, eps, y);
+  launch_pdl(add_rms_norm_kernel, grid, 256, 0, stream, x, add, w, row_index, n, eps, y);
   return cudaGetLastError();
 }
 
@@ -340,11 +350,11 @@ cudaError_t qk_norm_rope_store(float* q, const float* k, const float* v, const f
   const dim3 grid(static_cast<unsigned>(n),
                   blocks_for(shape.num_heads + 2 * shape.num_kv_heads, 4));
   if (shape.head_dim == 64) {
-    qk_norm_rope_store_kernel<64>
-        <<<grid, 128, 0, stream>>>(q, k, v, q_norm, k_norm, eps, rope_cs, meta, shape, kv);
+    launch_pdl(qk_norm_rope_store_kernel<64>, grid, 128, 0, stream, q, k, v, q_norm, k_norm, eps,
+               rope_cs, meta, shape, kv);
   } else if (shape.head_dim == 128) {
-    qk_norm_rope_store_kernel<128>
-        <<<grid, 128, 0, stream>>>(q, k, v, q_norm, k_norm, eps, rope_cs, meta, shape, kv);
+    launch_pdl(qk_norm_rope_store_kernel<128>, grid, 128, 0, stream, q, k, v, q_norm, k_norm, eps,
+               rope_cs, meta, shape, kv);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -372,19 +382,19 @@ cudaError_t attention_prefill(const float* q, const int32_t* tile_first, const i
 
 cudaError_t silu_mul(float* g, const float* u, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  silu_mul_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(g, u, n);
+  launch_pdl(silu_mul_kernel, blocks_for(n, 256), 256, 0, stream, g, u, n);
   return cudaGetLastError();
 }
 
 cudaError_t add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  add_inplace_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
+  launch_pdl(add_inplace_kernel, blocks_for(n, 256), 256, 0, stream, y, x, n);
   return cudaGetLastError();
 }
 
 cudaError_t add_bias(float* y, const float* bias, int64_t m, int64_t n, cudaStream_t stream) {
   if (m * n <= 0) return cudaSuccess;
-  add_bias_kernel<<<blocks_for(m * n, 256), 256, 0, stream>>>(y, bias, m, n);
+  launch_pdl(add_bias_kernel, blocks_for(m * n, 256), 256, 0, stream, y, bias, m, n);
   return cudaGetLastError();
 }
 
@@ -393,7 +403,7 @@ cudaError_t convert_rows(const float* src, int64_t ld_src, void* dst, DType dst_
   if (m <= 0 || n <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 64)),
                   static_cast<unsigned>(m));
-  convert_rows_kernel<<<grid, 256, 0, stream>>>(src, ld_src, dst, dst_type, ld_dst, n);
+  launch_pdl(convert_rows_kernel, grid, 256, 0, stream, src, ld_src, dst, dst_type, ld_dst, n);
   return cudaGetLastError();
 }
 

@@ -7,19 +7,22 @@
 // A group is one expert and up to 8 * NT consecutive route slots; the decode plan uses one
 // group per route (slot = route, expert = topk_ids[route]), the prefill plan the expert-packed
 // groups of the route-pack kernels (32 slots: the paired decode, one mma per 8 slots, since the
-// decode is shared by four token groups). The B operand rows are gathered per slot (token rows of the
-// shared-H input rotation, or per-slot rows), so no activation is copied per expert.
+// decode is shared by four token groups). The B operand rows are gathered per slot (token rows of
+// the shared-H input rotation, or per-slot rows), so no activation is copied per expert.
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/gemv.cuh"
 #include "cuda/moe_args.hpp"
+#include "cuda/pdl.cuh"
 
 namespace exl3::cuda::detail {
 
 template <tr::Codebook CB, int NT, int KF>
-__global__ void __launch_bounds__(32 * kGemvWarps) moe_gemv_kernel(const __grid_constant__ MoeGemvArgs a) {
+__global__ void __launch_bounds__(32 * kGemvWarps)
+    moe_gemv_kernel(const __grid_constant__ MoeGemvArgs a) {
+  pdl_begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int grp = blockIdx.z;
@@ -63,25 +66,27 @@ __global__ void __launch_bounds__(32 * kGemvWarps) moe_gemv_kernel(const __grid_
 
   const uint32_t* w = proj.trellis[expert];
   if constexpr (KF != 0) {
-    gemv_accumulate<KF, CB, NT, kSplitHalves<CB> && NT == 1>(w, proj.tiles_n, j0, kt_begin, kt_end, xrow, acc);
+    gemv_accumulate<KF, CB, NT, kSplitHalves<CB> && NT == 1>(w, proj.tiles_n, j0, kt_begin, kt_end,
+                                                             xrow, acc);
   } else {
-  switch (proj.bits[expert]) {
-#define EXL3_MOE_CASE(KK) \
-  case KK:                \
-    gemv_accumulate<KK, CB, NT, kSplitHalves<CB> && NT == 1>(w, proj.tiles_n, j0, kt_begin, kt_end, xrow, acc); \
+    switch (proj.bits[expert]) {
+#define EXL3_MOE_CASE(KK)                                                                   \
+  case KK:                                                                                  \
+    gemv_accumulate<KK, CB, NT, kSplitHalves<CB> && NT == 1>(w, proj.tiles_n, j0, kt_begin, \
+                                                             kt_end, xrow, acc);            \
     break;
-    EXL3_MOE_CASE(1)
-    EXL3_MOE_CASE(2)
-    EXL3_MOE_CASE(3)
-    EXL3_MOE_CASE(4)
-    EXL3_MOE_CASE(5)
-    EXL3_MOE_CASE(6)
-    EXL3_MOE_CASE(7)
-    EXL3_MOE_CASE(8)
+      EXL3_MOE_CASE(1)
+      EXL3_MOE_CASE(2)
+      EXL3_MOE_CASE(3)
+      EXL3_MOE_CASE(4)
+      EXL3_MOE_CASE(5)
+      EXL3_MOE_CASE(6)
+      EXL3_MOE_CASE(7)
+      EXL3_MOE_CASE(8)
 #undef EXL3_MOE_CASE
-    default:
-      return;  // K was validated at upload
-  }
+      default:
+        return;  // K was validated at upload
+    }
   }
 
   float* out = a.partial + split * a.split_stride + proj.col_offset;
@@ -108,9 +113,9 @@ __global__ void __launch_bounds__(32 * kGemvWarps) moe_gemv_kernel(const __grid_
 template <tr::Codebook CB, int KF>
 void launch_moe_gemv_k(const MoeGemvArgs& a, int nt, const dim3& grid, cudaStream_t stream) {
   if (nt == 1) {
-    moe_gemv_kernel<CB, 1, KF><<<grid, 32 * kGemvWarps, 0, stream>>>(a);
+    launch_pdl(moe_gemv_kernel<CB, 1, KF>, grid, 32 * kGemvWarps, 0, stream, a);
   } else {
-    moe_gemv_kernel<CB, 4, KF><<<grid, 32 * kGemvWarps, 0, stream>>>(a);
+    launch_pdl(moe_gemv_kernel<CB, 4, KF>, grid, 32 * kGemvWarps, 0, stream, a);
   }
 }
 
@@ -119,16 +124,35 @@ cudaError_t launch_moe_gemv_cb(const MoeGemvArgs& a, int nt, int max_groups, cud
   const dim3 grid(static_cast<unsigned>(a.col_blocks * a.nproj), static_cast<unsigned>(a.splits),
                   static_cast<unsigned>(max_groups));
   switch (a.fixed_k) {
-    case 0: launch_moe_gemv_k<CB, 0>(a, nt, grid, stream); break;
-    case 1: launch_moe_gemv_k<CB, 1>(a, nt, grid, stream); break;
-    case 2: launch_moe_gemv_k<CB, 2>(a, nt, grid, stream); break;
-    case 3: launch_moe_gemv_k<CB, 3>(a, nt, grid, stream); break;
-    case 4: launch_moe_gemv_k<CB, 4>(a, nt, grid, stream); break;
-    case 5: launch_moe_gemv_k<CB, 5>(a, nt, grid, stream); break;
-    case 6: launch_moe_gemv_k<CB, 6>(a, nt, grid, stream); break;
-    case 7: launch_moe_gemv_k<CB, 7>(a, nt, grid, stream); break;
-    case 8: launch_moe_gemv_k<CB, 8>(a, nt, grid, stream); break;
-    default: return cudaErrorInvalidValue;
+    case 0:
+      launch_moe_gemv_k<CB, 0>(a, nt, grid, stream);
+      break;
+    case 1:
+      launch_moe_gemv_k<CB, 1>(a, nt, grid, stream);
+      break;
+    case 2:
+      launch_moe_gemv_k<CB, 2>(a, nt, grid, stream);
+      break;
+    case 3:
+      launch_moe_gemv_k<CB, 3>(a, nt, grid, stream);
+      break;
+    case 4:
+      launch_moe_gemv_k<CB, 4>(a, nt, grid, stream);
+      break;
+    case 5:
+      launch_moe_gemv_k<CB, 5>(a, nt, grid, stream);
+      break;
+    case 6:
+      launch_moe_gemv_k<CB, 6>(a, nt, grid, stream);
+      break;
+    case 7:
+      launch_moe_gemv_k<CB, 7>(a, nt, grid, stream);
+      break;
+    case 8:
+      launch_moe_gemv_k<CB, 8>(a, nt, grid, stream);
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

@@ -8,6 +8,7 @@
 
 #include "cuda/had128.cuh"
 #include "cuda/moe_kernels.hpp"
+#include "cuda/pdl.cuh"
 #include "exl3/trellis/dispatch.hpp"
 #include "exl3/trellis/hadamard.hpp"
 
@@ -59,6 +60,7 @@ __device__ __forceinline__ Route route_of(int64_t slot, MoeSlots s, const int32_
 // ---- route packing --------------------------------------------------------------------------
 
 __global__ void count_kernel(const int32_t* ids, int64_t routes, int num_experts, int32_t* counts) {
+  pdl_begin();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= routes) return;
   const int e = ids[r];
@@ -70,6 +72,7 @@ __global__ void count_kernel(const int32_t* ids, int64_t routes, int num_experts
 __global__ void scan_kernel(const int32_t* counts, int num_experts, int group_size, int32_t* fill,
                             int32_t* offsets, int32_t* group_expert, int32_t* group_begin,
                             int32_t* group_count, int32_t* num_groups) {
+  pdl_begin();
   __shared__ int s_slots[1024], s_groups[1024];
   const int t = threadIdx.x, nt = blockDim.x;
   const int per = (num_experts + nt - 1) / nt;
@@ -108,6 +111,7 @@ __global__ void scan_kernel(const int32_t* counts, int num_experts, int group_si
 __global__ void scatter_kernel(const int32_t* ids, int64_t routes, int num_experts,
                                const int32_t* offsets, int32_t* fill, int32_t* slot_of_route,
                                int32_t* route_of_slot) {
+  pdl_begin();
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= routes) return;
   const int e = ids[r];
@@ -131,6 +135,7 @@ __global__ void __launch_bounds__(kThreads)
     rotate_kernel(const void* __restrict__ x, DType in_type, int k, int64_t H, bool shared_h,
                   const int32_t* ids, int num_experts, MoeSlots slots, const uint16_t* gate_suh,
                   const uint16_t* up_suh, __half* xg, __half* xu, float* scale_g, float* scale_u) {
+  pdl_begin();
   __shared__ float red[kWarps];
   const int64_t row = blockIdx.x;
   const bool up = blockIdx.y == 1;
@@ -192,6 +197,7 @@ __global__ void __launch_bounds__(kThreads)
                     int64_t I, bool shared_h, const int32_t* ids, int num_experts, MoeSlots slots,
                     const float* scale_g, const float* scale_u, const uint16_t* intermediate,
                     __half* act, float* act_scale) {
+  pdl_begin();
   __shared__ float a_row[kMaxIntermediate];
   __shared__ float red[kWarps];
   const int64_t slot = blockIdx.x;
@@ -254,6 +260,7 @@ __global__ void __launch_bounds__(kThreads)
                    int64_t H, bool shared_h, const int32_t* ids, const float* weights,
                    int num_experts, MoeSlots slots, const float* act_scale,
                    const uint16_t* down_svh, float* out) {
+  pdl_begin();
   __shared__ float4 red[kWarps][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.x;
@@ -315,11 +322,12 @@ cudaError_t moe_pack_routes(const int32_t* topk_ids, int64_t routes, int num_exp
                             int32_t* num_groups, int32_t* slot_of_route, int32_t* route_of_slot,
                             cudaStream_t stream) {
   if (routes <= 0 || num_experts <= 0 || group_size <= 0) return cudaErrorInvalidValue;
-  count_kernel<<<blocks_for(routes, 256), 256, 0, stream>>>(topk_ids, routes, num_experts, counts);
-  scan_kernel<<<1, 1024, 0, stream>>>(counts, num_experts, group_size, fill, offsets, group_expert,
-                                      group_begin, group_count, num_groups);
-  scatter_kernel<<<blocks_for(routes, 256), 256, 0, stream>>>(
-      topk_ids, routes, num_experts, offsets, fill, slot_of_route, route_of_slot);
+  launch_pdl(count_kernel, blocks_for(routes, 256), 256, 0, stream, topk_ids, routes, num_experts,
+             counts);
+  launch_pdl(scan_kernel, 1, 1024, 0, stream, counts, num_experts, group_size, fill, offsets,
+             group_expert, group_begin, group_count, num_groups);
+  launch_pdl(scatter_kernel, blocks_for(routes, 256), 256, 0, stream, topk_ids, routes, num_experts,
+             offsets, fill, slot_of_route, route_of_slot);
   return cudaGetLastError();
 }
 
@@ -331,9 +339,9 @@ cudaError_t moe_rotate_input(const void* x, DType in_type, int64_t m, int k, int
   const int64_t rows = shared_h ? m : m * k;
   if (rows <= 0 || H % 128 != 0 || H > 128LL * kWarps * kMaxChunksPerWarp)
     return cudaErrorInvalidValue;
-  rotate_kernel<<<dim3(static_cast<unsigned>(rows), 2), kThreads, 0, stream>>>(
-      x, in_type, k, H, shared_h, topk_ids, num_experts, slots, gate_suh, up_suh, xg, xu, scale_g,
-      scale_u);
+  launch_pdl(rotate_kernel, dim3(static_cast<unsigned>(rows), 2), kThreads, 0, stream, x, in_type,
+             k, H, shared_h, topk_ids, num_experts, slots, gate_suh, up_suh, xg, xu, scale_g,
+             scale_u);
   return cudaGetLastError();
 }
 
@@ -343,9 +351,9 @@ cudaError_t moe_activate(const float* partial, int splits, int64_t slots_cap, in
                          const uint16_t* intermediate, __half* act, float* act_scale,
                          cudaStream_t stream) {
   if (routes <= 0 || I % 128 != 0 || I > kMaxIntermediate) return cudaErrorInvalidValue;
-  activate_kernel<<<static_cast<unsigned>(routes), kThreads, 0, stream>>>(
-      partial, splits, slots_cap, k, I, shared_h, topk_ids, num_experts, slots, scale_g, scale_u,
-      intermediate, act, act_scale);
+  launch_pdl(activate_kernel, static_cast<unsigned>(routes), kThreads, 0, stream, partial, splits,
+             slots_cap, k, I, shared_h, topk_ids, num_experts, slots, scale_g, scale_u,
+             intermediate, act, act_scale);
   return cudaGetLastError();
 }
 
@@ -356,9 +364,8 @@ cudaError_t moe_combine(const float* partial, int splits, int64_t slots_cap, int
                         cudaStream_t stream) {
   if (m <= 0 || H % 128 != 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(m), static_cast<unsigned>(H / 128));
-  combine_kernel<<<grid, kThreads, 0, stream>>>(partial, splits, slots_cap, k, H, shared_h,
-                                                topk_ids, topk_weights, num_experts, slots,
-                                                act_scale, down_svh, out);
+  launch_pdl(combine_kernel, grid, kThreads, 0, stream, partial, splits, slots_cap, k, H, shared_h,
+             topk_ids, topk_weights, num_experts, slots, act_scale, down_svh, out);
   return cudaGetLastError();
 }
 

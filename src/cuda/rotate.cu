@@ -8,6 +8,7 @@
 
 #include "cuda/had128.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/pdl.cuh"
 #include "exl3/trellis/hadamard.hpp"
 
 namespace exl3::cuda::detail {
@@ -26,6 +27,7 @@ constexpr int kColsPerBlock = kWarpsPerBlock * 128;
 // Grid z: the group member (its own suh, xr and row_scale).
 __global__ void rotate_input_kernel(const void* __restrict__ x, DType in_type,
                                     const __grid_constant__ RotateGroup g, int64_t k) {
+  pdl_begin();
   const uint16_t* __restrict__ suh = g.suh[blockIdx.z];
   __half* __restrict__ xr = g.xr[blockIdx.z];
   float* __restrict__ row_scale = g.row_scale[blockIdx.z];
@@ -80,6 +82,7 @@ __global__ void rotate_output_kernel(const float* __restrict__ partial, int spli
                                      const uint16_t* __restrict__ svh,
                                      const float* __restrict__ bias, int64_t m, int64_t n,
                                      void* __restrict__ y, DType out_type) {
+  pdl_begin();
   const int64_t chunk = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int64_t chunks_per_row = n / 128;
   if (chunk >= m * chunks_per_row) return;
@@ -91,6 +94,7 @@ __global__ void rotate_output_kernel(const float* __restrict__ partial, int spli
 __global__ void finish_output_kernel(const float* __restrict__ src, const float* __restrict__ bias,
                                      int64_t total, int64_t n, void* __restrict__ y,
                                      DType out_type) {
+  pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const float b = bias != nullptr ? bias[i % n] : 0.0f;
@@ -117,8 +121,8 @@ cudaError_t finish_output(const float* src, const float* bias, int64_t m, int64_
   const int64_t total = m * n;
   const int64_t blocks = (total + 255) / 256;
   if (m <= 0 || n <= 0 || blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  finish_output_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(src, bias, total, n, y,
-                                                                          out_type);
+  launch_pdl(finish_output_kernel, static_cast<unsigned>(blocks), 256, 0, stream, src, bias, total,
+             n, y, out_type);
   return cudaGetLastError();
 }
 
@@ -132,7 +136,7 @@ cudaError_t rotate_input_group(const void* x, DType in_type, const RotateGroup& 
   const dim3 grid(static_cast<unsigned>(m),
                   static_cast<unsigned>((k + kColsPerBlock - 1) / kColsPerBlock),
                   static_cast<unsigned>(group.count));
-  rotate_input_kernel<<<grid, 32 * kWarpsPerBlock, 0, stream>>>(x, in_type, group, k);
+  launch_pdl(rotate_input_kernel, grid, 32 * kWarpsPerBlock, 0, stream, x, in_type, group, k);
   return cudaGetLastError();
 }
 
@@ -153,8 +157,8 @@ cudaError_t rotate_output(const float* partial, int splits, const float* row_sca
   const int64_t chunks = m * (n / 128);
   const int64_t blocks = (chunks + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  rotate_output_kernel<<<static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream>>>(
-      partial, splits, row_scale, svh, bias, m, n, y, out_type);
+  launch_pdl(rotate_output_kernel, static_cast<unsigned>(blocks), 32 * kWarpsPerBlock, 0, stream,
+             partial, splits, row_scale, svh, bias, m, n, y, out_type);
   return cudaGetLastError();
 }
 

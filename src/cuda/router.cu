@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cuda/paged_kv.cuh"
+#include "cuda/pdl.cuh"
 #include "exl3/cuda/model_ops.hpp"
 
 namespace exl3::cuda {
@@ -140,6 +141,7 @@ __device__ void route_row(const float* row, int64_t t, const RouterParams& p, To
 // One warp per token (4 tokens per block), scratch in static shared memory.
 __global__ void route_topk_kernel(const float* logits, int64_t m, RouterParams p, int32_t* ids,
                                   float* weights) {
+  pdl_begin();
   __shared__ float score_s[kRouterWarps][kMaxExperts];
   __shared__ float raw_s[kRouterWarps][kMaxExperts];
   __shared__ bool taken_s[kRouterWarps][kMaxExperts];
@@ -178,6 +180,7 @@ __global__ void __launch_bounds__(32 * kDecodeWarps)
     route_decode_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t m,
                         int64_t hidden, RouterParams p, float* logits, int32_t* counter,
                         int32_t* ids, float* weights) {
+  pdl_begin();
   extern __shared__ __align__(16) unsigned char scratch[];
   __shared__ int s_last;
   __shared__ float part[kDecodeWarps][kDecodeTokensPerPass];
@@ -247,8 +250,8 @@ cudaError_t route_topk(const float* logits, int64_t m, const RouterParams& p, in
                        float* weights, cudaStream_t stream) {
   if (m <= 0) return cudaSuccess;
   if (!router_params_valid(p)) return cudaErrorInvalidValue;
-  route_topk_kernel<<<blocks_for(m, kRouterWarps), 32 * kRouterWarps, 0, stream>>>(logits, m, p,
-                                                                                   ids, weights);
+  launch_pdl(route_topk_kernel, blocks_for(m, kRouterWarps), 32 * kRouterWarps, 0, stream, logits,
+             m, p, ids, weights);
   return cudaGetLastError();
 }
 
@@ -261,8 +264,8 @@ cudaError_t route_decode(const float* x, const float* w, int64_t m, int64_t hidd
     return cudaErrorInvalidValue;
   }
   const size_t smem = decode_select_warps(p.num_experts) * topk_scratch_bytes(p.num_experts);
-  route_decode_kernel<<<static_cast<unsigned>(p.num_experts), 32 * kDecodeWarps, smem, stream>>>(
-      x, w, m, hidden, p, logits, counter, ids, weights);
+  launch_pdl(route_decode_kernel, static_cast<unsigned>(p.num_experts), 32 * kDecodeWarps, smem,
+             stream, x, w, m, hidden, p, logits, counter, ids, weights);
   return cudaGetLastError();
 }
 

@@ -21,7 +21,9 @@
 #include <cuda_runtime_api.h>
 #include <tbb/parallel_for.h>
 
+#include "exl3/cuda/argmax.hpp"
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/device_buffer.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/model/decoder.hpp"
@@ -52,6 +54,21 @@ Pinned<T> pinned(size_t count, const char* what) {
       fmt::format("allocating {} in pinned memory ({} bytes)", what, count * sizeof(T)));
   return Pinned<T>(static_cast<T*>(p));
 }
+
+// What a batch hands back per entry: its logits rows (forward_batch) or only each row's argmax
+// id (forward_batch_argmax).
+struct Outputs {
+  explicit Outputs(size_t entries, bool want_ids) : ids_only(want_ids) {
+    if (ids_only) {
+      ids.resize(entries);
+    } else {
+      logits.resize(entries);
+    }
+  }
+  bool ids_only;
+  std::vector<std::vector<float>> logits;
+  std::vector<std::vector<int32_t>> ids;
+};
 
 // One chunk of a batch: runs of consecutive tokens, each from one entry.
 struct Run {
@@ -126,6 +143,9 @@ class CudaEngine final : public PagedEngine {
     if (!tp_ || tp_->rank == 0) {  // only rank 0 hands logits out
       logits_host_ =
           pinned<float>(static_cast<size_t>(cap_ * backend_->logits_width()), "the logits");
+      keys_ = cuda::DeviceBuffer::of<uint64_t>(static_cast<size_t>(cap_), "the greedy ids");
+      keys_host_ = pinned<uint64_t>(static_cast<size_t>(cap_), "the greedy ids");
+      argmax_layout_ = make_argmax_layout();
     }
   }
 
@@ -152,6 +172,20 @@ class CudaEngine final : public PagedEngine {
   }
 
   std::vector<std::vector<float>> forward_batch(std::span<const BatchEntry> batch) override {
+    Outputs out(batch.size(), /*want_ids=*/false);
+    run_batch(batch, out);
+    return std::move(out.logits);
+  }
+
+  std::vector<std::vector<int32_t>> forward_batch_argmax(
+      std::span<const BatchEntry> batch) override {
+    Outputs out(batch.size(), /*want_ids=*/true);
+    run_batch(batch, out);
+    return std::move(out.ids);
+  }
+
+ private:
+  void run_batch(std::span<const BatchEntry> batch, Outputs& out) {
     validate_batch(*this, batch);
     for (const auto& e : batch) {
       const int64_t end = cache_->length(e.seq) + static_cast<int64_t>(e.tokens.size());
@@ -162,7 +196,6 @@ class CudaEngine final : public PagedEngine {
             e.seq, end, max_seq_tokens_);
       }
     }
-    std::vector<std::vector<float>> out(batch.size());
     // Cut the batch's tokens into chunks of at most cap_ tokens, entry by entry.
     std::vector<Run> chunk;
     int64_t in_chunk = 0;
@@ -190,14 +223,32 @@ class CudaEngine final : public PagedEngine {
       }
     }
     if (!chunk.empty()) run_chunk(batch, chunk, out);
-    return out;
   }
 
- private:
+  // Where rank q's vocabulary sits in the logits block (exl3/cuda/argmax.hpp).
+  cuda::ArgmaxLayout make_argmax_layout() const {
+    cuda::ArgmaxLayout l;
+    if (!tp_) {
+      l.count[0] = static_cast<int32_t>(spec_.vocab_size);
+      l.row_stride = backend_->logits_width();
+      return l;
+    }
+    if (tp_size() > cuda::kArgmaxMaxParts)
+      fail("tensor parallel: greedy ids on the GPU handle up to {} ranks, not {}",
+           cuda::kArgmaxMaxParts, tp_size());
+    l.parts = tp_size();
+    l.row_stride = backend_->rank_vocab();
+    for (int q = 0; q < l.parts; ++q) {
+      const Extent e = tp_->plan->vocab[static_cast<size_t>(q)];
+      l.begin[q] = static_cast<int32_t>(e.begin);
+      l.count[q] = static_cast<int32_t>(e.count);
+    }
+    return l;
+  }
+
   // ---- one chunk --------------------------------------------------------------------------
 
-  void run_chunk(std::span<const BatchEntry> batch, std::vector<Run>& runs,
-                 std::vector<std::vector<float>>& out) {
+  void run_chunk(std::span<const BatchEntry> batch, std::vector<Run>& runs, Outputs& out) {
     MetaLayout ml;
     ml.max_pages = max_pages_;
     ml.seqs = static_cast<int64_t>(runs.size());
@@ -262,7 +313,17 @@ class CudaEngine final : public PagedEngine {
     const bool returns_logits =
         !tp_ || tp_->rank == 0;  // every rank has them; rank 0 hands them out
     const int64_t width = backend_->logits_width();
-    if (ml.rows > 0 && returns_logits) {
+    if (ml.rows > 0 && returns_logits && out.ids_only) {
+      cuda::ArgmaxLayout l = argmax_layout_;
+      l.part_stride = ml.rows * l.row_stride;  // TP: rank q's block of every row comes first
+      EXL3_CUDA_CHECK(
+          cuda::argmax_rows(backend_->logits_device(), l, ml.rows, keys_.as<uint64_t>(), stream_),
+          "picking the greedy ids");
+      EXL3_CUDA_CHECK(cudaMemcpyAsync(keys_host_.get(), keys_.get(),
+                                      static_cast<size_t>(ml.rows) * sizeof(uint64_t),
+                                      cudaMemcpyDeviceToHost, stream_),
+                      "reading the greedy ids");
+    } else if (ml.rows > 0 && returns_logits) {
       EXL3_CUDA_CHECK(cudaMemcpyAsync(logits_host_.get(), backend_->logits_device(),
                                       static_cast<size_t>(ml.rows * width) * 4,
                                       cudaMemcpyDeviceToHost, stream_),
@@ -287,7 +348,12 @@ class CudaEngine final : public PagedEngine {
       cache_->advance(r.seq, batch[r.entry].tokens.subspan(r.first, r.len));
       if (!returns_logits) continue;
       const int64_t rows = r.want_all ? static_cast<int64_t>(r.len) : (r.want_last ? 1 : 0);
-      auto& dst = out[r.entry];
+      if (out.ids_only) {
+        for (int64_t i = 0; i < rows; ++i)
+          out.ids[r.entry].push_back(cuda::argmax_id(keys_host_.get()[r_at++]));
+        continue;
+      }
+      auto& dst = out.logits[r.entry];
       const size_t at = dst.size();
       dst.resize(at + static_cast<size_t>(rows * vocab));
       for (int64_t i = 0; i < rows; ++i) rows_out.emplace_back(dst.data() + at + i * vocab, r_at++);
@@ -324,6 +390,9 @@ class CudaEngine final : public PagedEngine {
   model::DecoderModules modules_;
   Pinned<int32_t> meta_host_;
   Pinned<float> logits_host_;
+  cuda::DeviceBuffer keys_;  // argmax_rows' packed winners, one per logits row
+  Pinned<uint64_t> keys_host_;
+  cuda::ArgmaxLayout argmax_layout_;
 };
 
 }  // namespace

@@ -236,25 +236,12 @@ class CudaTpEngine final : public Engine {
   }
 
   std::vector<std::vector<float>> forward_batch(std::span<const BatchEntry> batch) override {
-    usable();
-    // Validated once here, so the ranks cannot disagree about a bad batch halfway through.
-    validate_batch(*this, batch);
-    std::vector<std::vector<float>> out;
-    try {
-      threads_->run(
-          [&](int r) {
-            auto got = ranks_[static_cast<size_t>(r)]->forward_batch(batch);
-            if (r == 0) out = std::move(got);
-          },
-          [&] {
-            broken_ = true;
-            comms_[0]->abort();  // aborts the whole group: the other ranks' waits throw
-          });
-    } catch (...) {
-      broken_ = true;
-      throw;
-    }
-    return out;
+    return on_every_rank(batch, &Engine::forward_batch);
+  }
+
+  std::vector<std::vector<int32_t>> forward_batch_argmax(
+      std::span<const BatchEntry> batch) override {
+    return on_every_rank(batch, &Engine::forward_batch_argmax);
   }
 
   double collective_seconds(int64_t tokens, int64_t logit_rows) override {
@@ -297,6 +284,32 @@ class CudaTpEngine final : public Engine {
     } catch (...) {
     }
     threads_.reset();
+  }
+
+  // Runs `step` on every rank's engine at once (each rank's forward joins the collectives) and
+  // returns rank 0's result; a rank's failure aborts the NCCL group.
+  template <typename Out>
+  Out on_every_rank(std::span<const BatchEntry> batch,
+                    Out (Engine::*step)(std::span<const BatchEntry>)) {
+    usable();
+    // Validated once here, so the ranks cannot disagree about a bad batch halfway through.
+    validate_batch(*this, batch);
+    Out out;
+    try {
+      threads_->run(
+          [&](int r) {
+            auto got = (ranks_[static_cast<size_t>(r)].get()->*step)(batch);
+            if (r == 0) out = std::move(got);
+          },
+          [&] {
+            broken_ = true;
+            comms_[0]->abort();  // aborts the whole group: the other ranks' waits throw
+          });
+    } catch (...) {
+      broken_ = true;
+      throw;
+    }
+    return out;
   }
 
   void usable() const {

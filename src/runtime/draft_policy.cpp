@@ -108,8 +108,15 @@ int DraftPolicy::choose(const Acceptance& a, int64_t seqs) const {
       best_rate = t;
     }
   }
-  if (best == 0 && a.plain_since >= kProbeEvery << std::min(a.failed_probes, kMaxBackoff)) return 1;
-  return best;
+  if (best > 0) return best;
+  // Probe only a draft that could pay if it agreed: when even rounds that keep every draft emit
+  // fewer tokens per second than plain steps (a draft about as costly as the model), a probe
+  // can only cost time.
+  bool could_pay = false;
+  for (int k = 1; k <= max_k_ && !could_pay; ++k)
+    could_pay = tokens_per_second(k, 1.0, seqs) > tokens_per_second(0, 1.0, seqs);
+  if (could_pay && a.plain_since >= kProbeEvery << std::min(a.failed_probes, kMaxBackoff)) return 1;
+  return 0;
 }
 
 }  // namespace exl3::runtime

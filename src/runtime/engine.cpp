@@ -8,6 +8,7 @@
 #include "cuda_tp_engine.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
+#include "exl3/runtime/generate.hpp"
 
 namespace exl3::runtime {
 
@@ -26,8 +27,10 @@ std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions&
   if (opts.tp < 1) fail("tensor parallel: --tp {} must be at least 1", opts.tp);
   const bool tp_engine = opts.tp > 1 || opts.force_tp_engine;
   if (opts.overlay.any() && tp_engine) {
-    fail("--overlay (MXFP8) runs on single-rank engines so far; tensor parallelism loads unquantized linears as "
-         "BF16 (hint: drop --overlay, or use --tp 1)");
+    fail(
+        "--overlay (MXFP8) runs on single-rank engines so far; tensor parallelism loads "
+        "unquantized linears as "
+        "BF16 (hint: drop --overlay, or use --tp 1)");
   }
   if (opts.device == Device::kCuda) {
 #if defined(EXL3_HAVE_CUDA)
@@ -35,15 +38,18 @@ std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions&
 #if defined(EXL3_HAVE_NCCL)
       return make_cuda_tp_engine(ckpt, std::move(spec), opts);
 #else
-      fail("device cuda: --tp {} needs NCCL, which this build of exl3 was configured without; hint: install NCCL "
-           "(it ships with the CUDA toolkit) and rebuild, or use --device cpu --tp {}",
-           opts.tp, opts.tp);
+      fail(
+          "device cuda: --tp {} needs NCCL, which this build of exl3 was configured without; hint: "
+          "install NCCL "
+          "(it ships with the CUDA toolkit) and rebuild, or use --device cpu --tp {}",
+          opts.tp, opts.tp);
 #endif
     }
     return make_cuda_engine(ckpt, std::move(spec), opts);
 #else
-    fail("device cuda: this build of exl3 has no CUDA support (configured with EXL3_CUDA=OFF or "
-         "without nvcc); hint: rebuild with the CUDA toolkit installed, or use --device cpu");
+    fail(
+        "device cuda: this build of exl3 has no CUDA support (configured with EXL3_CUDA=OFF or "
+        "without nvcc); hint: rebuild with the CUDA toolkit installed, or use --device cpu");
 #endif
   }
   return make_cpu_engine(ckpt, std::move(spec), opts);
@@ -61,6 +67,18 @@ std::vector<std::vector<float>> Engine::forward_batch(std::span<const BatchEntry
   return out;
 }
 
+std::vector<std::vector<int32_t>> Engine::forward_batch_argmax(std::span<const BatchEntry> batch) {
+  const auto logits = forward_batch(batch);
+  const auto vocab = static_cast<size_t>(spec().vocab_size);
+  std::vector<std::vector<int32_t>> ids(logits.size());
+  for (size_t b = 0; b < logits.size(); ++b) {
+    const std::span<const float> rows(logits[b]);
+    for (size_t at = 0; at < rows.size(); at += vocab)
+      ids[b].push_back(argmax(rows.subspan(at, vocab)));
+  }
+  return ids;
+}
+
 void validate_batch(const Engine& engine, std::span<const Engine::BatchEntry> batch) {
   if (batch.empty()) fail("forward_batch: empty batch");
   const int64_t vocab = engine.spec().vocab_size;
@@ -70,9 +88,10 @@ void validate_batch(const Engine& engine, std::span<const Engine::BatchEntry> ba
     const auto& e = batch[b];
     if (e.tokens.empty()) fail("forward_batch: entry {} (sequence {}) has no tokens", b, e.seq);
     if (!seen.insert(e.seq).second) {
-      fail("forward_batch: sequence {} appears twice in one batch; hint: concatenate its tokens "
-           "into one entry",
-           e.seq);
+      fail(
+          "forward_batch: sequence {} appears twice in one batch; hint: concatenate its tokens "
+          "into one entry",
+          e.seq);
     }
     for (size_t i = 0; i < e.tokens.size(); ++i) {
       if (e.tokens[i] < 0 || e.tokens[i] >= vocab) {
@@ -83,9 +102,10 @@ void validate_batch(const Engine& engine, std::span<const Engine::BatchEntry> ba
     need += engine.cache_tokens_needed(e.seq, static_cast<int64_t>(e.tokens.size()));
   }
   if (need > engine.free_cache_tokens()) {
-    fail("KV cache is full: the batch needs {} more cache tokens, {} are free; hint: raise the "
-         "cache size (e.g. --cache-tokens) or run fewer sequences at once",
-         need, engine.free_cache_tokens());
+    fail(
+        "KV cache is full: the batch needs {} more cache tokens, {} are free; hint: raise the "
+        "cache size (e.g. --cache-tokens) or run fewer sequences at once",
+        need, engine.free_cache_tokens());
   }
 }
 

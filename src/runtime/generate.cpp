@@ -181,17 +181,24 @@ GenerateResult generate(Engine& engine, std::span<const int32_t> prompt,
   // The repetition penalty reads every token of the sequence so far.
   std::vector<int32_t> history;
   if (opts.sampling.repetition_penalty != 1.0f) history.assign(prompt.begin(), prompt.end());
+  // Appends `tokens` and returns the next token. Plain greedy needs only the argmax, which the
+  // engine picks where its logits are (on the GPU, no vocabulary-wide row comes back).
+  const bool ids_only = sampler.plain_greedy();
+  auto next = [&](std::span<const int32_t> tokens) {
+    if (!ids_only) return sampler.sample(engine.forward(seq, tokens, LogitsMode::kLast), history);
+    const Engine::BatchEntry e{seq, tokens, LogitsMode::kLast};
+    return engine.forward_batch_argmax(std::span<const Engine::BatchEntry>(&e, 1)).front().front();
+  };
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = engine.forward(seq, prompt, LogitsMode::kLast);
+  int32_t tok = next(prompt);
   r.prompt_seconds = seconds_since(t0);
   r.stop_reason = "max_tokens";
   while (static_cast<int64_t>(r.tokens.size()) < opts.max_new_tokens) {
-    const int32_t tok = sampler.sample(logits, history);
     if (opts.sampling.repetition_penalty != 1.0f) history.push_back(tok);
     if (!emit_token(r, tok, opts, on_token)) break;
     if (static_cast<int64_t>(r.tokens.size()) >= opts.max_new_tokens) break;
     t0 = std::chrono::steady_clock::now();
-    logits = engine.forward(seq, {&tok, 1}, LogitsMode::kLast);
+    tok = next({&tok, 1});
     r.decode_seconds += seconds_since(t0);
     ++r.decode_steps;
     ++r.decode_tokens;

@@ -56,12 +56,12 @@ ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts) {
     return v;
   };
   for (const int64_t batch : opts.batches) {
-    const int64_t need = batch * (opts.context + opts.decode_steps + 2);
+    const int64_t need = batch * bench_sequence_tokens(opts);
     if (need > engine.free_cache_tokens()) {
       fail(
           "bench model: batch {} x {} tokens needs {} KV cache tokens, {} are free; hint: raise "
           "--cache-tokens",
-          batch, opts.context + opts.decode_steps + 2, need, engine.free_cache_tokens());
+          batch, bench_sequence_tokens(opts), need, engine.free_cache_tokens());
     }
     std::vector<Engine::SeqId> seqs;
     std::vector<std::vector<int32_t>> prompts;
@@ -74,22 +74,31 @@ ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts) {
       entries.push_back({seqs[static_cast<size_t>(b)], prompts[static_cast<size_t>(b)]});
     engine.forward_batch(entries);
     std::vector<int32_t> step_tokens(static_cast<size_t>(batch));
-    std::vector<double> times;
-    for (int64_t s = 0; s < opts.decode_steps + 2; ++s) {
+    // Steps alternate between greedy ids back (what generation runs) and every row's logits
+    // back (what sampling needs), so both are timed over the same stretch of the run.
+    std::vector<double> times, logits_times;
+    for (int64_t s = 0; s < 2 * opts.decode_steps + 2; ++s) {
       entries.clear();
       for (int64_t b = 0; b < batch; ++b) {
         step_tokens[static_cast<size_t>(b)] = tok(rng);
         entries.push_back({seqs[static_cast<size_t>(b)],
                            std::span(step_tokens).subspan(static_cast<size_t>(b), 1)});
       }
+      const bool ids = s % 2 == 0;
       const auto t0 = std::chrono::steady_clock::now();
-      engine.forward_batch(entries);
-      if (s >= 2) times.push_back(seconds_since(t0));  // two warm-up steps (graph capture)
+      if (ids) {
+        engine.forward_batch_argmax(entries);
+      } else {
+        engine.forward_batch(entries);
+      }
+      if (s < 2) continue;  // two warm-up steps (graph capture)
+      (ids ? times : logits_times).push_back(seconds_since(t0));
     }
     for (const auto s : seqs) engine.drop_sequence(s);
     DecodeResult d;
     d.batch = batch;
     d.seconds_per_step = median(times);
+    d.seconds_per_step_logits = median(logits_times);
     d.tokens_per_second = static_cast<double>(batch) / d.seconds_per_step;
     d.collective_seconds = engine.collective_seconds(batch, batch);
     d.kernels = engine.decode_step_kernels(batch).value_or(0);

@@ -166,6 +166,11 @@ std::vector<std::vector<int32_t>> SpeculativeDecoder::round(std::span<const Slot
     ss.push_back(&s);
   }
 
+  // When every sequence is plain greedy, both models pick their argmax ids themselves (on the GPU,
+  // no vocabulary-wide rows come back), and the ids are all a round needs.
+  const bool ids_only =
+      std::ranges::all_of(ss, [](const Seq* s) { return s->greedy && !s->penalty; });
+
   // Drafts: step i feeds each drafting sequence what its cache lacks (step 0) or its draft i - 1,
   // all as one batch, and draws its draft i from the logits.
   const int steps = std::ranges::max(slots, {}, &Slot::draft_tokens).draft_tokens;
@@ -182,7 +187,13 @@ std::vector<std::vector<int32_t>> SpeculativeDecoder::round(std::span<const Slot
       in_batch.push_back(s);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    const auto logits = draft_.forward_batch(batch);
+    std::vector<std::vector<float>> logits;
+    std::vector<std::vector<int32_t>> ids;
+    if (ids_only) {
+      ids = draft_.forward_batch_argmax(batch);
+    } else {
+      logits = draft_.forward_batch(batch);
+    }
     policy_.record_draft_step(static_cast<int64_t>(batch.size()), seconds_since(t0));
     for (size_t b = 0; b < in_batch.size(); ++b) {
       Seq& s = *in_batch[b];
@@ -193,7 +204,9 @@ std::vector<std::vector<int32_t>> SpeculativeDecoder::round(std::span<const Slot
         history.insert(history.end(), s.drafts.begin(), s.drafts.end());
       }
       int32_t tok = 0;
-      if (s.greedy) {
+      if (ids_only) {
+        tok = ids[b].front();
+      } else if (s.greedy) {
         tok = s.draft_sampler.sample(logits[b], s.hist(history));
       } else {
         const Sampler::Weights w = s.draft_sampler.weights(logits[b], s.hist(history));
@@ -219,7 +232,13 @@ std::vector<std::vector<int32_t>> SpeculativeDecoder::round(std::span<const Slot
     batch.push_back({ss[j]->t, feeds[j], LogitsMode::kAll});
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const auto rows = target_.forward_batch(batch);
+  std::vector<std::vector<float>> rows;
+  std::vector<std::vector<int32_t>> choices;  // ids_only: the target's argmax per row
+  if (ids_only) {
+    choices = target_.forward_batch_argmax(batch);
+  } else {
+    rows = target_.forward_batch(batch);
+  }
   policy_.record_verify(static_cast<int64_t>(ss.size()), steps, seconds_since(t0));
 
   std::vector<std::vector<int32_t>> out(ss.size());
@@ -234,13 +253,17 @@ std::vector<std::vector<int32_t>> SpeculativeDecoder::round(std::span<const Slot
     int accepted = 0;
     int32_t bonus = -1;
     if (s.greedy) {
+      // The target's own choice after draft i (read when needed: the penalty's history grows).
+      const auto choice = [&](int i) {
+        return ids_only ? choices[j][static_cast<size_t>(i)]
+                        : s.sampler.sample(row(i), s.hist(tstream));
+      };
       // A draft is kept while it is the target's own choice.
-      while (accepted < s.k && s.sampler.sample(row(accepted), s.hist(tstream)) ==
-                                   s.drafts[static_cast<size_t>(accepted)]) {
+      while (accepted < s.k && choice(accepted) == s.drafts[static_cast<size_t>(accepted)]) {
         if (s.penalty) tstream.push_back(s.drafts[static_cast<size_t>(accepted)]);
         ++accepted;
       }
-      bonus = s.sampler.sample(row(accepted), s.hist(tstream));
+      bonus = choice(accepted);
     } else {
       while (accepted < s.k && bonus < 0) {
         const int32_t d = s.drafts[static_cast<size_t>(accepted)];

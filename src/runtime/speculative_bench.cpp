@@ -41,6 +41,17 @@ class DisagreeingDraft final : public Engine {
     }
     return out;
   }
+  // The rotated rows' argmax is the id after the wrapped engine's (exact but for a tie between
+  // the last id and another), picked where the wrapped engine picks its own.
+  std::vector<std::vector<int32_t>> forward_batch_argmax(
+      std::span<const BatchEntry> batch) override {
+    auto ids = e_.forward_batch_argmax(batch);
+    const auto v = static_cast<int32_t>(spec().vocab_size);
+    for (auto& l : ids) {
+      for (auto& id : l) id = (id + 1) % v;
+    }
+    return ids;
+  }
 
  private:
   Engine& e_;

@@ -380,9 +380,18 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
   }
   if (batch.empty()) return;
 
+  // A step of plain greedy requests needs only each row's argmax, which the engine picks where
+  // its logits are (on the GPU only the ids come back).
+  const bool ids_only =
+      std::ranges::all_of(who, [](const Active* a) { return a->sampler.plain_greedy(); });
   std::vector<std::vector<float>> logits;
+  std::vector<std::vector<int32_t>> ids;
   try {
-    logits = engine_.forward_batch(batch);
+    if (ids_only) {
+      ids = engine_.forward_batch_argmax(batch);
+    } else {
+      logits = engine_.forward_batch(batch);
+    }
     if (draft_) {
       std::vector<runtime::Engine::BatchEntry> dbatch = batch;
       for (size_t i = 0; i < dbatch.size(); ++i) dbatch[i].seq = who[i]->dseq;
@@ -403,7 +412,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
     a.prefilled += static_cast<size_t>(fed[i]);
     if (!a.decoding()) continue;  // more prompt to prefill before the first sample
     try {
-      const int32_t tok = a.sampler.sample(logits[i], a.history);
+      const int32_t tok = ids_only ? ids[i].front() : a.sampler.sample(logits[i], a.history);
       if (a.req.sampling.repetition_penalty != 1.0f) a.history.push_back(tok);
       accept_token(a, tok);
       if (spec_ && !a.done) {

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "../runtime/runtime_test_util.hpp"
+#include "exl3/cuda/launch.hpp"
 #include "exl3/error.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
@@ -151,6 +152,45 @@ TEST(CudaEngine, DecodeBatchGraphsAndChunks) {
   go.max_new_tokens = 8;
   const std::vector<int32_t> prompt = {40, 41, 42, 43};
   EXPECT_EQ(generate(*graphs, prompt, go).tokens, generate(*cpu, prompt, go).tokens);
+}
+
+// Greedy ids picked on the GPU (graphs and eager, and with prefill cut into chunks) equal the
+// host's argmax of the rows forward_batch copies back.
+TEST(CudaEngine, GreedyIdsAreTheArgmaxOfTheLogits) {
+  EXL3_REQUIRE_GPU();
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = test::tiny_model(dir);
+  auto rng = exl3::test::make_rng();
+  for (const auto& [chunk, graphs] :
+       {std::pair<int64_t, bool>{2048, true}, {2048, false}, {4, true}}) {
+    auto engine = load_engine(model, cuda_options(chunk, graphs));
+    test::expect_argmax_ids_match_logits(*engine, rng,
+                                         fmt::format("chunk {}, graphs {}", chunk, graphs));
+  }
+}
+
+// Programmatic dependent launch only moves when kernels are scheduled: a prefill and graph-replayed
+// decode steps give the same bits with it on (the default) and off.
+TEST(CudaEngine, ProgrammaticLaunchChangesNoBits) {
+  EXL3_REQUIRE_GPU();
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = test::tiny_model(dir);
+  auto rng = exl3::test::make_rng();
+  const auto ids = test::random_ids(rng, 24, 500);
+  ASSERT_TRUE(cuda::programmatic_launch());
+  auto on = load_engine(model, cuda_options());
+  const auto want = test::prefill_then_decode(*on, ids, 9);
+  cuda::set_programmatic_launch(false);
+  std::vector<float> got;
+  try {
+    auto off = load_engine(model, cuda_options());
+    got = test::prefill_then_decode(*off, ids, 9);
+  } catch (...) {
+    cuda::set_programmatic_launch(true);
+    throw;
+  }
+  cuda::set_programmatic_launch(true);
+  EXPECT_EQ(got, want);
 }
 
 // Speculative verification's steps (a few tokens per sequence, every row's logits, beside plain

@@ -146,6 +146,20 @@ TEST(CudaTpEngine, MixedBatchEqualsSeparateCalls) {
   EXPECT_LE(exl3::test::rel_l2(got[1], want_b), 1e-3);
 }
 
+// Greedy ids picked on rank 0's GPU over every rank's vocabulary block equal the host argmax of
+// the gathered logits rows.
+TEST(CudaTpEngine, GreedyIdsAreTheArgmaxOfTheLogits) {
+  EXL3_REQUIRE_GPU();
+  exl3::test::TempDir tmp;
+  const auto dir = tmp / "moe";
+  test::write_tp_model(dir, HfArch::kQwen3Moe, exl3::test::test_seed());
+  auto rng = exl3::test::make_rng();
+  for (const int tp : tp_sizes({1, 2})) {
+    auto eng = cuda_engine(dir, tp, true);
+    test::expect_argmax_ids_match_logits(*eng, rng, fmt::format("TP {}", tp));
+  }
+}
+
 // Rank-sliced experts (`.rank{r}` tensors for TP 2) read only each rank's tensors.
 TEST(CudaTpEngine, RankSlicedExpertsEqualPlainCheckpoint) {
   EXL3_REQUIRE_GPU();

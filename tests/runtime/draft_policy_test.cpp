@@ -72,6 +72,12 @@ TEST(DraftPolicy, ACostlyDraftIsNotWorthIt) {
   time_verify(p, 1, 1, 0.011);
   time_draft(p, 1, 0.010);  // as costly as the target: even all-kept rounds lose
   EXPECT_EQ(p.choose(after(10, 3, 3), 1), 0);
+  // So it is not probed either, however long it has been plain.
+  auto idle = after(6, 3, 0);
+  for (int i = 0; i < 4 * (DraftPolicy::kProbeEvery << DraftPolicy::kMaxBackoff); ++i) {
+    ASSERT_EQ(p.choose(idle, 1), 0) << "plain step " << i;
+    DraftPolicy::record(idle, 0, 0);
+  }
   // A cheap draft: all three at full acceptance, one at half, none when nothing is kept.
   DraftPolicy q(3);
   time_verify(q, 1, 0, 0.010);

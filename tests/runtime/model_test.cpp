@@ -323,6 +323,16 @@ TEST(Engine, ForwardBatchEqualsSeparateForwards) {
   EXPECT_EQ(engine->sequence_length(sc), 6);
 }
 
+TEST(Engine, GreedyIdsAreTheArgmaxOfTheLogits) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  EngineOptions eo;
+  eo.page_size = 4;
+  eo.cache_tokens = 256;
+  auto engine = load_engine(test::tiny_model(dir), eo);
+  auto rng = exl3::test::make_rng();
+  test::expect_argmax_ids_match_logits(*engine, rng, "cpu engine");
+}
+
 TEST(Generate, GreedyIsDeterministicAndStops) {
   EXL3_REQUIRE_CONFORMANCE(dir);
   auto engine = load_engine(test::tiny_model(dir));

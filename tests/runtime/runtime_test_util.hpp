@@ -60,6 +60,48 @@ inline void expect_same_argmax(const std::vector<float>& got, const std::vector<
   }
 }
 
+// forward_batch_argmax against the argmax of forward_batch's rows: two sets of sequences get the
+// same prompts and then the same mixed batches (a decode token, a multi-token kAll run, a kLast
+// run; two rounds, so decode steps repeat shapes), one set through each call. The ids must be
+// the scan's own, row for row.
+inline void expect_argmax_ids_match_logits(Engine& engine, std::mt19937_64& rng,
+                                           const std::string& what) {
+  const int64_t vocab = engine.spec().vocab_size;
+  std::vector<Engine::SeqId> by_logits, by_ids;
+  for (int p : {7, 12, 3}) {
+    const auto prompt = random_ids(rng, p, vocab);
+    by_logits.push_back(engine.new_sequence());
+    by_ids.push_back(engine.new_sequence());
+    engine.forward(by_logits.back(), prompt, LogitsMode::kLast);
+    engine.forward(by_ids.back(), prompt, LogitsMode::kLast);
+  }
+  for (int round = 0; round < 2; ++round) {
+    const auto a = random_ids(rng, 1, vocab), b = random_ids(rng, 4, vocab),
+               c = random_ids(rng, 5, vocab);
+    const auto batch = [&](const std::vector<Engine::SeqId>& s) {
+      return std::vector<Engine::BatchEntry>{
+          {s[0], a, LogitsMode::kLast}, {s[1], b, LogitsMode::kAll}, {s[2], c, LogitsMode::kLast}};
+    };
+    const auto logits = engine.forward_batch(batch(by_logits));
+    const auto ids = engine.forward_batch_argmax(batch(by_ids));
+    ASSERT_EQ(ids.size(), logits.size()) << what;
+    for (size_t e = 0; e < ids.size(); ++e) {
+      const std::span<const float> rows(logits[e]);
+      ASSERT_EQ(ids[e].size() * static_cast<size_t>(vocab), rows.size()) << what << " entry " << e;
+      for (size_t r = 0; r < ids[e].size(); ++r) {
+        EXPECT_EQ(ids[e][r],
+                  argmax(rows.subspan(r * static_cast<size_t>(vocab), static_cast<size_t>(vocab))))
+            << what << ": round " << round << ", entry " << e << ", row " << r;
+      }
+    }
+  }
+  for (size_t i = 0; i < by_ids.size(); ++i) {
+    EXPECT_EQ(engine.sequence_length(by_ids[i]), engine.sequence_length(by_logits[i])) << what;
+    engine.drop_sequence(by_ids[i]);
+    engine.drop_sequence(by_logits[i]);
+  }
+}
+
 // A new sequence prefilled with the first `prefill` ids, then one id per step (pure decode steps:
 // the CUDA engine replays graphs): the logits of every position, concatenated. The sequence ends
 // holding all ids and is dropped.

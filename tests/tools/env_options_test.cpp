@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "env_options.hpp"
+#include "exl3/cuda/launch.hpp"
 #include "exl3/error.hpp"
 #include "test_support.hpp"
 
@@ -128,6 +129,26 @@ TEST(EnvOptions, EngineOptionsOnCudaOnly) {
   EXPECT_EQ(cpu.mxfp8.gemv_max_m, Mxfp8Options{}.gemv_max_m);
   EXPECT_THAT(error_of([&] { exl3::cli::engine_options_from_env(cuda); }),
               HasSubstr("EXL3_MXFP8_GEMV_MAX_M='garbage'"));
+}
+
+TEST(EnvOptions, ProgrammaticLaunchSwitch) {
+  ScopedEnv pdl("EXL3_PDL", "maybe");
+  exl3::runtime::EngineOptions cpu;
+  exl3::cli::engine_options_from_env(cpu);  // the CPU engine reads none of them
+  exl3::runtime::EngineOptions cuda;
+  cuda.device = exl3::runtime::Device::kCuda;
+  EXPECT_THAT(error_of([&] { exl3::cli::engine_options_from_env(cuda); }),
+              HasSubstr("EXL3_PDL='maybe' must be 0 or 1"));
+  pdl.set("0");
+  exl3::cli::engine_options_from_env(cuda);
+#if defined(EXL3_HAVE_CUDA)
+  EXPECT_FALSE(exl3::cuda::programmatic_launch());
+#endif
+  pdl.set("1");
+  exl3::cli::engine_options_from_env(cuda);
+#if defined(EXL3_HAVE_CUDA)
+  EXPECT_TRUE(exl3::cuda::programmatic_launch());
+#endif
 }
 
 TEST(EnvOptions, QuantizeStopAfter) {

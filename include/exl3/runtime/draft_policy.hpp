@@ -6,7 +6,8 @@
 // work), estimates a per sequence from its recent rounds, and picks the k in 0..K with the most
 // tokens per second. A sequence whose draft stops paying takes plain steps, and drafts one token
 // after kProbeEvery plain steps so that a draft which starts agreeing again is noticed; each probe
-// that keeps nothing doubles the wait (up to 16x), so a useless draft costs almost nothing.
+// that keeps nothing doubles the wait (up to 16x), so a useless draft costs almost nothing. A
+// draft too costly to pay even when every draft is kept is never probed.
 //
 // The choice depends on measured times, so with sampling a seed fixes the output distribution
 // but not the text (the rejection rule keeps the target's distribution for any k); a fixed k

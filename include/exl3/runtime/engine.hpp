@@ -140,6 +140,12 @@ class Engine {
     LogitsMode mode = LogitsMode::kLast;
   };
   virtual std::vector<std::vector<float>> forward_batch(std::span<const BatchEntry> batch);
+  // Greedy decoding: forward_batch's effect on the sequences, but per entry only the argmax id
+  // (exl3::runtime::argmax: the lowest id among equal logits) of each logits row forward_batch
+  // would return, in the same order. Engines whose logits live on an accelerator pick the ids
+  // there and bring back only those (a decode step of 8 sequences then reads back 8 ids, not 8
+  // vocabulary-wide rows); the base version runs forward_batch and scans its rows.
+  virtual std::vector<std::vector<int32_t>> forward_batch_argmax(std::span<const BatchEntry> batch);
 };
 
 // Builds the description of `ckpt` and loads it on opts.device. The engine keeps its own copy

@@ -41,6 +41,11 @@ class Sampler {
   // `history`: the sequence's tokens so far (prompt and generated), read only for the
   // repetition penalty.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history = {});
+  // Whether sample() is the plain argmax of the logits (temperature 0, no repetition penalty),
+  // so an engine may pick the token itself (Engine::forward_batch_argmax).
+  bool plain_greedy() const {
+    return opts_.temperature == 0.0f && opts_.repetition_penalty == 1.0f;
+  }
 
   // The distribution sample() draws from at temperature > 0: (weight, id) entries and their
   // total, so an id's probability is weight / total (0 for ids not listed). Valid until the next

@@ -23,19 +23,30 @@ uint64_t active_weight_bytes_per_token(const Checkpoint& ckpt, const ModelSpec& 
 struct ModelBenchOptions {
   int64_t max_batch_tokens = 2048;  // the engine's chunk size (prefill collectives run per chunk)
   std::vector<int64_t> batches = {1, 8, 64};
-  int64_t context = 128;      // prompt tokens per sequence before decode is timed
-  int64_t decode_steps = 32;  // timed steps per batch size (after 2 warm-up steps)
+  int64_t context = 128;  // prompt tokens per sequence before decode is timed
+  // Timed decode steps per batch size and per output (greedy ids, logits rows; they alternate
+  // after 2 warm-up steps).
+  int64_t decode_steps = 32;
   int64_t prefill_tokens = 2048;
   uint64_t seed = 1;
 };
 
 struct DecodeResult {
   int64_t batch = 0;
-  double seconds_per_step = 0.0;  // median over the timed steps
+  // Median over the timed steps of a greedy step: tokens in, each sequence's argmax id back.
+  double seconds_per_step = 0.0;
   double tokens_per_second = 0.0;
+  // The same step with every sequence's logits row copied back (what sampling reads), timed on
+  // steps interleaved with the greedy ones.
+  double seconds_per_step_logits = 0.0;
   double collective_seconds = 0.0;  // the step's collectives alone (tensor parallel; else 0)
   int64_t kernels = 0;  // kernel launches per step (the captured decode graph's); 0: unknown
 };
+
+// Tokens one benchmark sequence holds at most: the context plus every decode step.
+inline int64_t bench_sequence_tokens(const ModelBenchOptions& o) {
+  return o.context + 2 * o.decode_steps + 2;
+}
 
 struct ModelBenchResult {
   std::vector<DecodeResult> decode;
