@@ -2,7 +2,8 @@
 # On the GPU machine, after bench/run_greedy_ids_on_device.sh: every GPU test binary of the
 # bundle; `exl3 bench model` on the Qwen3-30B-A3B-geometry K4 checkpoint at batch 1, 8, 64 and
 # prefill 2048; batch 64 with the fused MoE's decode path raised to 64 and 128 tokens
-# (EXL3_MOE_DECODE_MAX_M; the default 32 sends batch 64 down the prefill path); speculative
+# (EXL3_MOE_DECODE_MAX_M; the default 32 sends batch 64 down the prefill path) and batch 8 with
+# it lowered to 4 (batch 8 then takes the grouped prefill path); speculative
 # decoding at batch 1 and 8 (the adaptive policy with a useless draft); Nsight Compute on the
 # decode-shaped GEMVs (a 1-token context, so the first step already has decode shapes); and the
 # DeepSeek-V3-geometry 5-layer cut (MLA) with programmatic dependent launch on and off.
@@ -25,6 +26,11 @@ for mm in 32 64 128; do
   echo "batch 64, EXL3_MOE_DECODE_MAX_M=$mm rc=$?" | tee -a "$out/summary.txt"
   grep -E "^ +64 " "$out/bench_b64_moe_decode_max_m$mm.txt" | tee -a "$out/summary.txt"
 done
+# Batch 8 through the grouped (prefill) MoE path: routes of one expert share its decoded tiles.
+EXL3_MOE_DECODE_MAX_M=4 timeout 200 "$bin/exl3" bench model "$model" --batch 8 --prefill 0 \
+  --steps 64 --json "$out/bench_b8_moe_decode_max_m4.json" > "$out/bench_b8_moe_decode_max_m4.txt" 2>&1
+echo "batch 8, EXL3_MOE_DECODE_MAX_M=4 rc=$?" | tee -a "$out/summary.txt"
+grep -E "^ +8 " "$out/bench_b8_moe_decode_max_m4.txt" | tee -a "$out/summary.txt"
 timeout 240 "$bin/exl3" bench model "$model" --batch 1,8 --prefill 0 --steps 64 --draft-tokens 3 \
   --json "$out/bench_speculative.json" > "$out/bench_speculative.txt" 2>&1
 echo "speculative bench rc=$?" | tee -a "$out/summary.txt"
