@@ -470,7 +470,9 @@ TEST(Convert, GptOssFusedExperts) {
       for (const auto& part : parts) {
         const std::string name = fmt::format("{}{}.{}", x, e, part.proj);
         ASSERT_NE(ckpt.find_linear(name), nullptr) << name;
-        const auto want = exl3::fused_expert_columns(source.at(x + part.fused), e, part.cols);
+        // Every expert linear of the fixture reads 128 inputs (hidden and intermediate alike).
+        const auto want = exl3::fused_expert_columns(
+            exl3::fused_expert_tensor(source, x + part.fused, 4, 128), e, part.cols);
         const auto data = exl3::Exl3LinearData::load(ckpt, name);
         const auto got = exl3::cpu::reconstruct_weight(exl3::cpu::LinearView::of(data));
         ASSERT_EQ(got.size(), want.size()) << name;
@@ -491,7 +493,7 @@ TEST(Convert, GptOssFusedExperts) {
   }
   const double err = rel_l2_to_reference(tmp / "out", src);
   std::printf("gpt-oss K4 vs transformers fp64: rel-L2 %.3f\n", err);
-  EXPECT_LE(err, 0.45);
+  EXPECT_LE(err, 0.3);  // measured 0.13-0.15 over seeds 1-5
 }
 
 // gpt-oss as OpenAI released it: MXFP4 experts are dequantized while they are cut, so the output
@@ -519,7 +521,7 @@ TEST(Convert, GptOssMxfp4Experts) {
   EXPECT_EQ(cfg["original_quantization_config"]["quant_method"], "mxfp4");
   const double err = rel_l2_to_reference(tmp / "out", src);
   std::printf("gpt-oss MXFP4 -> K4 vs transformers fp64: rel-L2 %.3f\n", err);
-  EXPECT_LE(err, 0.45);
+  EXPECT_LE(err, 0.3);  // measured 0.11-0.19 over seeds 1-5
 }
 
 // Gemma 3 (tied head, sandwich and q/k norms, GeGLU): the seven projections of every layer and
