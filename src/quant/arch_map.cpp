@@ -270,8 +270,11 @@ void Planner::add_linear(const LinearKey& key, const TensorRef& w) {
       it.group = lp + (gate_up ? "mlp.shared_experts.gate_up" : "mlp.shared_experts.down");
     } else if (key.expert >= 0) {
       // The MoE layouts read experts as whole 128-channel blocks, unpadded: a narrower expert
-      // would convert into a checkpoint no runtime loads.
-      if (it.in_features % 128 != 0 || it.out_features % 128 != 0) {
+      // would convert into a checkpoint no runtime loads. (Experts with biases or another
+      // activation run as linears, which are padded.)
+      const model::MoeSpec* moe = moe_of(key.layer);
+      const bool blocks = moe == nullptr || moe->plain_experts();
+      if (blocks && (it.in_features % 128 != 0 || it.out_features % 128 != 0)) {
         fail(
             "{}: tensor '{}': routed expert [{}, {}] is not a multiple of 128 on both sides; EXL3 "
             "experts are stored unpadded (hidden_size and moe_intermediate_size must be multiples "
@@ -336,13 +339,8 @@ void Planner::add_fused_experts(int l, const model::MoeSpec& m) {
       it.out_features = part.cols.count;
       it.layer = l;
       it.role = LinearRole::kDecoder;
-      if (it.in_features % 128 != 0 || it.out_features % 128 != 0) {
-        fail(
-            "{}: tensor '{}': expert {} [{}, {}] is not a multiple of 128 on both sides; EXL3 "
-            "experts are stored unpadded (hidden_size and intermediate_size must be multiples of "
-            "128)",
-            label_, t.name, e, it.out_features, it.in_features);
-      }
+      // These experts run as biased linears, never through the MoE layouts' 128-channel blocks,
+      // so they are padded like any linear (gpt-oss's 2880 channels are not a multiple of 128).
       const bool gate_up = part.cols.stride == 2;
       it.group = lp + (gate_up ? "mlp.experts.gate_up" : "mlp.experts.down");
       experts_[l][static_cast<int>(e)].insert(part.proj);

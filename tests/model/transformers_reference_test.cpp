@@ -313,6 +313,15 @@ TEST(GptOss, DescribedAsGptOssConfigReadsIt) {
     EXPECT_DOUBLE_EQ(std::get<MoeSpec>(l.mlp).swiglu_alpha, 1.702);
   }
   EXPECT_DOUBLE_EQ(d.rms_norm_eps, 1e-5);
+  // The released config.json files name their YaRN rope_scaling, beside rope_theta.
+  bare["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0},
+                          {"beta_fast", 32.0},   {"beta_slow", 1.0},
+                          {"truncate", false},   {"original_max_position_embeddings", 4096}};
+  bare["rope_theta"] = 20000.0;
+  const ModelSpec r = describe_model(rt::test::config_of(bare), "m/config.json");
+  const RopeSpec& legacy = std::get<GqaAttentionSpec>(r.layers[0].attention).rope;
+  EXPECT_DOUBLE_EQ(legacy.factor, 8.0);
+  EXPECT_DOUBLE_EQ(legacy.theta, 20000.0);
   // What the runtime does not compute is refused, naming the key.
   auto refused = [&](const char* key, const nlohmann::json& value, const char* what) {
     nlohmann::json c = cfg;

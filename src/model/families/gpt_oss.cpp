@@ -44,14 +44,19 @@ std::vector<bool> sliding_layers(const Family& f) {
   return sliding;
 }
 
-// GptOssConfig's RoPE: rope_parameters, or when absent YaRN with factor 32 over 4096 original
-// positions (beta_fast 32, beta_slow 1, no truncation); rope_theta defaults to 150000.
+// GptOssConfig's RoPE: rope_parameters, else the legacy rope_scaling (which the released
+// config.json files use and transformers 5 reads as rope_parameters), else YaRN with factor 32
+// over 4096 original positions (beta_fast 32, beta_slow 1, no truncation); rope_theta defaults to
+// 150000.
 RopeSpec gpt_oss_rope(const Family& f, int64_t head_dim) {
   json p = {{"rope_type", "yarn"}, {"factor", 32.0},    {"beta_fast", 32.0},
             {"beta_slow", 1.0},    {"truncate", false}, {"original_max_position_embeddings", 4096}};
-  if (const json* given = f.keys.get("rope_parameters"); given != nullptr && !given->is_null()) {
-    if (!given->is_object()) fail("{}: key 'rope_parameters': expected an object", f.label);
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const json* given = f.keys.get(key);
+    if (given == nullptr || given->is_null()) continue;
+    if (!given->is_object()) fail("{}: key '{}': expected an object", f.label, key);
     p = *given;
+    break;
   }
   if (!p.contains("rope_theta") || p["rope_theta"].is_null())
     p["rope_theta"] = f.keys.number("rope_theta", 150000.0);
