@@ -6,7 +6,7 @@
 namespace exl3 {
 namespace {
 
-constexpr std::array<ArchitectureInfo, 11> kArchitectures = {{
+constexpr std::array<ArchitectureInfo, 12> kArchitectures = {{
     // arch, HF class, model_type, CLI, moe, shared experts, qk_norm, qkv_bias, mla
     {Architecture::kLlama, "LlamaForCausalLM", "llama", "llama", false, false, false, false, false},
     {Architecture::kMistral, "MistralForCausalLM", "mistral", "mistral", false, false, false, false,
@@ -26,6 +26,8 @@ constexpr std::array<ArchitectureInfo, 11> kArchitectures = {{
     {Architecture::kGlmMoeDsa, "GlmMoeDsaForCausalLM", "glm_moe_dsa", "glm-moe-dsa", true, true,
      false, false, true},
     {Architecture::kGemma3, "Gemma3ForCausalLM", "gemma3_text", "gemma3", false, false, true, false,
+     false},
+    {Architecture::kGptOss, "GptOssForCausalLM", "gpt_oss", "gpt-oss", true, false, false, true,
      false},
 }};
 

@@ -123,6 +123,12 @@ void validate(const SyntheticHfSpec& s) {
         "not written by the synthetic writer; hint: make a tiny one with transformers "
         "(tests/model/data/make_gemma3.py)");
   }
+  if (s.arch == HfArch::kGptOss) {
+    fail(
+        "synthetic HF model: GptOssForCausalLM (attention sinks, fused biased experts) is not "
+        "written by the synthetic writer; hint: make a tiny one with transformers "
+        "(tests/model/data/make_gpt_oss.py)");
+  }
   if (s.arch == HfArch::kGlm4Moe && (s.first_k_dense_replace < 0 || s.n_shared_experts < 0)) {
     fail("synthetic HF model: first_k_dense_replace and n_shared_experts must be >= 0");
   }

@@ -51,17 +51,19 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
 
   // Gemma3TextConfig's defaults for keys a config may omit differ from the other families'.
   const bool gemma = arch->arch == Architecture::kGemma3;
+  // GptOssConfig's likewise.
+  const bool gpt_oss = arch->arch == Architecture::kGptOss;
   s.hidden_size = k.integer("hidden_size");
   s.vocab_size = k.integer("vocab_size");
   const int64_t num_layers = k.integer("num_hidden_layers");
   const int64_t heads = k.integer("num_attention_heads");
   // transformers' default
-  const int64_t kv_heads = k.integer("num_key_value_heads", gemma ? 4 : heads);
+  const int64_t kv_heads = k.integer("num_key_value_heads", gemma ? 4 : (gpt_oss ? 8 : heads));
   if (kv_heads == 0 || heads % kv_heads != 0) {
     fail("{}: key 'num_key_value_heads': {} does not divide num_attention_heads {}", label,
          kv_heads, heads);
   }
-  int64_t head_dim = k.integer("head_dim", gemma ? 256 : 0);
+  int64_t head_dim = k.integer("head_dim", gemma ? 256 : (gpt_oss ? 64 : 0));
   if (head_dim == 0) {
     if (s.hidden_size % heads != 0) {
       fail(
@@ -71,8 +73,10 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
     }
     head_dim = s.hidden_size / heads;
   }
-  s.rms_norm_eps = gemma ? k.number("rms_norm_eps", 1e-6) : k.number("rms_norm_eps");
-  s.max_position_embeddings = k.integer("max_position_embeddings", gemma ? 131072 : 0);
+  s.rms_norm_eps = gemma     ? k.number("rms_norm_eps", 1e-6)
+                   : gpt_oss ? k.number("rms_norm_eps", 1e-5)
+                             : k.number("rms_norm_eps");
+  s.max_position_embeddings = k.integer("max_position_embeddings", gemma || gpt_oss ? 131072 : 0);
   s.tie_word_embeddings = k.boolean("tie_word_embeddings", gemma);
   s.eos_token_ids = k.ids("eos_token_id");
   if (const auto bos = k.ids("bos_token_id"); !bos.empty()) s.bos_token_id = bos[0];
@@ -93,8 +97,8 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
   }
   // The DSA families name their attention kind in layer_types, Gemma its sliding layers; they
   // check the entries.
-  const bool own_layer_types =
-      gemma || arch->arch == Architecture::kGlmMoeDsa || arch->arch == Architecture::kDeepseekV32;
+  const bool own_layer_types = gemma || gpt_oss || arch->arch == Architecture::kGlmMoeDsa ||
+                               arch->arch == Architecture::kDeepseekV32;
   if (const json* lt = own_layer_types ? nullptr : k.get("layer_types")) {
     if (!lt->is_array()) fail("{}: key 'layer_types': expected a list of strings", label);
     for (const auto& t : *lt) {
@@ -123,7 +127,8 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
         "only, not {}",
         label, config.architecture);
   }
-  if (!gemma) attn.rope = parse_rope(raw, head_dim, label);  // Gemma's differs per layer type
+  // Gemma's RoPE differs per layer type; gpt-oss has defaults of its own.
+  if (!gemma && !gpt_oss) attn.rope = parse_rope(raw, head_dim, label);
   switch (s.architecture) {
     case Architecture::kLlama:
       families::describe_llama(f);
@@ -157,6 +162,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
       break;
     case Architecture::kGemma3:
       families::describe_gemma3(f);
+      break;
+    case Architecture::kGptOss:
+      families::describe_gpt_oss(f);
       break;
   }
   s.lm_head_tied = false;

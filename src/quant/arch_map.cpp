@@ -143,6 +143,8 @@ class Planner {
   // Layer l's MoE description, or nullptr for a dense layer (or an index past the decoder).
   const model::MoeSpec* moe_of(int l) const;
   void add_linear(const LinearKey& key, const TensorRef& w);
+  // transformers' fused experts of MoE layer l (gpt-oss), as one linear per expert and projection.
+  void add_fused_experts(int l, const model::MoeSpec& m);
   void add_plain(const TensorRef& t);
   void check_structure() const;
   bool layer_is_moe(int l) const;
@@ -268,8 +270,11 @@ void Planner::add_linear(const LinearKey& key, const TensorRef& w) {
       it.group = lp + (gate_up ? "mlp.shared_experts.gate_up" : "mlp.shared_experts.down");
     } else if (key.expert >= 0) {
       // The MoE layouts read experts as whole 128-channel blocks, unpadded: a narrower expert
-      // would convert into a checkpoint no runtime loads.
-      if (it.in_features % 128 != 0 || it.out_features % 128 != 0) {
+      // would convert into a checkpoint no runtime loads. (Experts with biases or another
+      // activation run as linears, which are padded.)
+      const model::MoeSpec* moe = moe_of(key.layer);
+      const bool blocks = moe == nullptr || moe->plain_experts();
+      if (blocks && (it.in_features % 128 != 0 || it.out_features % 128 != 0)) {
         fail(
             "{}: tensor '{}': routed expert [{}, {}] is not a multiple of 128 on both sides; EXL3 "
             "experts are stored unpadded (hidden_size and moe_intermediate_size must be multiples "
@@ -288,6 +293,60 @@ void Planner::add_linear(const LinearKey& key, const TensorRef& w) {
     }
   }
   items_.push_back(std::move(it));
+}
+
+void Planner::add_fused_experts(int l, const model::MoeSpec& m) {
+  const std::string p = m.prefix + ".experts.";
+  const int64_t hidden = spec_.hidden_size, inter = m.intermediate;
+  const std::string lp = fmt::format("model.layers.{}.", l);
+  struct Part {
+    const char* proj;
+    const char* tensor;
+    int64_t in;
+    FusedColumns cols;
+  };
+  // gate_up_proj interleaves the gate (even columns) and up (odd columns) channels.
+  const Part parts[] = {{"gate_proj", "gate_up_proj", hidden, {0, 2, 0, inter}},
+                        {"up_proj", "gate_up_proj", hidden, {1, 2, 0, inter}},
+                        {"down_proj", "down_proj", inter, {0, 1, 0, hidden}}};
+  for (const Part& part : parts) {
+    const FusedExpertTensor t =
+        fused_expert_tensor(store_, p + part.tensor, m.num_experts, part.in);
+    if (t.columns != part.cols.stride * part.cols.count) {
+      fail("{}: tensor '{}' has {} columns, expected {} (intermediate_size {}, hidden_size {})",
+           label_, t.name, t.columns, part.cols.stride * part.cols.count, inter, hidden);
+    }
+    const std::string bias = p + part.tensor + "_bias";
+    if (!store_.contains(bias)) fail("{}: missing weights: tensor '{}' not found", label_, bias);
+    // MXFP4 experts are dequantized here, so neither their blocks nor scales are copied.
+    for (const TensorRef* r : {t.dense, t.blocks, t.scales})
+      if (r != nullptr) consumed_.insert(r->name());
+    consumed_.insert(bias);
+    for (int64_t e = 0; e < m.num_experts; ++e) {
+      const std::string name = fmt::format("{}{}.{}", p, e, part.proj);
+      if (formats_.contains(name)) {
+        fail("{}: --dense-format cannot keep '{}': it is cut from the fused tensor '{}'", label_,
+             name, t.name);
+      }
+      PlanItem it;
+      it.kind = PlanItem::Kind::kExl3Linear;
+      it.name = name;
+      it.source = t.name;
+      it.bias = bias;
+      it.fused_expert = e;
+      it.fused_columns = part.cols;
+      it.in_features = part.in;
+      it.out_features = part.cols.count;
+      it.layer = l;
+      it.role = LinearRole::kDecoder;
+      // These experts run as biased linears, never through the MoE layouts' 128-channel blocks,
+      // so they are padded like any linear (gpt-oss's 2880 channels are not a multiple of 128).
+      const bool gate_up = part.cols.stride == 2;
+      it.group = lp + (gate_up ? "mlp.experts.gate_up" : "mlp.experts.down");
+      experts_[l][static_cast<int>(e)].insert(part.proj);
+      items_.push_back(std::move(it));
+    }
+  }
 }
 
 void Planner::add_plain(const TensorRef& t) {
@@ -312,7 +371,8 @@ void Planner::add_plain(const TensorRef& t) {
   it.name = n;
   it.source = n;
   const auto parts = split_dots(n);
-  const bool router = n.ends_with("mlp.gate.weight") ||
+  const bool router = n.ends_with("mlp.gate.weight") || n.ends_with("mlp.router.weight") ||
+                      n.ends_with("mlp.router.bias") ||
                       n.ends_with("block_sparse_moe.gate.weight") ||
                       n.ends_with("e_score_correction_bias");
   if (std::find(parts.begin(), parts.end(), "embed_tokens") != parts.end())
@@ -387,7 +447,7 @@ void Planner::check_structure() const {
            arch_.hf_name);
     }
     const model::MoeSpec& ms = *moe_of(l);
-    const std::string router = lp + ms.block + ".gate.weight";
+    const std::string router = lp + ms.block + "." + ms.router_name + ".weight";
     if (!store_.contains(router)) missing(router);
     for (int e = 0; e < cfg_.num_experts; ++e) {
       size_t i = 0;
@@ -488,6 +548,12 @@ void Planner::allocate(double bits, int head_bits, ConversionPlan& plan) {
 }
 
 ConversionPlan Planner::run(double bits, int head_bits) {
+  for (const auto& layer : spec_.layers) {
+    const auto* m = std::get_if<model::MoeSpec>(&layer.mlp);
+    if (m == nullptr) continue;
+    if (has_fused_expert_tensor(store_, m->prefix + ".experts.gate_up_proj"))
+      add_fused_experts(layer.index, *m);
+  }
   for (const auto& name : store_.names()) {
     const TensorRef& t = store_.at(name);
     if (name == "lm_head.weight") continue;  // handled with head_bits below

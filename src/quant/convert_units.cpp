@@ -98,13 +98,30 @@ uint16_t to_f16_checked(float v, const TensorRef& ref, size_t flat) {
 // Elements converted per chunk when streaming a plain tensor.
 constexpr size_t kChunkElems = size_t{1} << 20;
 
-std::span<const std::byte> bytes_of(const std::vector<uint16_t>& v) { return std::as_bytes(std::span(v)); }
+std::span<const std::byte> bytes_of(const std::vector<uint16_t>& v) {
+  return std::as_bytes(std::span(v));
+}
 
 TensorReport stage_linear(const TensorStore& store, const PlanItem& item, const ConvertOptions& o,
                           const fs::path& file, const std::vector<double>* hessian) {
-  const TensorRef& ref = store.at(item.source);
-  std::vector<float> w = load_transposed(ref);
-  release_pages(ref.bytes());
+  // A fused expert's columns come input-major: already the [in, out] the quantizer takes. (Its
+  // tensor is read again for the next expert, so its pages stay.)
+  const bool fused = item.fused_expert >= 0;
+  std::vector<float> w;
+  std::string where, what;  // the source, for errors
+  if (fused) {
+    const auto t = fused_expert_tensor(store, item.source, store.at(item.bias).info->shape[0],
+                                       item.in_features);
+    w = fused_expert_columns(t, item.fused_expert, item.fused_columns);
+    where = store.root().string();
+    what = fmt::format("{}' expert '{}", item.source, item.fused_expert);
+  } else {
+    const TensorRef& ref = store.at(item.source);
+    w = load_transposed(ref);
+    release_pages(ref.bytes());
+    where = ref.path().string();
+    what = ref.name();
+  }
 
   QuantOptions q;
   q.bits = item.bits;
@@ -120,14 +137,16 @@ TensorReport stage_linear(const TensorStore& store, const PlanItem& item, const 
     r = quantize_tensor(w.data(), item.in_features, item.out_features, q,
                         hessian != nullptr ? &hv : nullptr);
   } catch (const Error& e) {
-    fail("{}: tensor '{}': {}", ref.path().string(), ref.name(), e.what());
+    fail("{}: tensor '{}': {}", where, what, e.what());
   }
   std::vector<float>().swap(w);
 
   std::vector<uint16_t> bias;
   if (!item.bias.empty()) {
     const TensorRef& b = store.at(item.bias);
-    const std::vector<float> bf = read_as_float(b);
+    const std::vector<float> bf = fused ? fused_expert_bias(store, item.bias, b.info->shape[0],
+                                                            item.fused_expert, item.fused_columns)
+                                        : read_as_float(b);
     bias.assign(static_cast<size_t>(r.padded_out), 0);  // padded outputs get bias 0
     for (size_t i = 0; i < bf.size(); ++i) {
       if (!std::isfinite(bf[i])) {
@@ -149,7 +168,8 @@ TensorReport stage_linear(const TensorStore& store, const PlanItem& item, const 
     e.push_back(span_entry(p + (o.codebook == tr::Codebook::kMcg ? ".mcg" : ".mul1"), DType::kI32,
                            {}, std::as_bytes(std::span<const int32_t>(&marker, 1))));
   }
-  if (!bias.empty()) e.push_back(span_entry(p + ".bias", DType::kF16, {r.padded_out}, bytes_of(bias)));
+  if (!bias.empty())
+    e.push_back(span_entry(p + ".bias", DType::kF16, {r.padded_out}, bytes_of(bias)));
   write_safetensors_streaming(file, std::move(e), {});
 
   TensorReport rep;
@@ -213,9 +233,10 @@ uint64_t tensor_seed(uint64_t seed, std::string_view name) {
 TensorReport stage_item(const TensorStore& store, const PlanItem& item, const ConvertOptions& o,
                         const fs::path& file, const std::vector<double>* hessian) {
   const double t0 = now_seconds();
-  TensorReport r = item.kind == PlanItem::Kind::kExl3Linear    ? stage_linear(store, item, o, file, hessian)
-                   : item.kind == PlanItem::Kind::kDenseLinear ? stage_dense_linear(store, item, file)
-                                                               : stage_plain(store, item, file);
+  TensorReport r =
+      item.kind == PlanItem::Kind::kExl3Linear    ? stage_linear(store, item, o, file, hessian)
+      : item.kind == PlanItem::Kind::kDenseLinear ? stage_dense_linear(store, item, file)
+                                                  : stage_plain(store, item, file);
   r.seconds = now_seconds() - t0;
   return r;
 }

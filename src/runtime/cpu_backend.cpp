@@ -10,6 +10,7 @@
 #include <tbb/parallel_for.h>
 
 #include "exl3/error.hpp"
+#include "exl3/format/fused_experts.hpp"
 #include "exl3/model/rope.hpp"
 #include "exl3/moe/layout.hpp"
 #include "exl3/moe/reference.hpp"
@@ -72,6 +73,7 @@ struct CpuGqa final : Module {
   double eps = 0.0;
   std::optional<model::RopeTable> rope;
   std::vector<float> q_norm, k_norm;
+  std::vector<float> sinks;  // this rank's heads' sink logits (gpt-oss), empty without
 };
 
 // Multi-head latent attention: the latent norm, kv_b_proj and RoPE of one layer.
@@ -104,11 +106,14 @@ void rope_mla(float* x, const float* cos, const float* sin, int64_t half, bool i
   model::apply_rope(x, cos, sin, half);
 }
 
-// The dense SwiGLU of one unquantized routed expert, observed like any MLP.
+// The gated MLP of one routed expert run as runtime Linears (unquantized, or EXL3 experts with
+// biases or an activation the exl3::moe kernels lack), observed like any MLP.
 // (whole, or a rank's slice of its intermediate channels: the down output is then a partial sum)
 struct DenseExpert {
   ModulePtr gate, up, down;  // CpuLinears
   std::string gate_up_names[2], down_names[1];
+  model::Activation activation = model::Activation::kSilu;
+  float alpha = 0.0f, limit = 0.0f;  // kClampedSwiglu
 
   void forward(const float* x, int64_t m, float* y, LinearObserver* obs) const {
     const auto& g_l = static_cast<const CpuLinear&>(*gate);
@@ -117,7 +122,11 @@ struct DenseExpert {
     if (obs != nullptr) obs->observe(gate_up_names, x, m, g_l.in_features());
     g_l.forward(x, m, g.data());
     static_cast<const CpuLinear&>(*up).forward(x, m, u.data());
-    cpu_ops::silu_mul(g.data(), u.data(), m * inter);
+    if (activation == model::Activation::kClampedSwiglu) {
+      cpu_ops::clamped_swiglu_mul(g.data(), u.data(), m * inter, alpha, limit);
+    } else {
+      cpu_ops::silu_mul(g.data(), u.data(), m * inter);
+    }
     if (obs != nullptr) obs->observe(down_names, g.data(), m, inter);
     static_cast<const CpuLinear&>(*down).forward(g.data(), m, y);
   }
@@ -130,6 +139,7 @@ struct CpuMoe final : Module {
   MoeSpec spec;
   int64_t hidden = 0;
   std::shared_ptr<const DenseMatrix> router;
+  std::vector<float> router_bias;  // gpt-oss: added to the logits; empty without
   std::vector<float> correction_bias;
   std::vector<moe::MoeLayerWeights> ranks;             // layout experts (one, or every stored rank)
   std::vector<moe::MlpView> views;                     // over ranks[0] or `owned`
@@ -138,6 +148,59 @@ struct CpuMoe final : Module {
   std::vector<DenseExpert> dense;
   bool empty_rank = false;  // a rank with no intermediate channels: contributes zeros
 };
+
+// transformers' fused gpt-oss experts (see MoeSpec) as one DenseExpert per expert over the
+// intermediate channels `ext`: gate and up from gate_up_proj's interleaved columns, down from
+// those rows of down_proj. The down bias belongs to one rank (`down_bias`): the ranks' outputs
+// are summed.
+std::vector<DenseExpert> fused_experts(const TensorStore& store, const MoeSpec& s, int64_t hidden,
+                                       Extent ext, bool down_bias) {
+  const int64_t experts = s.num_experts, inter = s.intermediate;
+  const std::string p = s.prefix + ".experts.";
+  const FusedColumns gate{0, 2, ext.begin, ext.count}, up{1, 2, ext.begin, ext.count};
+  const FusedColumns down{0, 1, 0, hidden};
+  const FusedExpertTensor gu = fused_expert_tensor(store, p + "gate_up_proj", experts, hidden);
+  const FusedExpertTensor dn = fused_expert_tensor(store, p + "down_proj", experts, inter);
+  // [in, count] as stored -> a linear weight [count, in].
+  auto linear = [](const std::vector<float>& in_major, int64_t in, int64_t count,
+                   std::vector<float> bias, const std::string& name) {
+    std::vector<float> w(in_major.size());
+    for (int64_t i = 0; i < in; ++i)
+      for (int64_t o = 0; o < count; ++o)
+        w[static_cast<size_t>(o * in + i)] = in_major[static_cast<size_t>(i * count + o)];
+    auto l = std::make_unique<CpuLinear>();
+    l->name = name;
+    l->whole.emplace(
+        Linear::dense(DenseMatrix::from_f32(std::move(w), count, in, name), std::move(bias)));
+    return l;
+  };
+  std::vector<DenseExpert> out;
+  for (int64_t e = 0; e < experts; ++e) {
+    const std::string names[3] = {fmt::format("{}{}.gate_proj", p, e),
+                                  fmt::format("{}{}.up_proj", p, e),
+                                  fmt::format("{}{}.down_proj", p, e)};
+    DenseExpert x;
+    x.gate = linear(fused_expert_columns(gu, e, gate), hidden, ext.count,
+                    fused_expert_bias(store, p + "gate_up_proj_bias", experts, e, gate), names[0]);
+    x.up = linear(fused_expert_columns(gu, e, up), hidden, ext.count,
+                  fused_expert_bias(store, p + "gate_up_proj_bias", experts, e, up), names[1]);
+    // down_proj [I, H]: this rank's rows are its intermediate channels.
+    const std::vector<float> all = fused_expert_columns(dn, e, down);
+    const std::vector<float> rows(all.begin() + ext.begin * hidden,
+                                  all.begin() + ext.end() * hidden);
+    std::vector<float> bias;
+    if (down_bias) bias = fused_expert_bias(store, p + "down_proj_bias", experts, e, down);
+    x.down = linear(rows, ext.count, hidden, std::move(bias), names[2]);
+    x.gate_up_names[0] = names[0];
+    x.gate_up_names[1] = names[1];
+    x.down_names[0] = names[2];
+    x.activation = s.activation;
+    x.alpha = static_cast<float>(s.swiglu_alpha);
+    x.limit = static_cast<float>(s.swiglu_limit);
+    out.push_back(std::move(x));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -227,6 +290,11 @@ ModulePtr CpuBackend::load_gqa(const GqaAttentionSpec& s, Extent q_heads, Extent
     a->q_norm = load_norm_weight(s.prefix + ".q_norm.weight", s.head_dim);
     a->k_norm = load_norm_weight(s.prefix + ".k_norm.weight", s.head_dim);
   }
+  if (s.sinks) {
+    const std::vector<float> all = load_vector(ckpt_.store(), s.prefix + ".sinks", s.num_heads);
+    const auto first = all.begin() + q_heads.begin;
+    a->sinks.assign(first, first + q_heads.count);
+  }
   const int64_t width = kv_heads.count * s.head_dim;
   kv_.push_back({width, width});
   return a;
@@ -272,18 +340,26 @@ ModulePtr CpuBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoePl
   m->spec = s;
   m->hidden = spec_.hidden_size;
   const int64_t hidden = spec_.hidden_size;
+  const std::string router = s.prefix + "." + s.router_name;
   m->router = std::make_shared<const DenseMatrix>(
-      DenseMatrix::load(store, s.prefix + ".gate.weight", s.num_experts, hidden));
+      DenseMatrix::load(store, router + ".weight", s.num_experts, hidden));
+  if (s.router_bias) m->router_bias = load_vector(store, router + ".bias", s.num_experts);
   if (s.correction_bias) {
     m->correction_bias =
         load_vector(store, s.prefix + ".gate.e_score_correction_bias", s.num_experts);
   }
   const int experts = static_cast<int>(s.num_experts);
   const moe::MoeLayout* layout = opts_.moe_layout;
-  const bool exl3 = layout != nullptr && layout->has_layer(layer);
+  // Experts with biases or another activation run as runtime Linears, EXL3 or not.
+  const bool exl3 = layout != nullptr && layout->has_layer(layer) && s.plain_experts();
   if (!exl3) {  // unquantized experts: runtime Linears, whole or cut to this rank's channels
     if (plan != nullptr && plan->ranks[static_cast<size_t>(rank)].empty()) {
       m->empty_rank = true;
+      return m;
+    }
+    if (has_fused_expert_tensor(store, s.prefix + ".experts.gate_up_proj")) {
+      const Extent ext = plan ? plan->ranks[static_cast<size_t>(rank)] : Extent{0, s.intermediate};
+      m->dense = fused_experts(store, s, hidden, ext, rank == 0);
       return m;
     }
     for (int e = 0; e < experts; ++e) {
@@ -302,6 +378,9 @@ ModulePtr CpuBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoePl
       x.gate_up_names[0] = p + gate;
       x.gate_up_names[1] = p + up;
       x.down_names[0] = p + down;
+      x.activation = s.activation;
+      x.alpha = static_cast<float>(s.swiglu_alpha);
+      x.limit = static_cast<float>(s.swiglu_limit);
       m->dense.push_back(std::move(x));
     }
     return m;
@@ -433,6 +512,7 @@ void CpuBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
   });
   cpu_ops::GqaShape shape{nh, nkv, hd};
   shape.sliding_window = a.spec.sliding_window;
+  shape.sinks = a.sinks.empty() ? nullptr : a.sinks.data();
   if (a.window) {
     shape.q_per_kv = a.spec.q_per_kv();
     shape.first_q_head = a.q_heads.begin;
@@ -601,7 +681,7 @@ void CpuBackend::moe(const Module& moe, Act x, Act out) {
     return;
   }
   std::vector<float> logits(static_cast<size_t>(m * e));
-  l.router->matmul_t(x.data, m, logits.data());
+  l.router->matmul_t(x.data, m, logits.data(), l.router_bias);
   const moe::TopK routes = route_moe(l.spec, logits, m, l.correction_bias);
   if (!l.dense.empty()) {
     moe::routed_forward(static_cast<int>(e), l.hidden, routes, x.data, m, out.data,

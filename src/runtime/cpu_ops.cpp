@@ -40,6 +40,14 @@ void gelu_tanh_mul(float* g, const float* u, int64_t n) {
   }
 }
 
+void clamped_swiglu_mul(float* g, const float* u, int64_t n, float alpha, float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = std::min(g[i], limit);
+    const float y = std::clamp(u[i], -limit, limit);
+    g[i] = x / (1.0f + std::exp(-alpha * x)) * (y + 1.0f);
+  }
+}
+
 void softcap(float* x, int64_t n, float cap) {
   for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
 }
@@ -82,7 +90,9 @@ void gqa_attention(const float* q, int64_t m, int64_t start, const PagedKvCache&
     const float* qv = q + (t * nh + h) * hd;
     auto& s = scores_tls.local();
     s.resize(static_cast<size_t>(n));
-    float mx = -INFINITY;
+    // A sink joins the max and the denominator but weighs no value.
+    const float sink = shape.sinks != nullptr ? shape.sinks[h] : -INFINITY;
+    float mx = sink;
     for (int64_t j = first; j < n; ++j) {
       const float* kv = kp[static_cast<size_t>(j / ps)] + (j % ps) * width + g * hd;
       float acc = 0.0f;
@@ -90,7 +100,7 @@ void gqa_attention(const float* q, int64_t m, int64_t start, const PagedKvCache&
       s[static_cast<size_t>(j)] = acc * scale;
       mx = std::max(mx, s[static_cast<size_t>(j)]);
     }
-    float sum = 0.0f;
+    float sum = shape.sinks != nullptr ? std::exp(sink - mx) : 0.0f;
     for (int64_t j = first; j < n; ++j) {
       s[static_cast<size_t>(j)] = std::exp(s[static_cast<size_t>(j)] - mx);
       sum += s[static_cast<size_t>(j)];

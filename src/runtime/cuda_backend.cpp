@@ -98,6 +98,14 @@ CudaBackend::CudaBackend(const Checkpoint& ckpt, const ModelSpec& spec, Options 
   if (spec_.architecture == Architecture::kGemma3) {
     fail("{}: Gemma3ForCausalLM runs on the CPU runtime only (hint: --device cpu)", spec_.label);
   }
+  // gpt-oss's attention sinks and clamped, biased experts have no CUDA kernels, and its sliding
+  // layers are shorter than any useful KV pool.
+  if (spec_.architecture == Architecture::kGptOss) {
+    fail(
+        "{}: GptOssForCausalLM runs on the CPU runtime only: the CUDA attention has no sinks or "
+        "sliding window, and its MoE no expert biases or clamped SwiGLU (hint: --device cpu)",
+        spec_.label);
+  }
   if (opts_.plan == nullptr) overlay_plan_ = OverlayPlan::build(opts_.overlay, ckpt_, spec_);
 }
 

@@ -17,6 +17,13 @@
 //                      query_pre_attn_scalar 48 for head_dim 32, final logit soft-capping (the
 //                      attention's is set too, and unused as in transformers), sandwich norms,
 //                      GeGLU, the scaled and tied embedding
+//   gpt_oss            GptOssForCausalLM: a sliding (window 8) and a full layer, attention sinks,
+//                      q/k/v/o biases, YaRN over 16 original positions, 4 fused experts (top 2)
+//                      with biases and the clamped SwiGLU (limit 1.5, clamping about a tenth of
+//                      the values), bf16 weights (transformers 5.24)
+//   gpt_oss_mxfp4      one such layer with its experts stored MXFP4 (`*_blocks`, `*_scales`),
+//   against
+//                      transformers' own dequantization on the CPU
 // The first two were made on the device, the others with CPU torch (same transformers 5.17).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -105,7 +112,8 @@ TEST_P(Transformers, MatchesFp64AndDecodesAtEveryTp) {
 INSTANTIATE_TEST_SUITE_P(Model, Transformers,
                          ::testing::Values("deepseek_v3_qlora", "deepseek_v3_yarn", "glm_moe_dsa",
                                            "deepseek_v32", "mistral_window", "deepseek_v3_q128",
-                                           "glm_moe_dsa_q128", "mixtral", "gemma3"));
+                                           "glm_moe_dsa_q128", "mixtral", "gemma3", "gpt_oss",
+                                           "gpt_oss_mxfp4"));
 
 // The window matters: without it the Mistral model is far from its reference.
 TEST(Mistral, SlidingWindowChangesTheResult) {
@@ -224,6 +232,145 @@ TEST(Gemma3, EveryTraitChangesTheResult) {
   // transformers' Gemma 3 never applies attn_logit_softcapping (Gemma 2 did): neither does exl3.
   const double err = moved([](auto& c) { c["attn_logit_softcapping"] = nullptr; });
   EXPECT_LE(err, 1e-5);
+}
+
+// A copy of a reference folder with config.json edited and, when `tensors` is given,
+// model.safetensors rewritten through it; the rel-L2 of that model's logits from the unedited
+// reference.
+double moved_from_reference(
+    const std::string& name, const std::function<void(nlohmann::json&)>& edit,
+    const std::function<void(const std::string&, std::vector<float>&)>& tensors = nullptr) {
+  const auto src = data_dir(name);
+  const auto ref = load_reference(src);
+  exl3::test::TempDir tmp;
+  for (const auto& e : std::filesystem::directory_iterator(src))
+    std::filesystem::copy_file(e.path(), tmp.path() / e.path().filename());
+  auto cfg = nlohmann::json::parse(exl3::test::read_file(src / "config.json"));
+  edit(cfg);
+  exl3::test::write_file(tmp.path() / "config.json", cfg.dump(2));
+  if (tensors) {
+    const auto store = TensorStore::open(src / "model.safetensors");
+    SafetensorsWriter w;
+    for (const auto& n : store.names()) {
+      std::vector<float> v = read_as_float(store.at(n));
+      tensors(n, v);
+      w.add<float>(n, DType::kF32, store.at(n).info->shape, v);
+    }
+    w.write(tmp.path() / "model.safetensors");
+  }
+  auto engine = rt::load_engine(tmp.path());
+  return exl3::test::rel_l2(rt::forward_logits(*engine, ref.ids), ref.logits);
+}
+
+// gpt-oss: the description follows GptOssConfig, and each trait the reference exercises moves the
+// logits when it is taken away (so the reference test checks every one of them).
+TEST(GptOss, DescribedAsGptOssConfigReadsIt) {
+  const auto src = data_dir("gpt_oss");
+  const ModelSpec s = describe_model(Checkpoint::open(src));
+  EXPECT_EQ(s.architecture, Architecture::kGptOss);
+  EXPECT_FALSE(s.lm_head_tied);
+  ASSERT_EQ(s.layers.size(), 2u);
+  for (const auto& l : s.layers) {
+    const auto& a = std::get<GqaAttentionSpec>(l.attention);
+    EXPECT_EQ(a.sliding_window, l.index == 0 ? 8 : 0) << l.index;
+    EXPECT_TRUE(a.sinks);
+    EXPECT_EQ(a.rope.type, RopeType::kYarn);
+    EXPECT_DOUBLE_EQ(a.scale, 1.0 / std::sqrt(32.0));
+    const auto& m = std::get<MoeSpec>(l.mlp);
+    EXPECT_EQ(m.prefix, l.prefix + ".mlp");
+    EXPECT_EQ(m.router_name, "router");
+    EXPECT_TRUE(m.router_bias);
+    EXPECT_TRUE(m.expert_bias);
+    EXPECT_FALSE(m.plain_experts());
+    EXPECT_EQ(m.num_experts, 4);
+    EXPECT_EQ(m.top_k, 2);
+    EXPECT_EQ(m.intermediate, 128);
+    EXPECT_TRUE(m.renormalize);
+    EXPECT_EQ(m.activation, Activation::kClampedSwiglu);
+    EXPECT_DOUBLE_EQ(m.swiglu_alpha, 1.702);
+    EXPECT_DOUBLE_EQ(m.swiglu_limit, 1.5);
+  }
+  // GptOssConfig's defaults: layers alternate from sliding, window 128, YaRN (factor 32 over 4096
+  // original positions) at theta 150000, 8 kv heads of 64 channels, limit 7.
+  auto cfg = nlohmann::json::parse(exl3::test::read_file(src / "config.json"));
+  nlohmann::json bare = cfg;
+  for (const char* k : {"layer_types", "sliding_window", "rope_parameters", "head_dim",
+                        "num_key_value_heads", "swiglu_alpha", "swiglu_limit", "rms_norm_eps"})
+    bare.erase(k);
+  bare["num_hidden_layers"] = 3;
+  bare["num_attention_heads"] = 16;
+  const ModelSpec d = describe_model(rt::test::config_of(bare), "m/config.json");
+  ASSERT_EQ(d.layers.size(), 3u);
+  for (const auto& l : d.layers) {
+    const auto& a = std::get<GqaAttentionSpec>(l.attention);
+    EXPECT_EQ(a.sliding_window, l.index % 2 == 0 ? 128 : 0) << l.index;
+    EXPECT_EQ(a.head_dim, 64);
+    EXPECT_EQ(a.num_kv_heads, 8);
+    EXPECT_EQ(a.rope.type, RopeType::kYarn);
+    EXPECT_DOUBLE_EQ(a.rope.theta, 150000.0);
+    EXPECT_DOUBLE_EQ(a.rope.factor, 32.0);
+    EXPECT_DOUBLE_EQ(std::get<MoeSpec>(l.mlp).swiglu_limit, 7.0);
+    EXPECT_DOUBLE_EQ(std::get<MoeSpec>(l.mlp).swiglu_alpha, 1.702);
+  }
+  EXPECT_DOUBLE_EQ(d.rms_norm_eps, 1e-5);
+  // The released config.json files name their YaRN rope_scaling, beside rope_theta.
+  bare["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0},
+                          {"beta_fast", 32.0},   {"beta_slow", 1.0},
+                          {"truncate", false},   {"original_max_position_embeddings", 4096}};
+  bare["rope_theta"] = 20000.0;
+  const ModelSpec r = describe_model(rt::test::config_of(bare), "m/config.json");
+  const RopeSpec& legacy = std::get<GqaAttentionSpec>(r.layers[0].attention).rope;
+  EXPECT_DOUBLE_EQ(legacy.factor, 8.0);
+  EXPECT_DOUBLE_EQ(legacy.theta, 20000.0);
+  // What the runtime does not compute is refused, naming the key.
+  auto refused = [&](const char* key, const nlohmann::json& value, const char* what) {
+    nlohmann::json c = cfg;
+    c[key] = value;
+    EXPECT_THAT([&] { describe_model(rt::test::config_of(c), "m/config.json"); },
+                ::testing::ThrowsMessage<Error>(HasSubstr(what)))
+        << key;
+  };
+  refused("sliding_window", nullptr, "'sliding_window' is null");
+  refused("layer_types", {"full_attention"}, "layer_types");
+  refused("layer_types", {"full_attention", "chunked_attention"}, "chunked_attention");
+  refused("swiglu_limit", 0.0, "swiglu_limit");
+  refused("hidden_act", "gelu", "hidden_act");
+  refused("num_experts_per_tok", 5, "num_experts_per_tok");
+}
+
+TEST(GptOss, EveryTraitChangesTheResult) {
+  using Json = nlohmann::json;
+  const std::pair<const char*, std::function<void(Json&)>> edits[] = {
+      {"no window", [](Json& c) { c["sliding_window"] = 4096; }},
+      {"no clamp", [](Json& c) { c["swiglu_limit"] = 1e6; }},
+      {"alpha 1", [](Json& c) { c["swiglu_alpha"] = 1.0; }},
+      {"plain RoPE",
+       [](Json& c) {
+         c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+       }},
+      {"top 1", [](Json& c) { c["num_experts_per_tok"] = 1; }},
+  };
+  for (const auto& [what, edit] : edits) {
+    const double err = moved_from_reference("gpt_oss", edit);
+    std::printf("gpt_oss with %s: rel-L2 %.3e from the reference\n", what, err);
+    EXPECT_GT(err, 1e-3) << what;
+  }
+  // The sinks and the biases live in the checkpoint: taking each away moves the logits too.
+  const std::pair<const char*, const char*> tensors[] = {{"no sinks", ".sinks"},
+                                                         {"no router bias", "router.bias"},
+                                                         {"no expert biases", "_proj_bias"},
+                                                         {"no attention biases", "_proj.bias"}};
+  for (const auto& [what, suffix] : tensors) {
+    const double err = moved_from_reference(
+        "gpt_oss", [](Json&) {},
+        [suffix = std::string(suffix)](const std::string& n, std::vector<float>& v) {
+          // A sink of -inf takes no weight; a bias of 0 adds nothing.
+          if (n.ends_with(suffix))
+            std::fill(v.begin(), v.end(), suffix == ".sinks" ? -1e30f : 0.0f);
+        });
+    std::printf("gpt_oss with %s: rel-L2 %.3e from the reference\n", what, err);
+    EXPECT_GT(err, 1e-3) << what;
+  }
 }
 
 // Mixtral: its MoE under Mixtral's names, and the router's renormalisation matters.

@@ -24,6 +24,7 @@
 #include "exl3/cpu/linear.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
+#include "exl3/format/fused_experts.hpp"
 #include "exl3/format/safetensors.hpp"
 #include "exl3/format/synthetic_hf.hpp"
 #include "exl3/moe/layout.hpp"
@@ -425,6 +426,160 @@ TEST(Convert, MixtralBlockSparseMoe) {
   // Measured 0.26-0.33 over seeds 1-5: with 4 random experts, top-2 routing flips under the
   // quantization error move whole token outputs (each linear alone is within 0.12, checked above).
   EXPECT_LE(err, 0.45);
+}
+
+// gpt-oss: transformers' fused experts (gate and up interleaved in gate_up_proj, input-major) are
+// cut into one EXL3 linear per expert and projection with its bias; the attention projections
+// keep their biases; router, sinks and norms are copied through; the result runs on the CPU engine
+// near transformers' fp64 logits of the source.
+TEST(Convert, GptOssFusedExperts) {
+  if (exl3::test::quant_fast_mode()) {
+    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): too slow under instrumentation";
+  }
+  const fs::path src = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / "gpt_oss";
+  TempDir tmp;
+  q::ConvertOptions o = fast_options(4.0, exl3::test::test_seed());
+  o.head_bits = 6;
+  const auto r = q::convert_model(src, tmp / "out", o);
+  EXPECT_EQ(r.architecture, "GptOssForCausalLM");
+  const auto ckpt = exl3::Checkpoint::open(tmp / "out");
+  const auto source = exl3::TensorStore::open(src / "model.safetensors");
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+      const std::string name = p + "self_attn." + proj;
+      ASSERT_NE(ckpt.find_linear(name), nullptr) << name;
+      EXPECT_LT(rel_rms(ckpt, name, src, name + ".weight"), 0.12) << name;
+      EXPECT_NE(ckpt.store().find(name + ".bias"), nullptr) << name;
+    }
+    for (const char* kept : {"self_attn.sinks", "mlp.router.weight", "mlp.router.bias",
+                             "input_layernorm.weight", "post_attention_layernorm.weight"}) {
+      EXPECT_NE(ckpt.store().find(p + kept), nullptr) << p + kept;
+    }
+    EXPECT_EQ(ckpt.store().find(p + "mlp.experts.gate_up_proj"), nullptr);
+    // Each expert linear against its columns of the fused source tensor ([in, out] as stored).
+    const std::string x = p + "mlp.experts.";
+    const struct {
+      const char* proj;
+      const char* fused;
+      exl3::FusedColumns cols;
+    } parts[] = {{"gate_proj", "gate_up_proj", {0, 2, 0, 128}},
+                 {"up_proj", "gate_up_proj", {1, 2, 0, 128}},
+                 {"down_proj", "down_proj", {0, 1, 0, 128}}};
+    for (int e = 0; e < 4; ++e) {
+      for (const auto& part : parts) {
+        const std::string name = fmt::format("{}{}.{}", x, e, part.proj);
+        ASSERT_NE(ckpt.find_linear(name), nullptr) << name;
+        // Every expert linear of the fixture reads 128 inputs (hidden and intermediate alike).
+        const auto want = exl3::fused_expert_columns(
+            exl3::fused_expert_tensor(source, x + part.fused, 4, 128), e, part.cols);
+        const auto data = exl3::Exl3LinearData::load(ckpt, name);
+        const auto got = exl3::cpu::reconstruct_weight(exl3::cpu::LinearView::of(data));
+        ASSERT_EQ(got.size(), want.size()) << name;
+        double se = 0.0, ss = 0.0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          se += (got[i] - want[i]) * (got[i] - want[i]);
+          ss += static_cast<double>(want[i]) * want[i];
+        }
+        EXPECT_LT(std::sqrt(se / ss), 0.12) << name;
+        const auto bias = exl3::read_as_float(ckpt.store().at(name + ".bias"));
+        const auto want_bias =
+            exl3::fused_expert_bias(source, x + part.fused + "_bias", 4, e, part.cols);
+        ASSERT_EQ(bias.size(), want_bias.size()) << name;
+        for (size_t i = 0; i < bias.size(); ++i)
+          EXPECT_EQ(bias[i], tr::half_to_float(tr::float_to_half(want_bias[i]))) << name << i;
+      }
+    }
+  }
+  const double err = rel_l2_to_reference(tmp / "out", src);
+  std::printf("gpt-oss K4 vs transformers fp64: rel-L2 %.3f\n", err);
+  EXPECT_LE(err, 0.3);  // measured 0.11-0.15 over six seeds
+}
+
+// gpt-oss experts whose width is not a multiple of 128 (the released models have 2880 channels)
+// convert into padded EXL3 linears, which the runtime runs as any padded linear: the gpt_oss
+// fixture cut to 96 expert channels, converted at 4 bits, stays near the same model unquantized on
+// the CPU engine (which the reference test checks against transformers).
+TEST(Convert, GptOssUnalignedExpertsArePadded) {
+  if (exl3::test::quant_fast_mode()) {
+    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): too slow under instrumentation";
+  }
+  const fs::path fixture = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / "gpt_oss";
+  TempDir tmp;
+  const fs::path src = tmp / "hf";
+  fs::create_directories(src);
+  constexpr int64_t kInter = 96;
+  const auto store = exl3::TensorStore::open(fixture / "model.safetensors");
+  exl3::SafetensorsWriter w;
+  for (const auto& n : store.names()) {
+    std::vector<float> v = exl3::read_as_float(store.at(n));
+    std::vector<int64_t> shape = store.at(n).info->shape;
+    if (n.ends_with("experts.gate_up_proj") || n.ends_with("experts.gate_up_proj_bias")) {
+      // Keep the first 2 * kInter interleaved columns of every row.
+      const int64_t cols = shape.back(), rows = static_cast<int64_t>(v.size()) / cols;
+      std::vector<float> cut;
+      for (int64_t r = 0; r < rows; ++r)
+        cut.insert(cut.end(), v.begin() + r * cols, v.begin() + r * cols + 2 * kInter);
+      v = std::move(cut);
+      shape.back() = 2 * kInter;
+    } else if (n.ends_with("experts.down_proj")) {  // [E, I, H]: the first kInter rows of each
+      const int64_t h = shape[2], inter = shape[1];
+      std::vector<float> cut;
+      for (int64_t e = 0; e < shape[0]; ++e)
+        cut.insert(cut.end(), v.begin() + e * inter * h, v.begin() + (e * inter + kInter) * h);
+      v = std::move(cut);
+      shape[1] = kInter;
+    }
+    w.add<float>(n, exl3::DType::kF32, shape, v);
+  }
+  w.write(src / "model.safetensors");
+  auto cfg = nlohmann::json::parse(exl3::test::read_file(fixture / "config.json"));
+  cfg["intermediate_size"] = kInter;
+  exl3::test::write_file(src / "config.json", cfg.dump(2));
+
+  q::ConvertOptions o = fast_options(4.0, exl3::test::test_seed());
+  o.head_bits = 6;
+  q::convert_model(src, tmp / "out", o);
+  const auto ckpt = exl3::Checkpoint::open(tmp / "out");
+  const auto* gate = ckpt.find_linear("model.layers.0.mlp.experts.0.gate_proj");
+  ASSERT_NE(gate, nullptr);
+  EXPECT_EQ(exl3::Exl3LinearData::load(ckpt, gate->prefix).info().out_features, 128);  // padded
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 256);
+  auto plain = exl3::runtime::load_engine(src);
+  auto converted = exl3::runtime::load_engine(tmp / "out");
+  const double err = exl3::test::rel_l2(exl3::runtime::forward_logits(*converted, ids),
+                                        exl3::runtime::forward_logits(*plain, ids));
+  std::printf("gpt-oss with 96 expert channels, K4 vs unquantized: rel-L2 %.3f\n", err);
+  EXPECT_LE(err, 0.3);
+}
+
+// gpt-oss as OpenAI released it: MXFP4 experts are dequantized while they are cut, so the output
+// holds EXL3 experts and none of the packed tensors, and the source's quantization_config is kept
+// aside.
+TEST(Convert, GptOssMxfp4Experts) {
+  if (exl3::test::quant_fast_mode()) {
+    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): too slow under instrumentation";
+  }
+  const fs::path src = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / "gpt_oss_mxfp4";
+  TempDir tmp;
+  q::ConvertOptions o = fast_options(4.0, exl3::test::test_seed());
+  o.head_bits = 6;
+  q::convert_model(src, tmp / "out", o);
+  const auto ckpt = exl3::Checkpoint::open(tmp / "out");
+  for (int e = 0; e < 4; ++e) {
+    for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+      const std::string name = fmt::format("model.layers.0.mlp.experts.{}.{}", e, proj);
+      EXPECT_NE(ckpt.find_linear(name), nullptr) << name;
+    }
+  }
+  for (const auto& n : ckpt.store().names()) EXPECT_FALSE(n.ends_with("_blocks")) << n;
+  const auto cfg = nlohmann::json::parse(exl3::test::read_file(tmp / "out" / "config.json"));
+  EXPECT_EQ(cfg["quantization_config"]["quant_method"], "exl3");
+  EXPECT_EQ(cfg["original_quantization_config"]["quant_method"], "mxfp4");
+  const double err = rel_l2_to_reference(tmp / "out", src);
+  std::printf("gpt-oss MXFP4 -> K4 vs transformers fp64: rel-L2 %.3f\n", err);
+  EXPECT_LE(err, 0.3);  // measured 0.11-0.19 over seeds 1-5
 }
 
 // Gemma 3 (tied head, sandwich and q/k norms, GeGLU): the seven projections of every layer and

@@ -112,6 +112,12 @@ TEST(Tokenizer, Llama3StyleMatchesReference) {
   check_golden(load_style("llama3_style"), "llama3_style", true);
 }
 
+TEST(Tokenizer, O200kStyleMatchesReference) {
+  // gpt-oss's pre-tokenizer: Split(o200k regex: cased words with case-insensitive contractions,
+  // digit triples, punctuation runs keeping trailing newlines and slashes) + ByteLevel.
+  check_golden(load_style("o200k_style"), "o200k_style", true);
+}
+
 // tokenizer.json patterns are Oniguruma regexes; the PCRE2 translation must cut text exactly as
 // the reference's Split(Regex, Isolated) does, including the constructs whose meaning differs.
 TEST(Tokenizer, RegexSplitsMatchOniguruma) {

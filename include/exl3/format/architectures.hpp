@@ -22,7 +22,8 @@ enum class Architecture : uint8_t {
   kDeepseekV3,
   kDeepseekV32,
   kGlmMoeDsa,
-  kGemma3
+  kGemma3,
+  kGptOss
 };
 
 struct ArchitectureInfo {

@@ -23,6 +23,9 @@
 //                        sliding_window_pattern) with their own RoPE, q/k norm, softmax scale
 //                        query_pre_attn_scalar^-0.5, sandwich norms, RMSNorm by (1 + w), the
 //                        embedding scaled by sqrt(hidden_size), GeGLU, logit soft-capping
+//   GptOssForCausalLM    sliding / full layers (layer_types), attention sinks, q/k/v/o biases,
+//                        YaRN RoPE; a biased router (softmax over its top-k logits) and experts
+//                        with biases and the clamped SwiGLU, stored fused or per expert
 //
 // Anything else fails with an exl3::Error that names config.json and the key at fault: the
 // runtime never runs a model it would compute differently from its reference.
@@ -66,7 +69,10 @@ struct GqaAttentionSpec {
   int64_t head_dim = 0;
   bool qk_norm = false;        // per-head RMSNorm `q_norm` / `k_norm` over head_dim, before RoPE
   int64_t sliding_window = 0;  // > 0: a query at p sees positions > p - sliding_window only
-  double scale = 0.0;          // softmax scale, head_dim^-0.5
+  // gpt-oss: a learned logit per q head (`sinks` [num_heads]) joins each softmax's denominator,
+  // so a head may give less than all of its weight to the positions it sees.
+  bool sinks = false;
+  double scale = 0.0;  // softmax scale, head_dim^-0.5
   RopeSpec rope;
 
   int64_t q_per_kv() const { return num_heads / num_kv_heads; }
@@ -109,8 +115,9 @@ struct MlaAttentionSpec {
 using AttentionSpec = std::variant<GqaAttentionSpec, MlaAttentionSpec>;
 
 // The activation of a gated MLP's gate: SiLU (SwiGLU), or GELU's tanh approximation (GeGLU,
-// transformers' gelu_pytorch_tanh).
-enum class Activation : uint8_t { kSilu, kGeluTanh };
+// transformers' gelu_pytorch_tanh), or gpt-oss's clamped SwiGLU: with g = min(gate, limit) and
+// u = clamp(up, -limit, limit), g * sigmoid(alpha * g) * (u + 1) (MoeSpec::swiglu_*).
+enum class Activation : uint8_t { kSilu, kGeluTanh, kClampedSwiglu };
 
 // Gated MLP: down(act(gate(x)) * up(x)).
 struct DenseMlpSpec {
@@ -138,6 +145,21 @@ struct MoeSpec {
   double routed_scaling_factor = 1.0;
   bool correction_bias = false;        // `gate.e_score_correction_bias` [E]
   std::optional<DenseMlpSpec> shared;  // `shared_experts`, added to the routed output
+  // gpt-oss: the router is `router` (weight and bias), every expert linear has a bias, the
+  // activation is the clamped SwiGLU, and transformers stores the experts fused:
+  // experts.gate_up_proj [E, hidden, 2 * intermediate] (gate and up channels interleaved, gate
+  // first), experts.down_proj [E, intermediate, hidden], both read as x @ W, with
+  // gate_up_proj_bias [E, 2 * intermediate] and down_proj_bias [E, hidden]. Converted checkpoints
+  // hold them per expert under expert_proj's names. (OpenAI's release stores the fused tensors as
+  // MXFP4: exl3/format/fused_experts.hpp reads both.)
+  std::string router_name = "gate";
+  bool router_bias = false;
+  bool expert_bias = false;
+  Activation activation = Activation::kSilu;
+  double swiglu_alpha = 0.0, swiglu_limit = 0.0;  // kClampedSwiglu only
+
+  // Whether the exl3::moe expert kernels compute these experts (SiLU, no biases).
+  bool plain_experts() const { return activation == Activation::kSilu && !expert_bias; }
 };
 using MlpSpec = std::variant<DenseMlpSpec, MoeSpec>;
 

@@ -27,6 +27,7 @@
 
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/dtype.hpp"
+#include "exl3/format/fused_experts.hpp"
 #include "exl3/quant/quantize.hpp"
 #include "exl3/trellis/codebook.hpp"
 
@@ -72,6 +73,10 @@ struct PlanItem {
       name;  // linear: output prefix ("model.layers.3.self_attn.q_proj"); plain: tensor name
   std::string source;  // source tensor: HF weight [out, in] for a linear
   std::string bias;    // linear: source bias tensor, or empty
+  // A linear cut from transformers' fused experts (gpt-oss): `source` is [E, in, columns] and
+  // `bias` [E, columns]; this linear is expert `fused_expert`'s columns `fused_columns`.
+  int64_t fused_expert = -1;  // -1: `source` is a plain [out, in] weight
+  FusedColumns fused_columns;
 
   // EXL3 linears
   LinearRole role = LinearRole::kDecoder;

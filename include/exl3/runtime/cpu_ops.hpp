@@ -16,6 +16,9 @@ void silu_mul(float* g, const float* u, int64_t n);
 // g[i] = GELU(g[i]) * u[i], GELU's tanh approximation (transformers' gelu_pytorch_tanh):
 // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
 void gelu_tanh_mul(float* g, const float* u, int64_t n);
+// gpt-oss's clamped SwiGLU: with x = min(g[i], limit) and y = clamp(u[i], -limit, limit),
+// g[i] = x * sigmoid(alpha * x) * (y + 1).
+void clamped_swiglu_mul(float* g, const float* u, int64_t n, float alpha, float limit);
 // x[i] = cap * tanh(x[i] / cap) (Gemma's logit soft-capping).
 void softcap(float* x, int64_t n, float cap);
 
@@ -36,6 +39,9 @@ struct GqaShape {
   int64_t first_q_head = 0;
   // > 0: a query at position p attends to p - sliding_window + 1 .. p only (Mistral).
   int64_t sliding_window = 0;
+  // gpt-oss: each (local) head's sink logit, one more term of its softmax's denominator that
+  // weighs no value; null without.
+  const float* sinks = nullptr;
 };
 
 // Causal attention of m queries q[m, num_heads, head_dim] at positions start .. start + m - 1

@@ -23,11 +23,15 @@ tests/text/data/:
                  ignore_merges=true (plus one whole-word vocab entry that only ignore_merges can
                  produce), a TemplateProcessing post-processor that prepends <|begin_of_text|>, and
                  merges in the legacy "a b" string form. Llama-3 chat_template.
+  o200k_style/   the same corpus with the o200k pattern (gpt-oss and GPT-4o: cased words taking
+                 their contraction case-insensitively, \\p{N}{1,3}, punctuation runs keeping
+                 trailing newlines and slashes), no normalizer, gpt-oss's special tokens.
   golden_regex.json: how the reference's Split(Regex, Isolated) cuts tricky strings for the
-                 Qwen2, Llama-3 and GPT-2 patterns and for constructs whose meaning differs between
+                 Qwen2, Llama-3, GPT-2 and o200k patterns and for constructs whose meaning differs between
                  Oniguruma (what the reference compiles patterns with) and PCRE2 (\\s, \\w, \\b, \\h, ^, $,
                  (?m:...), empty matches).
-  golden_conformance.json, golden_qwen2_style.json, golden_llama3_style.json:
+  golden_conformance.json, golden_qwen2_style.json, golden_llama3_style.json,
+  golden_o200k_style.json:
                  for each test string: ids with and without special tokens, and the reference
                  decode of them (whole, skip_special_tokens, and the first half of the ids, which
                  cuts multi-byte characters so invalid-UTF-8 replacement is covered).
@@ -50,6 +54,9 @@ QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| 
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+O200K_PATTERN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+                 r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
@@ -118,7 +125,7 @@ REGEX_PATTERNS = [QWEN2_PATTERN, LLAMA3_PATTERN, GPT2_PATTERN,
                   r"\w+", r"\W+", r"[\w']+", r"[^\s\w]+", r"\s+", r"\S+", r"\b", r"\B", r"\d+", r"\h+",
                   r"a$", r"^b", r"(?m:a.b)", r"a.b", r"(?i:ab)", r"\p{Lu}\p{Ll}+", r"\u00e9|\x{4E00}", r"x*", r"\R",
                   r"[]a]+", r"[^]a]+", r"[[:alpha:]]+", r"[[:alnum:]_]+", r"[[:word:]]+", r"[^[:space:]]+", r"[\d]+",
-                  r"[\h]+", r"\W+|[\s]"]
+                  r"[\h]+", r"\W+|[\s]", O200K_PATTERN]
 REGEX_TEXTS = [
     "Hello, World! It's 2024; we'LL see.\n\n  x\r\ny\tz  ",
     "a\u180eb\u0085c\u200bd\u2028e\u00a0f\u3000g\u000bh\u000ci",
@@ -194,6 +201,20 @@ def make_llama3_style():
     return tok, cfg
 
 
+def make_o200k_style():
+    specials = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|start|>", "<|end|>", "<|message|>",
+                "<|channel|>"]
+    tok = train(O200K_PATTERN, None, specials, 700)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    cfg = {
+        "bos_token": "<|startoftext|>",
+        "eos_token": "<|return|>",
+        "pad_token": "<|endoftext|>",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    return tok, cfg
+
+
 def golden(tok, name):
     cases = []
     for text in TEST_STRINGS:
@@ -243,7 +264,8 @@ def main():
     write_json(HERE / "golden_conformance.json", golden(conf_tok, "conformance:models/tiny-qwen3moe-exl3"))
     write_json(HERE / "golden_regex.json", regex_golden())
 
-    for name, make in (("qwen2_style", make_qwen2_style), ("llama3_style", make_llama3_style)):
+    for name, make in (("qwen2_style", make_qwen2_style), ("llama3_style", make_llama3_style),
+                       ("o200k_style", make_o200k_style)):
         tok, cfg = make()
         out = HERE / name
         out.mkdir(exist_ok=True)
