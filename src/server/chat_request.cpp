@@ -1,6 +1,7 @@
 // Chat messages and tools of a chat request (see chat_request.hpp).
 #include "chat_request.hpp"
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -43,6 +44,18 @@ std::optional<std::string> text_content(const ojson& content) {
   }
   return out;
 }
+
+// Nesting depth of a JSON value (a scalar is 0), counted only up to `limit` + 1.
+int depth(const ojson& v, int limit) {
+  if (limit < 0 || !v.is_structured()) return 0;
+  int deepest = 0;
+  for (const auto& x : v) deepest = std::max(deepest, depth(x, limit - 1));
+  return deepest + 1;
+}
+
+// How deep tool schemas and call arguments may nest: the template walks them recursively, and
+// real schemas stay far below this.
+constexpr int kMaxToolDepth = 32;
 
 // OpenAI's rule for function names; templates print them unquoted in places.
 bool valid_function_name(const std::string& s) {
@@ -90,6 +103,10 @@ std::optional<ApiError> template_tool_calls(const ojson& calls, size_t i, ojson&
     } else if (args) {
       return fail(
           fmt::format("item {}: function.arguments must be a string holding a JSON object", k));
+    }
+    if (depth(parsed, kMaxToolDepth) > kMaxToolDepth) {
+      return fail(fmt::format("item {}: function.arguments nest more than {} levels deep", k,
+                              kMaxToolDepth));
     }
     ojson call = c;
     call["function"]["arguments"] = std::move(parsed);
@@ -203,6 +220,8 @@ std::optional<ApiError> parse_tools(const ojson& body, CompletionRequest& r) {
         return fail(": function.description must be a string");
       if (const ojson* p = member(*fn, "parameters"); p && !p->is_object())
         return fail(": function.parameters must be a JSON schema object");
+      if (depth(tool, kMaxToolDepth) > kMaxToolDepth)
+        return fail(fmt::format(" nests more than {} levels deep", kMaxToolDepth));
       if (const ojson* s = member(*fn, "strict"); s && !s->is_boolean())
         return fail(": function.strict must be true or false");
       if (const ojson* s = member(*fn, "strict"); s && s->get<bool>()) {

@@ -218,6 +218,13 @@ TEST(OpenAiParse, RefusesBadToolsNamingTheField) {
        "not supported"},
       {chat_with(tools + R"(, "parallel_tool_calls": 1)"), "parallel_tool_calls", "true or false"},
       {chat_with(R"("functions": [{"name": "f"}])"), "functions", "send 'tools'"},
+      {chat_with(R"("tools": [{"type": "function", "function": {"name": "f", "parameters": )" +
+                 std::string(40, '[') + std::string(40, ']') + "}}]"),
+       "tools", "must be a JSON schema object"},
+      {chat_with(
+           R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"a": )" +
+           std::string(40, '[') + std::string(40, ']') + "}}}]"),
+       "tools", "nests more than 32 levels deep"},
       {chat_with(R"("function_call": "auto")"), "function_call", "send 'tool_choice'"},
   };
   for (const auto& c : cases) {
@@ -260,6 +267,10 @@ TEST(OpenAiParse, RefusesBadToolTurns) {
        "a string holding a JSON object"},
       {turn(R"({"role": "assistant", "tool_calls": []})"), "has no 'content'"},
       {turn(R"({"role": "tool", "content": "21 C"})"), "needs a string 'tool_call_id'"},
+      {turn(
+           R"({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": )" +
+           std::string(40, '[') + std::string(40, ']') + "}}}]}"),
+       "nest more than 32 levels deep"},
       {turn(R"({"role": "tool", "content": "21 C", "tool_call_id": 7})"),
        "needs a string 'tool_call_id'"},
       {turn(R"({"role": "user", "content": "x", "name": 1})"), "'name' must be a string"},
