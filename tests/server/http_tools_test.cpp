@@ -81,18 +81,18 @@ TEST(HttpTools, TheTemplateSeesToolsAndToolTurns) {
                      {"temperature", 0}};
   const auto [status, j] = post(s, body);
   ASSERT_EQ(status, 200) << j.dump();
-  // What the template must have been given, written out: the tool as sent (keys in the client's
-  // order, which the sorted keys of the request's JSON here happen to match) and the call's
-  // arguments as an object.
+  // What the template must have been given, written out (as transformers renders it, blocks
+  // trimmed): the tool as sent (keys in the client's order, which the sorted keys of the request's
+  // JSON here happen to match) and the call's arguments as an object.
   const std::string want =
       s.tokenizer().bos_token().value() +
       "TOOLS:\n{\"function\": {\"description\": \"Weather in a city\", \"name\": \"get_weather\", "
       "\"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": "
       "[\"city\"], \"type\": \"object\"}}, \"type\": \"function\"}\n"
-      "user: Weather in Oslo?\n"
+      "user: Weather in Oslo?"
       "assistant: <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": "
-      "\"Oslo\"}}</tool_call>\n"
-      "tool: [call_1] -3 C\nassistant:";
+      "\"Oslo\"}}</tool_call>"
+      "tool: [call_1] -3 Cassistant:";
   const auto prompt = s.tokenizer().encode(want, false);
   EXPECT_EQ(j["usage"]["prompt_tokens"], static_cast<int64_t>(prompt.size()));
 
