@@ -167,9 +167,13 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   }
   if (endpoint == Endpoint::kCompletions) {
     parse_prompt(f, r);
-    for (const char* key : {"tools", "tool_choice", "parallel_tool_calls"}) {
-      if (f.get(key)) f.fail_value(key, "applies to /v1/chat/completions only");
-    }
+    // Their neutral values (no tools, "none") were always accepted here, and still are.
+    const json* tools = f.get("tools");
+    if (tools && !(tools->is_array() && tools->empty()))
+      f.fail_value("tools", "applies to /v1/chat/completions only");
+    const json* choice = f.get("tool_choice");
+    if (choice && *choice != "none")
+      f.fail_value("tool_choice", "applies to /v1/chat/completions only");
   } else {
     // Parsed again with its key order kept: templates print tool schemas and arguments in it.
     const auto ordered = nlohmann::ordered_json::parse(body);

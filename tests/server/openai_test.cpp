@@ -233,9 +233,14 @@ TEST(OpenAiParse, RefusesBadToolsNamingTheField) {
     EXPECT_EQ(e.param, c.param) << c.body;
     EXPECT_THAT(e.message, HasSubstr(c.says)) << c.body;
   }
-  const auto e = error_of(R"({"prompt": "x", "tools": [1]})");
+  auto e = error_of(R"({"prompt": "x", "tools": [1]})");
   EXPECT_EQ(e.param, "tools");
   EXPECT_THAT(e.message, HasSubstr("chat/completions only"));
+  e = error_of(R"({"prompt": "x", "tool_choice": "auto"})");
+  EXPECT_EQ(e.param, "tool_choice");
+  EXPECT_THAT(e.message, HasSubstr("chat/completions only"));
+  // The neutral values stay accepted on /v1/completions, as before tools existed.
+  ok_of(R"({"prompt": "x", "tools": [], "tool_choice": "none"})");
 }
 
 TEST(OpenAiParse, RefusesBadToolTurns) {
