@@ -33,6 +33,7 @@ namespace exl3::cli {
 Runner add_serve(CLI::App& app, Common&) {
   struct Opts {
     std::string model, host = "127.0.0.1", device = "cpu", model_name, chat_format;
+    std::string tool_parser = "auto";
     int port = 8000, max_seqs = 8, max_queue = 32, tp = 1, max_connections = 512;
     double read_timeout = 30, write_timeout = 30, drain_timeout = 30;
     std::string api_key;
@@ -89,6 +90,12 @@ Runner add_serve(CLI::App& app, Common&) {
                  "Native chat format for /v1/chat/completions instead of the model's own "
                  "chat_template")
       ->check(CLI::IsMember({"chatml", "llama3", "plain"}));
+  app.add_option("--tool-parser", o->tool_parser,
+                 "How tool calls are read out of chat replies: hermes (<tool_call>), llama3 "
+                 "(a JSON reply), mistral ([TOOL_CALLS]), none (tools refused), or auto (from "
+                 "the chat template's markers)")
+      ->check(CLI::IsMember({"auto", "hermes", "llama3", "mistral", "none"}))
+      ->capture_default_str();
   app.add_option("--max-connections", o->max_connections,
                  "Open HTTP connections at most; one more is answered 503 at once and closed")
       ->check(CLI::Range(1, 1 << 20))
@@ -188,6 +195,7 @@ Runner add_serve(CLI::App& app, Common&) {
       so.model_name =
           std::filesystem::absolute(dir).lexically_normal().parent_path().filename().string();
     if (!o->chat_format.empty()) so.chat_format = parse_chat_format(o->chat_format);
+    so.tool_parser = server::parse_tool_parser_option(o->tool_parser);
     so.stop_tokens = model_stop_tokens(dir, engine->spec().eos_token_ids, tok);
     so.scheduler.max_seqs = o->max_seqs;
     so.scheduler.max_queue = o->max_queue;
@@ -221,8 +229,9 @@ Runner add_serve(CLI::App& app, Common&) {
                o->device, so.model_name);
     fmt::print(
         "  max-seqs {}, max-queue {}, context {} tokens per request, KV cache {} tokens, chat "
-        "format: {}\n",
-        o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, server.chat_status());
+        "format: {}\n  tools: {}\n",
+        o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, server.chat_status(),
+        server.tool_status());
     if (draft) {
       fmt::print("  draft: {} (up to {} tokens per round, {}), KV cache {} tokens\n", o->draft.path,
                  o->draft.tokens, o->draft.fixed ? "fixed" : "adaptive", st.draft_cache_tokens);

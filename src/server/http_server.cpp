@@ -49,19 +49,45 @@ http::Response json_response(const json& j) {
 }
 
 // What both reply forms share: the request's stream from the scheduler, which notifies the
-// transport, and is cancelled when the connection ends first.
+// transport, and is cancelled when the connection ends first; and the reading of tool calls out
+// of the text (ToolParser::kNone: the text is all content).
 class CompletionReply : public http::LateReply {
  public:
-  CompletionReply(ResponseMeta meta, std::shared_ptr<RequestStream> s)
-      : meta_(std::move(meta)), stream_(std::move(s)) {}
+  CompletionReply(ResponseMeta meta, std::shared_ptr<RequestStream> s, ToolParser tools)
+      : meta_(std::move(meta)), stream_(std::move(s)), tools_(tools), extractor_(tools) {}
   void subscribe(std::function<void()> notify) override {
     stream_->set_listener(std::move(notify));
   }
   void abandon() override { stream_->cancel(); }
 
  protected:
+  // The content and the new calls (with fresh ids) in `text`, or in what is held at the end.
+  std::pair<std::string, std::vector<ToolCall>> extract(std::string_view text, bool at_end) {
+    auto out = extractor_.push(text);
+    if (at_end) {
+      auto rest = extractor_.finish();
+      out.content += rest.content;
+      for (auto& c : rest.calls) out.calls.push_back(std::move(c));
+    }
+    std::vector<ToolCall> calls;
+    for (auto& c : out.calls) {
+      calls.push_back({new_tool_call_id(tools_, rng_), std::move(c.name), std::move(c.arguments)});
+    }
+    return {std::move(out.content), std::move(calls)};
+  }
+  // OpenAI's finish reason: a reply that ends normally after calling tools says so.
+  std::string_view finish_name(FinishReason r) const {
+    return r == FinishReason::kStop && extractor_.calls() > 0 ? "tool_calls"
+                                                              : finish_reason_name(r);
+  }
+
   ResponseMeta meta_;
   std::shared_ptr<RequestStream> stream_;
+
+ private:
+  ToolParser tools_;
+  ToolCallExtractor extractor_;
+  std::mt19937_64 rng_{std::random_device{}()};
 };
 
 // A completion answered in one piece once its generation ends.
@@ -81,8 +107,9 @@ class WholeReply final : public CompletionReply {
     } else if (u.reason == FinishReason::kCancelled) {
       out.whole = error_response(api_error(503, u.error, "server_error", "server_shutting_down"));
     } else {
-      out.whole = json_response(completion_response(meta_, text_, finish_reason_name(u.reason),
-                                                    u.prompt_tokens, u.completion_tokens));
+      auto [content, calls] = extract(text_, /*at_end=*/true);
+      out.whole = json_response(completion_response(meta_, content, finish_name(u.reason),
+                                                    u.prompt_tokens, u.completion_tokens, calls));
     }
     return out;
   }
@@ -94,8 +121,9 @@ class WholeReply final : public CompletionReply {
 // A completion streamed as server-sent events; a client that goes away cancels it.
 class EventStreamReply final : public CompletionReply {
  public:
-  EventStreamReply(ResponseMeta meta, std::shared_ptr<RequestStream> s, bool include_usage)
-      : CompletionReply(std::move(meta), std::move(s)), include_usage_(include_usage) {}
+  EventStreamReply(ResponseMeta meta, std::shared_ptr<RequestStream> s, ToolParser tools,
+                   bool include_usage)
+      : CompletionReply(std::move(meta), std::move(s), tools), include_usage_(include_usage) {}
   std::optional<http::Response> stream_head() override {
     http::Response head;
     head.content_type = "text/event-stream";
@@ -110,13 +138,19 @@ class EventStreamReply final : public CompletionReply {
       s += sse_event(stream_chunk(meta_, "", std::nullopt, /*role_delta=*/true));
       role_sent_ = true;
     }
-    if (!u.text.empty()) s += sse_event(stream_chunk(meta_, u.text, std::nullopt));
+    const bool ok_end =
+        u.finished && u.reason != FinishReason::kError && u.reason != FinishReason::kCancelled;
+    if (!u.text.empty() || ok_end) {
+      auto [content, calls] = extract(u.text, ok_end);
+      if (!content.empty()) s += sse_event(stream_chunk(meta_, content, std::nullopt));
+      for (const auto& c : calls) s += sse_event(tool_call_chunk(meta_, calls_sent_++, c));
+    }
     if (u.finished) {
-      if (u.reason == FinishReason::kError || u.reason == FinishReason::kCancelled) {
+      if (!ok_end) {
         const int status = u.reason == FinishReason::kError ? 500 : 503;
         s += sse_event(api_error(status, u.error, "server_error").to_json());
       } else {
-        s += sse_event(stream_chunk(meta_, "", finish_reason_name(u.reason)));
+        s += sse_event(stream_chunk(meta_, "", finish_name(u.reason)));
         if (include_usage_)
           s += sse_event(usage_chunk(meta_, u.prompt_tokens, u.completion_tokens));
       }
@@ -134,6 +168,7 @@ class EventStreamReply final : public CompletionReply {
  private:
   bool include_usage_ = false;
   bool role_sent_ = false;
+  size_t calls_sent_ = 0;  // the next tool call's index
   Clock::time_point last_write_ = Clock::now();
 };
 
@@ -158,6 +193,36 @@ struct HttpServer::Impl {
     } catch (const Error& err) {
       chat_error = err.what();
     }
+    setup_tools();
+  }
+
+  // Whether the chat prompt can show tools, and how replies are read back. Fails closed: a
+  // template that never mentions `tools` would drop them silently, and a reply whose call format
+  // is unknown would come back as text the client takes for an answer.
+  void setup_tools() {
+    const bool jinja = chat && !chat->format();
+    const std::string& src = tok.chat_template();
+    template_shows_tools = jinja && src.find("tools") != std::string::npos;
+    template_shows_tool_turns = jinja && src.find("tool") != std::string::npos;
+    tool_parser = opts.tool_parser.value_or(jinja ? detect_tool_parser(src) : ToolParser::kNone);
+    if (!chat) {
+      tool_error = "chat completions are unavailable";
+    } else if (!template_shows_tools) {
+      tool_error =
+          jinja ? "the model's chat template does not show tools to the model"
+                : fmt::format("the chat format {} cannot show tools to the model", chat->kind());
+    } else if (tool_parser == ToolParser::kNone) {
+      tool_error = opts.tool_parser
+                       ? std::string("tool calling is off (--tool-parser none)")
+                       : std::string(
+                             "the model's tool-call format is not recognized in its chat "
+                             "template; start the server with --tool-parser hermes|llama3|mistral");
+    }
+    const std::string_view marker = tool_call_marker(tool_parser);
+    if (!marker.empty()) {
+      const auto id = tok.token_to_id(marker);
+      keep_special_for_tools = id && tok.is_special(*id);
+    }
   }
 
   static http::AccessLog access_log(const ServerOptions& o) {
@@ -174,6 +239,11 @@ struct HttpServer::Impl {
   std::optional<ChatTemplate> chat;
   std::optional<int32_t> chat_end;
   std::string chat_error;
+  bool template_shows_tools = false;       // the Jinja template reads `tools`
+  bool template_shows_tool_turns = false;  // ... and can show tool calls and results at all
+  ToolParser tool_parser = ToolParser::kNone;
+  bool keep_special_for_tools = false;  // the call marker is a special token: decode it
+  std::string tool_error;               // why requests with tools are refused; empty: accepted
   int64_t created;
   std::atomic<uint64_t> next_id{1};
   std::atomic<bool> stopping{false}, draining{false};
@@ -182,7 +252,9 @@ struct HttpServer::Impl {
   http::Reply handle(const http::Request& q);
   http::Reply generate(const http::Request& q, Endpoint ep);
   bool authorized(const http::Request& q) const;
-  std::optional<ApiError> build(const CompletionRequest& r, GenerationRequest& g);
+  // The generation request for `r`, and the tool-call format its reply is read with.
+  std::optional<ApiError> build(const CompletionRequest& r, GenerationRequest& g,
+                                ToolParser& reply_tools);
   json model_object() const {
     return {{"id", opts.model_name},
             {"object", "model"},
@@ -281,6 +353,11 @@ std::string HttpServer::chat_status() const {
   return impl_->chat ? impl_->chat->description() : "none (" + impl_->chat_error + ")";
 }
 
+std::string HttpServer::tool_status() const {
+  if (!impl_->tool_error.empty()) return "refused (" + impl_->tool_error + ")";
+  return std::string(tool_parser_name(impl_->tool_parser)) + " tool calls";
+}
+
 http::Reply HttpServer::Impl::handle(const http::Request& q) {
   auto wrong_method = [&](const char* allow) {
     auto r = error_response(
@@ -334,7 +411,8 @@ http::Reply HttpServer::Impl::handle(const http::Request& q) {
                 "not_found_error"));
 }
 
-std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, GenerationRequest& g) {
+std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, GenerationRequest& g,
+                                                ToolParser& reply_tools) {
   if (!r.model.empty() && r.model != opts.model_name) {
     return api_error(
         404,
@@ -349,12 +427,32 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
         return api_error(400, fmt::format("chat completions are unavailable: {}", chat_error),
                          "invalid_request_error", "", "messages");
       }
-      auto messages = nlohmann::ordered_json::array();
-      for (const auto& m : r.messages)
-        messages.push_back({{"role", m.role}, {"content", m.content}});
+      const bool calling = !r.tools.is_null() && r.tool_choice == ToolChoice::kAuto;
+      if (calling && !tool_error.empty()) {
+        return api_error(400,
+                         fmt::format("'tools' cannot be used with this server: {}; send "
+                                     "\"tool_choice\": \"none\" or leave 'tools' out",
+                                     tool_error),
+                         "invalid_request_error", "", "tools");
+      }
+      if (r.has_tool_traffic && !template_shows_tool_turns) {
+        return api_error(400,
+                         fmt::format("'messages' hold tool calls or tool results, which {} "
+                                     "cannot show to the model",
+                                     chat->format() ? "the chat format " + std::string(chat->kind())
+                                                    : std::string("the model's chat template")),
+                         "invalid_request_error", "", "messages");
+      }
+      // With tool_choice "none" the tools are still shown when the template can (as vLLM does),
+      // and the reply is all content.
+      const auto& tools = template_shows_tools ? r.tools : nlohmann::ordered_json();
       const auto extra = nlohmann::ordered_json::parse(r.chat_template_kwargs.dump());
-      g.prompt = tok.encode(chat->render(messages, true, nullptr, extra),
+      g.prompt = tok.encode(chat->render(r.template_messages, true, tools, extra),
                             chat->encode_adds_special_tokens());
+      if (calling) {
+        reply_tools = tool_parser;
+        g.keep_special_tokens = keep_special_for_tools;
+      }
       if (chat_end) g.stop_tokens.push_back(*chat_end);
     } else if (r.prompt_is_ids) {
       g.prompt = r.prompt_ids;
@@ -415,7 +513,8 @@ http::Reply HttpServer::Impl::generate(const http::Request& req, Endpoint ep) {
   if (const auto* e = std::get_if<ApiError>(&parsed)) return error_response(*e);
   const auto& r = std::get<CompletionRequest>(parsed);
   GenerationRequest g;
-  if (auto e = build(r, g)) return error_response(*e);
+  ToolParser reply_tools = ToolParser::kNone;
+  if (auto e = build(r, g, reply_tools)) return error_response(*e);
 
   auto sub = sched.submit(std::move(g));
   if (sub.refusal) {
@@ -442,9 +541,11 @@ http::Reply HttpServer::Impl::generate(const http::Request& req, Endpoint ep) {
                   next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(created));
   meta.created = static_cast<int64_t>(std::time(nullptr));
   meta.model = opts.model_name;
-  if (r.stream)
-    return std::make_shared<EventStreamReply>(std::move(meta), sub.stream, r.include_usage);
-  return std::make_shared<WholeReply>(std::move(meta), sub.stream);
+  if (r.stream) {
+    return std::make_shared<EventStreamReply>(std::move(meta), sub.stream, reply_tools,
+                                              r.include_usage);
+  }
+  return std::make_shared<WholeReply>(std::move(meta), sub.stream, reply_tools);
 }
 
 }  // namespace exl3::server

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "chat_request.hpp"
+
 namespace exl3::server {
 
 using nlohmann::json;
@@ -130,60 +132,6 @@ int json_depth(const json& v, int limit) {
   return deepest + 1;
 }
 
-void parse_messages(Fields& f, CompletionRequest& r) {
-  const json* m = f.get("messages");
-  if (!m)
-    return f.fail_value("messages", "is required (a list of {\"role\", \"content\"} objects)");
-  if (!m->is_array()) return f.fail_type("messages", "a list", *m);
-  if (m->empty()) return f.fail_value("messages", "is empty");
-  for (size_t i = 0; i < m->size(); ++i) {
-    const json& msg = (*m)[i];
-    if (!msg.is_object())
-      return f.fail_value("messages",
-                          fmt::format("item {} must be an object, got {}", i, type_name(msg)));
-    const auto role = msg.find("role");
-    if (role == msg.end() || !role->is_string()) {
-      return f.fail_value("messages", fmt::format("item {} needs a string 'role'", i));
-    }
-    ChatMessage cm;
-    cm.role = role->get<std::string>();
-    if (cm.role != "system" && cm.role != "user" && cm.role != "assistant" &&
-        cm.role != "developer") {
-      return f.fail_value(
-          "messages", fmt::format("item {}: role '{}' is not supported (system, developer, user, "
-                                  "assistant)",
-                                  i, cm.role));
-    }
-    if (cm.role == "developer") cm.role = "system";  // OpenAI's newer name for the system turn
-    const auto content = msg.find("content");
-    if (content == msg.end() || content->is_null()) {
-      return f.fail_value("messages", fmt::format("item {} has no 'content'", i));
-    }
-    if (content->is_string()) {
-      cm.content = content->get<std::string>();
-    } else if (content->is_array()) {
-      for (const auto& part : *content) {
-        const auto type = part.is_object() ? part.find("type") : part.end();
-        const auto text = part.is_object() ? part.find("text") : part.end();
-        if (!part.is_object() || type == part.end() || *type != "text" || text == part.end() ||
-            !text->is_string()) {
-          return f.fail_value("messages",
-                              fmt::format("item {}: only text content parts ({{\"type\": \"text\", "
-                                          "\"text\": ...}}) are supported",
-                                          i));
-        }
-        cm.content += text->get<std::string>();
-      }
-    } else {
-      return f.fail_value(
-          "messages",
-          fmt::format("item {}: 'content' must be a string or a list of text parts, got {}", i,
-                      type_name(*content)));
-    }
-    r.messages.push_back(std::move(cm));
-  }
-}
-
 }  // namespace
 
 json ApiError::to_json() const {
@@ -219,8 +167,18 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   }
   if (endpoint == Endpoint::kCompletions) {
     parse_prompt(f, r);
+    // Their neutral values (no tools, "none") were always accepted here, and still are.
+    const json* tools = f.get("tools");
+    if (tools && !(tools->is_array() && tools->empty()))
+      f.fail_value("tools", "applies to /v1/chat/completions only");
+    const json* choice = f.get("tool_choice");
+    if (choice && *choice != "none")
+      f.fail_value("tool_choice", "applies to /v1/chat/completions only");
   } else {
-    parse_messages(f, r);
+    // Parsed again with its key order kept: templates print tool schemas and arguments in it.
+    const auto ordered = nlohmann::ordered_json::parse(body);
+    if (auto e = parse_chat_messages(ordered, r)) return *e;
+    if (auto e = parse_tools(ordered, r)) return *e;
   }
   const char* max_key = f.get("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   if (auto v = f.integer(max_key)) {
@@ -308,10 +266,9 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   f.unsupported_unless("presence_penalty", 0, "no penalties");
   f.unsupported_unless("logit_bias", json::object(), "no logit bias");
   f.unsupported_unless("suffix", "", "no insertion");
-  f.unsupported_unless("tools", json::array(), "no tool calls");
-  f.unsupported_unless("functions", json::array(), "no tool calls");
-  f.unsupported_unless("function_call", "none", "no tool calls");
-  f.unsupported_unless("tool_choice", "none", "no tool calls");
+  f.unsupported_unless("functions", json::array(), "the older form of 'tools'; send 'tools'");
+  f.unsupported_unless("function_call", "none",
+                       "the older form of 'tool_choice'; send 'tool_choice'");
   f.unsupported_unless("min_tokens", 0, "no minimum length");
   f.unsupported_unless("typical_p", 1, "no typical sampling");
   f.unsupported_unless("use_beam_search", false, "no beam search");
@@ -332,13 +289,30 @@ json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
           {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
+namespace {
+
+json tool_call_json(const ToolCall& c) {
+  return {{"id", c.id},
+          {"type", "function"},
+          {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+}
+
+}  // namespace
+
 json completion_response(const ResponseMeta& meta, const std::string& text,
                          std::string_view finish_reason, int64_t prompt_tokens,
-                         int64_t completion_tokens) {
+                         int64_t completion_tokens, const std::vector<ToolCall>& tool_calls) {
   json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
   const bool chat = meta.endpoint == Endpoint::kChat;
   if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
+    if (!tool_calls.empty()) {
+      const bool blank = text.find_first_not_of(" \t\r\n") == std::string::npos;
+      if (blank) choice["message"]["content"] = nullptr;
+      json calls = json::array();
+      for (const auto& c : tool_calls) calls.push_back(tool_call_json(c));
+      choice["message"]["tool_calls"] = std::move(calls);
+    }
   } else {
     choice["text"] = text;
   }
@@ -366,6 +340,20 @@ json stream_chunk(const ResponseMeta& meta, const std::string& text,
   }
   return {{"id", meta.id},
           {"object", chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array({choice})}};
+}
+
+json tool_call_chunk(const ResponseMeta& meta, size_t index, const ToolCall& call) {
+  json tc = tool_call_json(call);
+  tc["index"] = index;
+  json choice = {{"index", 0},
+                 {"finish_reason", nullptr},
+                 {"logprobs", nullptr},
+                 {"delta", {{"tool_calls", json::array({tc})}}}};
+  return {{"id", meta.id},
+          {"object", "chat.completion.chunk"},
           {"created", meta.created},
           {"model", meta.model},
           {"choices", json::array({choice})}};

@@ -99,7 +99,7 @@ struct Scheduler::Active {
       : req(std::move(r)),
         stream(std::move(s)),
         sampler(req.sampling),
-        decoder(tok, /*skip_special=*/true),
+        decoder(tok, /*skip_special=*/!req.keep_special_tokens),
         matcher(req.stop_strings) {
     if (req.sampling.repetition_penalty != 1.0f) history = req.prompt;
   }

@@ -166,3 +166,188 @@ TEST(OpenAiShapes, CompletionChunkAndUsage) {
   // Invalid UTF-8 never throws on the way out.
   EXPECT_NO_THROW(dump(json(std::string("\xff"))));
 }
+
+namespace {
+
+const char* kWeatherTool = R"({"type": "function", "function": {"name": "get_weather",
+    "description": "Weather in a city", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}}, "required": ["city"]}}})";
+
+std::string chat_with(const std::string& extra) {
+  return R"({"messages": [{"role": "user", "content": "Hi"}], )" + extra + "}";
+}
+
+}  // namespace
+
+TEST(OpenAiParse, RefusesBadToolsNamingTheField) {
+  const std::string tools = std::string(R"("tools": [)") + kWeatherTool + "]";
+  struct Case {
+    std::string body;
+    const char* param;
+    const char* says;
+  };
+  const Case cases[] = {
+      {chat_with(R"("tools": {})"), "tools", "must be a list"},
+      {chat_with(R"("tools": [1])"), "tools", "item 0 must be an object"},
+      {chat_with(R"("tools": [{"type": "retrieval"}])"), "tools", "'type' must be \"function\""},
+      {chat_with(R"("tools": [{"type": "function"}])"), "tools", "needs a 'function' object"},
+      {chat_with(R"("tools": [{"type": "function", "function": {"name": "a b"}}])"), "tools",
+       "function.name must be 1 to 64"},
+      {chat_with(R"("tools": [{"type": "function", "function": {}}])"), "tools",
+       "function.name must be 1 to 64"},
+      {chat_with(R"("tools": [{"type": "function", "function": {"name": "f", "parameters": []}}])"),
+       "tools", "function.parameters must be a JSON schema object"},
+      {chat_with(R"("tools": [{"type": "function", "function": {"name": "f", "description": 1}}])"),
+       "tools", "function.description must be a string"},
+      {chat_with(R"("tools": [{"type": "function", "function": {"name": "f", "strict": true}}])"),
+       "tools", "function.strict is not supported"},
+      {chat_with(std::string(R"("tools": [)") + kWeatherTool + "," + kWeatherTool + "]"), "tools",
+       "'get_weather' is used twice"},
+      {chat_with(tools + R"(, "tool_choice": "required")"), "tool_choice",
+       "not supported by this server yet"},
+      {chat_with(tools +
+                 R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})"),
+       "tool_choice", "not supported by this server yet"},
+      {chat_with(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}})"),
+       "tool_choice", "'nope', which is not in 'tools'"},
+      {chat_with(tools + R"(, "tool_choice": "sometimes")"), "tool_choice", "must be \"none\""},
+      {chat_with(tools + R"(, "tool_choice": {"name": "get_weather"})"), "tool_choice",
+       "must be \"none\""},
+      {chat_with(R"("tool_choice": "auto")"), "tool_choice", "no 'tools'"},
+      {chat_with(tools + R"(, "parallel_tool_calls": false)"), "parallel_tool_calls",
+       "not supported"},
+      {chat_with(tools + R"(, "parallel_tool_calls": 1)"), "parallel_tool_calls", "true or false"},
+      {chat_with(R"("functions": [{"name": "f"}])"), "functions", "send 'tools'"},
+      {chat_with(R"("tools": [{"type": "function", "function": {"name": "f", "parameters": )" +
+                 std::string(40, '[') + std::string(40, ']') + "}}]"),
+       "tools", "must be a JSON schema object"},
+      {chat_with(
+           R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"a": )" +
+           std::string(40, '[') + std::string(40, ']') + "}}}]"),
+       "tools", "nests more than 32 levels deep"},
+      {chat_with(R"("function_call": "auto")"), "function_call", "send 'tool_choice'"},
+  };
+  for (const auto& c : cases) {
+    const auto e = error_of(c.body, Endpoint::kChat);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_THAT(e.message, HasSubstr(c.says)) << c.body;
+  }
+  auto e = error_of(R"({"prompt": "x", "tools": [1]})");
+  EXPECT_EQ(e.param, "tools");
+  EXPECT_THAT(e.message, HasSubstr("chat/completions only"));
+  e = error_of(R"({"prompt": "x", "tool_choice": "auto"})");
+  EXPECT_EQ(e.param, "tool_choice");
+  EXPECT_THAT(e.message, HasSubstr("chat/completions only"));
+  // The neutral values stay accepted on /v1/completions, as before tools existed.
+  ok_of(R"({"prompt": "x", "tools": [], "tool_choice": "none"})");
+}
+
+TEST(OpenAiParse, RefusesBadToolTurns) {
+  const auto turn = [](const std::string& msg) {
+    return R"({"messages": [{"role": "user", "content": "Hi"}, )" + msg + "]}";
+  };
+  struct Case {
+    std::string body;
+    const char* says;
+  };
+  const Case cases[] = {
+      {turn(R"({"role": "assistant", "tool_calls": {}})"), "tool_calls must be a list"},
+      {turn(R"({"role": "assistant", "tool_calls": [1]})"), "item 0 must be an object"},
+      {turn(R"({"role": "assistant", "tool_calls": [{"type": "x", "function": {"name": "f"}}]})"),
+       "type must be \"function\""},
+      {turn(R"({"role": "assistant", "tool_calls": [{"id": 5, "function": {"name": "f"}}]})"),
+       "id must be a string"},
+      {turn(R"({"role": "assistant", "tool_calls": [{"id": "c"}]})"), "needs a 'function' object"},
+      {turn(R"({"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]})"),
+       "function.name must be a non-empty string"},
+      {turn(
+           R"({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{x"}}]})"),
+       "a JSON object written as a string"},
+      {turn(
+           R"({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]})"),
+       "a JSON object written as a string"},
+      {turn(
+           R"({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]})"),
+       "a string holding a JSON object"},
+      {turn(R"({"role": "assistant", "tool_calls": []})"), "has no 'content'"},
+      {turn(R"({"role": "tool", "content": "21 C"})"), "needs a string 'tool_call_id'"},
+      {turn(
+           R"({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": )" +
+           std::string(40, '[') + std::string(40, ']') + "}}}]}"),
+       "nest more than 32 levels deep"},
+      {turn(R"({"role": "tool", "content": "21 C", "tool_call_id": 7})"),
+       "needs a string 'tool_call_id'"},
+      {turn(R"({"role": "user", "content": "x", "name": 1})"), "'name' must be a string"},
+  };
+  for (const auto& c : cases) {
+    const auto e = error_of(c.body, Endpoint::kChat);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, "messages") << c.body;
+    EXPECT_THAT(e.message, HasSubstr(c.says)) << c.body;
+    EXPECT_THAT(e.message, HasSubstr("item 1")) << c.body;
+  }
+}
+
+TEST(OpenAiParse, ToolsAndToolTurnsForTheTemplate) {
+  // Tools go to the template as sent, key order kept; arguments text becomes an object, as
+  // transformers expects; tool results keep their call id.
+  const std::string body = std::string(R"({"messages": [
+      {"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"unit\": \"c\", \"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "-3 C"}]},
+      {"role": "assistant", "content": "Cold.", "tool_calls": [{"function": {"name": "f", "arguments": {"z": 1, "a": 2}}}]}],
+    "tools": [)") + kWeatherTool +
+                           "]}";
+  const auto r = ok_of(body, Endpoint::kChat);
+  EXPECT_EQ(r.tool_choice, ToolChoice::kAuto);
+  EXPECT_TRUE(r.has_tool_traffic);
+  ASSERT_EQ(r.tools.size(), 1u);
+  EXPECT_EQ(r.tools[0].dump(), nlohmann::ordered_json::parse(kWeatherTool).dump());
+  const auto& m = r.template_messages;
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_TRUE(m[1]["content"].is_null());
+  EXPECT_EQ(m[1]["tool_calls"][0]["function"]["arguments"].dump(), R"({"unit":"c","city":"Oslo"})");
+  EXPECT_EQ(m[1]["tool_calls"][0]["id"], "call_1");
+  EXPECT_EQ(m[2].dump(), R"({"role":"tool","content":"-3 C","tool_call_id":"call_1"})");
+  EXPECT_EQ(m[3]["content"], "Cold.");
+  EXPECT_EQ(m[3]["tool_calls"][0]["function"]["arguments"].dump(), R"({"z":1,"a":2})");
+  EXPECT_EQ(r.messages[2].content, "-3 C");
+
+  auto none = ok_of(chat_with(std::string(R"("tools": [)") + kWeatherTool +
+                              R"(], "tool_choice": "none", "parallel_tool_calls": true)"),
+                    Endpoint::kChat);
+  EXPECT_EQ(none.tool_choice, ToolChoice::kNone);
+  EXPECT_EQ(none.tools.size(), 1u) << "tools are still shown to the template";
+  EXPECT_FALSE(none.has_tool_traffic);
+  const auto plain = ok_of(chat_with(R"("tools": [], "tool_choice": "none")"), Endpoint::kChat);
+  EXPECT_TRUE(plain.tools.is_null());
+  EXPECT_EQ(plain.template_messages.dump(), R"([{"role":"user","content":"Hi"}])");
+}
+
+TEST(OpenAiShapes, ToolCalls) {
+  const ResponseMeta meta{Endpoint::kChat, "chatcmpl-1", 123, "tiny"};
+  const std::vector<ToolCall> calls = {{"call_a", "f", R"({"x":1})"}, {"call_b", "g", "{}"}};
+  auto whole = completion_response(meta, "\n", "tool_calls", 4, 9, calls);
+  const auto& msg = whole["choices"][0]["message"];
+  EXPECT_TRUE(msg["content"].is_null()) << "white space around calls is no answer";
+  ASSERT_EQ(msg["tool_calls"].size(), 2u);
+  EXPECT_EQ(msg["tool_calls"][1], json({{"id", "call_b"},
+                                        {"type", "function"},
+                                        {"function", {{"name", "g"}, {"arguments", "{}"}}}}));
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "tool_calls");
+  whole = completion_response(meta, "I will look.", "tool_calls", 4, 9, calls);
+  EXPECT_EQ(whole["choices"][0]["message"]["content"], "I will look.");
+  whole = completion_response(meta, "", "stop", 4, 9);
+  EXPECT_EQ(whole["choices"][0]["message"]["content"], "");
+  EXPECT_FALSE(whole["choices"][0]["message"].contains("tool_calls"));
+  const auto chunk = tool_call_chunk(meta, 1, calls[1]);
+  EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+  const auto& tc = chunk["choices"][0]["delta"]["tool_calls"][0];
+  EXPECT_EQ(tc["index"], 1);
+  EXPECT_EQ(tc["id"], "call_b");
+  EXPECT_EQ(tc["function"]["name"], "g");
+  EXPECT_EQ(tc["function"]["arguments"], "{}");
+  EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+}

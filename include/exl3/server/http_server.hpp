@@ -31,6 +31,7 @@
 #include "exl3/runtime/engine.hpp"
 #include "exl3/server/http_limits.hpp"
 #include "exl3/server/scheduler.hpp"
+#include "exl3/server/tool_calls.hpp"
 #include "exl3/text/chat_template.hpp"
 #include "exl3/text/tokenizer.hpp"
 
@@ -40,6 +41,9 @@ struct ServerOptions {
   std::string model_name = "exl3";  // the id /v1/models lists and requests must name (or omit)
   std::optional<ChatFormat> chat_format;  // a native format instead of the model's chat_template
   std::vector<int32_t> stop_tokens;       // the model's end-of-sequence ids (model_stop_tokens)
+  // How tool calls are read out of replies; nullopt: detected from the chat template's markers.
+  // kNone turns tool calling off (requests with tools are refused unless tool_choice is "none").
+  std::optional<ToolParser> tool_parser;
   SchedulerOptions scheduler;
   HttpLimits http;  // connections, deadlines, byte limits, handler threads
   // Non-empty: every /v1/ request must carry `Authorization: Bearer <api_key>` (else 401);
@@ -77,6 +81,8 @@ class HttpServer {
   SchedulerStats stats() const;
   // The chat format in use, or why /v1/chat/completions is unavailable.
   std::string chat_status() const;
+  // The tool-call format replies are parsed with ("hermes", ...), or why tools are refused.
+  std::string tool_status() const;
 
   struct Impl;
 

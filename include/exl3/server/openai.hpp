@@ -3,12 +3,13 @@
 // objects and server-sent-event chunks, shaped as OpenAI's (and vLLM's) servers shape them.
 //
 // Supported request fields: model, prompt (string, token-id list, or a one-element list of
-// either), messages (roles system/user/assistant; content a string or text parts), max_tokens /
-// max_completion_tokens, temperature, top_p, seed, stop (string or up to 4 strings), stream,
+// either), messages (roles system/user/assistant/tool; content a string or text parts; assistant
+// tool_calls), tools and tool_choice ("none" or "auto"), max_tokens / max_completion_tokens,
+// temperature, top_p, seed, stop (string or up to 4 strings), stream,
 // stream_options.include_usage, and vLLM's ignore_eos and chat_template_kwargs. Fields that would
 // change the result but are not implemented (n > 1, best_of > 1, echo, logprobs, penalties,
-// logit_bias, suffix, tools, a JSON response_format) are refused with 400 rather than silently
-// ignored; fields without effect on the output (user, ...) are ignored.
+// logit_bias, suffix, functions, a forced tool_choice, a JSON response_format) are refused with
+// 400 rather than silently ignored; fields without effect on the output (user, ...) are ignored.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,10 @@ struct ApiError {
 
 enum class Endpoint : uint8_t { kCompletions, kChat };
 
+// Whether the model may call the request's tools ("auto") or not ("none"). "required" and a named
+// function are refused: forcing a call needs constrained generation.
+enum class ToolChoice : uint8_t { kNone, kAuto };
+
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;  // empty when the client sent none
@@ -45,6 +50,15 @@ struct CompletionRequest {
   bool prompt_is_ids = false;
   // /v1/chat/completions
   std::vector<ChatMessage> messages;
+  // The same turns as the chat template receives them (key order kept): role, content (null for
+  // an assistant turn that only calls tools), name, tool_calls (arguments as JSON objects, not
+  // text) and tool_call_id.
+  nlohmann::ordered_json template_messages = nlohmann::ordered_json::array();
+  bool has_tool_traffic = false;  // some turn carries tool calls or is a tool result
+  // The request's tools as sent (a list of {"type": "function", "function": {...}}); null when
+  // none.
+  nlohmann::ordered_json tools;
+  ToolChoice tool_choice = ToolChoice::kNone;  // kAuto by default when there are tools
   // vLLM's chat_template_kwargs: extra variables for the model's chat template (enable_thinking,
   // ...); an object, empty when the client sent none.
   nlohmann::json chat_template_kwargs = nlohmann::json::object();
@@ -74,11 +88,23 @@ struct ResponseMeta {
   std::string model;
 };
 
+// A tool call of the reply, as OpenAI returns it.
+struct ToolCall {
+  std::string id;         // "call_..."
+  std::string name;       // the function
+  std::string arguments;  // a JSON object, as text
+};
+
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
-// The complete (non-streamed) response: text_completion or chat.completion.
+// The complete (non-streamed) response: text_completion or chat.completion. With tool calls, the
+// chat message carries them, and its content is null when the text is only white space.
 nlohmann::json completion_response(const ResponseMeta& meta, const std::string& text,
                                    std::string_view finish_reason, int64_t prompt_tokens,
-                                   int64_t completion_tokens);
+                                   int64_t completion_tokens,
+                                   const std::vector<ToolCall>& tool_calls = {});
+// A chat chunk whose delta is one whole tool call (index, id, type, function name and
+// arguments).
+nlohmann::json tool_call_chunk(const ResponseMeta& meta, size_t index, const ToolCall& call);
 // One streamed chunk: new text (chat: delta.content; `role_delta` sends delta.role instead), and
 // finish_reason when set.
 nlohmann::json stream_chunk(const ResponseMeta& meta, const std::string& text,

@@ -65,6 +65,9 @@ struct GenerationRequest {
   runtime::SamplingOptions sampling;
   std::vector<int32_t> stop_tokens;       // generation ends when one is sampled (not sent as text)
   std::vector<std::string> stop_strings;  // non-empty strings; the text ends before the first one
+  // Decode special tokens as text too: a tool call's marker can be one (Mistral's [TOOL_CALLS],
+  // Llama's <|python_tag|>), and the reply's tool-call parser must see it.
+  bool keep_special_tokens = false;
 };
 
 // What arrived for one request since the last wait().

@@ -1,0 +1,191 @@
+// Tools over the real server (the conformance model, given a chat template that shows tools):
+// the template receives the request's tools and tool turns as transformers would hand them over,
+// replies without calls come back as plain content (whole and streamed alike), and requests the
+// server cannot honour are refused with 400 naming the field: tools for a template or format that
+// cannot show them, tool turns for a format that cannot show them, tool calling turned off.
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "server_test_util.hpp"
+#include "test_support.hpp"
+
+using namespace exl3;
+using namespace exl3::server;
+using namespace exl3::server::test;
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+namespace {
+
+// Hermes-style: tools as JSON lines, calls as <tool_call> blocks, results with their call id.
+constexpr const char* kToolTemplate =
+    "{{ bos_token }}{% if tools %}TOOLS:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "{% endif %}{% for m in messages %}{{ m.role }}: {% if m.tool_calls %}{% for c in "
+    "m.tool_calls %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ "
+    "c.function.arguments | tojson }}}</tool_call>{% endfor %}{% elif m.role == 'tool' %}[{{ "
+    "m.tool_call_id }}] {{ m.content }}{% else %}{{ m.content }}{% endif %}\n{% endfor %}{% if "
+    "add_generation_prompt %}assistant:{% endif %}";
+
+ServerOptions options() {
+  ServerOptions o;
+  o.model_name = "tiny";
+  o.scheduler.max_seqs = 2;
+  o.scheduler.step_tokens = 64;
+  return o;
+}
+
+std::pair<int, json> post(const LiveServer& s, const json& body) {
+  auto r = s.client()->Post("/v1/chat/completions", body.dump(), "application/json");
+  if (!r) return {-1, nullptr};
+  return {r->status, json::parse(r->body, nullptr, false)};
+}
+
+// The conformance model in `dir`, with `chat_template` in its tokenizer_config.json.
+void copy_model_with_template(const std::filesystem::path& from, const exl3::test::TempDir& dir,
+                              const std::string& chat_template) {
+  for (const auto& e : std::filesystem::directory_iterator(from))
+    std::filesystem::copy_file(e.path(), dir / e.path().filename());
+  auto cfg = json::parse(exl3::test::read_file(dir / "tokenizer_config.json"));
+  cfg["chat_template"] = chat_template;
+  exl3::test::write_file(dir / "tokenizer_config.json", cfg.dump());
+}
+
+const json kTool = json::parse(R"({"type": "function", "function": {"name": "get_weather",
+    "description": "Weather in a city", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string"}}, "required": ["city"]}}})");
+
+json tool_conversation() {
+  return json::parse(R"([
+      {"role": "user", "content": "Weather in Oslo?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}])");
+}
+
+}  // namespace
+
+TEST(HttpTools, TheTemplateSeesToolsAndToolTurns) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  exl3::test::TempDir tmp;
+  copy_model_with_template(tiny_model(conf), tmp, kToolTemplate);
+  LiveServer s(tmp.path(), options());
+  EXPECT_EQ(s.server().tool_status(), "hermes tool calls");
+
+  const json body = {{"messages", tool_conversation()},
+                     {"tools", json::array({kTool})},
+                     {"max_tokens", 6},
+                     {"temperature", 0}};
+  const auto [status, j] = post(s, body);
+  ASSERT_EQ(status, 200) << j.dump();
+  // What the template must have been given, written out (as transformers renders it, blocks
+  // trimmed): the tool as sent (keys in the client's order, which the sorted keys of the request's
+  // JSON here happen to match) and the call's arguments as an object.
+  const std::string want =
+      s.tokenizer().bos_token().value() +
+      "TOOLS:\n{\"function\": {\"description\": \"Weather in a city\", \"name\": \"get_weather\", "
+      "\"parameters\": {\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": "
+      "[\"city\"], \"type\": \"object\"}}, \"type\": \"function\"}\n"
+      "user: Weather in Oslo?"
+      "assistant: <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Oslo\"}}</tool_call>"
+      "tool: [call_1] -3 Cassistant:";
+  const auto prompt = s.tokenizer().encode(want, false);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], static_cast<int64_t>(prompt.size()));
+
+  // This model does not call tools: its reply is the greedy text, as content.
+  const auto ref = reference_generate(tmp.path(), prompt, 6, s.options().stop_tokens);
+  const std::string text = s.tokenizer().decode(ref.tokens, true);
+  const auto& choice = j["choices"][0];
+  EXPECT_EQ(choice["message"]["content"], text);
+  EXPECT_FALSE(choice["message"].contains("tool_calls"));
+  EXPECT_EQ(choice["finish_reason"], ref.stopped ? "stop" : "length");
+
+  json streamed = body;
+  streamed["stream"] = true;
+  auto r = s.client()->Post("/v1/chat/completions", streamed.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  std::string got;
+  std::string finish;
+  for (const auto& d : sse_data(r->body)) {
+    if (d == "[DONE]") continue;
+    const auto c = json::parse(d)["choices"][0];
+    EXPECT_FALSE(c["delta"].contains("tool_calls"));
+    if (c["delta"].contains("content")) got += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+  }
+  EXPECT_EQ(got, text);
+  EXPECT_EQ(finish, choice["finish_reason"]);
+
+  // tool_choice "none": the same prompt (the tools are still shown), the reply is all content.
+  json none = body;
+  none["tool_choice"] = "none";
+  const auto [status2, j2] = post(s, none);
+  ASSERT_EQ(status2, 200) << j2.dump();
+  EXPECT_EQ(j2["usage"]["prompt_tokens"], j["usage"]["prompt_tokens"]);
+  EXPECT_EQ(j2["choices"][0]["message"]["content"], text);
+}
+
+TEST(HttpTools, RefusedWhereTheyCannotWork) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  const json tools_body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                           {"tools", json::array({kTool})},
+                           {"max_tokens", 2}};
+  auto expect_400 = [](const std::pair<int, json>& r, const char* param, const char* says) {
+    EXPECT_EQ(r.first, 400) << r.second.dump();
+    EXPECT_EQ(r.second["error"]["param"], param);
+    EXPECT_THAT(r.second["error"]["message"].get<std::string>(), HasSubstr(says));
+  };
+  {
+    // A template that never reads `tools`: refused, unless the client does without them.
+    exl3::test::TempDir tmp;
+    copy_model_with_template(
+        tiny_model(conf), tmp,
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:");
+    LiveServer s(tmp.path(), options());
+    EXPECT_THAT(s.server().tool_status(), HasSubstr("does not show tools"));
+    expect_400(post(s, tools_body), "tools", "does not show tools to the model");
+    expect_400(post(s, tools_body), "tools", "\"tool_choice\": \"none\"");
+    json none = tools_body;
+    none["tool_choice"] = "none";
+    EXPECT_EQ(post(s, none).first, 200);
+    expect_400(post(s, {{"messages", tool_conversation()}, {"max_tokens", 2}}), "messages",
+               "cannot show to the model");
+  }
+  {
+    // A native format shows no tools and no tool turns.
+    auto o = options();
+    o.chat_format = ChatFormat::kPlain;
+    LiveServer s(tiny_model(conf), o);
+    expect_400(post(s, tools_body), "tools", "the chat format plain cannot show tools");
+    expect_400(post(s, {{"messages", tool_conversation()}, {"max_tokens", 2}}), "messages",
+               "the chat format plain");
+  }
+  exl3::test::TempDir tmp;
+  copy_model_with_template(tiny_model(conf), tmp, kToolTemplate);
+  {
+    // Tool calling turned off.
+    auto o = options();
+    o.tool_parser = ToolParser::kNone;
+    LiveServer s(tmp.path(), o);
+    expect_400(post(s, tools_body), "tools", "--tool-parser none");
+  }
+  {
+    // A template whose call format is not recognized needs --tool-parser.
+    exl3::test::TempDir plain_tools;
+    copy_model_with_template(
+        tiny_model(conf), plain_tools,
+        "{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}");
+    LiveServer s(plain_tools.path(), options());
+    expect_400(post(s, tools_body), "tools", "--tool-parser hermes|llama3|mistral");
+    auto o = options();
+    o.tool_parser = ToolParser::kHermes;
+    LiveServer forced(plain_tools.path(), o);
+    EXPECT_EQ(forced.server().tool_status(), "hermes tool calls");
+    EXPECT_EQ(post(forced, tools_body).first, 200);
+  }
+}
