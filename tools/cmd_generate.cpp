@@ -158,7 +158,7 @@ Runner add_generate(CLI::App& app, Common&) {
     eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
     engine_options_from_env(eo);
     auto engine = runtime::load_engine(ckpt, eo);
-    const auto draft = load_draft(o->draft, eo);
+    const auto draft = load_draft(o->draft, *engine, ckpt, eo);
     if (!o->json) print_overlay_summary(engine->overlay_report());
     for (const int32_t id : model_stop_tokens(dir, engine->spec().eos_token_ids, tok))
       stops.insert(id);
@@ -207,8 +207,8 @@ Runner add_generate(CLI::App& app, Common&) {
       j["overlay"] = engine->overlay_report().to_json();
       if (chat) j["chat_format"] = std::string(chat->kind());
       if (draft) {
-        j["speculative"] = {{"draft", o->draft.path},
-                            {"draft_tokens", o->draft.tokens},
+        j["speculative"] = {{"draft", o->draft.source()},
+                            {"draft_tokens", o->draft.speculative().draft_tokens},
                             {"adaptive", !o->draft.fixed},
                             {"rounds", spec.rounds},
                             {"drafted", spec.drafted},
@@ -227,13 +227,13 @@ Runner add_generate(CLI::App& app, Common&) {
         r.decode_tokens_per_second(), r.stop_reason);
     if (draft && spec.drafted == 0) {
       fmt::print(
-          "[draft: no tokens drafted in {} model passes (plain steps: the draft did not pay "
+          "[{}: no tokens drafted in {} model passes (plain steps: the draft did not pay "
           "or the generation was too short to time it)]\n",
-          spec.rounds);
+          o->draft.mtp > 0 ? "mtp" : "draft", spec.rounds);
     } else if (draft) {
-      fmt::print(
-          "[draft: {} of {} drafted tokens accepted ({:.0f}%), {:.2f} tokens per model pass]\n",
-          spec.accepted, spec.drafted, 100.0 * spec.acceptance_rate(), spec.tokens_per_round());
+      fmt::print("[{}: {} of {} drafted tokens accepted ({:.0f}%), {:.2f} tokens per model pass]\n",
+                 o->draft.mtp > 0 ? "mtp" : "draft", spec.accepted, spec.drafted,
+                 100.0 * spec.acceptance_rate(), spec.tokens_per_round());
     }
     return 0;
   };

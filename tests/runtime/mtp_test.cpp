@@ -1,0 +1,305 @@
+// MTP drafting (exl3/runtime/mtp.hpp) on the CPU engine, over tests/model/data/deepseek_v3_mtp (a
+// tiny random DeepSeek-V3 with one MTP layer; make_deepseek_v3_mtp.py): the description of the
+// MTP layer; the target's kept hidden states and the head's logits against an independent float64
+// reference (transformers' decoder block, the MTP equations in numpy); the head's cache after a
+// round of provisional (chained) entries and a rollback equal to a fresh head fed the same
+// tokens; greedy speculative output equal to plain greedy for K = 1..3, one sequence and batches
+// whose acceptance differs; and the errors: a missing or misshapen tensor, a model without MTP
+// layers, kAll logits.
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "exl3/error.hpp"
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/format/safetensors.hpp"
+#include "exl3/runtime/engine.hpp"
+#include "exl3/runtime/generate.hpp"
+#include "exl3/runtime/mtp.hpp"
+#include "exl3/runtime/speculative.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using namespace exl3;
+using namespace exl3::runtime;
+using ::testing::HasSubstr;
+
+std::filesystem::path mtp_dir() {
+  return exl3::test::model_data_dir() / "deepseek_v3_mtp";
+}
+
+struct Reference {
+  std::vector<int32_t> ids;
+  std::vector<double> target_logits, hidden, mtp_logits;
+};
+
+Reference reference() {
+  const auto store = TensorStore::open(mtp_dir() / "mtp_reference.safetensors");
+  Reference r;
+  for (const int64_t id : copy_tensor<int64_t>(store.at("ids")))
+    r.ids.push_back(static_cast<int32_t>(id));
+  r.target_logits = read_as_double(store.at("target_logits"));
+  r.hidden = read_as_double(store.at("hidden"));
+  r.mtp_logits = read_as_double(store.at("mtp_logits"));
+  return r;
+}
+
+template <typename T>
+std::span<const T> rows(const std::vector<T>& v, int64_t first, int64_t count, int64_t width) {
+  return std::span<const T>(v).subspan(static_cast<size_t>(first * width),
+                                       static_cast<size_t>(count * width));
+}
+
+TEST(MtpSpec, DescribesTheLayerAndItsSharedTensors) {
+  const ModelSpec s = describe_model(Checkpoint::open(mtp_dir()));
+  ASSERT_EQ(s.num_layers(), 3);
+  ASSERT_EQ(s.mtp_layers.size(), 1u);
+  const MtpLayerSpec& m = s.mtp_layers[0];
+  EXPECT_EQ(m.block.prefix, "model.layers.3");
+  EXPECT_EQ(m.block.index, 3);
+  EXPECT_EQ(m.block.input_norm, "model.layers.3.input_layernorm.weight");
+  EXPECT_EQ(std::get<MlaAttentionSpec>(m.block.attention).prefix, "model.layers.3.self_attn");
+  const auto& moe = std::get<MoeSpec>(m.block.mlp);
+  EXPECT_EQ(moe.prefix, "model.layers.3.mlp");
+  EXPECT_EQ(moe.shared->prefix, "model.layers.3.mlp.shared_experts");
+  EXPECT_EQ(m.eh_proj, "model.layers.3.eh_proj");
+  EXPECT_EQ(m.head, "model.layers.3.shared_head.head");    // its own head
+  EXPECT_EQ(m.embed_tokens, "model.embed_tokens.weight");  // none of its own: the target's
+  EXPECT_EQ(spec_summary(s)["mtp_layers"], 1);
+  // The target is described as before: three layers, the MTP layer none of them.
+  EXPECT_EQ(s.layers.back().prefix, "model.layers.2");
+}
+
+TEST(Mtp, MatchesTheReference) {
+  const Reference ref = reference();
+  const auto n = static_cast<int64_t>(ref.ids.size());
+  const auto ckpt = Checkpoint::open(mtp_dir());
+  const auto target = load_engine(ckpt);
+  const int64_t h = target->spec().hidden_size, v = target->spec().vocab_size;
+  const auto head = load_mtp_draft(*target, ckpt, {});
+  const auto t = target->new_sequence();
+  const auto d = head->new_draft_sequence(*target, t);
+  const auto logits = target->forward(t, ref.ids);
+  EXPECT_LE(exl3::test::rel_l2(logits, ref.target_logits), 1e-5);
+  std::vector<float> hidden;
+  for (int64_t p = 0; p < n; ++p) {
+    const auto row = target->hidden_state(t, p);
+    ASSERT_EQ(static_cast<int64_t>(row.size()), h) << "position " << p;
+    hidden.insert(hidden.end(), row.begin(), row.end());
+  }
+  EXPECT_LE(exl3::test::rel_l2(hidden, ref.hidden), 1e-5);
+
+  // One token at a time: entry p (fed token p + 1) predicts token p + 2.
+  const std::vector<float> none = head->forward(d, std::span(ref.ids).first(1), LogitsMode::kLast);
+  EXPECT_EQ(none, std::vector<float>(static_cast<size_t>(v), 0.0f));  // one token: no entry
+  std::vector<float> mtp;
+  for (int64_t p = 1; p < n; ++p) {
+    const auto row =
+        head->forward(d, std::span(ref.ids).subspan(static_cast<size_t>(p), 1), LogitsMode::kLast);
+    EXPECT_LE(exl3::test::rel_l2(row, rows(ref.mtp_logits, p - 1, 1, v)), 1e-5)
+        << "entry " << p - 1;
+    mtp.insert(mtp.end(), row.begin(), row.end());
+  }
+  EXPECT_LE(exl3::test::rel_l2(mtp, ref.mtp_logits), 1e-5);
+  // All at once in a second sequence: the last entry's logits.
+  const auto d2 = head->new_draft_sequence(*target, t);
+  const auto last = head->forward(d2, ref.ids, LogitsMode::kLast);
+  EXPECT_LE(exl3::test::rel_l2(last, rows(ref.mtp_logits, n - 2, 1, v)), 1e-5);
+  EXPECT_EQ(head->sequence_length(d2), n);
+}
+
+// A round by hand: the head chains past what the target has scored (provisional entries), the
+// target verifies, both roll back; the head's next logits equal a fresh head's over the kept
+// stream, whatever was kept.
+TEST(Mtp, RollbackRebuildsChainedEntries) {
+  const Reference ref = reference();
+  const auto ckpt = Checkpoint::open(mtp_dir());
+  const auto target = load_engine(ckpt);
+  const auto head = load_mtp_draft(*target, ckpt, {});
+  const std::vector<int32_t> prompt(ref.ids.begin(), ref.ids.begin() + 5);
+  const std::vector<int32_t> more(ref.ids.begin() + 5, ref.ids.end());  // next + 3 drafts + bonus
+  for (int kept = 0; kept <= 3; ++kept) {
+    const auto t = target->new_sequence();
+    const auto d = head->new_draft_sequence(*target, t);
+    target->forward(t, prompt, LogitsMode::kLast);
+    head->forward(d, prompt, LogitsMode::kLast);
+    for (int i = 0; i < 4; ++i) head->forward(d, std::span(more).subspan(i, 1), LogitsMode::kLast);
+    target->forward(t, std::span(more).first(4), LogitsMode::kAll);  // next + 3 drafts
+    const int64_t len = static_cast<int64_t>(prompt.size()) + 1 + kept;
+    target->truncate_sequence(t, len);
+    if (head->sequence_length(d) > len) head->truncate_sequence(d, len);
+    std::vector<int32_t> stream = prompt;
+    stream.insert(stream.end(), more.begin(), more.begin() + 1 + kept);
+    stream.push_back(more[4]);  // the target's own token after the kept drafts
+    // As SpeculativeDecoder does: the target lacks the last token, the head what it was not fed.
+    const auto pending = std::span(stream).subspan(static_cast<size_t>(head->sequence_length(d)));
+    const auto got = head->forward(d, pending, LogitsMode::kLast);
+
+    const auto t2 = target->new_sequence();
+    const auto d2 = head->new_draft_sequence(*target, t2);
+    target->forward(t2, stream, LogitsMode::kLast);
+    const auto want = head->forward(d2, stream, LogitsMode::kLast);
+    EXPECT_LE(exl3::test::rel_l2(got, want), 1e-5) << "kept " << kept;
+    for (const auto s : {d, d2}) head->drop_sequence(s);
+    for (const auto s : {t, t2}) target->drop_sequence(s);
+  }
+}
+
+std::vector<std::vector<int32_t>> prompts() {
+  return {{5, 42, 79, 116}, {200, 3, 3, 3, 3, 3}, {17}, {90, 91, 92, 93, 94, 95, 96, 97}};
+}
+
+TEST(Mtp, GreedyEqualsPlainGreedy) {
+  const auto ckpt = Checkpoint::open(mtp_dir());
+  const auto target = load_engine(ckpt);
+  const auto head = load_mtp_draft(*target, ckpt, {});
+  GenerateOptions go;
+  go.max_new_tokens = 24;
+  SpeculativeStats total;
+  for (int k = 1; k <= 3; ++k) {
+    for (const auto& p : prompts()) {
+      const auto plain = generate(*target, p, go);
+      SpeculativeStats st;
+      const auto spec = generate_speculative(*target, *head, p, go, {k, false}, &st);
+      EXPECT_EQ(spec.tokens, plain.tokens) << "k " << k;
+      EXPECT_GT(st.rounds, 0);
+      total.drafted += st.drafted;
+      total.accepted += st.accepted;
+    }
+  }
+  // Both paths ran: kept drafts (chained entries rebuilt) and rejected ones (rolled back).
+  EXPECT_GT(total.accepted, 0);
+  EXPECT_LT(total.accepted, total.drafted);
+  EXPECT_EQ(head->free_cache_tokens(), load_mtp_draft(*target, ckpt, {})->free_cache_tokens());
+}
+
+TEST(Mtp, BatchedRoundsEqualPlainGreedy) {
+  const auto ckpt = Checkpoint::open(mtp_dir());
+  const auto target = load_engine(ckpt);
+  const auto head = load_mtp_draft(*target, ckpt, {});
+  GenerateOptions go;
+  go.max_new_tokens = 20;
+  for (int k = 1; k <= 3; ++k) {
+    SpeculativeDecoder dec(*target, *head, {k, false});
+    std::vector<int> handles;
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& p : prompts()) {
+      const auto a = dec.add(p, {});
+      handles.push_back(a.handle);
+      out.push_back({a.first});
+    }
+    for (;;) {
+      std::vector<SpeculativeDecoder::Slot> slots;
+      std::vector<size_t> who;
+      for (size_t i = 0; i < handles.size(); ++i) {
+        const auto left = go.max_new_tokens - static_cast<int64_t>(out[i].size());
+        if (left <= 0) continue;
+        // Sequences draft different counts: i % (k + 1), capped by what is left.
+        const int want =
+            static_cast<int>(std::min<int64_t>(static_cast<int64_t>(i) % (k + 1), left - 1));
+        slots.push_back({handles[i], want});
+        who.push_back(i);
+      }
+      if (slots.empty()) break;
+      const auto r = dec.round(slots);
+      for (size_t j = 0; j < r.size(); ++j)
+        out[who[j]].insert(out[who[j]].end(), r[j].begin(), r[j].end());
+    }
+    std::vector<double> rates;
+    for (size_t i = 0; i < handles.size(); ++i) {
+      const auto plain = generate(*target, prompts()[i], go);
+      out[i].resize(static_cast<size_t>(go.max_new_tokens));
+      EXPECT_EQ(out[i], plain.tokens) << "k " << k << " sequence " << i;
+      rates.push_back(dec.stats(handles[i]).acceptance_rate());
+    }
+    if (k == 3) {
+      EXPECT_NE(*std::ranges::min_element(rates), *std::ranges::max_element(rates));
+    }
+  }
+}
+
+// The checkpoint's files with `edit` applied to its tensors, in `dir`.
+void write_edited(
+    const std::filesystem::path& dir,
+    const std::function<void(const std::string&, const TensorRef&, SafetensorsWriter&)>& edit) {
+  const auto src = mtp_dir();
+  std::filesystem::copy_file(src / "config.json", dir / "config.json");
+  const auto store = TensorStore::open(src / "model.safetensors");
+  SafetensorsWriter w;
+  for (const auto& name : store.names()) edit(name, store.at(name), w);
+  w.write(dir / "model.safetensors");
+}
+
+void keep(const std::string& name, const TensorRef& t, SafetensorsWriter& w) {
+  const auto f = read_as_float(t);
+  w.add<float>(name, DType::kF32, t.info->shape, f);
+}
+
+TEST(Mtp, FailsClosed) {
+  {  // no eh_proj: the target loads and runs; the head names the tensor
+    exl3::test::TempDir dir;
+    write_edited(dir.path(), [](const std::string& name, const TensorRef& t, SafetensorsWriter& w) {
+      if (name != "model.layers.3.eh_proj.weight") keep(name, t, w);
+    });
+    const auto ckpt = Checkpoint::open(dir.path());
+    const auto target = load_engine(ckpt);
+    EXPECT_EQ(forward_logits(*target, std::vector<int32_t>{1, 2, 3}).size(), 3u * 256u);
+    const auto msg = exl3::test::error_of([&] { load_mtp_draft(*target, ckpt, {}); });
+    EXPECT_THAT(msg, HasSubstr("model.layers.3.eh_proj"));
+    EXPECT_THAT(msg, HasSubstr("missing"));
+  }
+  {  // eh_proj [hidden, hidden]: its input is the two halves, 2 * hidden
+    exl3::test::TempDir dir;
+    write_edited(dir.path(), [](const std::string& name, const TensorRef& t, SafetensorsWriter& w) {
+      if (name != "model.layers.3.eh_proj.weight") return keep(name, t, w);
+      const std::vector<float> square(64 * 64, 0.01f);
+      w.add<float>(name, DType::kF32, {64, 64}, square);
+    });
+    const auto ckpt = Checkpoint::open(dir.path());
+    const auto target = load_engine(ckpt);
+    EXPECT_THAT(exl3::test::error_of([&] { load_mtp_draft(*target, ckpt, {}); }),
+                HasSubstr("model.layers.3.eh_proj"));
+  }
+  {  // num_nextn_predict_layers 0: no head to load
+    exl3::test::TempDir dir;
+    write_edited(dir.path(), keep);
+    auto cfg = nlohmann::json::parse(exl3::test::read_file(dir / "config.json"));
+    cfg["num_nextn_predict_layers"] = 0;
+    exl3::test::write_file(dir / "config.json", cfg.dump());
+    const auto ckpt = Checkpoint::open(dir.path());
+    const auto target = load_engine(ckpt);
+    EXPECT_TRUE(target->spec().mtp_layers.empty());
+    EXPECT_THAT(exl3::test::error_of([&] { load_mtp_draft(*target, ckpt, {}); }),
+                HasSubstr("no MTP layers"));
+  }
+  // A checkpoint whose config names an MTP layer it does not store (transformers' default of 1):
+  // the target is unaffected, the head names the first tensor it lacks.
+  const auto qlora = Checkpoint::open(exl3::test::model_data_dir() / "deepseek_v3_qlora");
+  const auto target = load_engine(qlora);
+  EXPECT_EQ(target->spec().mtp_layers.size(), 1u);
+  EXPECT_THAT(exl3::test::error_of([&] { load_mtp_draft(*target, qlora, {}); }),
+              HasSubstr("model.layers.3."));
+  // Only the last token's logits.
+  const auto ckpt = Checkpoint::open(mtp_dir());
+  const auto t2 = load_engine(ckpt);
+  const auto head = load_mtp_draft(*t2, ckpt, {});
+  const auto seq = t2->new_sequence();
+  const auto d = head->new_draft_sequence(*t2, seq);
+  const std::vector<int32_t> ids{1, 2, 3};
+  t2->forward(seq, ids);
+  EXPECT_THAT(exl3::test::error_of([&] { head->forward(d, ids, LogitsMode::kAll); }),
+              HasSubstr("last token's logits only"));
+  // A sequence that follows no target sequence cannot run.
+  const auto lone = head->new_sequence();
+  EXPECT_THAT(exl3::test::error_of([&] { head->forward(lone, ids, LogitsMode::kLast); }),
+              HasSubstr("no target sequence"));
+}
+
+}  // namespace
