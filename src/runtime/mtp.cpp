@@ -168,7 +168,7 @@ class MtpDraft final : public Engine {
     if (p0 <= s.exact) s.exact = q;
     // Past what the target has computed: one entry at a time, each reading the one before.
     for (int64_t p = q; p < end; ++p) {
-      if (s.last_pos != p - 1) {
+      if (p == 0 || s.last_pos != p - 1) {
         fail("MTP: no hidden state for position {} (the target sequence holds {})", p,
              target_.sequence_length(s.target));
       }

@@ -7,8 +7,10 @@
 // whose acceptance differs; and the errors: a missing or misshapen tensor, a model without MTP
 // layers, kAll logits.
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -107,9 +109,14 @@ TEST(Mtp, MatchesTheReference) {
         << "entry " << p - 1;
     mtp.insert(mtp.end(), row.begin(), row.end());
   }
-  EXPECT_LE(exl3::test::rel_l2(mtp, ref.mtp_logits), 1e-5);
-  // All at once in a second sequence: the last entry's logits.
-  const auto d2 = head->new_draft_sequence(*target, t);
+  const double err = exl3::test::rel_l2(mtp, ref.mtp_logits);
+  std::printf("MTP logits vs the float64 reference: rel-L2 %.2e over %lld positions\n", err,
+              static_cast<long long>(n - 1));
+  EXPECT_LE(err, 1e-5);
+  // All at once in a second pair of sequences: the last entry's logits.
+  const auto t2 = target->new_sequence();
+  const auto d2 = head->new_draft_sequence(*target, t2);
+  target->forward(t2, ref.ids, LogitsMode::kLast);
   const auto last = head->forward(d2, ref.ids, LogitsMode::kLast);
   EXPECT_LE(exl3::test::rel_l2(last, rows(ref.mtp_logits, n - 2, 1, v)), 1e-5);
   EXPECT_EQ(head->sequence_length(d2), n);
@@ -152,36 +159,89 @@ TEST(Mtp, RollbackRebuildsChainedEntries) {
   }
 }
 
+// A model whose MTP layer mostly agrees with it: the reference checkpoint cut to its first
+// (dense) layer, and an MTP layer built from that same layer (its block a copy of layer 0, unit
+// enorm / hnorm, eh_proj = [I | 0.05 R] so the embedding dominates and the hidden state still
+// counts, the model's final norm and head). Its entry p then runs the model's layer over the
+// tokens 2 .. p + 1, which is nearly the model's own next-token pass: most drafts are kept, and how
+// many differs between sequences.
+void write_agreeing_model(const std::filesystem::path& dir) {
+  auto cfg = nlohmann::json::parse(exl3::test::read_file(mtp_dir() / "config.json"));
+  cfg["num_hidden_layers"] = 1;
+  exl3::test::write_file(dir / "config.json", cfg.dump());
+  const auto src = TensorStore::open(mtp_dir() / "model.safetensors");
+  SafetensorsWriter w;
+  const std::string l0 = "model.layers.0.";
+  for (const auto& name : src.names()) {
+    const bool layer0 = name.starts_with(l0);
+    if (name.starts_with("model.layers.") && !layer0) continue;
+    const auto f = read_as_float(src.at(name));
+    w.add<float>(name, DType::kF32, src.at(name).info->shape, f);
+    if (layer0) {
+      w.add<float>("model.layers.1." + name.substr(l0.size()), DType::kF32,
+                   src.at(name).info->shape, f);
+    }
+  }
+  const int64_t h = cfg["hidden_size"].get<int64_t>();
+  const std::vector<float> ones(static_cast<size_t>(h), 1.0f);
+  w.add<float>("model.layers.1.enorm.weight", DType::kF32, {h}, ones);
+  w.add<float>("model.layers.1.hnorm.weight", DType::kF32, {h}, ones);
+  const auto norm = read_as_float(src.at("model.norm.weight"));
+  w.add<float>("model.layers.1.shared_head.norm.weight", DType::kF32, {h}, norm);
+  std::vector<float> eh(static_cast<size_t>(h * 2 * h), 0.0f);
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> g(0.0f, 0.05f / 8.0f);  // 0.05 / sqrt(hidden)
+  for (int64_t r = 0; r < h; ++r) {
+    eh[static_cast<size_t>(r * 2 * h + r)] = 1.0f;
+    for (int64_t c = h; c < 2 * h; ++c) eh[static_cast<size_t>(r * 2 * h + c)] = g(rng);
+  }
+  w.add<float>("model.layers.1.eh_proj.weight", DType::kF32, {h, 2 * h}, eh);
+  w.write(dir / "model.safetensors");
+}
+
 std::vector<std::vector<int32_t>> prompts() {
   return {{5, 42, 79, 116}, {200, 3, 3, 3, 3, 3}, {17}, {90, 91, 92, 93, 94, 95, 96, 97}};
 }
 
+// The reference model's MTP layer is random, so it rarely agrees (a few drafts kept: drafts
+// rejected, rolled back); the agreeing model's mostly does (chained entries kept, rebuilt).
 TEST(Mtp, GreedyEqualsPlainGreedy) {
-  const auto ckpt = Checkpoint::open(mtp_dir());
-  const auto target = load_engine(ckpt);
-  const auto head = load_mtp_draft(*target, ckpt, {});
-  GenerateOptions go;
-  go.max_new_tokens = 24;
-  SpeculativeStats total;
-  for (int k = 1; k <= 3; ++k) {
-    for (const auto& p : prompts()) {
-      const auto plain = generate(*target, p, go);
-      SpeculativeStats st;
-      const auto spec = generate_speculative(*target, *head, p, go, {k, false}, &st);
-      EXPECT_EQ(spec.tokens, plain.tokens) << "k " << k;
-      EXPECT_GT(st.rounds, 0);
-      total.drafted += st.drafted;
-      total.accepted += st.accepted;
+  exl3::test::TempDir agreeing;
+  write_agreeing_model(agreeing.path());
+  for (const auto& dir : {mtp_dir(), agreeing.path()}) {
+    const auto ckpt = Checkpoint::open(dir);
+    const auto target = load_engine(ckpt);
+    const auto head = load_mtp_draft(*target, ckpt, {});
+    const int64_t free = head->free_cache_tokens();
+    GenerateOptions go;
+    go.max_new_tokens = 24;
+    SpeculativeStats total;
+    for (int k = 1; k <= 3; ++k) {
+      for (const auto& p : prompts()) {
+        const auto plain = generate(*target, p, go);
+        SpeculativeStats st;
+        const auto spec = generate_speculative(*target, *head, p, go, {k, false}, &st);
+        EXPECT_EQ(spec.tokens, plain.tokens) << dir << " k " << k;
+        EXPECT_GT(st.rounds, 0);
+        total.drafted += st.drafted;
+        total.accepted += st.accepted;
+      }
     }
+    std::printf("%s, greedy, K = 1..3: %lld of %lld drafts kept\n", dir.filename().c_str(),
+                static_cast<long long>(total.accepted), static_cast<long long>(total.drafted));
+    EXPECT_GT(total.accepted, 0);
+    EXPECT_LT(total.accepted, total.drafted);
+    if (dir != mtp_dir()) {
+      EXPECT_GT(total.accepted * 4, total.drafted);  // often kept (measured: half)
+    }
+    EXPECT_EQ(head->free_cache_tokens(), free);  // every page came back
   }
-  // Both paths ran: kept drafts (chained entries rebuilt) and rejected ones (rolled back).
-  EXPECT_GT(total.accepted, 0);
-  EXPECT_LT(total.accepted, total.drafted);
-  EXPECT_EQ(head->free_cache_tokens(), load_mtp_draft(*target, ckpt, {})->free_cache_tokens());
 }
 
 TEST(Mtp, BatchedRoundsEqualPlainGreedy) {
-  const auto ckpt = Checkpoint::open(mtp_dir());
+  exl3::test::TempDir dir;
+  write_agreeing_model(dir.path());
+  const auto ckpt = Checkpoint::open(dir.path());
   const auto target = load_engine(ckpt);
   const auto head = load_mtp_draft(*target, ckpt, {});
   GenerateOptions go;
@@ -201,9 +261,9 @@ TEST(Mtp, BatchedRoundsEqualPlainGreedy) {
       for (size_t i = 0; i < handles.size(); ++i) {
         const auto left = go.max_new_tokens - static_cast<int64_t>(out[i].size());
         if (left <= 0) continue;
-        // Sequences draft different counts: i % (k + 1), capped by what is left.
+        // Sequence i drafts k, except the last, which takes plain steps; capped by what is left.
         const int want =
-            static_cast<int>(std::min<int64_t>(static_cast<int64_t>(i) % (k + 1), left - 1));
+            static_cast<int>(std::min<int64_t>(i + 1 == handles.size() ? 0 : k, left - 1));
         slots.push_back({handles[i], want});
         who.push_back(i);
       }
@@ -217,11 +277,12 @@ TEST(Mtp, BatchedRoundsEqualPlainGreedy) {
       const auto plain = generate(*target, prompts()[i], go);
       out[i].resize(static_cast<size_t>(go.max_new_tokens));
       EXPECT_EQ(out[i], plain.tokens) << "k " << k << " sequence " << i;
-      rates.push_back(dec.stats(handles[i]).acceptance_rate());
+      if (i + 1 < handles.size()) rates.push_back(dec.stats(handles[i]).acceptance_rate());
     }
-    if (k == 3) {
-      EXPECT_NE(*std::ranges::min_element(rates), *std::ranges::max_element(rates));
-    }
+    std::printf("k %d, acceptance of the drafting sequences:", k);
+    for (const double r : rates) std::printf(" %.2f", r);
+    std::printf("\n");
+    EXPECT_NE(*std::ranges::min_element(rates), *std::ranges::max_element(rates)) << "k " << k;
   }
 }
 

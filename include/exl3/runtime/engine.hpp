@@ -150,9 +150,9 @@ class Engine {
   // exl3::Error: only the CPU engine keeps them.
   virtual void keep_hidden_states(SeqId seq, int64_t from);
   virtual std::span<const float> hidden_state(SeqId seq, int64_t pos) const;
-  // A sequence of this engine that drafts for `target_seq` of `target` (speculative decoding).
-  // A draft model reads only tokens: new_sequence(). An MTP head also reads the target
-  // sequence's hidden states.
+  // A sequence of this engine that drafts for `target_seq` of `target` (speculative decoding;
+  // one draft sequence per target sequence). A draft model reads only tokens: new_sequence(). An
+  // MTP head also reads the target sequence's hidden states, and releases those it is done with.
   virtual SeqId new_draft_sequence(Engine& target, SeqId target_seq) {
     (void)target;
     (void)target_seq;
