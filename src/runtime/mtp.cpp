@@ -152,7 +152,10 @@ class MtpDraft final : public Engine {
     const auto target_h = [&](int64_t p) { return target_.hidden_state(s.target, p); };
     int64_t p0 = cache_->length(seq);
     if (s.exact < p0 && !target_h(s.exact).empty()) p0 = s.exact;
-    if (p0 < cache_->length(seq)) cache_->truncate(seq, p0);
+    if (p0 < cache_->length(seq)) {
+      cache_->truncate(seq, p0);
+      if (s.last_pos >= p0) s.last_pos = -1;  // its entry is rebuilt below
+    }
     std::vector<float> logits(static_cast<size_t>(spec_.vocab_size), 0.0f);
     // The run with the target's states, as one pass.
     int64_t q = p0;
