@@ -25,6 +25,7 @@
 #include "exl3/runtime/generate.hpp"
 #include "exl3/runtime/mtp.hpp"
 #include "exl3/runtime/speculative.hpp"
+#include "runtime_test_util.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -32,6 +33,7 @@ namespace {
 using namespace exl3;
 using namespace exl3::runtime;
 using ::testing::HasSubstr;
+namespace test = exl3::runtime::test;
 
 std::filesystem::path mtp_dir() {
   return exl3::test::model_data_dir() / "deepseek_v3_mtp";
@@ -77,6 +79,27 @@ TEST(MtpSpec, DescribesTheLayerAndItsSharedTensors) {
   EXPECT_EQ(spec_summary(s)["mtp_layers"], 1);
   // The target is described as before: three layers, the MTP layer none of them.
   EXPECT_EQ(s.layers.back().prefix, "model.layers.2");
+}
+
+// GLM-5: the MTP layer after the four decoder layers runs its own DSA indexer (the last decoder
+// layer's is shared, reading an earlier layer's selection, which the MTP layer has none of).
+TEST(MtpSpec, Glm5LayerHasItsOwnIndexer) {
+  const auto dir = exl3::test::model_data_dir() / "glm_moe_dsa";
+  auto cfg = nlohmann::json::parse(exl3::test::read_file(dir / "config.json"));
+  EXPECT_TRUE(describe_model(test::config_of(cfg), "m/config.json").mtp_layers.empty());
+  cfg["num_nextn_predict_layers"] = 1;
+  const ModelSpec s = describe_model(test::config_of(cfg), "m/config.json");
+  ASSERT_EQ(s.mtp_layers.size(), 1u);
+  const auto& block = s.mtp_layers[0].block;
+  EXPECT_EQ(block.prefix, "model.layers.4");
+  ASSERT_NE(s.layers.back().dsa_indexer(), nullptr);
+  EXPECT_TRUE(s.layers.back().dsa_indexer()->shared);
+  ASSERT_NE(block.dsa_indexer(), nullptr);
+  EXPECT_FALSE(block.dsa_indexer()->shared);
+  EXPECT_EQ(std::get<MlaAttentionSpec>(block.attention).prefix, "model.layers.4.self_attn");
+  cfg["num_nextn_predict_layers"] = -1;
+  EXPECT_THAT(exl3::test::error_of([&] { describe_model(test::config_of(cfg), "m/config.json"); }),
+              HasSubstr("'num_nextn_predict_layers': expected a non-negative integer"));
 }
 
 TEST(Mtp, MatchesTheReference) {

