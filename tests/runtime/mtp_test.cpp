@@ -5,7 +5,7 @@
 // round of provisional (chained) entries and a rollback equal to a fresh head fed the same
 // tokens; greedy speculative output equal to plain greedy for K = 1..3, one sequence and batches
 // whose acceptance differs; and the errors: a missing or misshapen tensor, a model without MTP
-// layers, kAll logits.
+// layers, kAll logits, an engine without hidden states (CUDA).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -307,6 +307,41 @@ TEST(Mtp, BatchedRoundsEqualPlainGreedy) {
     std::printf("\n");
     EXPECT_NE(*std::ranges::min_element(rates), *std::ranges::max_element(rates)) << "k " << k;
   }
+}
+
+// An engine that says it runs on CUDA (the CPU engine underneath): what --mtp meets with
+// --device cuda, whose engines hand out no hidden states.
+class OnCuda final : public Engine {
+ public:
+  explicit OnCuda(Engine& e) : e_(e) {}
+  const ModelSpec& spec() const override { return e_.spec(); }
+  Device device() const override { return Device::kCuda; }
+  SeqId new_sequence() override { return e_.new_sequence(); }
+  void drop_sequence(SeqId seq) override { e_.drop_sequence(seq); }
+  int64_t sequence_length(SeqId seq) const override { return e_.sequence_length(seq); }
+  void truncate_sequence(SeqId seq, int64_t length) override { e_.truncate_sequence(seq, length); }
+  int64_t free_cache_tokens() const override { return e_.free_cache_tokens(); }
+  int64_t cache_tokens_needed(SeqId seq, int64_t n) const override {
+    return e_.cache_tokens_needed(seq, n);
+  }
+  std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
+    return e_.forward(seq, tokens, mode);
+  }
+
+ private:
+  Engine& e_;
+};
+
+TEST(Mtp, RefusesEnginesWithoutHiddenStates) {
+  const auto ckpt = Checkpoint::open(mtp_dir());
+  const auto cpu = load_engine(ckpt);
+  OnCuda cuda(*cpu);
+  EXPECT_THAT(exl3::test::error_of([&] { load_mtp_draft(cuda, ckpt, {}); }),
+              HasSubstr("--mtp runs on the CPU engine only"));
+  const auto seq = cuda.new_sequence();
+  EXPECT_THAT(exl3::test::error_of([&] { cuda.keep_hidden_states(seq, 0); }),
+              HasSubstr("the cuda engine does not hand out hidden states"));
+  EXPECT_TRUE(cuda.hidden_state(seq, 0).empty());
 }
 
 // The checkpoint's files with `edit` applied to its tensors, in `dir`.
