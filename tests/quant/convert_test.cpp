@@ -395,8 +395,8 @@ TEST(Convert, DeepseekV3LatentAttention) {
 // DeepSeek-V3 with an MTP layer (the 128-wide reference model cut to two decoder layers, its
 // third becoming the MTP block, with enorm / hnorm / eh_proj / shared_head.norm added and the
 // target's head shared): the block's linears become EXL3 at exllamav3's mtp_bits (4) whatever
-// --bits says, eh_proj and the MTP norms are copied as stored, and the converted model drafts for
-// itself with --mtp: greedy speculative output equals plain greedy.
+// --bits says, eh_proj and the MTP norms are copied through unquantized, and the converted model
+// drafts for itself with --mtp: greedy speculative output equals plain greedy.
 TEST(Convert, DeepseekV3KeepsItsMtpLayer) {
   if (exl3::test::quant_fast_mode()) {
     GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): too slow under instrumentation";
