@@ -24,6 +24,7 @@
 #include "exl3/quant/convert.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/model_bench.hpp"
+#include "exl3/runtime/mtp.hpp"
 #include "tp_option.hpp"
 #if defined(EXL3_HAVE_CUDA)
 #include "exl3/cuda/bench_timer.hpp"
@@ -82,6 +83,7 @@ Runner add_bench_model(CLI::App& app, Common&) {
     int64_t cache_tokens = 0, max_batch_tokens = 2048;
     runtime::ModelBenchOptions bench;
     int draft_tokens = 0;
+    int mtp = 0;
     bool prepare_only = false;
   };
   auto o = std::make_shared<Opts>();
@@ -133,6 +135,11 @@ Runner add_bench_model(CLI::App& app, Common&) {
                  "Also time speculative decoding at each --batch with up to K draft tokens per "
                  "round, the model drafting for itself: every draft kept, none kept, and the "
                  "adaptive count with none kept (see below)")
+      ->check(CLI::Range(1, 16));
+  app.add_option("--mtp", o->mtp,
+                 "Also time speculative decoding at each --batch with the model's MTP layer "
+                 "drafting up to K tokens per round (greedy, CPU): plain steps, K per round and "
+                 "the adaptive count, with the acceptance reached")
       ->check(CLI::Range(1, 16));
   app.add_option("--json", o->json_path, "Also write the results as JSON to this file");
   add_tp_option(app, o->tp);
@@ -217,7 +224,8 @@ Runner add_bench_model(CLI::App& app, Common&) {
                         o->draft_tokens > 0
                             ? 2 * biggest *
                                   (o->bench.context + o->bench.decode_steps + o->draft_tokens + 64)
-                            : 0});
+                            : 0,
+                        biggest * (o->bench.context + o->bench.decode_steps + o->mtp + 64)});
     std::fprintf(stderr, "loading %s on %s ...\n", dir.string().c_str(), o->device.c_str());
     const auto load_start = std::chrono::steady_clock::now();
     auto engine = runtime::load_engine(ckpt, eo);
@@ -329,6 +337,32 @@ Runner add_bench_model(CLI::App& app, Common&) {
       }
       speculative = {{"draft_tokens", k}, {"tokens", sp.tokens}, {"batches", rows}};
     }
+    nlohmann::json mtp = nullptr;
+    if (o->mtp > 0) {
+      const auto head = runtime::load_mtp_draft(*engine, ckpt, eo);
+      const auto m = runtime::bench_mtp(*engine, *head, o->mtp, o->bench);
+      std::printf(
+          "speculative with the MTP layer, up to %d draft tokens (%lld tokens per sequence):\n",
+          m.draft_tokens, static_cast<long long>(m.tokens));
+      nlohmann::json rows = nlohmann::json::array();
+      for (const auto& b : m.batches) {
+        std::printf(
+            "  batch %lld: plain %.1f tok/s | %d per round %.1f (%.2fx, acceptance %.2f, %.2f "
+            "tokens per pass) | adaptive %.1f (%.2fx, acceptance %.2f)\n",
+            static_cast<long long>(b.batch), b.plain_tokens_per_second, m.draft_tokens,
+            b.fixed_tokens_per_second, b.fixed_tokens_per_second / b.plain_tokens_per_second,
+            b.fixed_acceptance, b.fixed_tokens_per_round, b.adaptive_tokens_per_second,
+            b.adaptive_tokens_per_second / b.plain_tokens_per_second, b.adaptive_acceptance);
+        rows.push_back({{"batch", b.batch},
+                        {"plain_tokens_per_second", b.plain_tokens_per_second},
+                        {"fixed_tokens_per_second", b.fixed_tokens_per_second},
+                        {"fixed_acceptance", b.fixed_acceptance},
+                        {"fixed_tokens_per_round", b.fixed_tokens_per_round},
+                        {"adaptive_tokens_per_second", b.adaptive_tokens_per_second},
+                        {"adaptive_acceptance", b.adaptive_acceptance}});
+      }
+      mtp = {{"draft_tokens", m.draft_tokens}, {"tokens", m.tokens}, {"batches", rows}};
+    }
     if (!o->json_path.empty()) {
       const nlohmann::json doc = {
           {"model", dir.string()},
@@ -347,6 +381,7 @@ Runner add_bench_model(CLI::App& app, Common&) {
           {"load_seconds", load_seconds},
           {"decode", decode},
           {"speculative", speculative},
+          {"mtp", mtp},
           {"prefill",
            {{"tokens", res.prefill_tokens},
             {"ms", 1e3 * res.prefill_seconds},

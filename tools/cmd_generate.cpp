@@ -107,13 +107,16 @@ Runner add_generate(CLI::App& app, Common&) {
       "  exl3 generate ./GLM-4.5-Air-exl3 --prompt 'Hi' --overlay "
       "linear=mxfp8,shared_experts=mxfp8\n"
       "  exl3 generate ./Qwen3-32B-exl3 --prompt 'Hi' --draft ./Qwen3-0.6B-exl3 --draft-tokens "
-      "4\n\n"
+      "4\n"
+      "  exl3 generate ./DeepSeek-V3-exl3 --prompt 'Hi' --device cpu --mtp 2\n\n"
       "--draft runs speculative decoding: greedy output is the model's own, token for token, and\n"
       "sampled output follows the model's own distribution, so the draft only changes the speed;\n"
       "the last line reports how many drafted tokens the model accepted and the tokens per pass.\n"
       "Each round drafts 0..K tokens: the first rounds time a plain step and a one-token draft,\n"
       "then the count that gives the most tokens per second at the acceptance seen so far is\n"
       "used; a draft that does not pay makes plain steps, retried with one token now and then.\n"
+      "--mtp K drafts with the model's own MTP layer (DeepSeek-V3 / V3.2, GLM-5; CPU) instead of\n"
+      "a second model, with the same guarantees.\n"
       "--overlay stores the unquantized attention / dense-MLP / shared-expert linears as MXFP8 "
       "(about\n"
       "half their BF16 bytes); see docs/mxfp8.md.\n"
@@ -158,7 +161,7 @@ Runner add_generate(CLI::App& app, Common&) {
     eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
     engine_options_from_env(eo);
     auto engine = runtime::load_engine(ckpt, eo);
-    const auto draft = load_draft(o->draft, eo);
+    const auto draft = load_draft(o->draft, *engine, ckpt, eo);
     if (!o->json) print_overlay_summary(engine->overlay_report());
     for (const int32_t id : model_stop_tokens(dir, engine->spec().eos_token_ids, tok))
       stops.insert(id);
@@ -207,8 +210,8 @@ Runner add_generate(CLI::App& app, Common&) {
       j["overlay"] = engine->overlay_report().to_json();
       if (chat) j["chat_format"] = std::string(chat->kind());
       if (draft) {
-        j["speculative"] = {{"draft", o->draft.path},
-                            {"draft_tokens", o->draft.tokens},
+        j["speculative"] = {{"draft", o->draft.source()},
+                            {"draft_tokens", o->draft.speculative().draft_tokens},
                             {"adaptive", !o->draft.fixed},
                             {"rounds", spec.rounds},
                             {"drafted", spec.drafted},
@@ -227,13 +230,13 @@ Runner add_generate(CLI::App& app, Common&) {
         r.decode_tokens_per_second(), r.stop_reason);
     if (draft && spec.drafted == 0) {
       fmt::print(
-          "[draft: no tokens drafted in {} model passes (plain steps: the draft did not pay "
+          "[{}: no tokens drafted in {} model passes (plain steps: the draft did not pay "
           "or the generation was too short to time it)]\n",
-          spec.rounds);
+          o->draft.mtp > 0 ? "mtp" : "draft", spec.rounds);
     } else if (draft) {
-      fmt::print(
-          "[draft: {} of {} drafted tokens accepted ({:.0f}%), {:.2f} tokens per model pass]\n",
-          spec.accepted, spec.drafted, 100.0 * spec.acceptance_rate(), spec.tokens_per_round());
+      fmt::print("[{}: {} of {} drafted tokens accepted ({:.0f}%), {:.2f} tokens per model pass]\n",
+                 o->draft.mtp > 0 ? "mtp" : "draft", spec.accepted, spec.drafted,
+                 100.0 * spec.acceptance_rate(), spec.tokens_per_round());
     }
     return 0;
   };

@@ -184,8 +184,9 @@ Runner add_serve(CLI::App& app, Common&) {
           o->tp);
     }
     engine_options_from_env(eo);
-    auto engine = runtime::load_engine(dir, eo);
-    const auto draft = load_draft(o->draft, eo);
+    const Checkpoint ckpt = Checkpoint::open(dir);
+    auto engine = runtime::load_engine(ckpt, eo);
+    const auto draft = load_draft(o->draft, *engine, ckpt, eo);
 
     server::ServerOptions so;
     so.model_name = o->model_name;
@@ -233,8 +234,9 @@ Runner add_serve(CLI::App& app, Common&) {
         o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, server.chat_status(),
         server.tool_status());
     if (draft) {
-      fmt::print("  draft: {} (up to {} tokens per round, {}), KV cache {} tokens\n", o->draft.path,
-                 o->draft.tokens, o->draft.fixed ? "fixed" : "adaptive", st.draft_cache_tokens);
+      fmt::print("  draft: {} (up to {} tokens per round, {}), KV cache {} tokens\n",
+                 o->draft.source(), o->draft.speculative().draft_tokens,
+                 o->draft.fixed ? "fixed" : "adaptive", st.draft_cache_tokens);
     }
     fmt::print(
         "  limits: {} connections, {} MiB per body, {} s to send a request, {} s per write\n",

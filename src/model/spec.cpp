@@ -153,12 +153,15 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
       break;
     case Architecture::kDeepseekV3:
       families::describe_deepseek_v3(f);
+      families::describe_mtp(f);
       break;
     case Architecture::kDeepseekV32:
       families::describe_deepseek_v32(f);
+      families::describe_mtp(f);
       break;
     case Architecture::kGlmMoeDsa:
       families::describe_glm_moe_dsa(f);
+      families::describe_mtp(f);
       break;
     case Architecture::kGemma3:
       families::describe_gemma3(f);
@@ -192,7 +195,23 @@ ModelSpec describe_model(const Checkpoint& ckpt) {
         "does not set tie_word_embeddings",
         ckpt.path().string());
   }
+  resolve_mtp_tensors(s, ckpt);
   return s;
+}
+
+void resolve_mtp_tensors(ModelSpec& s, const Checkpoint& ckpt) {
+  for (auto& m : s.mtp_layers) {
+    const std::string own_head = m.block.prefix + ".shared_head.head";
+    if (ckpt.find_linear(own_head) != nullptr || ckpt.store().contains(own_head + ".weight")) {
+      m.head = own_head;
+      m.head_tied = false;
+    } else {  // DeepSeek's MTP layer shares the target's output head when it stores none
+      m.head = s.lm_head;
+      m.head_tied = s.lm_head_tied;
+    }
+    const std::string own_embed = m.block.prefix + ".embed_tokens.weight";
+    m.embed_tokens = ckpt.store().contains(own_embed) ? own_embed : s.embed_tokens;
+  }
 }
 
 float embedding_scale(const ModelSpec& spec, DType stored) {
@@ -217,6 +236,7 @@ nlohmann::json spec_summary(const ModelSpec& s) {
   for (const auto& l : s.layers) moe_layers += std::holds_alternative<MoeSpec>(l.mlp) ? 1 : 0;
   j["moe_layers"] = moe_layers;
   j["dense_layers"] = s.num_layers() - moe_layers;
+  j["mtp_layers"] = static_cast<int64_t>(s.mtp_layers.size());
   if (!s.layers.empty()) {
     const auto rope = [](const RopeSpec& r) {
       return json{{"type", std::string(rope_type_name(r.type))},

@@ -709,9 +709,12 @@ void CpuBackend::all_reduce(Act y, const char* what) {
 void CpuBackend::logits(Act x, const Act* residual, const Module& norm, const Module& head) {
   if (residual != nullptr) add(x, *residual);
   const int64_t rows = step_.logit_rows, n = x.rows, hidden = x.width;
+  const auto& fn = static_cast<const CpuNorm&>(norm);
+  if (step_.hidden != nullptr) {
+    cpu_ops::rms_norm(x.data, fn.weight.data(), n, hidden, fn.eps, step_.hidden);
+  }
   if (rows == 0) return;
   std::vector<float> h(static_cast<size_t>(rows * hidden));
-  const auto& fn = static_cast<const CpuNorm&>(norm);
   cpu_ops::rms_norm(x.data + (n - rows) * hidden, fn.weight.data(), rows, hidden, fn.eps, h.data());
   const auto& l = static_cast<const CpuLinear&>(head);
   const int64_t out = l.out_features(), vocab = spec_.vocab_size;

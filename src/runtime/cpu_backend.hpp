@@ -60,6 +60,9 @@ class CpuBackend final : public model::Backend {
     std::span<const int32_t> tokens;
     int64_t logit_rows = 0;
     float* logits = nullptr;
+    // Non-null: logits() also writes the final-normed hidden state of every row here [n, hidden]
+    // (what an MTP head reads).
+    float* hidden = nullptr;
     Communicator* comm = nullptr;  // null at TP 1
     LinearObserver* observer = nullptr;
   };

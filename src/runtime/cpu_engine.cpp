@@ -10,7 +10,9 @@
 // r * layers .. (r + 1) * layers - 1, so sequences and pages are counted once.
 #include "cpu_engine.hpp"
 
+#include <algorithm>
 #include <exception>
+#include <map>
 #include <optional>
 #include <thread>
 
@@ -89,9 +91,37 @@ class CpuEngine final : public PagedEngine {
     step.tokens = tokens;
     step.logit_rows = rows;
     cache_->reserve(seq, n);  // throws (nothing taken) when full
-    run_ranks(step, logits.data());
+    const auto kept = hidden_.find(seq);
+    std::vector<float> hidden;
+    if (kept != hidden_.end()) hidden.resize(static_cast<size_t>(n * spec_.hidden_size));
+    run_ranks(step, logits.data(), hidden.empty() ? nullptr : hidden.data());
     cache_->advance(seq, tokens);
+    if (kept != hidden_.end()) keep_rows(kept->second, step.start, n, hidden);
     return logits;
+  }
+
+  void drop_sequence(SeqId seq) override {
+    PagedEngine::drop_sequence(seq);
+    hidden_.erase(seq);
+  }
+
+  void keep_hidden_states(SeqId seq, int64_t from) override {
+    (void)cache_->length(seq);  // throws for an unknown sequence
+    Kept& k = hidden_[seq];
+    k.from = from;
+    const int64_t drop = std::clamp<int64_t>(from - k.first, 0, k.count(spec_.hidden_size));
+    k.rows.erase(k.rows.begin(),
+                 k.rows.begin() + static_cast<std::ptrdiff_t>(drop * spec_.hidden_size));
+    k.first = k.rows.empty() ? from : k.first + drop;
+  }
+
+  std::span<const float> hidden_state(SeqId seq, int64_t pos) const override {
+    const auto it = hidden_.find(seq);
+    if (it == hidden_.end() || pos >= cache_->length(seq)) return {};
+    const Kept& k = it->second;
+    if (pos < k.first || pos >= k.first + k.count(spec_.hidden_size)) return {};
+    const auto h = static_cast<size_t>(spec_.hidden_size);
+    return std::span<const float>(k.rows).subspan(static_cast<size_t>(pos - k.first) * h, h);
   }
 
  private:
@@ -99,6 +129,26 @@ class CpuEngine final : public PagedEngine {
     std::unique_ptr<CpuBackend> backend;
     model::DecoderModules modules;
   };
+  // A sequence's kept hidden states: positions first .. first + count - 1, none below `from`.
+  struct Kept {
+    int64_t from = 0, first = 0;
+    std::vector<float> rows;
+    int64_t count(int64_t hidden) const { return static_cast<int64_t>(rows.size()) / hidden; }
+  };
+
+  // Adds a step's rows (positions start .. start + n - 1) to `k`. Rows at or past `start` are
+  // stale: the sequence was cut back to `start` before the step.
+  void keep_rows(Kept& k, int64_t start, int64_t n, const std::vector<float>& hidden) const {
+    const int64_t h = spec_.hidden_size;
+    k.rows.resize(static_cast<size_t>(std::clamp<int64_t>(start - k.first, 0, k.count(h)) * h));
+    const int64_t begin = std::max(start, k.from);
+    if (begin >= start + n) return;
+    if (k.first + k.count(h) != begin) {  // nothing kept right before: the run restarts here
+      k.rows.clear();
+      k.first = begin;
+    }
+    k.rows.insert(k.rows.end(), hidden.begin() + (begin - start) * h, hidden.end());
+  }
 
   void run_rank(size_t r, CpuBackend::Step step) {
     Rank& rk = ranks_[r];
@@ -106,11 +156,12 @@ class CpuEngine final : public PagedEngine {
     model::decoder_forward(*rk.backend, rk.modules, spec_.hidden_size);
   }
 
-  // Every rank's forward pass; rank 0 writes the logits.
-  void run_ranks(CpuBackend::Step step, float* logits) {
+  // Every rank's forward pass; rank 0 writes the logits (and the hidden states when asked).
+  void run_ranks(CpuBackend::Step step, float* logits, float* hidden) {
     const size_t tp = ranks_.size();
     if (!plan_) {
       step.logits = logits;
+      step.hidden = hidden;
       run_rank(0, step);
       return;
     }
@@ -121,6 +172,7 @@ class CpuEngine final : public PagedEngine {
         CpuBackend::Step s = step;
         s.comm = comms[r].get();
         s.logits = r == 0 ? logits : nullptr;
+        s.hidden = r == 0 ? hidden : nullptr;
         run_rank(r, s);
       } catch (...) {
         errors[r] = std::current_exception();
@@ -152,6 +204,7 @@ class CpuEngine final : public PagedEngine {
   OverlayPlan overlay_;
   OverlayReport overlay_report_;
   std::vector<Rank> ranks_;
+  std::map<SeqId, Kept> hidden_;  // sequences that keep hidden states (keep_hidden_states)
   static inline const LoadProgressFn silent_{};
 };
 

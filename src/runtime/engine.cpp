@@ -22,6 +22,21 @@ Device parse_device(std::string_view name) {
   fail("device '{}' is unknown; choose cpu or cuda", name);
 }
 
+void Engine::keep_hidden_states(SeqId seq, int64_t from) {
+  (void)seq;
+  (void)from;
+  fail(
+      "MTP drafting: the {} engine does not hand out hidden states (only the CPU engine does); "
+      "hint: run with --device cpu, or draft with a separate model (--draft)",
+      device_name(device()));
+}
+
+std::span<const float> Engine::hidden_state(SeqId seq, int64_t pos) const {
+  (void)seq;
+  (void)pos;
+  return {};
+}
+
 std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions& opts) {
   ModelSpec spec = describe_model(ckpt);
   if (opts.tp < 1) fail("tensor parallel: --tp {} must be at least 1", opts.tp);

@@ -102,7 +102,14 @@ int SpeculativeDecoder::next_draft_tokens(int handle, int64_t batch, int64_t rem
 SpeculativeDecoder::Added SpeculativeDecoder::add(std::span<const int32_t> prompt,
                                                   const SamplingOptions& sampling) {
   if (prompt.empty()) fail("speculative decoding: the prompt has no tokens");
-  const Engine::SeqId t = target_.new_sequence(), d = draft_.new_sequence();
+  const Engine::SeqId t = target_.new_sequence();
+  Engine::SeqId d = -1;
+  try {
+    d = draft_.new_draft_sequence(target_, t);
+  } catch (...) {
+    target_.drop_sequence(t);
+    throw;
+  }
   try {
     const std::vector<float> logits = target_.forward(t, prompt, LogitsMode::kLast);
     draft_.forward(d, prompt, LogitsMode::kLast);

@@ -1,5 +1,5 @@
-// `exl3 bench model --draft-tokens K`: speculative decoding with forced acceptance (see
-// model_bench.hpp).
+// `exl3 bench model --draft-tokens K`: speculative decoding with forced acceptance, and
+// `--mtp K`: with the model's MTP head (see model_bench.hpp).
 #include <algorithm>
 #include <chrono>
 #include <random>
@@ -193,6 +193,55 @@ SpeculativeBenchResult bench_speculative(Engine& engine, int draft_tokens,
     }
     for (const auto s : seqs) engine.drop_sequence(s);
     b.verify_seconds = median(times);
+    res.batches.push_back(b);
+  }
+  return res;
+}
+
+MtpBenchResult bench_mtp(Engine& engine, Engine& mtp, int draft_tokens,
+                         const ModelBenchOptions& opts) {
+  MtpBenchResult res;
+  res.draft_tokens = draft_tokens;
+  res.tokens = std::max<int64_t>(opts.decode_steps, 2);
+  const int64_t context = std::max<int64_t>(opts.context, 1);
+  std::mt19937_64 rng(opts.seed);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(engine.spec().vocab_size) - 1);
+  for (const int64_t batch : opts.batches) {
+    const int64_t need = batch * (context + res.tokens + draft_tokens + 1);
+    if (need > engine.free_cache_tokens() || need > mtp.free_cache_tokens()) {
+      fail(
+          "bench model --mtp: batch {} needs {} KV cache tokens in the model and in the MTP "
+          "head, {} and {} are free; hint: raise --cache-tokens",
+          batch, need, engine.free_cache_tokens(), mtp.free_cache_tokens());
+    }
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
+    for (auto& p : prompts) {
+      p.resize(static_cast<size_t>(context));
+      for (auto& t : p) t = tok(rng);
+    }
+    // Each figure is the median of three runs after a warm-up.
+    std::vector<double> plain, fixed, fixed_acc, fixed_round, adaptive, adaptive_acc;
+    for (int rep = 0; rep < 4; ++rep) {
+      const auto p = run_rounds(engine, mtp, prompts, res.tokens, draft_tokens, Drafting::kNone);
+      const auto f = run_rounds(engine, mtp, prompts, res.tokens, draft_tokens, Drafting::kFixed);
+      const auto a =
+          run_rounds(engine, mtp, prompts, res.tokens, draft_tokens, Drafting::kAdaptive);
+      if (rep == 0) continue;
+      plain.push_back(p.tokens_per_second);
+      fixed.push_back(f.tokens_per_second);
+      fixed_acc.push_back(f.stats.acceptance_rate());
+      fixed_round.push_back(f.stats.tokens_per_round());
+      adaptive.push_back(a.tokens_per_second);
+      adaptive_acc.push_back(a.stats.acceptance_rate());
+    }
+    MtpBatchResult b;
+    b.batch = batch;
+    b.plain_tokens_per_second = median(plain);
+    b.fixed_tokens_per_second = median(fixed);
+    b.fixed_acceptance = median(fixed_acc);
+    b.fixed_tokens_per_round = median(fixed_round);
+    b.adaptive_tokens_per_second = median(adaptive);
+    b.adaptive_acceptance = median(adaptive_acc);
     res.batches.push_back(b);
   }
   return res;

@@ -324,7 +324,7 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& running) {
     a->reserved = need;
     reserved_ += need;
     if (draft_) {
-      a->dseq = draft_->new_sequence();
+      a->dseq = draft_->new_draft_sequence(engine_, a->seq);
       a->draft_reserved = draft_need;
       draft_reserved_ += draft_need;
     }

@@ -30,6 +30,9 @@
 #include "exl3/moe/layout.hpp"
 #include "exl3/quant/convert.hpp"
 #include "exl3/runtime/engine.hpp"
+#include "exl3/runtime/generate.hpp"
+#include "exl3/runtime/mtp.hpp"
+#include "exl3/runtime/speculative.hpp"
 #include "exl3/trellis/half.hpp"
 #include "quant_test_mode.hpp"
 #include "test_support.hpp"
@@ -388,6 +391,78 @@ TEST(Convert, DeepseekV3LatentAttention) {
   const double err = rel_l2_to_reference(tmp / "out", src);
   std::printf("DeepSeek-V3 K4 vs transformers fp64: rel-L2 %.3f\n", err);
   EXPECT_LE(err, 0.3);  // measured 0.197 with a searched scale (exl3 quantize --bits 4)
+}
+
+// DeepSeek-V3 with an MTP layer (the 128-wide reference model cut to two decoder layers, its
+// third becoming the MTP block, with enorm / hnorm / eh_proj / shared_head.norm added and the
+// target's head shared): the block's linears become EXL3 at exllamav3's mtp_bits (4) whatever
+// --bits says, eh_proj and the MTP norms are copied through unquantized, and the converted model
+// drafts for itself with --mtp: greedy speculative output equals plain greedy.
+TEST(Convert, DeepseekV3KeepsItsMtpLayer) {
+  if (exl3::test::quant_fast_mode()) {
+    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): too slow under instrumentation";
+  }
+  const fs::path data = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data";
+  TempDir tmp;
+  fs::create_directories(tmp / "m");
+  fs::copy_file(data / "deepseek_v3_q128" / "config.json", tmp / "m" / "config.json");
+  edit_config(tmp / "m", [](nlohmann::json& j) {
+    j["num_hidden_layers"] = 2;
+    j["num_nextn_predict_layers"] = 1;
+  });
+  {
+    const auto src = exl3::TensorStore::open(data / "deepseek_v3_q128");
+    exl3::SafetensorsWriter w;
+    for (const auto& name : src.names()) {
+      const auto f = exl3::read_as_float(src.at(name));
+      w.add<float>(name, exl3::DType::kF32, src.at(name).info->shape, f);
+    }
+    std::mt19937_64 rng(7);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    const auto norm = [&](const std::string& name) {
+      std::vector<float> v(128);
+      for (auto& x : v) x = 1.0f + 0.2f * g(rng);
+      w.add<float>(name, exl3::DType::kF32, {128}, v);
+    };
+    norm("model.layers.2.enorm.weight");
+    norm("model.layers.2.hnorm.weight");
+    norm("model.layers.2.shared_head.norm.weight");
+    std::vector<float> eh(128 * 256);
+    for (auto& x : eh) x = g(rng) / 16.0f;
+    w.add<float>("model.layers.2.eh_proj.weight", exl3::DType::kF32, {128, 256}, eh);
+    w.write(tmp / "m" / "model.safetensors");
+  }
+  const auto r =
+      q::convert_model(tmp / "m", tmp / "out", fast_options(3.0, exl3::test::test_seed()));
+  EXPECT_EQ(r.architecture, "DeepseekV3ForCausalLM");
+  const auto ckpt = exl3::Checkpoint::open(tmp / "out");
+  for (const char* name :
+       {"model.layers.2.self_attn.q_a_proj", "model.layers.2.mlp.experts.1.down_proj",
+        "model.layers.2.mlp.shared_experts.up_proj"}) {
+    const auto* l = ckpt.find_linear(name);
+    ASSERT_NE(l, nullptr) << name;
+    EXPECT_EQ(l->bits, q::kMtpBits) << name;
+  }
+  EXPECT_EQ(ckpt.find_linear("model.layers.1.self_attn.q_a_proj")->bits, 3);
+  EXPECT_EQ(ckpt.find_linear("model.layers.2.eh_proj"), nullptr);
+  for (const char* name :
+       {"model.layers.2.eh_proj.weight", "model.layers.2.enorm.weight",
+        "model.layers.2.hnorm.weight", "model.layers.2.shared_head.norm.weight"}) {
+    EXPECT_NE(ckpt.store().find(name), nullptr) << name;
+  }
+
+  namespace rt = exl3::runtime;
+  const auto target = rt::load_engine(ckpt);
+  ASSERT_EQ(target->spec().mtp_layers.size(), 1u);
+  EXPECT_EQ(target->spec().mtp_layers[0].head, "lm_head");  // shared with the target
+  const auto head = rt::load_mtp_draft(*target, ckpt, {});
+  rt::GenerateOptions go;
+  go.max_new_tokens = 16;
+  const std::vector<int32_t> prompt{3, 14, 15, 92, 65};
+  rt::SpeculativeStats st;
+  EXPECT_EQ(rt::generate_speculative(*target, *head, prompt, go, {2, false}, &st).tokens,
+            rt::generate(*target, prompt, go).tokens);
+  EXPECT_GT(st.drafted, 0);
 }
 
 // Mixtral (sliding-window attention, routed experts under block_sparse_moe as w1/w3/w2): every

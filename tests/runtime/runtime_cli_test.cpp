@@ -194,6 +194,48 @@ TEST(GenerateCli, DraftGivesTheSameTextAndReportsAcceptance) {
   EXPECT_NE(run_cli(fmt::format("{} --draft-fixed", base)).code, 0);
 }
 
+// --mtp: the tiny DeepSeek-V3 with an MTP layer (the conformance model's tokenizer beside it; the
+// prompt's ids are inside its 256-token vocabulary) drafts with its own MTP layer: the same ids as
+// plain greedy, the acceptance reported; --mtp and --draft exclude each other; bench model --mtp
+// reports its rows.
+TEST(GenerateCli, MtpGivesTheSameTextAndReportsAcceptance) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  exl3::test::TempDir tmp;
+  const auto model = tmp / "m";
+  std::filesystem::create_directories(model);
+  const auto src = exl3::test::model_data_dir() / "deepseek_v3_mtp";
+  for (const char* f : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(src / f, model / f);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(exl3::runtime::test::tiny_model(dir) / f, model / f);
+  const std::string base =
+      fmt::format("generate {} --prompt 'x y x y' --max-tokens 12 --ignore-eos", q(model));
+  const auto plain = run_cli(base + " --json", "", false);
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  const auto r = run_cli(base + " --mtp 2 --draft-fixed --json", "", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = json::parse(r.out);
+  EXPECT_EQ(j["ids"], json::parse(plain.out)["ids"]);
+  EXPECT_EQ(j["speculative"]["draft"], "mtp");
+  EXPECT_EQ(j["speculative"]["draft_tokens"], 2);
+  EXPECT_GT(j["speculative"]["drafted"].get<int>(), 0);
+  const auto s = run_cli(base + " --mtp 2 --draft-fixed", "", false);
+  ASSERT_EQ(s.code, 0) << s.out;
+  EXPECT_THAT(s.out, HasSubstr("[mtp: "));
+  EXPECT_THAT(s.out, HasSubstr("drafted tokens accepted"));
+  const auto both = run_cli(fmt::format("{} --mtp 2 --draft {}", base, q(model)));
+  EXPECT_NE(both.code, 0);
+  EXPECT_THAT(both.out, HasSubstr("excludes"));
+  const auto b = run_cli(fmt::format(
+      "bench model {} --device cpu --batch 1,2 --steps 6 --context 4 --prefill 0 --mtp 2 --json {}",
+      q(model), q(tmp / "b.json")));
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_THAT(b.out, HasSubstr("speculative with the MTP layer, up to 2 draft tokens"));
+  const auto bj = json::parse(exl3::test::read_file(tmp / "b.json"));
+  ASSERT_EQ(bj["mtp"]["batches"].size(), 2u);
+  EXPECT_GT(bj["mtp"]["batches"][1]["fixed_tokens_per_second"].get<double>(), 0.0);
+}
+
 TEST(GenerateCli, SeededSamplingIsDeterministic) {
   EXL3_REQUIRE_CONFORMANCE(dir);
   const auto model = exl3::runtime::test::tiny_model(dir);

@@ -13,6 +13,9 @@
 
 #include "../runtime/runtime_test_util.hpp"
 #include "exl3/error.hpp"
+#include "exl3/format/checkpoint.hpp"
+#include "exl3/runtime/generate.hpp"
+#include "exl3/runtime/mtp.hpp"
 #include "exl3/server/scheduler.hpp"
 #include "exl3/text/stop_tokens.hpp"
 #include "server_test_util.hpp"
@@ -175,6 +178,49 @@ TEST(Scheduler, DraftModelGivesTheSameTokens) {
   EXPECT_GT(same.drafted_tokens, 0);
   EXPECT_EQ(same.accepted_tokens, same.drafted_tokens);
   run(other.path(), {4, true}, "random draft");
+}
+
+// serve --mtp: the tiny DeepSeek-V3 with an MTP layer (vocabulary 256; the conformance model's
+// tokenizer only turns its ids into text) drafting for itself through its MTP head. Prompts longer
+// than a step's token budget prefill in chunks, the head following the model chunk by chunk;
+// every request's greedy tokens equal generate() alone; both KV pools come back whole.
+TEST(Scheduler, MtpHeadGivesTheSameTokens) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  const auto dir = exl3::test::model_data_dir() / "deepseek_v3_mtp";
+  const auto ckpt = exl3::Checkpoint::open(dir);
+  const auto tok = Tokenizer::load(st::tiny_model(conf));
+  auto engine = runtime::load_engine(ckpt);
+  auto head = runtime::load_mtp_draft(*engine, ckpt, {});
+  const auto reference = runtime::load_engine(ckpt);  // the scheduler's thread runs `engine`
+  SchedulerOptions so{.max_seqs = 3, .max_queue = 8, .max_context = 0, .step_tokens = 8};
+  so.draft = head.get();
+  so.speculative = {3, false};
+  Scheduler sched(*engine, tok, so);
+  std::vector<GenerationRequest> reqs;
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest g;
+    for (size_t n = 0; n < 4 + rng() % 20; ++n)
+      g.prompt.push_back(static_cast<int32_t>(rng() % 256));
+    g.max_tokens = 8 + 5 * i;
+    reqs.push_back(g);
+    auto sub = sched.submit(g);
+    ASSERT_TRUE(sub.stream) << sub.message;
+    streams.push_back(sub.stream);
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto d = drain(streams[i]);
+    runtime::GenerateOptions go;
+    go.max_new_tokens = reqs[i].max_tokens;
+    const auto plain = runtime::generate(*reference, reqs[i].prompt, go);
+    EXPECT_EQ(d.tokens, plain.tokens) << "request " << i << ": " << d.last.error;
+  }
+  const auto s = sched.stats();
+  EXPECT_EQ(s.completed, 4);
+  EXPECT_GT(s.drafted_tokens, 0);
+  EXPECT_EQ(s.free_cache_tokens, s.cache_tokens);
+  EXPECT_EQ(s.draft_free_cache_tokens, s.draft_cache_tokens);
 }
 
 // Prefix caching: a request whose prompt starts with an earlier one's system prompt prefills only

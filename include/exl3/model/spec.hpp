@@ -182,6 +182,23 @@ struct LayerSpec {
   }
 };
 
+// A multi-token-prediction (MTP) layer: DeepSeek-V3 / V3.2 and GLM-5 checkpoints store
+// num_nextn_predict_layers of them after the decoder layers, as model.layers.{num_hidden_layers +
+// i}. Position p of an MTP layer reads the target's last hidden state h_p (after its final norm)
+// and the embedding e of the token at p + 1 (zeroed at position 0), and predicts the token at
+// p + 2:  x = eh_proj(concat(enorm(e), hnorm(h_p))), g = block(x) (a decoder layer with its own
+// KV cache), logits = head(head_norm(g)). Drafting k tokens chains: g stands in for h at the next
+// position. The target never reads these layers; they are loaded only for MTP drafting.
+struct MtpLayerSpec {
+  LayerSpec block;           // the decoder block, named like a target layer at its index
+  std::string enorm, hnorm;  // RMSNorm weights [hidden]
+  std::string eh_proj;       // linear prefix, 2 * hidden -> hidden
+  std::string head_norm;     // shared_head.norm.weight
+  std::string head;          // shared_head.head, or the target's head when the layer has none
+  bool head_tied = false;    // `head` is the embedding matrix (the target's tied head)
+  std::string embed_tokens;  // the layer's own embed_tokens, or the target's
+};
+
 struct ModelSpec {
   Architecture architecture = Architecture::kLlama;
   std::string label;  // config.json (what errors name)
@@ -204,6 +221,9 @@ struct ModelSpec {
   bool scale_embedding = false;
   double final_logit_softcapping = 0.0;  // > 0: logits z -> c * tanh(z / c)
   std::vector<LayerSpec> layers;
+  // config.json num_nextn_predict_layers (DeepSeek-V3 / V3.2, GLM-5): described whether or not
+  // the checkpoint holds their tensors, which only loading an MTP head checks.
+  std::vector<MtpLayerSpec> mtp_layers;
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
   bool is_moe() const;
@@ -221,6 +241,10 @@ ModelSpec describe_model(const Checkpoint& ckpt);
 // rounded to the embedding's stored dtype, since transformers casts the scale to the weight's
 // dtype before multiplying (sqrt(3072) is 55.5 in bf16); the product itself stays fp32.
 float embedding_scale(const ModelSpec& spec, DType stored);
+
+// The MTP layers of a checkpoint's description with the heads and embeddings it holds: each
+// layer's own shared_head.head and embed_tokens where present, else the target's.
+void resolve_mtp_tensors(ModelSpec& spec, const Checkpoint& ckpt);
 
 // A summary for `--json` outputs and logs.
 nlohmann::json spec_summary(const ModelSpec& spec);

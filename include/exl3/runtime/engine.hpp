@@ -146,6 +146,24 @@ class Engine {
   // there and bring back only those (a decode step of 8 sequences then reads back 8 ids, not 8
   // vocabulary-wide rows); the base version runs forward_batch and scans its rows.
   virtual std::vector<std::vector<int32_t>> forward_batch_argmax(std::span<const BatchEntry> batch);
+
+  // Hidden states for a draft head that reads them (MTP, exl3/runtime/mtp.hpp). After
+  // keep_hidden_states(seq, from), each forward of `seq` also keeps the last hidden state (after
+  // the final norm) of every position >= from that it computes; a later call moves `from` and
+  // releases the positions before it. Nothing is kept (and nothing costs) for other sequences.
+  // hidden_state() is position `pos`'s [hidden] floats, or an empty span where none is kept
+  // (not computed, released, or past the sequence's length). The base versions throw
+  // exl3::Error: only the CPU engine keeps them.
+  virtual void keep_hidden_states(SeqId seq, int64_t from);
+  virtual std::span<const float> hidden_state(SeqId seq, int64_t pos) const;
+  // A sequence of this engine that drafts for `target_seq` of `target` (speculative decoding;
+  // one draft sequence per target sequence). A draft model reads only tokens: new_sequence(). An
+  // MTP head also reads the target sequence's hidden states, and releases those it is done with.
+  virtual SeqId new_draft_sequence(Engine& target, SeqId target_seq) {
+    (void)target;
+    (void)target_seq;
+    return new_sequence();
+  }
 };
 
 // Builds the description of `ckpt` and loads it on opts.device. The engine keeps its own copy

@@ -88,4 +88,27 @@ struct SpeculativeBenchResult {
 SpeculativeBenchResult bench_speculative(Engine& engine, int draft_tokens,
                                          const ModelBenchOptions& opts);
 
+// Speculative decoding with the model's MTP head (`mtp`, exl3/runtime/mtp.hpp) at each batch
+// size, greedy from seeded random prompts: plain steps, K drafts per round, and adaptive counts,
+// with the acceptance the head reached (real acceptance: random prompts are harder to predict
+// than text, so it is a floor more than an estimate).
+struct MtpBatchResult {
+  int64_t batch = 0;
+  double plain_tokens_per_second = 0.0;
+  double fixed_tokens_per_second = 0.0;  // K drafts per round
+  double fixed_acceptance = 0.0;
+  double fixed_tokens_per_round = 0.0;
+  double adaptive_tokens_per_second = 0.0;
+  double adaptive_acceptance = 0.0;
+};
+struct MtpBenchResult {
+  int draft_tokens = 0;
+  int64_t tokens = 0;  // generated per sequence and run (after a prompt of opts.context)
+  std::vector<MtpBatchResult> batches;
+};
+// Throws exl3::Error when either KV pool cannot hold the sequences (batch x (context + tokens +
+// K)).
+MtpBenchResult bench_mtp(Engine& engine, Engine& mtp, int draft_tokens,
+                         const ModelBenchOptions& opts);
+
 }  // namespace exl3::runtime

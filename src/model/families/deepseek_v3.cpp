@@ -4,7 +4,8 @@
 // rope_interleave, transformers' default), DeepSeek's yarn (its mscale_all_dim also scales the
 // softmax), and GLM-4.5's MoE: a sigmoid router with e_score_correction_bias choosing the best
 // topk_group of n_group groups (noaux_tc), routed_scaling_factor, n_shared_experts, the first
-// first_k_dense_replace layers dense. MTP layers (num_nextn_predict_layers) are not loaded.
+// first_k_dense_replace layers dense. Its MTP layers (num_nextn_predict_layers) are described by
+// describe_mtp, and loaded only to draft with (runtime/mtp).
 #include <cmath>
 
 #include "exl3/error.hpp"

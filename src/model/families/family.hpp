@@ -53,6 +53,11 @@ void describe_gpt_oss(Family& f);
 // RoPE layout, and whether indexer_types may make layers reuse an earlier selection.
 void describe_dsa(Family& f, bool indexer_rope_interleave, bool shared_layers);
 
+// The MTP layers of num_nextn_predict_layers (0 when absent): copies of the last decoder layer's
+// description renamed to model.layers.{num_hidden_layers + i} (every family that has them makes
+// its MTP block like its last layer: MLA with its own DSA indexer, routed experts).
+void describe_mtp(Family& f);
+
 // DeepSeek-V3's MLA attention keys (q LoRA, kv_lora_rank, head dims, RoPE over qk_rope_head_dim,
 // the yarn mscale on the softmax scale), shared by the families built on it.
 MlaAttentionSpec deepseek_mla(const Family& f, bool rope_interleave);
