@@ -1,5 +1,6 @@
 // Safetensors dtype names and element sizes.
 #include "exl3/format/dtype.hpp"
+#include "exl3/format/float_element.hpp"
 
 #include <array>
 #include <cstring>
@@ -68,6 +69,31 @@ void float_elements_to_f32(const std::byte* src, DType t, int64_t n, float* out)
     uint16_t b;
     std::memcpy(&b, src + 2 * i, 2);
     out[i] = t == DType::kF16 ? trellis::half_to_float(b) : trellis::bf16_to_float(b);
+  }
+}
+
+float float_element(const std::byte* data, DType t, size_t i) {
+  switch (t) {
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, data + 2 * i, 2);
+      return trellis::half_to_float(h);
+    }
+    case DType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, data + 2 * i, 2);
+      return trellis::bf16_to_float(h);
+    }
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, data + 4 * i, 4);
+      return f;
+    }
+    default: {
+      double d;
+      std::memcpy(&d, data + 8 * i, 8);
+      return static_cast<float>(d);
+    }
   }
 }
 

@@ -2,45 +2,18 @@
 #include "exl3/format/fused_experts.hpp"
 
 #include <cmath>
-#include <cstring>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "exl3/error.hpp"
-#include "exl3/trellis/half.hpp"
+#include "exl3/format/float_element.hpp"
 
 namespace exl3 {
 namespace {
 
 bool is_float(DType t) {
   return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32 || t == DType::kF64;
-}
-
-// Element i of a float tensor's bytes (unaligned-safe).
-float element(const std::byte* p, DType t, size_t i) {
-  switch (t) {
-    case DType::kF16: {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * i, 2);
-      return trellis::half_to_float(h);
-    }
-    case DType::kBF16: {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * i, 2);
-      return trellis::bf16_to_float(h);
-    }
-    case DType::kF32: {
-      float f;
-      std::memcpy(&f, p + 4 * i, 4);
-      return f;
-    }
-    default: {
-      double d;
-      std::memcpy(&d, p + 8 * i, 8);
-      return static_cast<float>(d);
-    }
-  }
 }
 
 // The e2m1 values of the 16 nibbles (sign bit 3, then 2 exponent bits and 1 mantissa bit).
@@ -118,8 +91,8 @@ std::vector<float> fused_expert_columns(const FusedExpertTensor& t, int64_t expe
     for (int64_t r = 0; r < in; ++r) {
       float v = 0.0f;
       if (t.dense != nullptr) {
-        v = element(t.dense->bytes().data(), t.dense->info->dtype,
-                    static_cast<size_t>((expert * in + r) * t.columns + col));
+        v = float_element(t.dense->bytes().data(), t.dense->info->dtype,
+                          static_cast<size_t>((expert * in + r) * t.columns + col));
       } else {
         // Row (expert, col) holds in / 32 blocks of 16 bytes: input r is nibble r % 2 of byte
         // r / 2, scaled by 2^(scale - 127) of its block.
@@ -152,7 +125,7 @@ std::vector<float> fused_expert_bias(const TensorStore& store, const std::string
   for (int64_t j = 0; j < c.count; ++j) {
     const int64_t col = c.offset + c.stride * (c.first + j);
     b[static_cast<size_t>(j)] =
-        element(t->bytes().data(), i.dtype, static_cast<size_t>(expert * i.shape[1] + col));
+        float_element(t->bytes().data(), i.dtype, static_cast<size_t>(expert * i.shape[1] + col));
     if (!std::isfinite(b[static_cast<size_t>(j)])) {
       fail("{}: tensor '{}': element [{}, {}] is not finite", t->path().string(), name, expert,
            col);

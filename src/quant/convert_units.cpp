@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "exl3/error.hpp"
+#include "exl3/format/float_element.hpp"
 #include "exl3/trellis/bitstream.hpp"
 #include "exl3/trellis/half.hpp"
 #include "quant/convert_internal.hpp"
@@ -28,30 +29,7 @@ namespace {
 struct FloatReader {
   const std::byte* p;
   DType t;
-  float operator()(size_t i) const {
-    switch (t) {
-      case DType::kF16: {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        return tr::half_to_float(h);
-      }
-      case DType::kBF16: {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        return tr::bf16_to_float(h);
-      }
-      case DType::kF32: {
-        float f;
-        std::memcpy(&f, p + 4 * i, 4);
-        return f;
-      }
-      default: {
-        double d;
-        std::memcpy(&d, p + 8 * i, 8);
-        return static_cast<float>(d);
-      }
-    }
-  }
+  float operator()(size_t i) const { return float_element(p, t, i); }
 };
 
 std::string index_string(size_t flat, const std::vector<int64_t>& shape) {

@@ -1,5 +1,6 @@
 // The layer builders every family shares (see family.hpp).
 #include <algorithm>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -64,6 +65,25 @@ std::set<int64_t> first_dense_layers(const Family& f) {
   const int64_t first = f.keys.integer("first_k_dense_replace", 1);
   for (int64_t l = 0; l < std::min(first, f.num_layers); ++l) dense.insert(l);
   return dense;
+}
+
+std::optional<std::vector<bool>> sliding_layer_types(const Family& f) {
+  const nlohmann::json* lt = f.keys.get("layer_types");
+  if (lt == nullptr) return std::nullopt;
+  if (!lt->is_array() || static_cast<int64_t>(lt->size()) != f.num_layers) {
+    fail("{}: key 'layer_types': expected a list of {} strings (num_hidden_layers)", f.label,
+         f.num_layers);
+  }
+  std::vector<bool> sliding;
+  for (const auto& t : *lt) {
+    const std::string s = t.is_string() ? t.get<std::string>() : "";
+    if (s != "sliding_attention" && s != "full_attention") {
+      fail("{}: key 'layer_types': entry {} is not sliding_attention or full_attention", f.label,
+           t.dump());
+    }
+    sliding.push_back(s == "sliding_attention");
+  }
+  return sliding;
 }
 
 }  // namespace exl3::model::families

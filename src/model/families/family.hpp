@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/format/config_keys.hpp"
@@ -36,6 +37,11 @@ void moe_layers(Family& f, const MoeSpec& moe, const std::set<int64_t>& dense);
 // num_experts_per_tok and the experts' width (`intermediate_key`), checked against `experts`.
 MoeSpec routed_experts(const Family& f, int64_t experts, const char* experts_key,
                        const char* intermediate_key = "moe_intermediate_size");
+
+// transformers' `layer_types` as one flag per layer (true: sliding_attention); nullopt when the
+// config has no such key (each family has its own default pattern). Fails naming the key unless it
+// lists num_hidden_layers entries, each sliding_attention or full_attention.
+std::optional<std::vector<bool>> sliding_layer_types(const Family& f);
 
 void describe_llama(Family& f);
 void describe_mistral(Family& f);

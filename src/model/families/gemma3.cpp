@@ -25,24 +25,11 @@ namespace {
 
 using nlohmann::json;
 
-// True per layer where the layer is sliding_attention.
+// True per layer where the layer is sliding_attention: layer_types, else every
+// sliding_window_pattern-th layer full.
 std::vector<bool> sliding_layers(const Family& f) {
+  if (auto sliding = sliding_layer_types(f)) return *sliding;
   std::vector<bool> sliding;
-  if (const json* lt = f.keys.get("layer_types")) {
-    if (!lt->is_array() || static_cast<int64_t>(lt->size()) != f.num_layers) {
-      fail("{}: key 'layer_types': expected a list of {} strings (num_hidden_layers)", f.label,
-           f.num_layers);
-    }
-    for (const auto& t : *lt) {
-      const std::string s = t.is_string() ? t.get<std::string>() : "";
-      if (s != "sliding_attention" && s != "full_attention") {
-        fail("{}: key 'layer_types': entry {} is not sliding_attention or full_attention", f.label,
-             t.dump());
-      }
-      sliding.push_back(s == "sliding_attention");
-    }
-    return sliding;
-  }
   const int64_t pattern = f.keys.integer("sliding_window_pattern", 6);
   for (int64_t l = 0; l < f.num_layers; ++l) sliding.push_back((l + 1) % pattern != 0);
   return sliding;

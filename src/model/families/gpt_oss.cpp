@@ -23,24 +23,9 @@ namespace {
 using nlohmann::json;
 
 std::vector<bool> sliding_layers(const Family& f) {
-  std::vector<bool> sliding;
-  const json* lt = f.keys.get("layer_types");
-  if (lt == nullptr) {  // GptOssConfig's default: sliding, full, sliding, ...
-    for (int64_t l = 0; l < f.num_layers; ++l) sliding.push_back(l % 2 == 0);
-    return sliding;
-  }
-  if (!lt->is_array() || static_cast<int64_t>(lt->size()) != f.num_layers) {
-    fail("{}: key 'layer_types': expected a list of {} strings (num_hidden_layers)", f.label,
-         f.num_layers);
-  }
-  for (const auto& t : *lt) {
-    const std::string s = t.is_string() ? t.get<std::string>() : "";
-    if (s != "sliding_attention" && s != "full_attention") {
-      fail("{}: key 'layer_types': entry {} is not sliding_attention or full_attention", f.label,
-           t.dump());
-    }
-    sliding.push_back(s == "sliding_attention");
-  }
+  if (auto sliding = sliding_layer_types(f)) return *sliding;
+  std::vector<bool> sliding;  // GptOssConfig's default: sliding, full, sliding, ...
+  for (int64_t l = 0; l < f.num_layers; ++l) sliding.push_back(l % 2 == 0);
   return sliding;
 }
 
