@@ -1,6 +1,6 @@
-// The string and dict methods templates call (`value.name(...)`). Lists have none: templates
-// render in an immutable environment, where list methods could only modify, and chat templates
-// call no reading ones.
+// The string and dict methods templates call on a value (a name after a dot, then arguments).
+// Lists have none: templates render in an immutable environment, where list methods could only
+// modify, and chat templates call no reading ones.
 #include <algorithm>
 
 #include <fmt/format.h>
