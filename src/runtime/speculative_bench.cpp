@@ -114,6 +114,18 @@ Run run_rounds(Engine& target, Engine& draft, const std::vector<std::vector<int3
   return r;
 }
 
+// `batch` prompts of `context` ids drawn from `tok`.
+std::vector<std::vector<int32_t>> random_prompts(std::mt19937_64& rng,
+                                                 std::uniform_int_distribution<int32_t>& tok,
+                                                 int64_t batch, int64_t context) {
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
+  for (auto& p : prompts) {
+    p.resize(static_cast<size_t>(context));
+    for (auto& t : p) t = tok(rng);
+  }
+  return prompts;
+}
+
 }  // namespace
 
 SpeculativeBenchResult bench_speculative(Engine& engine, int draft_tokens,
@@ -134,11 +146,7 @@ SpeculativeBenchResult bench_speculative(Engine& engine, int draft_tokens,
           "raise --cache-tokens",
           batch, need, engine.free_cache_tokens());
     }
-    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
-    for (auto& p : prompts) {
-      p.resize(static_cast<size_t>(context));
-      for (auto& t : p) t = tok(rng);
-    }
+    const auto prompts = random_prompts(rng, tok, batch, context);
     SpeculativeBatchResult b;
     b.batch = batch;
     // Each figure is the median of three runs after a warm-up (CUDA graphs are captured there).
@@ -214,11 +222,7 @@ MtpBenchResult bench_mtp(Engine& engine, Engine& mtp, int draft_tokens,
           "head, {} and {} are free; hint: raise --cache-tokens",
           batch, need, engine.free_cache_tokens(), mtp.free_cache_tokens());
     }
-    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
-    for (auto& p : prompts) {
-      p.resize(static_cast<size_t>(context));
-      for (auto& t : p) t = tok(rng);
-    }
+    const auto prompts = random_prompts(rng, tok, batch, context);
     // Each figure is the median of three runs after a warm-up.
     std::vector<double> plain, fixed, fixed_acc, fixed_round, adaptive, adaptive_acc;
     for (int rep = 0; rep < 4; ++rep) {

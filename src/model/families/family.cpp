@@ -1,10 +1,12 @@
 // The layer builders every family shares (see family.hpp).
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "exl3/error.hpp"
+#include "exl3/model/rope.hpp"
 #include "model/families/family.hpp"
 
 namespace exl3::model::families {
@@ -84,6 +86,16 @@ std::optional<std::vector<bool>> sliding_layer_types(const Family& f) {
     sliding.push_back(s == "sliding_attention");
   }
   return sliding;
+}
+
+RopeSpec rope_from_parameters(const Family& f, nlohmann::json params, const char* theta_key,
+                              double theta, int64_t head_dim) {
+  if (!params.contains("rope_theta") || params["rope_theta"].is_null())
+    params["rope_theta"] = f.keys.number(theta_key, theta);
+  nlohmann::json cfg = {{"rope_parameters", std::move(params)}};
+  if (f.spec.max_position_embeddings > 0)
+    cfg["max_position_embeddings"] = f.spec.max_position_embeddings;
+  return parse_rope(cfg, head_dim, f.label);
 }
 
 }  // namespace exl3::model::families

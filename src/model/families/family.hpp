@@ -43,6 +43,11 @@ MoeSpec routed_experts(const Family& f, int64_t experts, const char* experts_key
 // lists num_hidden_layers entries, each sliding_attention or full_attention.
 std::optional<std::vector<bool>> sliding_layer_types(const Family& f);
 
+// The RoPE of `params` (a transformers rope_parameters object): rope_theta from `theta_key`
+// (default `theta`) when params lacks it, the model's max_position_embeddings beside it.
+RopeSpec rope_from_parameters(const Family& f, nlohmann::json params, const char* theta_key,
+                              double theta, int64_t head_dim);
+
 void describe_llama(Family& f);
 void describe_mistral(Family& f);
 void describe_mixtral(Family& f);

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "exl3/error.hpp"
@@ -54,14 +55,9 @@ RopeSpec layer_rope(const Family& f, const char* type, const char* theta_key, do
       p.update(*scaling);
     }
   }
-  if (!p.contains("rope_theta") || p["rope_theta"].is_null())
-    p["rope_theta"] = f.keys.number(theta_key, theta);
   // Gemma rotates whole heads: its default RoPE ignores partial_rotary_factor.
   p.erase("partial_rotary_factor");
-  json cfg = {{"rope_parameters", p}};
-  if (f.spec.max_position_embeddings > 0)
-    cfg["max_position_embeddings"] = f.spec.max_position_embeddings;
-  return parse_rope(cfg, head_dim, f.label);
+  return rope_from_parameters(f, std::move(p), theta_key, theta, head_dim);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 // converted model's per-expert linears (see MoeSpec).
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "exl3/error.hpp"
@@ -43,12 +44,7 @@ RopeSpec gpt_oss_rope(const Family& f, int64_t head_dim) {
     p = *given;
     break;
   }
-  if (!p.contains("rope_theta") || p["rope_theta"].is_null())
-    p["rope_theta"] = f.keys.number("rope_theta", 150000.0);
-  json cfg = {{"rope_parameters", p}};
-  if (f.spec.max_position_embeddings > 0)
-    cfg["max_position_embeddings"] = f.spec.max_position_embeddings;
-  return parse_rope(cfg, head_dim, f.label);
+  return rope_from_parameters(f, std::move(p), "rope_theta", 150000.0, head_dim);
 }
 
 }  // namespace
