@@ -1,6 +1,7 @@
 // The CLI's environment reader (env_options.hpp).
 #include "env_options.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <string>
@@ -31,6 +32,7 @@ cuda::MoeOptions moe_options_from_env(cuda::MoeOptions base) {
   env_positive_int("EXL3_MOE_DECODE_MAX_M", base.decode_max_m);
   env_positive_int("EXL3_MOE_PREFILL_CHUNK", base.prefill_chunk);
   env_positive_int("EXL3_MOE_ARENA_MIB", base.arena_budget_mib);
+  env_positive_int("EXL3_MOE_MIN_SPLIT_TILES", base.decode_min_split_tiles);
   if (const char* v = std::getenv("EXL3_MOE_TIERS"); v != nullptr) {
     std::string s(v);
     s.erase(0, s.find_first_not_of(" \t"));
@@ -56,10 +58,21 @@ cuda::Mxfp8Options mxfp8_options_from_env(cuda::Mxfp8Options base) {
   return base;
 }
 
+cuda::LinearOptions linear_options_from_env(cuda::LinearOptions base) {
+  int64_t v = base.gemv_max_splits;
+  env_positive_int("EXL3_GEMV_MAX_SPLITS", v);
+  base.gemv_max_splits = static_cast<int>(std::min<int64_t>(v, 1024));
+  v = base.gemv_min_split_tiles;
+  env_positive_int("EXL3_GEMV_MIN_SPLIT_TILES", v);
+  base.gemv_min_split_tiles = static_cast<int>(std::min<int64_t>(v, 1 << 20));
+  return base;
+}
+
 void engine_options_from_env(runtime::EngineOptions& eo) {
   if (eo.device != runtime::Device::kCuda) return;
   eo.moe = moe_options_from_env(eo.moe);
   eo.mxfp8 = mxfp8_options_from_env(eo.mxfp8);
+  eo.linear = linear_options_from_env(eo.linear);
   if (const char* v = std::getenv("EXL3_PDL"); v != nullptr && *v != '\0') {
     const std::string_view s(v);
     if (s != "0" && s != "1")

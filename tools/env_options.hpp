@@ -23,9 +23,12 @@ cuda::MoeOptions moe_options_from_env(cuda::MoeOptions base = {});
 // `base` with EXL3_MXFP8_GEMV_MAX_M (a positive integer; the layer checks its range) applied:
 // the GEMV / cuBLAS crossover. Blank counts as unset; anything else throws naming the variable.
 cuda::Mxfp8Options mxfp8_options_from_env(cuda::Mxfp8Options base = {});
+// EXL3_GEMV_MAX_SPLITS, EXL3_GEMV_MIN_SPLIT_TILES over `base` (the EXL3 GEMV's split-K bounds).
+cuda::LinearOptions linear_options_from_env(cuda::LinearOptions base = {});
 
-// For --device cuda: eo.moe and eo.mxfp8 from the environment, as above. The CPU engine has no
-// such tunables (and never read them, so a malformed value must not stop it): nothing is read.
+// For --device cuda: eo.moe, eo.mxfp8 and eo.linear from the environment, as above. The CPU engine
+// has no such tunables (and never read them, so a malformed value must not stop it): nothing is
+// read.
 void engine_options_from_env(runtime::EngineOptions& eo);
 
 // EXL3_QUANTIZE_STOP_AFTER, the quantizer's test hook (quant::ConvertOptions::stop_after): a

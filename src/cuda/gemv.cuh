@@ -224,9 +224,33 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
     __syncthreads();
   }
   const int tok_end = min(m, tok0 + 8 * NT);
-  for (int tok = tok0 + warp; tok < tok_end; tok += kGemvWarps) {
-    finish_output_chunk(mem.partial, mem.splits, m, n, tok, static_cast<int64_t>(cb) * 128,
-                        mem.row_scale[tok], mem.svh, mem.bias, mem.y, a.out_type, lane);
+  const int64_t col0 = static_cast<int64_t>(cb) * 128;
+  if (tok_end - tok0 >= kGemvWarps || mem.splits <= kSplitSums) {
+    for (int tok = tok0 + warp; tok < tok_end; tok += kGemvWarps) {
+      finish_output_chunk(mem.partial, mem.splits, m, n, tok, col0, mem.row_scale[tok], mem.svh,
+                          mem.bias, mem.y, a.out_type, lane);
+    }
+  } else {
+    // Fewer tokens than warps (decode): each warp builds one of a token's running split sums, so
+    // the 128 columns' reduction is four short load chains instead of one long one.
+    static_assert(kGemvWarps == kSplitSums, "one running sum per warp");
+    __shared__ float4 s_sum[kSplitSums][32];
+    for (int tok = tok0; tok < tok_end; ++tok) {
+      const int64_t idx = static_cast<int64_t>(tok) * n + col0 + 4 * lane;
+      s_sum[warp][lane] =
+          split_sum(mem.partial, mem.splits, warp, static_cast<int64_t>(m) * n, idx);
+      __syncthreads();
+      if (warp == 0) {
+        float4 p[kSplitSums];
+#pragma unroll
+        for (int j = 0; j < kSplitSums; ++j) p[j] = s_sum[j][lane];
+        float v[4];
+        add_split_sums(p, v);
+        finish_summed_chunk(v, n, tok, col0, mem.row_scale[tok], mem.svh, mem.bias, mem.y,
+                            a.out_type, lane);
+      }
+      __syncthreads();
+    }
   }
   if (mem.splits > 1 && threadIdx.x == 0) *counter = 0;  // ready for the next run
 }

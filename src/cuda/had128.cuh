@@ -95,23 +95,45 @@ __device__ __forceinline__ void store_act4(void* y, DType t, int64_t idx, const 
   }
 }
 
-// The EXL3 linear's epilogue for one warp: y[row, col0 .. col0 + 127] (out_type) =
-// had128(sum over s of partial[s, row, ...], in split order) * (kHadScale * row_scale) * svh +
-// bias. Partials are read through L2 (__ldcg): another block may have written them.
-__device__ __forceinline__ void finish_output_chunk(const float* partial, int splits, int64_t m,
-                                                    int64_t n, int64_t row, int64_t col0,
-                                                    float row_scale, const uint16_t* svh,
-                                                    const float* bias, void* y, DType out_type,
-                                                    int lane) {
-  const int64_t col = col0 + 4 * lane, idx = row * n + col;
-  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int s = 0; s < splits; ++s) {  // fixed order: deterministic and batch-invariant
-    const float4 p = __ldcg(reinterpret_cast<const float4*>(partial + s * m * n + idx));
-    v[0] += p.x;
-    v[1] += p.y;
-    v[2] += p.z;
-    v[3] += p.w;
+// Split-K partial sums are added as kSplitSums interleaved running sums (sum j takes splits j,
+// j + kSplitSums, ... in order), then sum 0 + sum 1 + sum 2 + sum 3 in that order. One warp can
+// keep the four sums in registers (four independent load chains instead of one), or four warps
+// can each build one and meet in shared memory: the bits are the same either way, so a kernel
+// may pick by batch size and rows stay batch-invariant.
+constexpr int kSplitSums = 4;
+
+// Running sum j (j < kSplitSums) of one lane's four columns: partial[s, row, col .. col + 3] for
+// s = j, j + kSplitSums, ... < splits. Partials are read through L2 (__ldcg): another block may
+// have written them.
+__device__ __forceinline__ float4 split_sum(const float* partial, int splits, int j, int64_t mn,
+                                            int64_t idx) {
+  float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int s = j; s < splits; s += kSplitSums) {
+    const float4 p = __ldcg(reinterpret_cast<const float4*>(partial + s * mn + idx));
+    a.x += p.x;
+    a.y += p.y;
+    a.z += p.z;
+    a.w += p.w;
   }
+  return a;
+}
+
+// The four running sums added in order.
+__device__ __forceinline__ void add_split_sums(const float4 (&p)[kSplitSums], float (&v)[4]) {
+  v[0] = p[0].x, v[1] = p[0].y, v[2] = p[0].z, v[3] = p[0].w;
+#pragma unroll
+  for (int j = 1; j < kSplitSums; ++j)
+    v[0] += p[j].x, v[1] += p[j].y, v[2] += p[j].z, v[3] += p[j].w;
+}
+
+// y[row, col0 .. col0 + 127] (out_type) = had128(v) * (kHadScale * row_scale) * svh + bias, where
+// lane holds v for columns col0 + 4 * lane .. + 3.
+__device__ __forceinline__ void finish_summed_chunk(float (&v)[4], int64_t n, int64_t row,
+                                                    int64_t col0, float row_scale,
+                                                    const uint16_t* svh, const float* bias, void* y,
+                                                    DType out_type, int lane) {
+  const int64_t col = col0 + 4 * lane, idx = row * n + col;
   had128_lane4(v, lane);
   const float mul = exl3::trellis::kHadScale * row_scale;
   float sv[4], o[4];
@@ -119,6 +141,23 @@ __device__ __forceinline__ void finish_output_chunk(const float* partial, int sp
 #pragma unroll
   for (int i = 0; i < 4; ++i) o[i] = v[i] * mul * sv[i] + (bias ? bias[col + i] : 0.0f);
   store_act4(y, out_type, idx, o);
+}
+
+// The EXL3 linear's epilogue for one warp: y[row, col0 .. col0 + 127] (out_type) =
+// had128(sum over s of partial[s, row, ...], added as above) * (kHadScale * row_scale) * svh +
+// bias.
+__device__ __forceinline__ void finish_output_chunk(const float* partial, int splits, int64_t m,
+                                                    int64_t n, int64_t row, int64_t col0,
+                                                    float row_scale, const uint16_t* svh,
+                                                    const float* bias, void* y, DType out_type,
+                                                    int lane) {
+  const int64_t idx = row * n + col0 + 4 * lane;
+  float4 p[kSplitSums];
+#pragma unroll
+  for (int j = 0; j < kSplitSums; ++j) p[j] = split_sum(partial, splits, j, m * n, idx);
+  float v[4];
+  add_split_sums(p, v);
+  finish_summed_chunk(v, n, row, col0, row_scale, svh, bias, y, out_type, lane);
 }
 
 }  // namespace exl3::cuda::detail

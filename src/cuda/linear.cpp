@@ -93,6 +93,10 @@ void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint1
         "CUDA linear '{}': max_m {} must be positive and gemv_max_m {} / mma_max_m {} non-negative",
         name, opts_.max_m, opts_.gemv_max_m, opts_.mma_max_m);
   }
+  if (opts_.gemv_max_splits < 1 || opts_.gemv_min_split_tiles < 1) {
+    fail("CUDA linear '{}': gemv_max_splits {} and gemv_min_split_tiles {} must be positive", name,
+         opts_.gemv_max_splits, opts_.gemv_min_split_tiles);
+  }
   traits_.sms = sm_count();
   if (opts_.split_k == 0) {  // the occupancies only feed the split-K rule
     traits_.mma_blocks_per_sm = detail::mma_blocks_per_sm(K_, cb_);

@@ -49,11 +49,13 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
         "max batched tokens",
         where, opts_.capacity);
   }
-  if (opts_.decode_max_m < 1 || opts_.prefill_chunk < 0 || opts_.arena_budget_mib < 1) {
+  if (opts_.decode_max_m < 1 || opts_.prefill_chunk < 0 || opts_.arena_budget_mib < 1 ||
+      opts_.decode_min_split_tiles < 1) {
     fail(
-        "{}: decode_max_m {} and arena_budget_mib {} must be positive, prefill_chunk {} "
-        "non-negative",
-        where, opts_.decode_max_m, opts_.arena_budget_mib, opts_.prefill_chunk);
+        "{}: decode_max_m {}, arena_budget_mib {} and decode_min_split_tiles {} must be positive, "
+        "prefill_chunk {} non-negative",
+        where, opts_.decode_max_m, opts_.arena_budget_mib, opts_.decode_min_split_tiles,
+        opts_.prefill_chunk);
   }
   const auto& rot = w.rotations;
   const int64_t h_rows = rot.h_rows;
@@ -133,7 +135,7 @@ MoePath MoeLayerCuda::path_for(int64_t m) const {
 }
 
 std::pair<int, int> MoeLayerCuda::decode_splits() const {
-  return moe_decode_splits(shape_, traits_);
+  return moe_decode_splits(shape_, opts_, traits_);
 }
 
 bool MoeLayerCuda::tier_passes(MoePath p) const {

@@ -58,10 +58,12 @@ const char* path_name(LinearPath p) {
   }
 }
 
-int linear_split_k(int64_t k, int64_t n, int sms, int blocks_per_sm) {
+int linear_split_k(int64_t k, int64_t n, int sms, int blocks_per_sm, int max_splits,
+                   int min_tiles) {
   const int64_t slots = static_cast<int64_t>(sms) * blocks_per_sm;
   const int64_t blocks_x = n / 128;
-  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(16, k / 16 / 8));
+  const int64_t cap = std::max<int64_t>(
+      1, std::min<int64_t>(std::max(1, max_splits), k / 16 / std::max(1, min_tiles)));
   int64_t best = 1;
   double best_eff = 0.0;
   for (int64_t s = 1; s <= cap; ++s) {
@@ -85,8 +87,11 @@ int linear_splits(const LinearShape& s, const LinearOptions& opts, const LinearT
                   LinearPath p) {
   if (p == LinearPath::kCublas) return 1;
   if (opts.split_k > 0) return opts.split_k;
-  return linear_split_k(s.in, s.out, t.sms,
-                        p == LinearPath::kGemv ? t.gemv_blocks_per_sm : t.mma_blocks_per_sm);
+  if (p == LinearPath::kGemv) {
+    return linear_split_k(s.in, s.out, t.sms, t.gemv_blocks_per_sm, opts.gemv_max_splits,
+                          opts.gemv_min_split_tiles);
+  }
+  return linear_split_k(s.in, s.out, t.sms, t.mma_blocks_per_sm);
 }
 
 LinearPlan plan_linear(const LinearShape& s, const LinearOptions& opts, const LinearTraits& t,
@@ -171,16 +176,20 @@ MoePath moe_path(const MoeOptions& opts, int64_t m) {
   return m <= opts.decode_max_m ? MoePath::kDecode : MoePath::kPrefill;
 }
 
-int moe_split_k(int64_t base_blocks, int64_t k_tiles, int sms, int64_t max_splits) {
+int moe_split_k(int64_t base_blocks, int64_t k_tiles, int sms, int64_t max_splits,
+                int64_t min_tiles) {
   const int64_t target = 8LL * sms;
-  const int64_t cap = std::max<int64_t>(1, std::min<int64_t>(max_splits, k_tiles / 8));
+  const int64_t cap = std::max<int64_t>(
+      1, std::min<int64_t>(max_splits, k_tiles / std::max<int64_t>(1, min_tiles)));
   const int64_t s = (target + base_blocks - 1) / base_blocks;
   return static_cast<int>(std::clamp<int64_t>(s, 1, cap));
 }
 
-std::pair<int, int> moe_decode_splits(const MoeShape& s, const MoeTraits& t) {
-  return {moe_split_k(2 * (s.intermediate / 128) * s.top_k, s.hidden / 16, t.sms),
-          moe_split_k((s.hidden / 128) * s.top_k, s.intermediate / 16, t.sms)};
+std::pair<int, int> moe_decode_splits(const MoeShape& s, const MoeOptions& opts,
+                                      const MoeTraits& t) {
+  const int64_t min_tiles = opts.decode_min_split_tiles;
+  return {moe_split_k(2 * (s.intermediate / 128) * s.top_k, s.hidden / 16, t.sms, 32, min_tiles),
+          moe_split_k((s.hidden / 128) * s.top_k, s.intermediate / 16, t.sms, 32, min_tiles)};
 }
 
 MoeArena moe_arena(const MoeShape& s, MoePath p, int64_t cap_tokens, int split_fc1, int split_fc2) {
@@ -256,7 +265,7 @@ int64_t decode_cap_tokens(const MoeOptions& opts) {
 
 size_t arena_bytes_with(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t,
                         int64_t chunk) {
-  const auto [s1, s2] = moe_decode_splits(s, t);
+  const auto [s1, s2] = moe_decode_splits(s, opts, t);
   size_t bytes = moe_arena(s, MoePath::kDecode, decode_cap_tokens(opts), s1, s2).bytes;
   if (chunk > 0) bytes = std::max(bytes, moe_arena(s, MoePath::kPrefill, chunk, 1, 1).bytes);
   return bytes;
@@ -291,7 +300,7 @@ MoePlan plan_moe(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t, 
   p.chunk = moe_prefill_chunk(s, opts);
   p.arena_bytes = arena_bytes_with(s, opts, t, p.chunk);
   if (p.path == MoePath::kDecode) {
-    const auto [s1, s2] = moe_decode_splits(s, t);
+    const auto [s1, s2] = moe_decode_splits(s, opts, t);
     p.arena = moe_arena(s, MoePath::kDecode, decode_cap_tokens(opts), s1, s2);
     p.full.tokens = m;
     p.full.count = 1;

@@ -200,7 +200,7 @@ GpuLinear CudaBackend::whole_linear(const std::string& prefix, int64_t in, int64
   OverlayDecision d = overlay_plan_.decision(prefix);
   if (!opts_.overlay.any()) d.reason.clear();  // nothing to report as "kept" without a policy
   return GpuLinear::load(*ctx_, ckpt_, prefix, in, out, opts_.capacity, false, d, &overlay_report_,
-                         opts_.mxfp8);
+                         opts_.mxfp8, opts_.linear);
 }
 
 ModulePtr CudaBackend::load_linear(const model::LinearSource& src) {
@@ -216,9 +216,9 @@ ModulePtr CudaBackend::load_linear(const model::LinearSource& src) {
                             ? p.ranks[static_cast<size_t>(src.rank)].count
                             : p.out;
     const TensorRef* ref = ckpt_.store().find(p.prefix + ".weight");
-    l->linear = GpuLinear::from_rank(*ctx_, RankLinear::slice(ckpt_, p, src.rank), p.prefix,
-                                     src.out_offset, out, opts_.capacity,
-                                     ref != nullptr ? ref->info->dtype : exl3::DType::kF32);
+    l->linear = GpuLinear::from_rank(
+        *ctx_, RankLinear::slice(ckpt_, p, src.rank), p.prefix, src.out_offset, out, opts_.capacity,
+        ref != nullptr ? ref->info->dtype : exl3::DType::kF32, opts_.linear);
   }
   track(l->linear);
   return l;
@@ -297,8 +297,9 @@ ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoeP
   }
   auto m = std::make_unique<CudaMoe>();
   const auto& store = ckpt_.store();
-  m->router = GpuLinear::load(*ctx_, ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts,
-                              opts_.capacity, /*fp32=*/true, {}, nullptr, opts_.mxfp8);
+  m->router =
+      GpuLinear::load(*ctx_, ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts,
+                      opts_.capacity, /*fp32=*/true, {}, nullptr, opts_.mxfp8, opts_.linear);
   track(m->router);
   m->route_counter = DeviceBuffer(4, "the router's decode counter");
   EXL3_CUDA_CHECK(cudaMemset(m->route_counter.get(), 0, 4), "zeroing the router's counter");

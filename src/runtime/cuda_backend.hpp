@@ -64,10 +64,11 @@ class CudaBackend final : public model::Backend {
     int64_t max_seq_tokens = 0;  // RoPE tables cover positions below this
     const moe::MoeLayout* moe_layout = nullptr;
     OverlayPolicy overlay;
-    // Tunables of each MoE layer and MXFP8 linear (EngineOptions::moe / mxfp8); their capacity
-    // fields are replaced by `capacity`.
+    // Tunables of each MoE layer, MXFP8 linear and EXL3 linear (EngineOptions::moe / mxfp8 /
+    // linear); their capacity fields are replaced by `capacity`.
     cuda::MoeOptions moe;
     cuda::Mxfp8Options mxfp8;
+    cuda::LinearOptions linear;
     // Tensor parallelism: this rank of the plan, its communicator (must outlive the backend).
     const model::TpPlan* plan = nullptr;
     int rank = 0;

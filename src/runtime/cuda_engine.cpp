@@ -122,6 +122,7 @@ class CudaEngine final : public PagedEngine {
     bo.overlay = opts.overlay;
     bo.moe = opts.moe;
     bo.mxfp8 = opts.mxfp8;
+    bo.linear = opts.linear;
     if (tp_) {
       bo.plan = tp_->plan;
       bo.rank = tp_->rank;

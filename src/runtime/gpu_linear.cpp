@@ -26,7 +26,7 @@ size_t align_up(size_t v) {
 GpuLinear GpuLinear::load(cuda::CudaContext& ctx, const Checkpoint& ckpt, const std::string& prefix,
                           int64_t in, int64_t out, int64_t cap, bool fp32_weights,
                           const OverlayDecision& overlay, OverlayReport* report,
-                          const cuda::Mxfp8Options& mxfp8) {
+                          const cuda::Mxfp8Options& mxfp8, const cuda::LinearOptions& exl3) {
   GpuLinear l;
   l.in_ = in;
   l.out_ = out;
@@ -42,7 +42,7 @@ GpuLinear GpuLinear::load(cuda::CudaContext& ctx, const Checkpoint& ckpt, const 
            ckpt.path().string(), prefix);
     }
     const Exl3LinearData data = Exl3LinearData::load(ckpt, prefix);
-    l.upload_exl3(ctx, cpu::LinearView::of(data), cap);
+    l.upload_exl3(ctx, cpu::LinearView::of(data), cap, exl3);
     return l;
   }
   if (!ckpt.store().contains(prefix + ".weight")) {
@@ -99,7 +99,8 @@ GpuLinear GpuLinear::dense(cuda::CudaContext& ctx, const TensorStore& store,
 }
 
 GpuLinear GpuLinear::from_rank(cuda::CudaContext& ctx, const RankLinear& r, const std::string& name,
-                               int64_t out_offset, int64_t out, int64_t cap, exl3::DType stored) {
+                               int64_t out_offset, int64_t out, int64_t cap, exl3::DType stored,
+                               const cuda::LinearOptions& exl3) {
   GpuLinear l;
   l.name_ = name;
   l.in_ = r.in_features();
@@ -113,7 +114,7 @@ GpuLinear GpuLinear::from_rank(cuda::CudaContext& ctx, const RankLinear& r, cons
         name, r.in_features(), r.out_features(), out_offset, out_offset + out);
   }
   if (const Exl3Slice* s = r.exl3()) {
-    l.upload_exl3(ctx, s->view, cap);
+    l.upload_exl3(ctx, s->view, cap, exl3);
     return l;
   }
   const DenseMatrix* d = r.dense();
@@ -136,8 +137,8 @@ GpuLinear GpuLinear::from_rank(cuda::CudaContext& ctx, const RankLinear& r, cons
   return l;
 }
 
-void GpuLinear::upload_exl3(cuda::CudaContext& ctx, const cpu::LinearView& v, int64_t cap) {
-  cuda::LinearOptions lo;
+void GpuLinear::upload_exl3(cuda::CudaContext& ctx, const cpu::LinearView& v, int64_t cap,
+                            cuda::LinearOptions lo) {
   lo.max_m = cap;
   exl3_ = std::make_unique<cuda::Exl3LinearCuda>(
       ctx, name_.c_str(), v.trellis.data(), v.in_features, v.out_features, v.bits, v.codebook,

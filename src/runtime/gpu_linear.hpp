@@ -42,11 +42,12 @@ class GpuLinear {
   // Linear::load with `overlay` and `report`, so both engines check, convert (same MXFP8 codec)
   // and report exactly alike; an MXFP8 result is uploaded as Mxfp8LinearCuda. Every factory
   // takes the engine's CudaContext (the cuBLAS handle and workspace), which must outlive the
-  // linear. `mxfp8` tunes an MXFP8 result (its max_m is replaced by cap).
+  // linear. `mxfp8` tunes an MXFP8 result and `exl3` an EXL3 one (their max_m is replaced by
+  // cap).
   static GpuLinear load(cuda::CudaContext& ctx, const Checkpoint& ckpt, const std::string& prefix,
                         int64_t in, int64_t out, int64_t cap, bool fp32_weights = false,
                         const OverlayDecision& overlay = {}, OverlayReport* report = nullptr,
-                        const cuda::Mxfp8Options& mxfp8 = {});
+                        const cuda::Mxfp8Options& mxfp8 = {}, const cuda::LinearOptions& exl3 = {});
   // An unquantized [out, in] matrix tensor (also the tied embedding as the head); `rows`, when
   // not empty, keeps only those output rows (a rank's vocabulary).
   static GpuLinear dense(cuda::CudaContext& ctx, const TensorStore& store,
@@ -59,7 +60,8 @@ class GpuLinear {
   // so a rank computes with the same weights as the unsliced engine.
   static GpuLinear from_rank(cuda::CudaContext& ctx, const RankLinear& r, const std::string& name,
                              int64_t out_offset, int64_t out, int64_t cap,
-                             exl3::DType stored = exl3::DType::kF32);
+                             exl3::DType stored = exl3::DType::kF32,
+                             const cuda::LinearOptions& exl3 = {});
 
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
@@ -91,7 +93,8 @@ class GpuLinear {
   static std::vector<const cuda::Exl3LinearCuda*> groupable(
       std::span<const GpuLinear* const> linears, int64_t m);
   // The EXL3 linear `v` (stored dims) on the device, as name_.
-  void upload_exl3(cuda::CudaContext& ctx, const cpu::LinearView& v, int64_t cap);
+  void upload_exl3(cuda::CudaContext& ctx, const cpu::LinearView& v, int64_t cap,
+                   cuda::LinearOptions lo);
 
   std::string name_;
   int64_t in_ = 0, out_ = 0, stored_in_ = 0, stored_out_ = 0, out_offset_ = 0;

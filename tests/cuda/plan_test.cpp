@@ -373,12 +373,12 @@ TEST(MoePlan, PathSwitchesAtDecodeMaxM) {
 TEST(MoePlan, DecodeSplitsMatchTheRuleByHand) {
   // GLM-5.2 per rank (H 6144, I 512, top-8) on 132 SMs. FC1: 2 * 4 * 8 = 64 blocks, ceil(1056 /
   // 64) = 17 (cap 32). FC2: 48 * 8 = 384 blocks, ceil(1056 / 384) = 3 (cap 512 / 128 = 4).
-  EXPECT_EQ(moe_decode_splits({6144, 512, 256, 8, true, 1}, {132}), std::make_pair(17, 3));
+  EXPECT_EQ(moe_decode_splits({6144, 512, 256, 8, true, 1}, {}, {132}), std::make_pair(17, 3));
   // On 78 SMs: ceil(624 / 64) = 10 and ceil(624 / 384) = 2.
-  EXPECT_EQ(moe_decode_splits({6144, 512, 256, 8, true, 1}, {78}), std::make_pair(10, 2));
+  EXPECT_EQ(moe_decode_splits({6144, 512, 256, 8, true, 1}, {}, {78}), std::make_pair(10, 2));
   // Qwen3-30B-A3B (H 2048, I 768, top-8). FC1: 96 blocks, ceil(1056 / 96) = 11 (cap 16). FC2:
   // 128 blocks, ceil(1056 / 128) = 9, capped at 768 / 128 = 6.
-  EXPECT_EQ(moe_decode_splits({2048, 768, 128, 8, false, 1}, {132}), std::make_pair(11, 6));
+  EXPECT_EQ(moe_decode_splits({2048, 768, 128, 8, false, 1}, {}, {132}), std::make_pair(11, 6));
   EXPECT_EQ(moe_split_k(10000, 4096, 132), 1);  // more blocks than the target
   EXPECT_EQ(moe_split_k(1, 4096, 132, 5), 5);   // max_splits
   EXPECT_EQ(moe_split_k(1, 8, 132), 1);         // k_tiles / 8
@@ -503,7 +503,7 @@ TEST(MoePlan, PassesCoverMAndCarvesFitEveryPass) {
         ASSERT_LT(p.tail.tokens, p.chunk) << where;
       } else {
         ASSERT_EQ(p.full.count, 1) << where;
-        ASSERT_EQ(std::make_pair(p.full.split_fc1, p.full.split_fc2), moe_decode_splits(s, t))
+        ASSERT_EQ(std::make_pair(p.full.split_fc1, p.full.split_fc2), moe_decode_splits(s, o, t))
             << where;
         ASSERT_EQ(a.counts.bytes + a.slot_of_route.bytes + a.group_expert.bytes, 0u) << where;
       }

@@ -48,6 +48,13 @@ struct LinearOptions {
   int64_t gemv_max_m = 16;  // m up to this uses the swap-AB GEMV (0 = never)
   int64_t mma_max_m = 128;  // m above this uses the cuBLAS path (crossover measured on H200)
   int split_k = 0;          // 0 = planned from (k, n) and the SM count
+  // Bounds of the planned GEMV split-K (the mma path keeps 16 splits of >= 8 k-tiles): at most
+  // gemv_max_splits slices of at least gemv_min_split_tiles k-tiles of 16 each. A decode-sized
+  // layer (4096 -> 2048: 16 column blocks) fills the GPU only with many short splits, and each
+  // warp's k-tiles are a chain of dependent loads, so fewer tiles per warp is less latency.
+  // CLI: EXL3_GEMV_MAX_SPLITS, EXL3_GEMV_MIN_SPLIT_TILES.
+  int gemv_max_splits = 16;
+  int gemv_min_split_tiles = 8;
 };
 
 struct LinearShape {
@@ -83,11 +90,12 @@ struct LinearPlan {
 };
 
 // The split-K rule, from the shape and the device only (never from m, so rows stay
-// batch-invariant). Each split gets >= 8 k-tiles of 16; among 1..16 splits take the fewest whose
-// last wave of blocks is well filled (>= 88% over all waves, waves = (n / 128) * splits /
-// (sms * blocks_per_sm)), since a nearly empty last wave nearly doubles the time; when none is,
-// the best filled. Both small-m kernels use 128-column blocks.
-int linear_split_k(int64_t k, int64_t n, int sms, int blocks_per_sm);
+// batch-invariant). Each split gets >= min_tiles k-tiles of 16; among 1..max_splits splits take
+// the fewest whose last wave of blocks is well filled (>= 88% over all waves, waves = (n / 128) *
+// splits / (sms * blocks_per_sm)), since a nearly empty last wave nearly doubles the time; when
+// none is, the best filled. Both small-m kernels use 128-column blocks.
+int linear_split_k(int64_t k, int64_t n, int sms, int blocks_per_sm, int max_splits = 16,
+                   int min_tiles = 8);
 // Path at m: gemv up to gemv_max_m, mma up to mma_max_m, cuBLAS above.
 LinearPath linear_path(const LinearOptions& opts, int64_t m);
 // Split-K of a path: opts.split_k when set, else the rule with that kernel's occupancy.
@@ -169,6 +177,8 @@ struct MoeOptions {
   // docs/performance.md). A layer of one K always runs that K's own kernel.
   enum class Tiers : uint8_t { kAuto, kGrid, kPasses };
   Tiers tiers = Tiers::kAuto;
+  // EXL3_MOE_MIN_SPLIT_TILES: the fewest k-tiles of 16 a decode split walks (moe_split_k).
+  int64_t decode_min_split_tiles = 8;
 };
 
 enum class MoePath : uint8_t { kDecode, kPrefill };
@@ -233,10 +243,13 @@ MoePath moe_path(const MoeOptions& opts, int64_t m);
 // Split-K for about 8 blocks (32 warps) per SM: each warp's k-chain is a serial sequence of
 // decode -> mma steps, so short chains on many warps beat long ones on few (more splits cost the
 // activation and combine kernels more partials to sum). ceil(8 * sms / base_blocks), clamped to
-// 1..min(max_splits, k_tiles / 8).
-int moe_split_k(int64_t base_blocks, int64_t k_tiles, int sms, int64_t max_splits = 32);
-// Decode split-K of FC1 and FC2 (base blocks: 2 * I / 128 * top_k and H / 128 * top_k).
-std::pair<int, int> moe_decode_splits(const MoeShape& s, const MoeTraits& t);
+// 1..min(max_splits, k_tiles / min_tiles).
+int moe_split_k(int64_t base_blocks, int64_t k_tiles, int sms, int64_t max_splits = 32,
+                int64_t min_tiles = 8);
+// Decode split-K of FC1 and FC2 (base blocks: 2 * I / 128 * top_k and H / 128 * top_k), each
+// split at least opts.decode_min_split_tiles k-tiles long.
+std::pair<int, int> moe_decode_splits(const MoeShape& s, const MoeOptions& opts,
+                                      const MoeTraits& t);
 // The carve of one path for `cap_tokens` tokens; split_fc1/split_fc2 size the partials (prefill
 // passes give 1: a pass splits only as far as its live routes leave room in the capacity's).
 MoeArena moe_arena(const MoeShape& s, MoePath p, int64_t cap_tokens, int split_fc1, int split_fc2);

@@ -57,12 +57,13 @@ struct EngineOptions {
   // collectives: checks that path on one device).
   bool force_tp_engine = false;
   OverlayPolicy overlay;  // MXFP8 overlay of unquantized linears (exl3/runtime/overlay.hpp)
-  // CUDA tuning of every fused MoE layer and every MXFP8 linear (exl3/cuda/plan.hpp). The engine
-  // reads no environment variable: the exl3 CLI fills these from EXL3_MOE_* and
-  // EXL3_MXFP8_GEMV_MAX_M (docs/environment.md). The capacities (moe.capacity, mxfp8.max_m) are
-  // ignored: the engine sets both to max_batch_tokens.
+  // CUDA tuning of every fused MoE layer, MXFP8 linear and EXL3 linear (exl3/cuda/plan.hpp). The
+  // engine reads no environment variable: the exl3 CLI fills these from EXL3_MOE_*,
+  // EXL3_MXFP8_GEMV_MAX_M and EXL3_GEMV_* (docs/environment.md). The capacities (moe.capacity,
+  // mxfp8.max_m, linear.max_m) are ignored: the engine sets them to max_batch_tokens.
   cuda::MoeOptions moe;
   cuda::Mxfp8Options mxfp8;
+  cuda::LinearOptions linear;
   LoadProgressFn load_progress;  // called after each decoder layer is loaded (rank 0 of a TP group)
 };
 
