@@ -3,15 +3,15 @@
 //
 // Grid (listed token, head group, split). A head group is G query heads of one kv head, so the
 // K/V rows a block reads serve G heads. A split is a range of the token's keys: the keys 0..pos
-// are cut into `splits` ranges of equal length (a multiple of 32, at least kMinChunk), so short
-// contexts run in one block and long ones spread over up to kMaxSplits blocks. Inside a block,
-// warp w walks the 32-key tiles w, w + 4, ... of its range: the tile's K and V rows are copied to
-// shared memory with cp.async (every load of the tile in flight at once), lane j scores key j
-// against the G heads from there, the tile updates a running max / sum per head, and the lanes,
-// each owning HD/32 output channels, accumulate p * V. The warps' states merge in shared memory;
-// with one active split that is the output, otherwise the block stores its state and the last
-// of the token's blocks to finish (an atomic counter, reset by that block) merges the splits in
-// split order, so the result is deterministic.
+// (pos - window + 1..pos in a sliding-window layer) are cut into `splits` ranges of equal length (a
+// multiple of 32, at least kMinChunk), so short contexts run in one block and long ones spread over
+// up to kMaxSplits blocks. Inside a block, warp w walks the 32-key tiles w, w + 4, ... of its
+// range: the tile's K and V rows are copied to shared memory with cp.async (every load of the tile
+// in flight at once), lane j scores key j against the G heads from there, the tile updates a
+// running max / sum per head, and the lanes, each owning HD/32 output channels, accumulate p * V.
+// The warps' states merge in shared memory; with one active split that is the output, otherwise the
+// block stores its state and the last of the token's blocks to finish (an atomic counter, reset by
+// that block) merges the splits in split order, so the result is deterministic.
 #include <algorithm>
 #include <cstdint>
 
@@ -90,11 +90,13 @@ __global__ void __launch_bounds__(32 * kWarps)
   const int kvh = h0 / (s.num_heads / s.num_kv_heads);
   const int64_t t = tokens[ti];
   const int32_t pos = meta.pos[t], row = meta.seq_row[t];
-  const int keys = pos + 1;
+  // Keys lo .. pos: every earlier position, or the last `window` of them.
+  const int lo = s.window > 0 ? max(0, pos + 1 - s.window) : 0;
+  const int keys = pos + 1 - lo;
   const int chunk = max(kMinChunk, ((keys + splits - 1) / splits + kTile - 1) / kTile * kTile);
   const int active = (keys + chunk - 1) / chunk;
   if (split >= active) return;  // this token's context needs fewer splits
-  const int k0 = split * chunk, k1 = min(keys, k0 + chunk);
+  const int k0 = lo + split * chunk, k1 = min(pos + 1, k0 + chunk);
 
   for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
     sq[i] = q[(t * s.num_heads + h0) * HD + i] * scale;
@@ -169,11 +171,15 @@ __global__ void __launch_bounds__(32 * kWarps)
     for (int j = 0; j < n_here; ++j) {
       float vv[kDpl];
       const __half* vr = reinterpret_cast<const __half*>(vt + j * L::kVRow) + lane * kDpl;
+      if constexpr (kDpl == 1) {  // head_dim 32: one channel per lane
+        vv[0] = __half2float(vr[0]);
+      } else {
 #pragma unroll
-      for (int d = 0; d < kDpl; d += 2) {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(vr + d));
-        vv[d] = f.x;
-        vv[d + 1] = f.y;
+        for (int d = 0; d < kDpl; d += 2) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(vr + d));
+          vv[d] = f.x;
+          vv[d + 1] = f.y;
+        }
       }
 #pragma unroll
       for (int g = 0; g < G; ++g) {
@@ -294,7 +300,7 @@ size_t counter_bytes(const AttnShape& s) {
 
 bool valid_shape(const AttnShape& s) {
   return s.num_kv_heads > 0 && s.num_heads > 0 && s.num_heads % s.num_kv_heads == 0 &&
-         (s.head_dim == 64 || s.head_dim == 128);
+         s.window >= 0 && attention_supports_head_dim(s.head_dim);
 }
 
 }  // namespace
@@ -330,11 +336,10 @@ cudaError_t attention_decode(const float* q, const int32_t* tokens, int64_t coun
     counters = static_cast<int32_t*>(workspace);
     partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + counter_bytes(shape));
   }
-  if (shape.head_dim == 64)
-    return launch_hd<64>(q, tokens, count, meta, shape, scale, kv, splits, counters, partial, out,
-                         stream);
-  return launch_hd<128>(q, tokens, count, meta, shape, scale, kv, splits, counters, partial, out,
-                        stream);
+  return with_head_dim(shape.head_dim, [&](auto hd) {
+    return launch_hd<decltype(hd)::value>(q, tokens, count, meta, shape, scale, kv, splits,
+                                          counters, partial, out, stream);
+  });
 }
 
 }  // namespace exl3::cuda

@@ -26,12 +26,14 @@ __device__ __forceinline__ float load_as_f32(const void* p, DType t, int64_t i) 
 // ---- embeddings, norms, elementwise ---------------------------------------------------------
 
 __global__ void embed_rows_kernel(const void* table, DType t, int64_t hidden, const int32_t* ids,
-                                  float* out) {
+                                  float* out, float scale) {
   pdl_begin();
   const int64_t row = blockIdx.x;
   const int64_t src = static_cast<int64_t>(ids[row]) * hidden;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
-    out[row * hidden + i] = load_as_f32(table, t, src + i);
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const float v = load_as_f32(table, t, src + i);
+    out[row * hidden + i] = scale == 1.0f ? v : v * scale;
+  }
 }
 
 // One block per output row; the mean of squares in fp32 (the CPU reference sums in fp64; the
@@ -115,6 +117,21 @@ __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
   if (i >= n) return;
   const float a = g[i];
   g[i] = a / (1.0f + expf(-a)) * u[i];
+}
+
+__global__ void gelu_tanh_mul_kernel(float* g, const float* u, int64_t n) {
+  pdl_begin();
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float x = g[i];
+  g[i] = 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x))) * u[i];
+}
+
+__global__ void softcap_kernel(float* x, int64_t n, float cap) {
+  pdl_begin();
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) x[i] = cap * tanhf(x[i] / cap);
 }
 
 __global__ void add_inplace_kernel(float* y, const float* x, int64_t n) {
@@ -217,7 +234,8 @@ __global__ void qk_norm_rope_store_kernel(float* q, const float* k, const float*
 // threads = 32 queries x 4 parts, part p owning channels p, p + 4, ... (so the four parts of a
 // query read four neighbouring banks and different queries broadcast). Keys come in chunks of 32
 // staged in shared memory as fp32; scores are reduced over the 4 parts with two shuffles, and
-// each chunk updates a running softmax (causal: key > pos is skipped).
+// each chunk updates a running softmax (causal: key > pos is skipped, and with a sliding window
+// key <= pos - window too).
 template <int HD>
 __global__ void attention_prefill_kernel(const float* q, const int32_t* tile_first,
                                          const int32_t* tile_len, TokenMeta meta, AttnShape s,
@@ -235,6 +253,10 @@ __global__ void attention_prefill_kernel(const float* q, const int32_t* tile_fir
   const int64_t t = first + (active ? qi : 0);
   const int32_t my_pos = meta.pos[t];
   const int32_t last_pos = meta.pos[first + len - 1];
+  // Keys before my_lo are outside this query's sliding window; the tile starts at the lowest
+  // key any of its queries sees.
+  const int32_t my_lo = s.window > 0 ? max(0, my_pos - s.window + 1) : 0;
+  const int32_t tile_lo = s.window > 0 ? max(0, meta.pos[first] - s.window + 1) : 0;
   const int32_t row = meta.seq_row[first];
   const int64_t kv_stride = static_cast<int64_t>(s.num_kv_heads) * HD;
   float qr[kDpt], o[kDpt];
@@ -244,7 +266,7 @@ __global__ void attention_prefill_kernel(const float* q, const int32_t* tile_fir
     o[i] = 0.0f;
   }
   float m = kNegBig, l = 0.0f;
-  for (int c0 = 0; c0 <= last_pos; c0 += kChunk) {
+  for (int c0 = tile_lo; c0 <= last_pos; c0 += kChunk) {
     __syncthreads();
     for (int i = threadIdx.x; i < kChunk * HD / 2; i += blockDim.x) {
       const int j = i / (HD / 2), c = 2 * (i % (HD / 2));
@@ -270,7 +292,7 @@ __global__ void attention_prefill_kernel(const float* q, const int32_t* tile_fir
       for (int i = 0; i < kDpt; ++i) d += qr[i] * sk[j * HD + part + kParts * i];
       d += __shfl_xor_sync(0xffffffffu, d, 1);
       d += __shfl_xor_sync(0xffffffffu, d, 2);
-      sc[j] = c0 + j <= my_pos ? d : kNegBig;
+      sc[j] = c0 + j <= my_pos && c0 + j >= my_lo ? d : kNegBig;
       cmax = fmaxf(cmax, sc[j]);
     }
     const float mn = fmaxf(m, cmax);
@@ -280,7 +302,7 @@ __global__ void attention_prefill_kernel(const float* q, const int32_t* tile_fir
     for (int i = 0; i < kDpt; ++i) o[i] *= corr;
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) {
-      const float p = c0 + j <= my_pos ? expf(sc[j] - mn) : 0.0f;
+      const float p = c0 + j <= my_pos && c0 + j >= my_lo ? expf(sc[j] - mn) : 0.0f;
       l += p;
 #pragma unroll
       for (int i = 0; i < kDpt; ++i) o[i] += p * sv[j * HD + part + kParts * i];
@@ -314,10 +336,10 @@ cudaError_t launch_prefill(const float* q, const int32_t* tile_first, const int3
 }  // namespace
 
 cudaError_t embed_rows(const void* table, DType table_type, int64_t hidden, const int32_t* ids,
-                       int64_t n, float* out, cudaStream_t stream) {
+                       int64_t n, float* out, cudaStream_t stream, float scale) {
   if (n <= 0) return cudaSuccess;
   launch_pdl(embed_rows_kernel, static_cast<unsigned>(n), 256, 0, stream, table, table_type, hidden,
-             ids, out);
+             ids, out, scale);
   return cudaGetLastError();
 }
 
@@ -349,20 +371,15 @@ cudaError_t qk_norm_rope_store(float* q, const float* k, const float* v, const f
   if (n <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(n),
                   blocks_for(shape.num_heads + 2 * shape.num_kv_heads, 4));
-  if (shape.head_dim == 64) {
-    launch_pdl(qk_norm_rope_store_kernel<64>, grid, 128, 0, stream, q, k, v, q_norm, k_norm, eps,
-               rope_cs, meta, shape, kv);
-  } else if (shape.head_dim == 128) {
-    launch_pdl(qk_norm_rope_store_kernel<128>, grid, 128, 0, stream, q, k, v, q_norm, k_norm, eps,
-               rope_cs, meta, shape, kv);
-  } else {
-    return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return detail::with_head_dim(shape.head_dim, [&](auto hd) {
+    launch_pdl(qk_norm_rope_store_kernel<decltype(hd)::value>, grid, 128, 0, stream, q, k, v,
+               q_norm, k_norm, eps, rope_cs, meta, shape, kv);
+    return cudaGetLastError();
+  });
 }
 
 bool attention_supports_head_dim(int head_dim) {
-  return head_dim == 64 || head_dim == 128;
+  return detail::with_head_dim(head_dim, [](auto) { return cudaSuccess; }) == cudaSuccess;
 }
 
 cudaError_t attention_prefill(const float* q, const int32_t* tile_first, const int32_t* tile_len,
@@ -371,18 +388,29 @@ cudaError_t attention_prefill(const float* q, const int32_t* tile_first, const i
   if (count <= 0) return cudaSuccess;
   if (shape.num_kv_heads <= 0 || shape.num_heads % shape.num_kv_heads != 0)
     return cudaErrorInvalidValue;
-  if (shape.head_dim == 64) {
-    return launch_prefill<64>(q, tile_first, tile_len, count, meta, shape, scale, kv, out, stream);
-  }
-  if (shape.head_dim == 128) {
-    return launch_prefill<128>(q, tile_first, tile_len, count, meta, shape, scale, kv, out, stream);
-  }
-  return cudaErrorInvalidValue;
+  if (shape.window < 0) return cudaErrorInvalidValue;
+  return detail::with_head_dim(shape.head_dim, [&](auto hd) {
+    return launch_prefill<decltype(hd)::value>(q, tile_first, tile_len, count, meta, shape, scale,
+                                               kv, out, stream);
+  });
 }
 
 cudaError_t silu_mul(float* g, const float* u, int64_t n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   launch_pdl(silu_mul_kernel, blocks_for(n, 256), 256, 0, stream, g, u, n);
+  return cudaGetLastError();
+}
+
+cudaError_t gelu_tanh_mul(float* g, const float* u, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  launch_pdl(gelu_tanh_mul_kernel, blocks_for(n, 256), 256, 0, stream, g, u, n);
+  return cudaGetLastError();
+}
+
+cudaError_t softcap(float* x, int64_t n, float cap, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (!(cap > 0.0f)) return cudaErrorInvalidValue;
+  launch_pdl(softcap_kernel, blocks_for(n, 256), 256, 0, stream, x, n, cap);
   return cudaGetLastError();
 }
 

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include <cuda_runtime_api.h>
 
 #include "exl3/cuda/model_ops.hpp"
 
@@ -13,6 +16,24 @@ namespace exl3::cuda::detail {
 // Blocks of `per` items that cover n items.
 inline unsigned blocks_for(int64_t n, int per) {
   return static_cast<unsigned>((n + per - 1) / per);
+}
+
+// f(std::integral_constant<int, HD>{}) for the head dims the GQA attention kernels are built for
+// (32 for small test models, 64 and 128, 256 for Gemma 3), cudaErrorInvalidValue for others.
+template <typename F>
+cudaError_t with_head_dim(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 32:
+      return f(std::integral_constant<int, 32>{});
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    case 256:
+      return f(std::integral_constant<int, 256>{});
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 constexpr float kNegBig = -1e30f;  // "no score yet": finite, so exp(kNegBig - m) is 0, never NaN

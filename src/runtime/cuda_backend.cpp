@@ -4,6 +4,7 @@
 #if defined(EXL3_HAVE_CUDA)
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 
 #include "exl3/cuda/check.hpp"
@@ -29,6 +30,7 @@ namespace {
 struct CudaEmbedding final : Module {
   DeviceBuffer table;
   DType dtype = DType::kBF16;
+  float scale = 1.0f;  // model::embedding_scale
 };
 
 struct CudaNorm final : Module {
@@ -76,7 +78,8 @@ int64_t count_kernel_nodes(cudaGraph_t graph) {
 
 cuda::AttnShape attn_shape(const GqaAttentionSpec& s) {
   return {static_cast<int>(s.num_heads), static_cast<int>(s.num_kv_heads),
-          static_cast<int>(s.head_dim), static_cast<int>(s.rope.half())};
+          static_cast<int>(s.head_dim), static_cast<int>(s.rope.half()),
+          static_cast<int>(std::clamp<int64_t>(s.sliding_window, 0, INT32_MAX))};
 }
 
 }  // namespace
@@ -93,17 +96,11 @@ CudaBackend::CudaBackend(const Checkpoint& ckpt, const ModelSpec& spec, Options 
       ckpt_(ckpt),
       spec_(spec),
       opts_(std::move(opts)) {
-  // Gemma 3's (1 + w) and sandwich norms, GeGLU, scaled embedding and soft-capping have no CUDA
-  // kernels yet, and its sliding layers are shorter than any useful KV pool.
-  if (spec_.architecture == Architecture::kGemma3) {
-    fail("{}: Gemma3ForCausalLM runs on the CPU runtime only (hint: --device cpu)", spec_.label);
-  }
-  // gpt-oss's attention sinks and clamped, biased experts have no CUDA kernels, and its sliding
-  // layers are shorter than any useful KV pool.
+  // gpt-oss's attention sinks and clamped, biased experts have no CUDA kernels.
   if (spec_.architecture == Architecture::kGptOss) {
     fail(
-        "{}: GptOssForCausalLM runs on the CPU runtime only: the CUDA attention has no sinks or "
-        "sliding window, and its MoE no expert biases or clamped SwiGLU (hint: --device cpu)",
+        "{}: GptOssForCausalLM runs on the CPU runtime only: the CUDA attention has no sinks, and "
+        "its MoE no expert biases or clamped SwiGLU (hint: --device cpu)",
         spec_.label);
   }
   if (opts_.plan == nullptr) overlay_plan_ = OverlayPlan::build(opts_.overlay, ckpt_, spec_);
@@ -182,6 +179,7 @@ ModulePtr CudaBackend::load_embedding() {
   e->dtype = cuda_dtype(emb->info->dtype, spec_.embed_tokens);
   const auto bytes = emb->bytes();
   e->table = DeviceBuffer(bytes.data(), bytes.size(), spec_.embed_tokens);
+  if (spec_.scale_embedding) e->scale = model::embedding_scale(spec_, emb->info->dtype);
   weight_bytes_ += bytes.size();
   return e;
 }
@@ -190,8 +188,16 @@ ModulePtr CudaBackend::load_norm(const std::string& tensor, int64_t width,
                                  std::optional<double> eps) {
   auto n = std::make_unique<CudaNorm>();
   n->eps = static_cast<float>(eps.value_or(spec_.rms_norm_eps));
-  n->weight = DeviceBuffer::upload(load_vector(ckpt_.store(), tensor, width), tensor);
+  n->weight = DeviceBuffer::upload(norm_weight(tensor, width), tensor);
   return n;
+}
+
+// Gemma's (1 + w) folded into the weight in fp32, as the CPU engine folds it.
+std::vector<float> CudaBackend::norm_weight(const std::string& tensor, int64_t width) const {
+  std::vector<float> w = load_vector(ckpt_.store(), tensor, width);
+  if (spec_.norm_unit_offset)
+    for (auto& v : w) v += 1.0f;
+  return w;
 }
 
 // A whole linear with its MXFP8 overlay decision from the plan the CPU engine builds, so both
@@ -243,11 +249,9 @@ ModulePtr CudaBackend::load_gqa(const GqaAttentionSpec& s, Extent hq, Extent hk,
         "--device cpu)",
         spec_.label, s.prefix, s.head_dim);
   }
-  if (s.sliding_window > 0 && s.sliding_window < opts_.max_seq_tokens) {
-    fail(
-        "{}: {} has a sliding window of {} positions; the CUDA attention kernels attend to every "
-        "earlier position (hint: --device cpu, or a KV pool of at most {} tokens)",
-        spec_.label, s.prefix, s.sliding_window, s.sliding_window);
+  if (s.sliding_window < 0 || s.sliding_window > INT32_MAX) {
+    fail("{}: {} has a sliding window of {} positions; expected 0 (none) up to {}", spec_.label,
+         s.prefix, s.sliding_window, INT32_MAX);
   }
   auto a = std::make_unique<Gqa>();
   a->spec = s;
@@ -271,10 +275,10 @@ ModulePtr CudaBackend::load_gqa(const GqaAttentionSpec& s, Extent hq, Extent hk,
     a->spec.num_kv_heads = hk.count;
   }
   if (s.qk_norm) {
-    a->q_norm = DeviceBuffer::upload(
-        load_vector(ckpt_.store(), s.prefix + ".q_norm.weight", s.head_dim), "q_norm");
-    a->k_norm = DeviceBuffer::upload(
-        load_vector(ckpt_.store(), s.prefix + ".k_norm.weight", s.head_dim), "k_norm");
+    a->q_norm =
+        DeviceBuffer::upload(norm_weight(s.prefix + ".q_norm.weight", s.head_dim), "q_norm");
+    a->k_norm =
+        DeviceBuffer::upload(norm_weight(s.prefix + ".k_norm.weight", s.head_dim), "k_norm");
   }
   a->rope = rope_table(s.rope);
   cache_layers_.push_back({a.get(), nullptr});
@@ -473,7 +477,7 @@ Act CudaBackend::act(model::Slot slot, int64_t width) {
 void CudaBackend::embed(const Module& embedding, Act x) {
   const auto& e = static_cast<const CudaEmbedding&>(embedding);
   EXL3_CUDA_CHECK(cuda::embed_rows(e.table.get(), e.dtype, x.width, meta() + ml_.ids(), x.rows,
-                                   x.data, stream_),
+                                   x.data, stream_, e.scale),
                   "embedding");
 }
 
@@ -525,7 +529,12 @@ void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
 }
 
 void CudaBackend::glu(Act gate, Act up, model::Activation act) {
-  if (act != model::Activation::kSilu) fail("CUDA backend: only SwiGLU MLPs are built");
+  if (act == model::Activation::kGeluTanh) {
+    EXL3_CUDA_CHECK(cuda::gelu_tanh_mul(gate.data, up.data, gate.rows * gate.width, stream_),
+                    "GeGLU");
+    return;
+  }
+  if (act != model::Activation::kSilu) fail("CUDA backend: only SwiGLU and GeGLU MLPs are built");
   EXL3_CUDA_CHECK(cuda::silu_mul(gate.data, up.data, gate.rows * gate.width, stream_), "SiLU");
 }
 
@@ -570,13 +579,22 @@ void CudaBackend::logits(Act x, const Act* residual, const Module& norm, const M
                                      static_cast<const CudaNorm&>(norm).eps, h.data, stream_),
                   "final norm");
   const GpuLinear& l = static_cast<const CudaLinear&>(head).linear;
+  const auto cap = static_cast<float>(spec_.final_logit_softcapping);
   if (opts_.plan == nullptr) {
     l.run(h.data, logits_.as<float>(), ml_.rows, ws_.get(), ws_.bytes(), pads_, stream_);
+    if (cap > 0.0f) {
+      EXL3_CUDA_CHECK(cuda::softcap(logits_.as<float>(), ml_.rows * head_out_, cap, stream_),
+                      "logit soft-capping");
+    }
     return;
   }
 #if defined(EXL3_HAVE_NCCL)
   // Each rank's [rows, its vocabulary] block, gathered as [tp, rows, widest rank vocabulary].
   l.run(h.data, logits_local_.as<float>(), ml_.rows, ws_.get(), ws_.bytes(), pads_, stream_);
+  if (cap > 0.0f) {
+    EXL3_CUDA_CHECK(cuda::softcap(logits_local_.as<float>(), ml_.rows * rank_vocab_, cap, stream_),
+                    "logit soft-capping");
+  }
   const std::string err =
       opts_.comm->all_gather_device(logits_local_.as<float>(), logits_.as<float>(),
                                     static_cast<size_t>(ml_.rows * rank_vocab_), stream_);

@@ -159,6 +159,8 @@ class CudaBackend final : public model::Backend {
     Mla* mla = nullptr;
   };
   GpuLinear whole_linear(const std::string& prefix, int64_t in, int64_t out);
+  // An RMSNorm weight as the kernels multiply by it (Gemma's 1 + w folded in).
+  std::vector<float> norm_weight(const std::string& tensor, int64_t width) const;
   void track(const GpuLinear& l);
   int rope_table(const RopeSpec& r);
   const float* rope_cs(int table) const;  // the device cos/sin rows of a rope_table()

@@ -27,6 +27,7 @@ using cu::DeviceBuffer;
 struct Case {
   int heads, kv_heads, head_dim;
   std::vector<int32_t> positions;  // one decode token per sequence, at this position
+  int window = 0;                  // sliding window (0: every earlier position)
 };
 
 // A random cache of `seqs` sequences with their pages dealt in shuffled order, random q, and the
@@ -63,7 +64,9 @@ class Fixture {
     dout_ = DeviceBuffer(q_.size() * 4, "out");
   }
 
-  cu::AttnShape shape() const { return {c_.heads, c_.kv_heads, c_.head_dim, c_.head_dim / 2}; }
+  cu::AttnShape shape() const {
+    return {c_.heads, c_.kv_heads, c_.head_dim, c_.head_dim / 2, c_.window};
+  }
   cu::PagedKv kv() const {
     return {dk_.as<uint16_t>(), dv_.as<uint16_t>(), dtables_.as<int32_t>(), max_pages_, kPage};
   }
@@ -95,12 +98,13 @@ class Fixture {
   std::vector<double> reference(int i) const {
     const int hd = c_.head_dim, qpk = c_.heads / c_.kv_heads;
     const int keys = c_.positions[static_cast<size_t>(i)] + 1;
+    const int first = c_.window > 0 ? std::max(0, keys - c_.window) : 0;  // the window's start
     std::vector<double> out(static_cast<size_t>(c_.heads * hd));
     for (int h = 0; h < c_.heads; ++h) {
       const int kvh = h / qpk;
-      std::vector<double> sc(static_cast<size_t>(keys));
+      std::vector<double> sc(static_cast<size_t>(keys), -1e300);
       double mx = -1e300;
-      for (int j = 0; j < keys; ++j) {
+      for (int j = first; j < keys; ++j) {
         const size_t base =
             slot(i, j) * static_cast<size_t>(c_.kv_heads * hd) + static_cast<size_t>(kvh * hd);
         double d = 0;
@@ -113,7 +117,7 @@ class Fixture {
       }
       double den = 0;
       for (auto& s : sc) den += (s = std::exp(s - mx));
-      for (int j = 0; j < keys; ++j) {
+      for (int j = first; j < keys; ++j) {
         const size_t base =
             slot(i, j) * static_cast<size_t>(c_.kv_heads * hd) + static_cast<size_t>(kvh * hd);
         for (int x = 0; x < hd; ++x) {
@@ -183,6 +187,12 @@ const std::vector<Case>& cases() {
       {4, 2, 64, {5, 96, 257, 1500}},                    // G = 2
       {6, 2, 128, {1, 40, 333, 999}},                    // 3 heads per kv head: G = 1
       {16, 16, 64, {17, 600}},                           // MHA
+      // Sliding windows: shorter than one split, across splits, longer than the context.
+      {8, 2, 128, {0, 40, 130, 700, 2047}, 100},
+      {4, 2, 64, {5, 257, 1500}, 1000},
+      {4, 1, 32, {3, 31, 90}, 8},  // head_dim 32 (the small test models), 4 heads per kv head
+      {8, 4, 256, {2, 64, 300, 900}, 0},  // head_dim 256 (Gemma 3), G = 2
+      {4, 1, 256, {150, 1200}, 512},      // head_dim 256, G = 4, windowed
   };
   return c;
 }
@@ -267,9 +277,9 @@ TEST(CudaAttention, DecodeRejectsBadShapes) {
   EXL3_REQUIRE_GPU();
   auto rng = exl3::test::make_rng();
   Fixture f(cases()[1], rng);
-  const cu::AttnShape bad_dim{4, 2, 96, 48}, bad_groups{5, 2, 64, 32};
+  const cu::AttnShape bad_dim{4, 2, 96, 48}, bad_groups{5, 2, 64, 32}, bad_window{4, 2, 64, 32, -1};
   DeviceBuffer dlist = DeviceBuffer::upload(std::vector<int32_t>{0}, "list");
-  for (const auto& s : {bad_dim, bad_groups}) {
+  for (const auto& s : {bad_dim, bad_groups, bad_window}) {
     EXPECT_EQ(cu::attention_decode(nullptr, dlist.as<int32_t>(), 1, f.meta(), s, 1.0f, f.kv(),
                                    nullptr, 0, f.out(), nullptr),
               cudaErrorInvalidValue);

@@ -15,6 +15,7 @@
 #include "../runtime/runtime_test_util.hpp"
 #include "exl3/cuda/launch.hpp"
 #include "exl3/error.hpp"
+#include "exl3/format/safetensors.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
 #include "require_gpu.hpp"
@@ -88,9 +89,52 @@ const Case kCases[] = {
      false},
     {"qwen3moe", HfArch::kQwen3Moe, nlohmann::json::object(), false},
     {"glm4moe_grouped", HfArch::kGlm4Moe, {{"n_group", 2}, {"topk_group", 1}}, false},
+    // Llama's tensors under Mistral's name with a sliding window of 8 over the 40 tokens.
+    {"mistral_window",
+     HfArch::kLlama,
+     {{"architectures", {"MistralForCausalLM"}}, {"model_type", "mistral"}, {"sliding_window", 8}},
+     false},
 };
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaArchTest, ::testing::ValuesIn(kCases),
                          [](const auto& p) { return std::string(p.param.name); });
+
+// Gemma 3 (the transformers reference checkpoint: sliding layers with a window of 8 and a full
+// layer, (1 + w) and sandwich norms, GeGLU, scaled embedding, soft-capped logits, head_dim 32):
+// the CUDA engine against the CPU engine and transformers' logits, and decoding one token at a
+// time past the window (decode graphs) against one pass.
+TEST(CudaEngine, Gemma3MatchesCpuAndTransformers) {
+  EXL3_REQUIRE_GPU();
+  const auto model = exl3::test::model_data_dir() / "gemma3";
+  const auto store = TensorStore::open(model / "reference_logits.safetensors");
+  std::vector<int32_t> ids;
+  for (const int64_t id : copy_tensor<int64_t>(store.at("ids")))
+    ids.push_back(static_cast<int32_t>(id));
+  const auto ref = read_as_double(store.at("logits"));
+  auto cpu = load_engine(model);
+  auto gpu = load_engine(model, cuda_options());
+  const auto want = forward_logits(*cpu, ids);
+  const auto got = forward_logits(*gpu, ids);
+  ASSERT_EQ(got.size(), ref.size());
+  const double err_cpu = exl3::test::rel_l2(got, want);
+  const double err_ref = exl3::test::rel_l2(got, std::vector<float>(ref.begin(), ref.end()));
+  std::printf("gemma3: CUDA vs CPU rel-L2 %.3e, CUDA vs transformers %.3e\n", err_cpu, err_ref);
+  EXPECT_LE(err_cpu, 1e-3);
+  EXPECT_LE(err_ref, 1e-3);
+  test::expect_same_argmax(got, want, static_cast<size_t>(cpu->spec().vocab_size), "gemma3");
+
+  const size_t vocab = static_cast<size_t>(gpu->spec().vocab_size);
+  const size_t prefill = 3;
+  const auto seq = gpu->new_sequence();
+  std::vector<float> inc = gpu->forward(seq, std::span(ids).first(prefill));
+  for (size_t t = prefill; t < ids.size(); ++t) {
+    const auto row = gpu->forward(seq, std::span(ids).subspan(t, 1), LogitsMode::kLast);
+    ASSERT_EQ(row.size(), vocab);
+    inc.insert(inc.end(), row.begin(), row.end());
+  }
+  const double err_inc = exl3::test::rel_l2(inc, got);
+  std::printf("gemma3: incremental (decode graphs) vs one pass rel-L2 %.3e\n", err_inc);
+  EXPECT_LE(err_inc, 1e-3);
+}
 
 // Prefill then one token at a time (decode graphs) equals one pass; graphs off gives the same
 // bits as graphs on; a mixed batch equals separate calls; small chunks equal one chunk.

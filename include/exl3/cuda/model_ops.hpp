@@ -14,9 +14,10 @@
 
 namespace exl3::cuda {
 
-// out[n, hidden] (fp32) = rows ids[0..n) of table [vocab, hidden] (f16 / bf16 / f32).
+// out[n, hidden] (fp32) = rows ids[0..n) of table [vocab, hidden] (f16 / bf16 / f32) * scale
+// (the model's embedding scale, 1 for most; one fp32 multiply, as the CPU engine does).
 cudaError_t embed_rows(const void* table, DType table_type, int64_t hidden, const int32_t* ids,
-                       int64_t n, float* out, cudaStream_t stream);
+                       int64_t n, float* out, cudaStream_t stream, float scale = 1.0f);
 
 // Per row r < rows: when `add` is non-null x[r] += add[r] first (the residual update, in place);
 // then y[r] = x[src] * rsqrt(mean(x[src]^2) + eps) * w, where src = row_index ? row_index[r] : r
@@ -45,8 +46,11 @@ struct TokenMeta {
 struct AttnShape {
   int num_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;     // 64 or 128
+  int head_dim = 0;     // 32, 64, 128 or 256 (attention_supports_head_dim)
   int rotary_half = 0;  // rotary_dim / 2 (<= head_dim / 2)
+  // > 0: a sliding-window layer, where the token at pos attends to the last `window` positions
+  // (pos - window + 1 .. pos); 0: to every earlier position.
+  int window = 0;
 };
 
 // For every token t < n: optional per-head RMSNorm of q [n, heads, hd] and k [n, kv, hd] (q_norm /
@@ -59,7 +63,8 @@ cudaError_t qk_norm_rope_store(float* q, const float* k, const float* v, const f
                                cudaStream_t stream);
 
 // Causal attention of queries q [n, heads, hd] (after RoPE) over keys/values 0..pos[t] of their
-// sequence -> out [n, heads, hd] (fp32; softmax in fp32).
+// sequence (max(0, pos[t] - window + 1)..pos[t] with a sliding window) -> out [n, heads, hd] (fp32;
+// softmax in fp32).
 //   decode:  the `count` tokens listed in tokens[] (what a decode step runs). Split-KV
 //            ("flash-decoding"): each (token, group of query heads sharing a kv head) is cut into
 //            up to attention_decode_splits() key ranges run by separate blocks, whose partial
@@ -88,6 +93,10 @@ bool attention_supports_head_dim(int head_dim);
 
 // g[i] = SiLU(g[i]) * u[i], i < n.
 cudaError_t silu_mul(float* g, const float* u, int64_t n, cudaStream_t stream);
+// g[i] = GELU_tanh(g[i]) * u[i], i < n (Gemma's GeGLU; the CPU engine's formula in fp32).
+cudaError_t gelu_tanh_mul(float* g, const float* u, int64_t n, cudaStream_t stream);
+// x[i] = cap * tanh(x[i] / cap), i < n (final-logit soft-capping).
+cudaError_t softcap(float* x, int64_t n, float cap, cudaStream_t stream);
 
 // y[i] += x[i], i < n.
 cudaError_t add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream);
