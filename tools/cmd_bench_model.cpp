@@ -141,6 +141,11 @@ Runner add_bench_model(CLI::App& app, Common&) {
                  "drafting up to K tokens per round (greedy, CPU): plain steps, K per round and "
                  "the adaptive count, with the acceptance reached")
       ->check(CLI::Range(1, 16));
+  app.add_flag("--profile", o->bench.profile,
+               "After each --batch's timed steps, one more step with every op timed (CUDA, one "
+               "GPU): time per op class (norm, linear, attention, moe, ...) and its share. The "
+               "profiled step runs eagerly without programmatic dependent launch, so its total "
+               "is longer than a timed step; the shares show where a step's time goes");
   app.add_option("--json", o->json_path, "Also write the results as JSON to this file");
   add_tp_option(app, o->tp);
   app.add_flag("--prepare-only", o->prepare_only,
@@ -168,7 +173,8 @@ Runner add_bench_model(CLI::App& app, Common&) {
       "  exl3 bench model ./Qwen3-30B-A3B-exl3-4bpw --batch 1,8 --prefill 2048\n"
       "  exl3 bench model --synthetic qwen3-30b-a3b --out /tmp/q30 --tp 2   # 2 GPUs; collectives "
       "timed alone too\n"
-      "  exl3 bench model /tmp/q30 --batch 1 --prefill 0 --draft-tokens 3");
+      "  exl3 bench model /tmp/q30 --batch 1 --prefill 0 --draft-tokens 3\n"
+      "  exl3 bench model /tmp/q30 --batch 1,8 --prefill 0 --profile   # where a step's time goes");
   return [o] {
     std::filesystem::path dir = o->model;
     if (!o->synthetic.empty()) {
@@ -207,6 +213,11 @@ Runner add_bench_model(CLI::App& app, Common&) {
     eo.device = runtime::parse_device(o->device);
     eo.max_batch_tokens = o->max_batch_tokens;
     eo.tp = o->tp;
+    if (o->bench.profile && (eo.device != runtime::Device::kCuda || eo.tp > 1)) {
+      fail(
+          "--profile times the ops of the single-GPU CUDA engine (CUDA events); hint: drop "
+          "--profile, or run with --device cuda and --tp 1");
+    }
     engine_options_from_env(eo);
     o->bench.max_batch_tokens = o->max_batch_tokens;
     int64_t biggest = 0;
@@ -287,6 +298,23 @@ Runner add_bench_model(CLI::App& app, Common&) {
            {"kernels_per_layer", d.kernels > 0
                                      ? nlohmann::json(static_cast<double>(d.kernels) / layers)
                                      : nlohmann::json(nullptr)}});
+    }
+    for (size_t i = 0; i < res.decode.size(); ++i) {
+      const auto& d = res.decode[i];
+      if (d.profile.empty()) continue;
+      double total = 0.0;
+      for (const auto& t : d.profile) total += t.ms;
+      std::printf("profiled step, batch %lld (eager, no PDL): %.3f ms\n",
+                  static_cast<long long>(d.batch), total);
+      std::printf("%14s %8s %10s %8s %12s\n", "op", "calls", "ms", "share", "us per call");
+      nlohmann::json ops = nlohmann::json::array();
+      for (const auto& t : d.profile) {
+        std::printf("%14s %8lld %10.3f %7.1f%% %12.2f\n", t.op.c_str(),
+                    static_cast<long long>(t.calls), t.ms, total > 0 ? 100.0 * t.ms / total : 0.0,
+                    t.calls > 0 ? 1e3 * t.ms / static_cast<double>(t.calls) : 0.0);
+        ops.push_back({{"op", t.op}, {"calls", t.calls}, {"ms", t.ms}});
+      }
+      decode[i]["profile"] = {{"total_ms", total}, {"ops", ops}};
     }
     if (res.prefill_tokens > 0) {
       std::printf("prefill %lld tokens: %.1f ms, %.0f tok/s",

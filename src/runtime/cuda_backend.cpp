@@ -107,7 +107,57 @@ CudaBackend::CudaBackend(const Checkpoint& ckpt, const ModelSpec& spec, Options 
 }
 
 CudaBackend::~CudaBackend() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
   for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
+}
+
+void CudaBackend::begin(const MetaLayout& ml) {
+  ml_ = ml;
+  if (!profiling_) return;
+  marks_ = 0;
+  mark(nullptr);  // the step's start
+}
+
+void CudaBackend::set_profiling(bool on) {
+  profiling_ = on;
+  marks_ = 0;
+  mark_error_ = cudaSuccess;
+}
+
+void CudaBackend::mark(const char* op) noexcept {
+  if (mark_error_ != cudaSuccess) return;
+  if (marks_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    mark_error_ = cudaEventCreate(&e);
+    if (mark_error_ != cudaSuccess) return;
+    events_.push_back(e);
+    mark_ops_.push_back(nullptr);
+  }
+  mark_ops_[marks_] = op;
+  mark_error_ = cudaEventRecord(events_[marks_], stream_);
+  ++marks_;
+}
+
+CudaBackend::OpScope::~OpScope() {
+  if (b->profiling_) b->mark(op);
+}
+
+std::vector<Engine::OpTime> CudaBackend::take_profile() {
+  EXL3_CUDA_CHECK(mark_error_, "recording the profiling events");
+  std::vector<Engine::OpTime> out;
+  if (marks_ < 2) return out;
+  EXL3_CUDA_CHECK(cudaEventSynchronize(events_[marks_ - 1]), "waiting for the profiled step");
+  for (size_t i = 1; i < marks_; ++i) {
+    float ms = 0.0f;
+    EXL3_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]), "timing an op");
+    const std::string op = mark_ops_[i];
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& t) { return t.op == op; });
+    if (it == out.end()) it = out.insert(out.end(), Engine::OpTime{op, 0, 0.0});
+    ++it->calls;
+    it->ms += ms;
+  }
+  marks_ = 0;
+  return out;
 }
 
 std::optional<int64_t> CudaBackend::graph_key(const MetaLayout& ml) {
@@ -475,6 +525,7 @@ Act CudaBackend::act(model::Slot slot, int64_t width) {
 }
 
 void CudaBackend::embed(const Module& embedding, Act x) {
+  const auto scope = op_scope("embed");
   const auto& e = static_cast<const CudaEmbedding&>(embedding);
   EXL3_CUDA_CHECK(cuda::embed_rows(e.table.get(), e.dtype, x.width, meta() + ml_.ids(), x.rows,
                                    x.data, stream_, e.scale),
@@ -482,6 +533,7 @@ void CudaBackend::embed(const Module& embedding, Act x) {
 }
 
 void CudaBackend::add_rms_norm(Act x, const Act* residual, const Module& norm, Act out) {
+  const auto scope = op_scope("norm");
   EXL3_CUDA_CHECK(
       cuda::add_rms_norm(x.data, residual ? residual->data : nullptr,
                          static_cast<const CudaNorm&>(norm).weight.as<float>(), nullptr, x.rows,
@@ -490,6 +542,7 @@ void CudaBackend::add_rms_norm(Act x, const Act* residual, const Module& norm, A
 }
 
 void CudaBackend::linears(std::span<const Module* const> linears, Act x, std::span<const Act> ys) {
+  const auto scope = op_scope("linear");
   std::vector<const GpuLinear*> ls;
   std::vector<float*> outs;
   for (size_t i = 0; i < linears.size(); ++i) {
@@ -506,6 +559,7 @@ void CudaBackend::reserve_group(std::span<const Module* const> linears) {
 }
 
 void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
+  const auto scope = op_scope("attention");
   const auto& a = static_cast<const Gqa&>(attn);
   const auto& s = a.spec;
   const cuda::TokenMeta tm{meta() + ml_.pos(), meta() + ml_.seq_row()};
@@ -529,6 +583,7 @@ void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
 }
 
 void CudaBackend::glu(Act gate, Act up, model::Activation act) {
+  const auto scope = op_scope("glu");
   if (act == model::Activation::kGeluTanh) {
     EXL3_CUDA_CHECK(cuda::gelu_tanh_mul(gate.data, up.data, gate.rows * gate.width, stream_),
                     "GeGLU");
@@ -539,6 +594,7 @@ void CudaBackend::glu(Act gate, Act up, model::Activation act) {
 }
 
 void CudaBackend::moe(const Module& moe, Act x, Act out) {
+  const auto scope = op_scope("moe");
   const auto& m = static_cast<const CudaMoe&>(moe);
   float* logits = router_.as<float>();
   auto* ids = ids_.as<int32_t>();
@@ -558,10 +614,12 @@ void CudaBackend::moe(const Module& moe, Act x, Act out) {
 }
 
 void CudaBackend::add(Act y, Act x) {
+  const auto scope = op_scope("add");
   EXL3_CUDA_CHECK(cuda::add_inplace(y.data, x.data, y.rows * y.width, stream_), "residual add");
 }
 
 void CudaBackend::all_reduce([[maybe_unused]] Act y, [[maybe_unused]] const char* what) {
+  const auto scope = op_scope("all_reduce");
 #if defined(EXL3_HAVE_NCCL)
   if (opts_.comm == nullptr) return;
   const std::string err =
@@ -571,6 +629,7 @@ void CudaBackend::all_reduce([[maybe_unused]] Act y, [[maybe_unused]] const char
 }
 
 void CudaBackend::logits(Act x, const Act* residual, const Module& norm, const Module& head) {
+  const auto scope = op_scope("head");
   if (ml_.rows == 0) return;
   const Act h = act(model::Slot::kH, x.width);
   EXL3_CUDA_CHECK(cuda::add_rms_norm(x.data, residual ? residual->data : nullptr,

@@ -30,6 +30,7 @@
 #include "exl3/cuda/model_ops.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/model/ops.hpp"
+#include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/kv_cache.hpp"
 #include "exl3/runtime/overlay.hpp"
 #include "gpu_linear.hpp"
@@ -104,7 +105,12 @@ class CudaBackend final : public model::Backend {
   std::vector<KvLayerShape> kv_shapes() const;
 
   // The step's geometry (counts; its data is already in meta()).
-  void begin(const MetaLayout& ml) { ml_ = ml; }
+  void begin(const MetaLayout& ml);
+  // Profiling (Engine::profile_step): while on, each step records a CUDA event at its start and
+  // after every op's launches (eager steps only: events cannot be recorded into a graph being
+  // captured); take_profile() waits for the last one and sums the gaps per op class.
+  void set_profiling(bool on);
+  std::vector<Engine::OpTime> take_profile();
   int32_t* meta() const { return meta_.as<int32_t>(); }
   int64_t meta_capacity() const { return meta_capacity_; }
   // The logits of the last step: [rows, logits_width()] (TP: [tp, rows, widest rank vocab]).
@@ -200,6 +206,20 @@ class CudaBackend final : public model::Backend {
   int64_t mla_lat_width_ = 0, dsa_q_width_ = 0, dsa_heads_ = 0, dsa_head_dim_ = 0, dsa_topk_ = 0;
   GpuLinear::Pads pads_;
   MetaLayout ml_;
+  // Profiling state: events_[0] is the step's start, events_[i] (i < marks_) follows op
+  // mark_ops_[i]; the pool grows to the longest step and is reused.
+  struct OpScope {
+    CudaBackend* b;
+    const char* op;
+    ~OpScope();
+  };
+  OpScope op_scope(const char* op) { return {this, op}; }
+  void mark(const char* op) noexcept;
+  bool profiling_ = false;
+  std::vector<cudaEvent_t> events_;
+  std::vector<const char*> mark_ops_;
+  size_t marks_ = 0;
+  cudaError_t mark_error_ = cudaSuccess;
 };
 
 }  // namespace exl3::runtime

@@ -24,6 +24,7 @@
 #include "exl3/cuda/argmax.hpp"
 #include "exl3/cuda/check.hpp"
 #include "exl3/cuda/device_buffer.hpp"
+#include "exl3/cuda/launch.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "exl3/model/decoder.hpp"
@@ -185,6 +186,30 @@ class CudaEngine final : public PagedEngine {
     return std::move(out.ids);
   }
 
+  std::optional<std::vector<OpTime>> profile_step(std::span<const BatchEntry> batch) override {
+    // Eager launches with an event after each op; PDL off so no kernel starts before the
+    // event of the op before it (the same bits: only the gaps change).
+    const bool pdl = cuda::programmatic_launch();
+    cuda::set_programmatic_launch(false);
+    profiling_ = true;
+    backend_->set_profiling(true);
+    const auto restore = [&] {
+      backend_->set_profiling(false);
+      profiling_ = false;
+      cuda::set_programmatic_launch(pdl);
+    };
+    try {
+      Outputs out(batch.size(), /*want_ids=*/true);
+      run_batch(batch, out);
+      auto times = backend_->take_profile();
+      restore();
+      return times;
+    } catch (...) {
+      restore();
+      throw;
+    }
+  }
+
  private:
   void run_batch(std::span<const BatchEntry> batch, Outputs& out) {
     validate_batch(*this, batch);
@@ -304,7 +329,8 @@ class CudaEngine final : public PagedEngine {
     // Decode steps and the small multi-token steps of speculative verification depend on the
     // host only through the counts in `ml`, so each shape is captured once and replayed: eager
     // launches of several hundred kernels cost more than the kernels themselves at these sizes.
-    const auto key = small && opts_.cuda_graphs ? CudaBackend::graph_key(ml) : std::nullopt;
+    const auto key =
+        small && opts_.cuda_graphs && !profiling_ ? CudaBackend::graph_key(ml) : std::nullopt;
     if (key) {
       backend_->run_graph(*key,
                           [&] { model::decoder_forward(*backend_, modules_, spec_.hidden_size); });
@@ -385,6 +411,7 @@ class CudaEngine final : public PagedEngine {
   std::optional<CudaRank> tp_;  // set: one rank of a tensor-parallel group
   std::optional<moe::MoeLayout> layout_;
   int64_t cap_ = 0, max_seq_tokens_ = 0, max_pages_ = 0;
+  bool profiling_ = false;  // profile_step: run the step eagerly
   // Declared before the modules (they are its), so destroyed after them.
   std::unique_ptr<CudaBackend> backend_;
   cudaStream_t stream_ = nullptr;  // backend_->stream()

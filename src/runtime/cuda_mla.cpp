@@ -221,6 +221,7 @@ void CudaBackend::allocate_mla(int64_t slots, int64_t max_pages, int64_t page_si
 }
 
 void CudaBackend::mla_attention(const Module& attn, Act h, Act q_resid, Act q, Act kv_a, Act out) {
+  const auto scope = op_scope("attention");
   const auto& a = static_cast<const Mla&>(attn);
   const MlaAttentionSpec& s = a.spec;
   const int64_t n = q.rows;

@@ -94,8 +94,17 @@ ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts) {
       if (s < 2) continue;  // two warm-up steps (graph capture)
       (ids ? times : logits_times).push_back(seconds_since(t0));
     }
-    for (const auto s : seqs) engine.drop_sequence(s);
     DecodeResult d;
+    if (opts.profile) {
+      for (int64_t b = 0; b < batch; ++b) step_tokens[static_cast<size_t>(b)] = tok(rng);
+      auto p = engine.profile_step(entries);  // the same sequences, one token further
+      if (!p) {
+        fail("bench model --profile: the {} engine cannot time its ops (hint: --device cuda)",
+             device_name(engine.device()));
+      }
+      d.profile = std::move(*p);
+    }
+    for (const auto s : seqs) engine.drop_sequence(s);
     d.batch = batch;
     d.seconds_per_step = median(times);
     d.seconds_per_step_logits = median(logits_times);

@@ -6,7 +6,9 @@
 // prefill equals one chunk.
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -196,6 +198,42 @@ TEST(CudaEngine, DecodeBatchGraphsAndChunks) {
   go.max_new_tokens = 8;
   const std::vector<int32_t> prompt = {40, 41, 42, 43};
   EXPECT_EQ(generate(*graphs, prompt, go).tokens, generate(*cpu, prompt, go).tokens);
+}
+
+// profile_step: one eager step with every op class of the op layer timed; the ids it picks are
+// those of an ordinary step, and the engine goes back to graphs and PDL afterwards.
+TEST(CudaEngine, ProfileStepTimesEveryOpClass) {
+  EXL3_REQUIRE_GPU();
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = test::tiny_model(dir);
+  auto a = load_engine(model, cuda_options()), b = load_engine(model, cuda_options());
+  const std::vector<int32_t> prompt = {40, 41, 300, 7, 99};
+  const int32_t next = 12;
+  const auto sa = a->new_sequence(), sb = b->new_sequence();
+  a->forward(sa, prompt);
+  b->forward(sb, prompt);
+  const bool pdl = cuda::programmatic_launch();
+  const Engine::BatchEntry ea{sa, std::span(&next, 1), LogitsMode::kLast};
+  const auto prof = a->profile_step(std::span(&ea, 1));
+  ASSERT_TRUE(prof.has_value());
+  EXPECT_EQ(cuda::programmatic_launch(), pdl);
+  const Engine::BatchEntry eb{sb, std::span(&next, 1), LogitsMode::kLast};
+  const auto ids_plain = b->forward_batch_argmax(std::span(&eb, 1));
+  std::map<std::string, Engine::OpTime> by_op;
+  for (const auto& t : *prof) by_op[t.op] = t;
+  const int64_t layers = a->spec().num_layers();
+  for (const char* op : {"embed", "norm", "linear", "attention", "moe", "head"}) {
+    ASSERT_TRUE(by_op.count(op)) << op;
+    EXPECT_GT(by_op[op].ms, 0.0) << op;
+  }
+  EXPECT_EQ(by_op["attention"].calls, layers);
+  EXPECT_EQ(by_op["moe"].calls, layers);
+  EXPECT_EQ(by_op["embed"].calls, 1);
+  EXPECT_EQ(by_op["head"].calls, 1);
+  // The next steps of both engines (a graph replay on `a` again) pick the same ids.
+  const int32_t after = ids_plain.front().front();
+  EXPECT_EQ(a->forward(sa, std::span(&after, 1), LogitsMode::kLast),
+            b->forward(sb, std::span(&after, 1), LogitsMode::kLast));
 }
 
 // Greedy ids picked on the GPU (graphs and eager, and with prefill cut into chunks) equal the

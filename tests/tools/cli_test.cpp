@@ -388,6 +388,11 @@ TEST(Cli, BenchModelPrepareOnlyThenTensorParallelJson) {
     }
   }
   EXPECT_EQ(sp["batches"][1]["batch"], 2);
+  // --profile times CUDA ops: refused before loading on the CPU engine, with the hint.
+  r = run_cli(
+      fmt::format("bench model {} --device cpu --batch 1 --steps 1 --prefill 0 --profile", q(dir)));
+  EXPECT_NE(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("--profile times the ops of the single-GPU CUDA engine"));
 }
 
 // The CUDA tunables reach the engine commands through the CLI's environment reader, before
@@ -409,6 +414,10 @@ TEST(Cli, EngineCommandsReadTheCudaTunablesOnCudaOnly) {
               "EXL3_MXFP8_GEMV_MAX_M=lots");
   EXPECT_NE(r.code, 0);
   EXPECT_THAT(r.out, HasSubstr("EXL3_MXFP8_GEMV_MAX_M='lots' is not a positive integer"));
-  r = run_cli(logits + " --device cpu", "EXL3_MOE_TIERS=fast EXL3_MXFP8_GEMV_MAX_M=lots");
+  r = run_cli(logits + " --device cuda", "EXL3_GEMV_MAX_SPLITS=0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("EXL3_GEMV_MAX_SPLITS='0' is not a positive integer"));
+  r = run_cli(logits + " --device cpu",
+              "EXL3_MOE_TIERS=fast EXL3_MXFP8_GEMV_MAX_M=lots EXL3_GEMV_MIN_SPLIT_TILES=x");
   EXPECT_EQ(r.code, 0) << r.out;
 }

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -164,6 +165,22 @@ class Engine {
     (void)target;
     (void)target_seq;
     return new_sequence();
+  }
+  // One op class of a profiled step (profile_step): the op layer's op (embed, norm, linear,
+  // attention, glu, moe, add, all_reduce, head), how often the step ran it, and its summed time.
+  struct OpTime {
+    std::string op;
+    int64_t calls = 0;
+    double ms = 0.0;
+  };
+  // forward_batch_argmax(batch) once more with every op timed, op classes in the order first
+  // run. CUDA: the step runs eagerly (no graph) with programmatic dependent launch off and an
+  // event after each op, so each op's time is its own kernels' span, but the whole step is
+  // slower than a replayed graph (launch gaps included). nullopt, running nothing, on engines
+  // that cannot time their ops.
+  virtual std::optional<std::vector<OpTime>> profile_step(std::span<const BatchEntry> batch) {
+    (void)batch;
+    return std::nullopt;
   }
 };
 

@@ -29,6 +29,9 @@ struct ModelBenchOptions {
   int64_t decode_steps = 32;
   int64_t prefill_tokens = 2048;
   uint64_t seed = 1;
+  // After each batch size's timed steps, one more step with every op timed
+  // (Engine::profile_step); fails on engines that cannot time their ops.
+  bool profile = false;
 };
 
 struct DecodeResult {
@@ -41,11 +44,12 @@ struct DecodeResult {
   double seconds_per_step_logits = 0.0;
   double collective_seconds = 0.0;  // the step's collectives alone (tensor parallel; else 0)
   int64_t kernels = 0;  // kernel launches per step (the captured decode graph's); 0: unknown
+  std::vector<Engine::OpTime> profile;  // ModelBenchOptions::profile: the profiled step's ops
 };
 
 // Tokens one benchmark sequence holds at most: the context plus every decode step.
 inline int64_t bench_sequence_tokens(const ModelBenchOptions& o) {
-  return o.context + 2 * o.decode_steps + 2;
+  return o.context + 2 * o.decode_steps + 2 + (o.profile ? 1 : 0);
 }
 
 struct ModelBenchResult {
