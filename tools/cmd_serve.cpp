@@ -33,7 +33,7 @@ namespace exl3::cli {
 Runner add_serve(CLI::App& app, Common&) {
   struct Opts {
     std::string model, host = "127.0.0.1", device = "cpu", model_name, chat_format;
-    std::string tool_parser = "auto";
+    std::string tool_parser = "auto", preemption = "on";
     int port = 8000, max_seqs = 8, max_queue = 32, tp = 1, max_connections = 512;
     double read_timeout = 30, write_timeout = 30, drain_timeout = 30;
     std::string api_key;
@@ -64,8 +64,7 @@ Runner add_serve(CLI::App& app, Common&) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--cache-tokens", o->cache_tokens,
-                 "KV cache size in tokens, shared by all running requests (each reserves prompt + "
-                 "max_tokens)")
+                 "KV cache size in tokens, shared by all running requests (see --preemption)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--max-context", o->max_context,
@@ -79,6 +78,14 @@ Runner add_serve(CLI::App& app, Common&) {
                  "smoother streams "
                  "while long prompts arrive)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--preemption", o->preemption,
+                 "on: admit requests on their prompt and grow their KV page by page; when the "
+                 "cache runs short, the newest running requests go back to the head of the queue "
+                 "and recompute their KV later (more requests run at once when replies are "
+                 "shorter than max_tokens). off: each request reserves prompt + max_tokens when "
+                 "admitted and is never preempted")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_option("--page-size", o->page_size, "KV cache page size in tokens")
       ->check(CLI::PositiveNumber)
@@ -143,7 +150,10 @@ Runner add_serve(CLI::App& app, Common&) {
       "chunks\n"
       "of new ones. Requests beyond --max-seqs wait in a queue of --max-queue; beyond that the "
       "server\n"
-      "answers 503. SIGTERM drains (running requests finish, new ones get 503, see "
+      "answers 503. When the KV cache runs short, the newest running requests are preempted:\n"
+      "they wait at the head of the queue and recompute their KV when readmitted, their streams\n"
+      "going on where they stopped (--preemption off reserves prompt + max_tokens instead).\n"
+      "SIGTERM drains (running requests finish, new ones get 503, see "
       "--drain-timeout);\n"
       "Ctrl-C (SIGINT) stops at once, cancelling what runs.\n"
       "With --draft, running requests advance by rounds of speculative decoding (a draft model\n"
@@ -202,6 +212,7 @@ Runner add_serve(CLI::App& app, Common&) {
     so.scheduler.max_queue = o->max_queue;
     so.scheduler.max_context = o->max_context;
     so.scheduler.step_tokens = o->step_tokens;
+    so.scheduler.preemption = o->preemption == "on";
     so.scheduler.draft = draft.get();
     so.scheduler.speculative = o->draft.speculative();
     so.http.max_connections = o->max_connections;
@@ -229,10 +240,10 @@ Runner add_serve(CLI::App& app, Common&) {
                runtime::architecture_name(engine->spec().architecture), engine->spec().num_layers(),
                o->device, so.model_name);
     fmt::print(
-        "  max-seqs {}, max-queue {}, context {} tokens per request, KV cache {} tokens, chat "
-        "format: {}\n  tools: {}\n",
-        o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, server.chat_status(),
-        server.tool_status());
+        "  max-seqs {}, max-queue {}, context {} tokens per request, KV cache {} tokens "
+        "(preemption {}), chat format: {}\n  tools: {}\n",
+        o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, o->preemption,
+        server.chat_status(), server.tool_status());
     if (draft) {
       fmt::print("  draft: {} (up to {} tokens per round, {}), KV cache {} tokens\n",
                  o->draft.source(), o->draft.speculative().draft_tokens,

@@ -38,6 +38,7 @@ SamplingOptions draft_sampling(SamplingOptions s) {
 // token); the draft's holds the stream but `pending`.
 struct SpeculativeDecoder::Seq {
   Engine::SeqId t = -1, d = -1;
+  SamplingOptions sampling;
   Sampler sampler, draft_sampler;
   bool greedy, penalty;
   std::vector<int32_t> stream, pending, drafts;
@@ -48,7 +49,8 @@ struct SpeculativeDecoder::Seq {
   DraftPolicy::Acceptance acceptance;
 
   explicit Seq(const SamplingOptions& s)
-      : sampler(s),
+      : sampling(s),
+        sampler(s),
         draft_sampler(draft_sampling(s)),
         greedy(s.temperature == 0.0f),
         penalty(s.repetition_penalty != 1.0f) {}
@@ -153,6 +155,26 @@ void SpeculativeDecoder::remove(int handle) {
   target_.drop_sequence(s.t);
   draft_.drop_sequence(s.d);
   seqs_[static_cast<size_t>(handle)].reset();
+}
+
+SpeculativeDecoder::Suspended SpeculativeDecoder::suspend(int handle) {
+  Seq& s = seq(handle);
+  Suspended out{s.sampling, std::move(s.sampler), std::move(s.draft_sampler), s.acceptance,
+                s.stats};
+  remove(handle);
+  return out;
+}
+
+int SpeculativeDecoder::resume(Engine::SeqId target_seq, Engine::SeqId draft_seq,
+                               std::span<const int32_t> held, int32_t next, Suspended state) {
+  // The caches hold the stream but `next`: what adopt() expects after a prompt pass that sampled
+  // `next`, so the next round feeds `next` first, as it would have without the interruption.
+  const int h = adopt(target_seq, draft_seq, held, next, std::move(state.sampler), state.sampling);
+  Seq& s = seq(h);
+  s.draft_sampler = std::move(state.draft_sampler);
+  s.acceptance = state.acceptance;
+  s.stats = state.stats;
+  return h;
 }
 
 std::vector<std::vector<int32_t>> SpeculativeDecoder::round(std::span<const Slot> slots) {

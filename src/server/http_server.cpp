@@ -303,6 +303,7 @@ struct HttpServer::Impl {
             {"completed", s.completed},
             {"cancelled", s.cancelled},
             {"failed", s.failed},
+            {"preemptions", s.preemptions},
             {"steps", s.steps},
             {"connections", transport.open_connections()},
             {"max_connections", opts.http.max_connections}};

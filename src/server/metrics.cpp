@@ -46,6 +46,12 @@ std::string prometheus_metrics(const MetricsInput& in) {
          static_cast<double>(s.prefix_hit_tokens));
   metric(out, "exl3_generation_tokens_total", "counter", "Tokens sampled.",
          static_cast<double>(s.generation_tokens));
+  metric(out, "exl3_preemptions_total", "counter",
+         "Running requests sent back to the queue to free KV pages (prefilled again later).",
+         static_cast<double>(s.preemptions));
+  metric(out, "exl3_preemption_recomputed_tokens_total", "counter",
+         "Tokens prefilled again when preempted requests were readmitted.",
+         static_cast<double>(s.recomputed_tokens));
   metric(out, "exl3_forward_steps_total", "counter", "Batched forward steps run.",
          static_cast<double>(s.steps));
   metric(out, "exl3_kv_cache_tokens", "gauge", "KV cache capacity in tokens.",

@@ -102,6 +102,7 @@ struct Scheduler::Active {
         decoder(tok, /*skip_special=*/!req.keep_special_tokens),
         matcher(req.stop_strings) {
     if (req.sampling.repetition_penalty != 1.0f) history = req.prompt;
+    context = req.prompt;
   }
 
   GenerationRequest req;
@@ -112,12 +113,20 @@ struct Scheduler::Active {
   runtime::Engine::SeqId seq = -1;
   runtime::Engine::SeqId dseq = -1;  // its sequence in the draft engine (with a draft)
   int handle = -1;       // the SpeculativeDecoder's, once prefilled (it then owns seq and dseq)
-  int64_t reserved = 0;  // KV tokens set aside for prompt + max_tokens
-  int64_t draft_reserved = 0;    // the same in the draft's pool
-  size_t prefilled = 0;          // prompt tokens already in the KV cache
+  int64_t reserved = 0;  // KV tokens set aside for it (whole pages)
+  int64_t draft_reserved = 0;  // the same in the draft's pool
+  // What the KV cache must hold before the next token: the prompt, and after a preemption the
+  // prompt and every sampled token but the last (`next`, the next step's input).
+  std::vector<int32_t> context;
+  size_t prefilled = 0;          // context tokens already in the KV cache
   int64_t generated = 0;         // tokens sampled
   int32_t next = -1;             // the last sampled token: the input of the next decode step
+  std::vector<int32_t> output;   // the sampled tokens, to rebuild the context after a preemption
   std::vector<int32_t> history;  // prompt + sampled tokens, kept for a repetition penalty only
+  int64_t preemptions = 0;
+  // With a draft, a preempted generating sequence's samplers and acceptance record (the
+  // SpeculativeDecoder's while it runs), resumed once its context is back in both caches.
+  std::optional<runtime::SpeculativeDecoder::Suspended> suspended;
   std::chrono::steady_clock::time_point submitted, last_token;  // for the latency metrics
   bool done = false;  // finished: retire() drops the sequence, then tells the client
   FinishReason reason = FinishReason::kStop;
@@ -129,7 +138,7 @@ struct Scheduler::Active {
     error = std::move(why);
   }
 
-  bool decoding() const { return prefilled == req.prompt.size(); }
+  bool decoding() const { return prefilled == context.size(); }
   // Text still held by the detokenizer and the stop-string matcher, at the end.
   std::string tail() {
     auto r = matcher.push(decoder.finish());
@@ -265,7 +274,7 @@ Scheduler::Submitted Scheduler::submit(GenerationRequest req) {
                       "--max-queue {}, --max-seqs {}); retry later",
                       queue_.size(), stats_.running, opts_.max_queue, opts_.max_seqs));
     }
-    queue_.push_back({std::move(req), stream, std::chrono::steady_clock::now()});
+    queue_.push_back({std::move(req), stream, std::chrono::steady_clock::now(), nullptr});
   }
   cv_.notify_all();
   return {stream, std::nullopt, {}};
@@ -292,8 +301,10 @@ void Scheduler::run() {
   for (auto& a : running) a->end(FinishReason::kCancelled, "the server is shutting down");
   retire(running);
   std::lock_guard lk(mu_);
-  for (auto& p : queue_)
-    p.stream->finish(FinishReason::kCancelled, "", "the server is shutting down", 0);
+  for (auto& p : queue_) {
+    p.stream->finish(FinishReason::kCancelled, "", "the server is shutting down",
+                     p.preempted ? p.preempted->generated : 0);
+  }
   queue_.clear();
 }
 
@@ -301,7 +312,8 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& running) {
   std::lock_guard lk(mu_);
   for (auto it = queue_.begin(); it != queue_.end();) {
     if (it->stream->cancelled()) {
-      it->stream->finish(FinishReason::kCancelled, "", "the request was cancelled", 0);
+      it->stream->finish(FinishReason::kCancelled, "", "the request was cancelled",
+                         it->preempted ? it->preempted->generated : 0);
       ++stats_.cancelled;
       it = queue_.erase(it);
     } else {
@@ -311,15 +323,25 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& running) {
   // FIFO: the head waits for room rather than being overtaken by smaller requests (no starvation).
   while (static_cast<int64_t>(running.size()) < opts_.max_seqs && !queue_.empty()) {
     Pending& p = queue_.front();
-    const int64_t tokens = static_cast<int64_t>(p.req.prompt.size()) + p.req.max_tokens;
+    const GenerationRequest& req = p.preempted ? p.preempted->req : p.req;
+    const auto context =
+        static_cast<int64_t>(p.preempted ? p.preempted->context.size() : p.req.prompt.size());
+    // The worst case, or what the context needs plus room to grow for a step or a round (about a
+    // page): reserve_step() adds pages as the sequence grows.
+    const int64_t worst = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
+    const int64_t growth = std::max<int64_t>(page_tokens_, 1 + (spec_ ? spec_->draft_tokens() : 0));
+    const int64_t tokens = opts_.preemption ? std::min(worst, context + growth) : worst;
     const int64_t need = pages_for(tokens, page_tokens_);
     if (need > cache_tokens_ - reserved_) break;
     const int64_t draft_need = draft_ ? pages_for(tokens, draft_page_tokens_) : 0;
     if (draft_ && draft_need > draft_cache_tokens_ - draft_reserved_) break;
-    auto a = std::make_unique<Active>(std::move(p.req), std::move(p.stream), tokenizer_);
-    a->submitted = p.submitted;
+    std::unique_ptr<Active> a = std::move(p.preempted);
+    if (!a) {
+      a = std::make_unique<Active>(std::move(p.req), std::move(p.stream), tokenizer_);
+      a->submitted = p.submitted;
+      stats_.prompt_tokens += static_cast<int64_t>(a->req.prompt.size());
+    }
     queue_.pop_front();
-    stats_.prompt_tokens += static_cast<int64_t>(a->req.prompt.size());
     a->seq = engine_.new_sequence();
     a->reserved = need;
     reserved_ += need;
@@ -330,9 +352,9 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& running) {
     }
     // Prefix caching: the prompt's leading pages already in the KV cache are not prefilled
     // again (both engines keep the same count, since prefill feeds them the same chunks).
-    int64_t reused = engine_.adopt_prefix(a->seq, a->req.prompt);
+    int64_t reused = engine_.adopt_prefix(a->seq, a->context);
     if (draft_) {
-      const int64_t d = draft_->adopt_prefix(a->dseq, a->req.prompt);
+      const int64_t d = draft_->adopt_prefix(a->dseq, a->context);
       if (d != reused) {
         // Both keep the shorter run, cut at a page boundary of both (pages of other sizes
         // could not be cut inside while another request shares them).
@@ -344,13 +366,18 @@ void Scheduler::admit(std::vector<std::unique_ptr<Active>>& running) {
       }
     }
     a->prefilled = static_cast<size_t>(reused);
-    stats_.prefix_hit_tokens += reused;
+    if (a->preemptions == 0) {
+      stats_.prefix_hit_tokens += reused;
+    } else {
+      stats_.recomputed_tokens += static_cast<int64_t>(a->context.size()) - reused;
+    }
     running.push_back(std::move(a));
   }
   stats_.running = static_cast<int64_t>(running.size());
 }
 
 void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
+  reserve_step(running);
   // With a draft, generating sequences advance by a speculative round, and the step below holds
   // only prefill chunks (fed to both engines).
   if (spec_) speculative_round(running);
@@ -368,11 +395,10 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
   for (auto& a : running) {
     if (budget <= 0) break;
     if (a->done || a->decoding()) continue;
-    const int64_t left = static_cast<int64_t>(a->req.prompt.size() - a->prefilled);
+    const int64_t left = static_cast<int64_t>(a->context.size() - a->prefilled);
     const int64_t n = std::min(left, budget);
     batch.push_back(
-        {a->seq,
-         std::span<const int32_t>(a->req.prompt).subspan(a->prefilled, static_cast<size_t>(n)),
+        {a->seq, std::span<const int32_t>(a->context).subspan(a->prefilled, static_cast<size_t>(n)),
          runtime::LogitsMode::kLast});
     who.push_back(a.get());
     fed.push_back(n);
@@ -398,8 +424,8 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
       draft_->forward_batch(dbatch);
     }
   } catch (const std::exception& e) {
-    // Admission reserved the KV room and submit() checked every id, so this is an engine fault:
-    // fail the step's requests (their clients get the message) and keep serving the others.
+    // reserve_step() set the KV room aside and submit() checked every id, so this is an engine
+    // fault: fail the step's requests (their clients get the message) and keep serving the others.
     fail_all(who, "forward_batch", e);
     return;
   }
@@ -412,6 +438,15 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
     a.prefilled += static_cast<size_t>(fed[i]);
     if (!a.decoding()) continue;  // more prompt to prefill before the first sample
     try {
+      if (fed[i] > 0 && a.generated > 0) {
+        // A preempted request's context is back: it decodes `next` again, as it was about to
+        // (its sampler's stream untouched), so nothing is sampled from this prefill.
+        if (spec_) {
+          a.handle = spec_->resume(a.seq, a.dseq, a.context, a.next, std::move(*a.suspended));
+          a.suspended.reset();
+        }
+        continue;
+      }
       const int32_t tok = ids_only ? ids[i].front() : a.sampler.sample(logits[i], a.history);
       if (a.req.sampling.repetition_penalty != 1.0f) a.history.push_back(tok);
       accept_token(a, tok);
@@ -470,6 +505,7 @@ void Scheduler::speculative_round(std::vector<std::unique_ptr<Active>>& running)
 
 void Scheduler::accept_token(Active& a, int32_t tok) {
   ++a.generated;
+  a.output.push_back(tok);
   {
     const auto now = std::chrono::steady_clock::now();
     std::lock_guard lk(mu_);
@@ -499,6 +535,83 @@ void Scheduler::accept_token(Active& a, int32_t tok) {
     a.stream->publish(r.text, tok, a.generated);
     a.next = tok;
   }
+}
+
+std::pair<int64_t, int64_t> Scheduler::step_need(const Active& a) const {
+  // Admission reserved the whole context (and at least the worst case for its first step).
+  if (!a.decoding()) return {a.reserved, a.draft_reserved};
+  // A decode step appends `next`, reaching prompt + generated tokens; a round also appends its
+  // drafts (at most K, and none that would pass max_tokens: SpeculativeDecoder::next_draft_tokens).
+  int64_t peak = static_cast<int64_t>(a.req.prompt.size()) + a.generated;
+  if (spec_) {
+    peak += std::clamp<int64_t>(a.req.max_tokens - a.generated - 1, 0, spec_->draft_tokens());
+  }
+  return {pages_for(peak, page_tokens_), draft_ ? pages_for(peak, draft_page_tokens_) : 0};
+}
+
+void Scheduler::reserve_step(std::vector<std::unique_ptr<Active>>& running) {
+  std::vector<std::unique_ptr<Active>> preempted;  // newest first
+  for (size_t i = 0; i < running.size();) {
+    Active& a = *running[i];
+    if (a.done) {
+      ++i;
+      continue;
+    }
+    const auto [need, draft_need] = step_need(a);
+    const int64_t grow = std::max<int64_t>(0, need - a.reserved);
+    const int64_t draft_grow = std::max<int64_t>(0, draft_need - a.draft_reserved);
+    // Newer sequences give their pages back until this one's fit, this one last: the oldest
+    // always fits alone (submit() refused what cannot), so the oldest always progresses.
+    bool self = false;
+    while (!self && (reserved_ + grow > cache_tokens_ ||
+                     draft_reserved_ + draft_grow > draft_cache_tokens_)) {
+      size_t j = running.size() - 1;
+      while (running[j]->done) --j;  // stops at i at the latest
+      self = j == i;
+      preempt(*running[j]);
+      preempted.push_back(std::move(running[j]));
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(j));
+    }
+    if (self) continue;  // running[i] is the next one now
+    a.reserved += grow;
+    reserved_ += grow;
+    a.draft_reserved += draft_grow;
+    draft_reserved_ += draft_grow;
+    ++i;
+  }
+  if (preempted.empty()) return;
+  std::lock_guard lk(mu_);
+  // Back to the head of the queue, the oldest first, ahead of every request not yet admitted.
+  for (auto& a : preempted) {
+    Pending p;
+    p.stream = a->stream;
+    p.submitted = a->submitted;
+    p.preempted = std::move(a);
+    queue_.push_front(std::move(p));
+  }
+  stats_.preemptions += static_cast<int64_t>(preempted.size());
+  stats_.running = static_cast<int64_t>(running.size());
+  stats_.free_cache_tokens = engine_.free_cache_tokens();
+  if (draft_) stats_.draft_free_cache_tokens = draft_->free_cache_tokens();
+}
+
+void Scheduler::preempt(Active& a) {
+  if (a.handle >= 0) {
+    a.suspended = spec_->suspend(a.handle);  // drops both engines' sequences
+    a.handle = -1;
+  } else {
+    engine_.drop_sequence(a.seq);
+    if (draft_) draft_->drop_sequence(a.dseq);
+  }
+  a.seq = a.dseq = -1;
+  reserved_ -= a.reserved;
+  draft_reserved_ -= a.draft_reserved;
+  a.reserved = a.draft_reserved = 0;
+  // Recomputed on readmission: what the KV held, the prompt and every sampled token but `next`.
+  a.context = a.req.prompt;
+  if (a.generated > 0) a.context.insert(a.context.end(), a.output.begin(), a.output.end() - 1);
+  a.prefilled = 0;
+  ++a.preemptions;
 }
 
 void Scheduler::retire(std::vector<std::unique_ptr<Active>>& running) {

@@ -173,6 +173,7 @@ TEST(HttpOps, MetricsCountRequestsTokensAndLatencies) {
   EXPECT_EQ(sample(b, "exl3_requests_running"), 0.0);
   EXPECT_EQ(sample(b, "exl3_prompt_tokens_total"), 5.0);
   EXPECT_EQ(sample(b, "exl3_generation_tokens_total"), 8.0);
+  EXPECT_EQ(sample(b, "exl3_preemptions_total"), 0.0);  // a 4096-token cache holds both
   // One first token per request, the other tokens are gaps; +Inf equals the count.
   EXPECT_EQ(sample(b, "exl3_time_to_first_token_seconds_count"), 2.0);
   EXPECT_EQ(sample(b, "exl3_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), 2.0);

@@ -270,8 +270,12 @@ TEST(Scheduler, ChunkedPrefillGivesTheSameTokens) {
 TEST(Scheduler, SmallKvPoolMakesRequestsWaitNotFail) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto rng = exl3::test::make_rng();
-  // 128 cache tokens (4 pages of 32); each request reserves 96: one runs at a time.
-  Fixture f(conf, {.max_seqs = 4, .max_queue = 4, .max_context = 0, .step_tokens = 64}, 128);
+  // 128 cache tokens (4 pages of 32); with full reservation each request reserves 96: one runs at
+  // a time (preemption_test.cpp covers the default).
+  Fixture f(
+      conf,
+      {.max_seqs = 4, .max_queue = 4, .max_context = 0, .step_tokens = 64, .preemption = false},
+      128);
   std::vector<GenerationRequest> reqs;
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < 3; ++i) {

@@ -34,6 +34,7 @@ TEST(ServeCli, HelpTeaches) {
         "SIGTERM", "--draft", "--draft-tokens", "--draft-fixed", "--prefix-cache"}) {
     EXPECT_THAT(h.out, HasSubstr(s));
   }
+  EXPECT_THAT(h.out, HasSubstr("--preemption off reserves prompt + max_tokens"));
 }
 
 TEST(ServeCli, BadModelFailsWithAMessage) {

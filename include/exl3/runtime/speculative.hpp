@@ -76,6 +76,25 @@ class SpeculativeDecoder {
             int32_t first, Sampler sampler, const SamplingOptions& sampling);
   void remove(int handle);
 
+  // What a sequence's rounds carry besides its two caches: both samplers' seeded streams, its
+  // acceptance record and its statistics. A server that preempts a sequence (frees its KV pages
+  // to make room for others) keeps this, recomputes the caches later and resumes, and the rounds
+  // continue as if nothing had happened (the same draws, and draft counts chosen from the same
+  // record).
+  struct Suspended {
+    SamplingOptions sampling;
+    Sampler sampler, draft_sampler;
+    DraftPolicy::Acceptance acceptance;
+    SpeculativeStats stats;
+  };
+  // Drops the sequence's KV in both engines (as remove()) and returns its state.
+  Suspended suspend(int handle);
+  // adopt() for a suspended sequence whose caches were recomputed: `target_seq` and `draft_seq`
+  // each hold exactly `held`, every token of its stream but the last, and `next` is that last
+  // token (the input of its next round). Refuses what adopt() refuses.
+  int resume(Engine::SeqId target_seq, Engine::SeqId draft_seq, std::span<const int32_t> held,
+             int32_t next, Suspended state);
+
   struct Slot {
     int handle = -1;
     int draft_tokens = 0;  // 0..k: 0 makes a plain target step

@@ -2,18 +2,23 @@
 //
 // Requests enter a bounded FIFO queue (submit() refuses when it is full: the HTTP layer answers
 // 503). Each iteration of the worker
-//   1. drops cancelled requests (their KV pages go back to the pool) and admits queued ones while
-//      fewer than max_seqs run and the KV pool can hold their worst case (prompt + max_tokens,
-//      reserved at admission so a running sequence never runs out of cache mid-generation; a
-//      request that does not fit yet waits at the head of the queue, it does not fail); with
-//      the engine's prefix cache (EngineOptions::prefix_cache), an admitted prompt adopts the KV
-//      pages of its leading full pages that an earlier request left, and only the rest is
-//      prefilled;
-//   2. builds one Engine::forward_batch step: one decode token for every sequence that is
+//   1. drops cancelled requests (their KV pages go back to the pool) and admits queued ones, in
+//      order, while fewer than max_seqs run and the KV pool has room for what the head of the
+//      queue needs now: its prompt plus a page of growth (with SchedulerOptions::preemption off,
+//      its worst case, prompt + max_tokens); a request that does not fit yet waits at the head
+//      of the queue, it does not fail. With the engine's prefix cache
+//      (EngineOptions::prefix_cache), an admitted prompt adopts the KV pages of its leading full
+//      pages that an earlier request left, and only the rest is prefilled;
+//   2. gives each generating sequence the pages its next step (or speculative round) needs;
+//      when the pool is short, it preempts running sequences, the most recently submitted first
+//      (never one older than the sequence asking): their KV pages are freed and they go back to
+//      the head of the queue, keeping their stream, sampler and stop-string state and the tokens
+//      generated so far, and are prefilled again (prompt + those tokens) when readmitted;
+//   3. builds one Engine::forward_batch step: one decode token for every sequence that is
 //      generating, then prefill chunks of the admitted prompts in admission order until
 //      step_tokens tokens are in the step (so a long prompt costs the decoders at most one step
 //      of step_tokens tokens at a time, not its whole prefill);
-//   3. samples each finished prefill / decode with the request's own Sampler (temperature,
+//   4. samples each finished prefill / decode with the request's own Sampler (temperature,
 //      top_p, seed), detokenizes incrementally, checks stop tokens, stop strings and max_tokens,
 //      and publishes the new text to the request's RequestStream.
 //
@@ -21,10 +26,14 @@
 // chunks), and generating sequences advance by rounds of speculative decoding instead of single
 // decode steps: one runtime::SpeculativeDecoder round over all of them per iteration, each
 // sequence drafting its own count (adaptive by default), so a round emits 1 to K + 1 tokens per
-// sequence. The draft's KV pool is reserved like the model's (prompt + max_tokens per request).
+// sequence. The draft's KV pool is reserved like the model's (a round's K drafts included), and a
+// preempted sequence leaves both pools and keeps both samplers (SpeculativeDecoder::suspend).
 //
 // A greedy request produces the same tokens as runtime::generate() whatever else runs beside it
-// (each sequence's tokens only ever attend to its own KV pages), with or without a draft.
+// (each sequence's tokens only ever attend to its own KV pages), with or without a draft, and on
+// the CPU engine whether or not it was preempted (recomputing a context there gives the KV the
+// decode steps gave it, and the sampler's stream goes on where it stopped, so a seeded request
+// keeps its text too).
 #pragma once
 
 #include <atomic>
@@ -41,6 +50,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "exl3/runtime/engine.hpp"
@@ -120,6 +130,10 @@ struct SchedulerOptions {
   // outlive the scheduler), and how it drafts.
   runtime::Engine* draft = nullptr;
   runtime::SpeculativeOptions speculative{};
+  // Admit requests on what they need now and preempt the newest when the KV pool runs short
+  // (true), or reserve every request's prompt + max_tokens at admission so that none is ever
+  // preempted, at the cost of fewer requests running at once (false).
+  bool preemption = true;
 };
 
 // A latency histogram as Prometheus exposes one: cumulative counts per upper bound, sum, count.
@@ -147,6 +161,10 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0;       // of admitted requests
   int64_t prefix_hit_tokens = 0;   // of those, found in the KV cache (not prefilled again)
   int64_t generation_tokens = 0;   // sampled (a final stop token included)
+  // Running sequences sent back to the queue to free KV pages, and the tokens their
+  // readmissions prefilled again (prompt + generated, less prefix-cache hits): the cost.
+  int64_t preemptions = 0;
+  int64_t recomputed_tokens = 0;
   // Speculative decoding (0 without a draft): the draft's KV pool, and per sequence and round
   // the rounds run, the tokens drafted and the drafts kept.
   int64_t draft_cache_tokens = 0;
@@ -193,17 +211,26 @@ class Scheduler {
   const runtime::ModelSpec& spec() const { return engine_.spec(); }
 
  private:
+  struct Active;
   struct Pending {
     GenerationRequest req;
     std::shared_ptr<RequestStream> stream;
     std::chrono::steady_clock::time_point submitted;
+    // A preempted request (req moved into it): readmitted as it is, stream and sampler included.
+    std::unique_ptr<Active> preempted;
   };
-  struct Active;
 
   void run();
   void admit(std::vector<std::unique_ptr<Active>>& running);
   void step(std::vector<std::unique_ptr<Active>>& running);
   void speculative_round(std::vector<std::unique_ptr<Active>>& running);
+  // Grows the reservations of the running sequences to what this iteration's step needs,
+  // oldest first, preempting the newest while the pool is short.
+  void reserve_step(std::vector<std::unique_ptr<Active>>& running);
+  // Frees `a`'s KV pages in both engines and readies it to be prefilled again.
+  void preempt(Active& a);
+  // KV tokens (whole pages of each pool) that `a` needs by the end of the next step.
+  std::pair<int64_t, int64_t> step_need(const Active& a) const;
   // An engine call of a step failed: its requests end with kError (their clients get the
   // message); the others keep running.
   static void fail_all(std::span<Active* const> who, const char* what, const std::exception& e);
@@ -218,7 +245,7 @@ class Scheduler {
   int64_t page_tokens_ = 1;   // KV page size in tokens
   int64_t cache_tokens_ = 0;  // pool capacity
   int64_t max_context_ = 0;
-  int64_t reserved_ = 0;  // worst-case KV tokens of the running sequences (worker only)
+  int64_t reserved_ = 0;  // KV tokens set aside for the running sequences (worker only)
   // With a draft: its engine, page size, pool and reservations, and the decoder that owns the
   // generating sequences in both engines (worker only after construction).
   runtime::Engine* draft_ = nullptr;
@@ -227,6 +254,9 @@ class Scheduler {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  // Oldest first. Every queued request was submitted after every running one (admission takes
+  // the head, preemption returns the newest running ones to the head), so `running` is in
+  // submission order too and its back is always the newest.
   std::deque<Pending> queue_;
   bool stop_ = false;
   SchedulerStats stats_;  // guarded by mu_
