@@ -189,3 +189,61 @@ TEST(HttpTools, RefusedWhereTheyCannotWork) {
     EXPECT_EQ(post(forced, tools_body).first, 200);
   }
 }
+
+// A forced call is generated in the parser's format, whatever the (random) model prefers: the
+// reply holds exactly the call, its arguments satisfy the function's schema, and it ends with
+// finish_reason "tool_calls"; a named function is the one called.
+TEST(HttpTools, ForcedCallsFollowTheFormatAndSchema) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  exl3::test::TempDir tmp;
+  copy_model_with_template(tiny_model(conf), tmp, kToolTemplate);
+  LiveServer s(tmp.path(), options());
+  const json now = json::parse(R"({"type": "function", "function": {"name": "now",
+      "parameters": {"type": "object", "properties": {"utc": {"type": "boolean"}, "digits":
+      {"enum": [1, 2, 3]}}, "required": ["utc", "digits"], "additionalProperties": false}}})");
+  const json weather_enum = json::parse(R"({"type": "function", "function": {"name":
+      "get_weather", "parameters": {"type": "object", "properties": {"city": {"enum": ["Oslo",
+      "Rome"]}}, "required": ["city"]}}})");
+  int calls = 0;
+  for (const json& choice :
+       {json("required"), json{{"type", "function"}, {"function", {{"name", "now"}}}}}) {
+    for (const int seed : {1, 2, 3}) {
+      const json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                         {"tools", json::array({weather_enum, now})},
+                         {"tool_choice", choice},
+                         {"max_tokens", 200},
+                         {"temperature", 1.0},
+                         {"seed", seed}};
+      const auto [status, j] = post(s, body);
+      ASSERT_EQ(status, 200) << j.dump();
+      const auto& c = j["choices"][0];
+      EXPECT_EQ(c["finish_reason"], "tool_calls") << j.dump();
+      EXPECT_TRUE(c["message"]["content"].is_null()) << j.dump();
+      ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << j.dump();
+      const auto& fn = c["message"]["tool_calls"][0]["function"];
+      const json args = json::parse(fn["arguments"].get<std::string>());
+      if (choice.is_object()) {
+        EXPECT_EQ(fn["name"], "now");
+      }
+      if (fn["name"] == "now") {
+        EXPECT_TRUE(args["utc"].is_boolean()) << args;
+        EXPECT_THAT(args["digits"].get<int>(), ::testing::AnyOf(1, 2, 3));
+        EXPECT_EQ(args.size(), 2u) << args;
+      } else {
+        EXPECT_EQ(fn["name"], "get_weather");
+        EXPECT_THAT(args["city"].get<std::string>(), ::testing::AnyOf("Oslo", "Rome"));
+      }
+      ++calls;
+    }
+  }
+  EXPECT_EQ(calls, 6);
+  // A parameters schema outside the subset cannot be forced: a 400 naming tools and the keyword.
+  json bad = weather_enum;
+  bad["function"]["parameters"]["properties"]["city"] = {{"type", "string"}, {"maxLength", 9}};
+  const auto [status, j] = post(s, {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                    {"tools", json::array({bad})},
+                                    {"tool_choice", "required"}});
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(j["error"]["param"], "tools");
+  EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("'maxLength'"));
+}
