@@ -121,8 +121,9 @@ struct Scheduler::Active {
   int32_t next = -1;                // the last sampled token: the input of the next decode step
   std::vector<int32_t> history;     // prompt + sampled tokens, kept for a repetition penalty only
   std::optional<JsonMatcher> json;  // structured output: the reply so far, matched
-  std::vector<uint8_t> allowed;     // scratch of sample_constrained()
-  std::vector<float> masked;
+  std::optional<JsonMatcher> allowed_at;  // the state `allowed` was computed for
+  std::vector<uint8_t> allowed;
+  std::vector<float> masked;                                    // scratch of sample_constrained()
   std::chrono::steady_clock::time_point submitted, last_token;  // for the latency metrics
   bool done = false;  // finished: retire() drops the sequence, then tells the client
   FinishReason reason = FinishReason::kStop;
@@ -436,7 +437,10 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
 
 int32_t Scheduler::sample_constrained(Active& a, std::span<const float> logits) {
   if (!trie_) trie_ = TokenTrie::from_tokenizer(tokenizer_);
-  a.json->allowed_tokens(*trie_, a.allowed);
+  if (!a.allowed_at || !a.allowed_at->same_state(*a.json)) {
+    a.json->allowed_tokens(*trie_, a.allowed);
+    a.allowed_at = a.json;
+  }
   const bool whole = a.json->complete();
   const auto& stops = a.req.stop_tokens;
   auto ok = [&](size_t id) {

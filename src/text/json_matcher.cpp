@@ -290,7 +290,9 @@ class Stepper {
       case kStrUtf8:
         if (c < (f.b & 0xFF) || c > (f.b >> 8)) return;
         f.b = 0x80 | 0xBF << 8;
-        if (--f.a == 0) f.phase = kStrText;
+        // Back in plain text the frame is as before the character, so states inside a string
+        // compare equal (a caller may reuse the last mask).
+        if (--f.a == 0) f.phase = kStrText, f.b = 0;
         return emit(std::move(t));
       default:
         return;

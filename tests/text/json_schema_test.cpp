@@ -273,3 +273,14 @@ TEST(JsonSchema, ForcedToolCallShapes) {
     EXPECT_THAT(std::string(e.what()), HasSubstr("the function 'f' parameters: at #/format"));
   }
 }
+
+TEST(JsonSchema, StatesInsideAStringRepeat) {
+  // The scheduler keeps the last mask while the state repeats; inside a free string it must.
+  JsonMatcher m(JsonGrammar::any_object());
+  ASSERT_TRUE(m.feed("{\"a\":\"x"));
+  const JsonMatcher before = m;
+  ASSERT_TRUE(m.feed("yz \xc3\xa9\\n"));
+  EXPECT_TRUE(m.same_state(before));
+  ASSERT_TRUE(m.feed("\""));
+  EXPECT_FALSE(m.same_state(before));
+}

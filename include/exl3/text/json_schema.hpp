@@ -140,6 +140,11 @@ class JsonMatcher {
   // allowed[id] = 1 for every token of `trie` whose bytes feed() would take, 0 otherwise (the
   // vector is resized to the trie's vocabulary).
   void allowed_tokens(const TokenTrie& trie, std::vector<uint8_t>& allowed) const;
+  // Equal states allow the same tokens: inside a free string the state repeats token after
+  // token, and a caller can keep the last mask instead of walking the trie again.
+  bool same_state(const JsonMatcher& other) const {
+    return g_ == other.g_ && state_ == other.state_;
+  }
 
   // One frame of a parse: a value to start, or the container / string / number / literal being
   // read. Public only so the state's types are complete here.
