@@ -255,12 +255,13 @@ std::optional<ApiError> parse_tools(const ojson& body, CompletionRequest& r) {
                                                 "is not in 'tools'",
                                                 name->get<std::string>()));
         }
+        r.tool_choice = ToolChoice::kFunction;
+        r.tool_choice_function = name->get<std::string>();
+      } else {
+        if (r.tools.is_null())
+          return bad("tool_choice", "'tool_choice' is \"required\" but the request has no 'tools'");
+        r.tool_choice = ToolChoice::kRequired;
       }
-      // Forcing a call needs generation constrained to the call's format; checking the reply
-      // afterwards would not force anything.
-      return bad("tool_choice",
-                 "'tool_choice' \"required\" or a named function is not supported by this "
-                 "server yet (it needs constrained generation); use \"auto\" or \"none\"");
     } else {
       return bad("tool_choice",
                  "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "

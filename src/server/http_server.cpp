@@ -252,6 +252,9 @@ struct HttpServer::Impl {
   http::Reply handle(const http::Request& q);
   http::Reply generate(const http::Request& q, Endpoint ep);
   bool authorized(const http::Request& q) const;
+  // A forced tool_choice: the grammar of one call in the parser's format (a parameters schema
+  // outside the subset is the request's 400, naming `tools`).
+  std::optional<ApiError> force_tool_call(const CompletionRequest& r, GenerationRequest& g) const;
   // The generation request for `r`, and the tool-call format its reply is read with.
   std::optional<ApiError> build(const CompletionRequest& r, GenerationRequest& g,
                                 ToolParser& reply_tools);
@@ -428,7 +431,7 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
         return api_error(400, fmt::format("chat completions are unavailable: {}", chat_error),
                          "invalid_request_error", "", "messages");
       }
-      const bool calling = !r.tools.is_null() && r.tool_choice == ToolChoice::kAuto;
+      const bool calling = !r.tools.is_null() && r.tool_choice != ToolChoice::kNone;
       if (calling && !tool_error.empty()) {
         return api_error(400,
                          fmt::format("'tools' cannot be used with this server: {}; send "
@@ -453,6 +456,9 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
       if (calling) {
         reply_tools = tool_parser;
         g.keep_special_tokens = keep_special_for_tools;
+      }
+      if (r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kFunction) {
+        if (auto e = force_tool_call(r, g)) return e;
       }
       if (chat_end) g.stop_tokens.push_back(*chat_end);
     } else if (r.prompt_is_ids) {
@@ -488,6 +494,41 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
   g.sampling.repetition_penalty = r.repetition_penalty;
   g.sampling.seed = r.seed ? *r.seed : std::random_device{}();
   g.stop_strings = r.stop;
+  if (r.response_grammar) g.grammar = r.response_grammar;  // never beside a forced call
+  return std::nullopt;
+}
+
+std::optional<ApiError> HttpServer::Impl::force_tool_call(const CompletionRequest& r,
+                                                          GenerationRequest& g) const {
+  // The call exactly as the family's parser reads it back: Hermes' block, Llama's bare object
+  // (its arguments under "parameters"), Mistral's marker and list.
+  JsonGrammar::ToolCallShape shape;
+  if (tool_parser == ToolParser::kHermes) {
+    shape.prefix = "<tool_call>\n";
+    shape.suffix = "\n</tool_call>";
+  } else if (tool_parser == ToolParser::kLlama3) {
+    shape.arguments_key = "parameters";
+  } else if (tool_parser == ToolParser::kMistral) {
+    shape.prefix = std::string(tool_call_marker(tool_parser));
+    shape.list = true;
+  }
+  std::vector<JsonGrammar::ToolFunction> fns;
+  for (const auto& t : r.tools) {
+    const auto& fn = t["function"];
+    const auto name = fn["name"].get<std::string>();
+    if (r.tool_choice == ToolChoice::kFunction && name != r.tool_choice_function) continue;
+    const auto params = fn.find("parameters");
+    fns.push_back({name, params == fn.end() ? nlohmann::ordered_json() : *params});
+  }
+  try {
+    g.grammar = JsonGrammar::tool_call(fns, shape);
+  } catch (const Error& e) {
+    return api_error(400,
+                     fmt::format("'tool_choice' forces a call, which is generated to match the "
+                                 "function's parameters schema, and {}",
+                                 e.what()),
+                     "invalid_request_error", "", "tools");
+  }
   return std::nullopt;
 }
 

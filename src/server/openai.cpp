@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "chat_request.hpp"
+#include "exl3/error.hpp"
 
 namespace exl3::server {
 
@@ -122,6 +123,47 @@ void parse_prompt(Fields& f, CompletionRequest& r) {
     return;
   }
   f.fail_type("prompt", "a string or a list of token ids", *one);
+}
+
+// response_format: text, json_object, or json_schema (compiled here, so a schema outside the
+// subset is the request's 400). `body` is parsed again with key order kept: properties are
+// generated in the schema's order.
+void parse_response_format(Fields& f, const json& rf, std::string_view body, CompletionRequest& r) {
+  if (!rf.is_object()) return f.fail_type("response_format", "an object", rf);
+  const auto type = rf.find("type");
+  if (type == rf.end() || !type->is_string()) {
+    return f.fail_value("response_format",
+                        "needs a 'type': \"text\", \"json_object\" or \"json_schema\"");
+  }
+  const auto t = type->get<std::string>();
+  if (t == "text") return;
+  if (t == "json_object") {
+    r.response_grammar = JsonGrammar::any_object();
+    return;
+  }
+  if (t != "json_schema") {
+    return f.fail_value("response_format",
+                        fmt::format("has the type \"{}\"; use \"text\", \"json_object\" or "
+                                    "\"json_schema\"",
+                                    t));
+  }
+  const auto ordered = nlohmann::ordered_json::parse(body);
+  const auto& js = ordered["response_format"];
+  const auto spec = js.find("json_schema");
+  if (spec == js.end() || !spec->is_object() || !spec->contains("schema")) {
+    return f.fail_value("response_format",
+                        "of type \"json_schema\" needs a 'json_schema' object holding the "
+                        "'schema' (and a 'name')");
+  }
+  if (const auto n = spec->find("name"); n != spec->end() && !n->is_null() && !n->is_string())
+    return f.fail_value("response_format", "has a json_schema name that is not a string");
+  if (const auto s = spec->find("strict"); s != spec->end() && !s->is_null() && !s->is_boolean())
+    return f.fail_value("response_format", "has a json_schema strict that is not true or false");
+  try {
+    r.response_grammar = JsonGrammar::from_schema((*spec)["schema"], "'response_format' schema");
+  } catch (const Error& e) {
+    if (!f.error) f.error = bad("response_format", e.what());
+  }
 }
 
 // Nesting depth of a JSON value (a scalar is 0), counted only up to `limit` + 1.
@@ -273,11 +315,13 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   f.unsupported_unless("typical_p", 1, "no typical sampling");
   f.unsupported_unless("use_beam_search", false, "no beam search");
   f.unsupported_unless("length_penalty", 1, "no beam search");
-  if (const json* rf = f.get("response_format")) {
-    if (!(rf->is_object() && rf->value("type", "text") == "text")) {
-      f.fail_value("response_format",
-                   "is not supported by this server (only plain text); leave it out");
-    }
+  if (const json* rf = f.get("response_format")) parse_response_format(f, *rf, body, r);
+  // Constrained to the value, the reply could not hold a call: refused rather than tools that
+  // silently can never be called.
+  if (r.response_grammar && !r.tools.is_null() && r.tool_choice != ToolChoice::kNone) {
+    f.fail_value("response_format",
+                 "cannot be combined with tools the model may call; send \"tool_choice\": "
+                 "\"none\" or leave out one of them");
   }
   if (f.error) return *f.error;
   return r;

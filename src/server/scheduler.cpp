@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -103,6 +104,7 @@ struct Scheduler::Active {
         matcher(req.stop_strings) {
     if (req.sampling.repetition_penalty != 1.0f) history = req.prompt;
     context = req.prompt;
+    if (req.grammar) json.emplace(req.grammar);
   }
 
   GenerationRequest req;
@@ -127,6 +129,10 @@ struct Scheduler::Active {
   // With a draft, a preempted generating sequence's samplers and acceptance record (the
   // SpeculativeDecoder's while it runs), resumed once its context is back in both caches.
   std::optional<runtime::SpeculativeDecoder::Suspended> suspended;
+  std::optional<JsonMatcher> json;        // structured output: the reply so far, matched
+  std::optional<JsonMatcher> allowed_at;  // the state `allowed` was computed for
+  std::vector<uint8_t> allowed;
+  std::vector<float> masked;                                    // scratch of sample_constrained()
   std::chrono::steady_clock::time_point submitted, last_token;  // for the latency metrics
   bool done = false;  // finished: retire() drops the sequence, then tells the client
   FinishReason reason = FinishReason::kStop;
@@ -386,7 +392,8 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
   std::vector<int64_t> fed;  // prompt tokens each prefill entry feeds (0 for decodes)
   int64_t budget = opts_.step_tokens;
   for (auto& a : running) {
-    if (spec_ || a->done || !a->decoding()) continue;
+    // With a draft, sequences the speculative decoder took over are advanced by its round.
+    if (a->handle >= 0 || a->done || !a->decoding()) continue;
     batch.push_back({a->seq, {&a->next, 1}, runtime::LogitsMode::kLast});
     who.push_back(a.get());
     fed.push_back(0);
@@ -407,9 +414,9 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
   if (batch.empty()) return;
 
   // A step of plain greedy requests needs only each row's argmax, which the engine picks where
-  // its logits are (on the GPU only the ids come back).
-  const bool ids_only =
-      std::ranges::all_of(who, [](const Active* a) { return a->sampler.plain_greedy(); });
+  // its logits are (on the GPU only the ids come back); a constrained one needs its logits.
+  const bool ids_only = std::ranges::all_of(
+      who, [](const Active* a) { return a->sampler.plain_greedy() && !a->json; });
   std::vector<std::vector<float>> logits;
   std::vector<std::vector<int32_t>> ids;
   try {
@@ -441,16 +448,19 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
       if (fed[i] > 0 && a.generated > 0) {
         // A preempted request's context is back: it decodes `next` again, as it was about to
         // (its sampler's stream untouched), so nothing is sampled from this prefill.
-        if (spec_) {
+        // (A constrained request is never drafted for, so it has no suspended decoder state.)
+        if (spec_ && a.suspended) {
           a.handle = spec_->resume(a.seq, a.dseq, a.context, a.next, std::move(*a.suspended));
           a.suspended.reset();
         }
         continue;
       }
-      const int32_t tok = ids_only ? ids[i].front() : a.sampler.sample(logits[i], a.history);
+      const int32_t tok = ids_only ? ids[i].front()
+                          : a.json ? sample_constrained(a, logits[i])
+                                   : a.sampler.sample(logits[i], a.history);
       if (a.req.sampling.repetition_penalty != 1.0f) a.history.push_back(tok);
       accept_token(a, tok);
-      if (spec_ && !a.done) {
+      if (spec_ && !a.done && !a.json) {
         // Prefilled in both engines: the decoder takes both sequences and the sampler's stream.
         a.handle =
             spec_->adopt(a.seq, a.dseq, a.req.prompt, tok, std::move(a.sampler), a.req.sampling);
@@ -459,6 +469,43 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
       a.end(FinishReason::kError, e.what());
     }
   }
+}
+
+int32_t Scheduler::sample_constrained(Active& a, std::span<const float> logits) {
+  if (!trie_) trie_ = TokenTrie::from_tokenizer(tokenizer_);
+  if (!a.allowed_at || !a.allowed_at->same_state(*a.json)) {
+    a.json->allowed_tokens(*trie_, a.allowed);
+    a.allowed_at = a.json;
+  }
+  const bool whole = a.json->complete();
+  const auto& stops = a.req.stop_tokens;
+  auto ok = [&](size_t id) {
+    if (id < a.allowed.size() && a.allowed[id]) return true;
+    return whole && std::find(stops.begin(), stops.end(), static_cast<int32_t>(id)) != stops.end();
+  };
+  a.masked.assign(logits.begin(), logits.end());
+  bool any = false;
+  for (size_t id = 0; id < a.masked.size(); ++id) {
+    if (ok(id)) {
+      any = true;
+    } else {
+      a.masked[id] = -std::numeric_limits<float>::infinity();
+    }
+  }
+  if (!any) {
+    fail(
+        "structured output: no token of the vocabulary continues the JSON value here (the "
+        "schema may need something the tokenizer cannot write); hint: simplify the schema");
+  }
+  int32_t tok = a.sampler.sample(a.masked, a.history);
+  // A draw lands on a removed token only through rounding at the distribution's very end.
+  if (!ok(static_cast<size_t>(tok))) tok = runtime::argmax(a.masked);
+  if (std::find(stops.begin(), stops.end(), tok) == stops.end()) {
+    const auto bytes = tokenizer_.token_bytes(tok);
+    if (!bytes || !a.json->feed(*bytes))
+      fail("structured output: token {} does not continue the JSON value", tok);
+  }
+  return tok;
 }
 
 void Scheduler::fail_all(std::span<Active* const> who, const char* what, const std::exception& e) {
@@ -529,6 +576,8 @@ void Scheduler::accept_token(Active& a, int32_t tok) {
   const auto r = a.matcher.push(a.decoder.push(tok));
   if (r.stopped) {
     finish(FinishReason::kStop, r.text, tok);
+  } else if (a.json && a.json->finished()) {
+    finish(FinishReason::kStop, r.text + a.tail(), tok);
   } else if (a.generated >= a.req.max_tokens) {
     finish(FinishReason::kLength, r.text + a.tail(), tok);
   } else {

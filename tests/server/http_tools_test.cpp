@@ -3,6 +3,7 @@
 // replies without calls come back as plain content (whole and streamed alike), and requests the
 // server cannot honour are refused with 400 naming the field: tools for a template or format that
 // cannot show them, tool turns for a format that cannot show them, tool calling turned off.
+#include <future>
 #include <string>
 #include <vector>
 
@@ -188,4 +189,79 @@ TEST(HttpTools, RefusedWhereTheyCannotWork) {
     EXPECT_EQ(forced.server().tool_status(), "hermes tool calls");
     EXPECT_EQ(post(forced, tools_body).first, 200);
   }
+}
+
+// A forced call is generated in the parser's format, whatever the (random) model prefers: the
+// reply holds only calls (exactly one, but for Mistral's list), their arguments satisfy the
+// function's schema, and it ends with finish_reason "tool_calls"; a named function is the one
+// called. Each parser's format is read back by that parser, so the shape must match it.
+TEST(HttpTools, ForcedCallsFollowTheFormatAndSchema) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  exl3::test::TempDir tmp;
+  copy_model_with_template(tiny_model(conf), tmp, kToolTemplate);
+  const json now = json::parse(R"({"type": "function", "function": {"name": "now",
+      "parameters": {"type": "object", "properties": {"utc": {"type": "boolean"}, "digits":
+      {"enum": [1, 2, 3]}}, "required": ["utc", "digits"], "additionalProperties": false}}})");
+  const json weather_enum = json::parse(R"({"type": "function", "function": {"name":
+      "get_weather", "parameters": {"type": "object", "properties": {"city": {"enum": ["Oslo",
+      "Rome"]}}, "required": ["city"]}}})");
+  int calls = 0;
+  for (const auto parser : {ToolParser::kHermes, ToolParser::kLlama3, ToolParser::kMistral}) {
+    ServerOptions o = options();
+    o.tool_parser = parser;
+    LiveServer s(tmp.path(), o);
+    for (const json& choice :
+         {json("required"), json{{"type", "function"}, {"function", {{"name", "now"}}}}}) {
+      // Run together (batched), which keeps the test fast under sanitizers.
+      std::vector<std::future<std::pair<int, json>>> replies;
+      for (const int seed : {1, 2}) {
+        const json body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                           {"tools", json::array({weather_enum, now})},
+                           {"tool_choice", choice},
+                           {"max_tokens", 300},
+                           {"temperature", 1.0},
+                           {"seed", seed}};
+        replies.push_back(std::async(std::launch::async, [&s, body] { return post(s, body); }));
+      }
+      for (auto& reply : replies) {
+        const auto [status, j] = reply.get();
+        ASSERT_EQ(status, 200) << j.dump();
+        const auto& c = j["choices"][0];
+        EXPECT_EQ(c["finish_reason"], "tool_calls") << j.dump();
+        EXPECT_TRUE(c["message"]["content"].is_null()) << j.dump();
+        const auto& tool_calls = c["message"]["tool_calls"];
+        ASSERT_TRUE(tool_calls.is_array() && !tool_calls.empty()) << j.dump();
+        if (parser != ToolParser::kMistral) {
+          EXPECT_EQ(tool_calls.size(), 1u) << j.dump();
+        }
+        for (const auto& call : tool_calls) {
+          const auto& fn = call["function"];
+          const json args = json::parse(fn["arguments"].get<std::string>());
+          if (choice.is_object()) {
+            EXPECT_EQ(fn["name"], "now");
+          }
+          if (fn["name"] == "now") {
+            EXPECT_TRUE(args["utc"].is_boolean()) << args;
+            EXPECT_THAT(args["digits"].get<int>(), ::testing::AnyOf(1, 2, 3));
+            EXPECT_EQ(args.size(), 2u) << args;
+          } else {
+            EXPECT_EQ(fn["name"], "get_weather");
+            EXPECT_THAT(args["city"].get<std::string>(), ::testing::AnyOf("Oslo", "Rome"));
+          }
+        }
+        ++calls;
+      }
+    }
+  }
+  EXPECT_EQ(calls, 12);
+  LiveServer s(tmp.path(), options());
+  // A parameters schema outside the subset cannot be forced: a 400 naming tools and the keyword.
+  json bad = weather_enum;
+  bad["function"]["parameters"]["properties"]["city"] = {{"type", "string"}, {"maxLength", 9}};
+  const auto [status, j] = post(s, {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                    {"tools", json::array({bad})},
+                                    {"tool_choice", "required"}});
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(j["error"]["param"], "tools");
+  EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("'maxLength'"));
 }

@@ -3,11 +3,13 @@
 #include <string>
 #include <variant>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "exl3/server/openai.hpp"
+#include "exl3/text/json_schema.hpp"
 
 using namespace exl3::server;
 using nlohmann::json;
@@ -203,11 +205,7 @@ TEST(OpenAiParse, RefusesBadToolsNamingTheField) {
        "tools", "function.strict is not supported"},
       {chat_with(std::string(R"("tools": [)") + kWeatherTool + "," + kWeatherTool + "]"), "tools",
        "'get_weather' is used twice"},
-      {chat_with(tools + R"(, "tool_choice": "required")"), "tool_choice",
-       "not supported by this server yet"},
-      {chat_with(tools +
-                 R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})"),
-       "tool_choice", "not supported by this server yet"},
+      {chat_with(R"("tool_choice": "required")"), "tool_choice", "no 'tools'"},
       {chat_with(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}})"),
        "tool_choice", "'nope', which is not in 'tools'"},
       {chat_with(tools + R"(, "tool_choice": "sometimes")"), "tool_choice", "must be \"none\""},
@@ -233,6 +231,15 @@ TEST(OpenAiParse, RefusesBadToolsNamingTheField) {
     EXPECT_EQ(e.param, c.param) << c.body;
     EXPECT_THAT(e.message, HasSubstr(c.says)) << c.body;
   }
+  // Forced calls are accepted (the server generates them under a grammar).
+  EXPECT_EQ(ok_of(chat_with(tools + R"(, "tool_choice": "required")"), Endpoint::kChat).tool_choice,
+            ToolChoice::kRequired);
+  const auto named = ok_of(
+      chat_with(tools +
+                R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})"),
+      Endpoint::kChat);
+  EXPECT_EQ(named.tool_choice, ToolChoice::kFunction);
+  EXPECT_EQ(named.tool_choice_function, "get_weather");
   auto e = error_of(R"({"prompt": "x", "tools": [1]})");
   EXPECT_EQ(e.param, "tools");
   EXPECT_THAT(e.message, HasSubstr("chat/completions only"));
@@ -350,4 +357,51 @@ TEST(OpenAiShapes, ToolCalls) {
   EXPECT_EQ(tc["function"]["name"], "g");
   EXPECT_EQ(tc["function"]["arguments"], "{}");
   EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+}
+
+TEST(OpenAiParse, ResponseFormat) {
+  EXPECT_EQ(ok_of(R"({"prompt": "x"})").response_grammar, nullptr);
+  EXPECT_EQ(ok_of(R"({"prompt": "x", "response_format": {"type": "text"}})").response_grammar,
+            nullptr);
+  EXPECT_NE(
+      ok_of(R"({"prompt": "x", "response_format": {"type": "json_object"}})").response_grammar,
+      nullptr);
+  const auto r = ok_of(R"({"prompt": "x", "response_format": {"type": "json_schema",
+      "json_schema": {"name": "p", "strict": false, "schema": {"type": "object", "properties":
+      {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["b", "a"]}}}})");
+  ASSERT_NE(r.response_grammar, nullptr);
+  // Properties keep the schema's order (b before a), not the sorted order.
+  exl3::JsonMatcher m(r.response_grammar);
+  EXPECT_TRUE(m.feed(R"({"b":1,"a":"x"})"));
+  EXPECT_TRUE(m.finished());
+  struct Case {
+    const char* format;
+    const char* says;
+  };
+  const Case cases[] = {
+      {R"("json")", "must be an object"},
+      {R"({"type": "xml"})", "use \"text\", \"json_object\" or \"json_schema\""},
+      {R"({"type": "json_schema"})", "needs a 'json_schema' object"},
+      {R"({"type": "json_schema", "json_schema": {"name": 5, "schema": {}}})", "name"},
+      {R"({"type": "json_schema", "json_schema": {"strict": "yes", "schema": {}}})", "strict"},
+      {R"({"type": "json_schema", "json_schema": {"schema": {"type": "string", "format":
+          "email"}}})",
+       "at #/format: the keyword 'format' is not supported"},
+      {R"({"type": "json_schema", "json_schema": {"schema": {"properties": {"a": {"type":
+          "number", "minimum": 1}}}}})",
+       "at #/properties/a/minimum"},
+  };
+  for (const auto& c : cases) {
+    const auto e = error_of(fmt::format(R"({{"prompt": "x", "response_format": {}}})", c.format));
+    EXPECT_EQ(e.param, "response_format") << c.format;
+    EXPECT_THAT(e.message, HasSubstr(c.says)) << c.format;
+  }
+  const std::string tools =
+      R"("messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function",
+      "function": {"name": "f"}}], "response_format": {"type": "json_object"})";
+  const auto e = error_of("{" + tools + "}", Endpoint::kChat);
+  EXPECT_EQ(e.param, "response_format");
+  EXPECT_THAT(e.message, HasSubstr("cannot be combined with tools"));
+  EXPECT_NE(ok_of("{" + tools + R"(, "tool_choice": "none"})", Endpoint::kChat).response_grammar,
+            nullptr);
 }

@@ -4,12 +4,15 @@
 //
 // Supported request fields: model, prompt (string, token-id list, or a one-element list of
 // either), messages (roles system/user/assistant/tool; content a string or text parts; assistant
-// tool_calls), tools and tool_choice ("none" or "auto"), max_tokens / max_completion_tokens,
+// tool_calls), tools and tool_choice ("none", "auto", "required" or a named function),
+// max_tokens / max_completion_tokens,
 // temperature, top_p, seed, stop (string or up to 4 strings), stream,
-// stream_options.include_usage, and vLLM's ignore_eos and chat_template_kwargs. Fields that would
-// change the result but are not implemented (n > 1, best_of > 1, echo, logprobs, penalties,
-// logit_bias, suffix, functions, a forced tool_choice, a JSON response_format) are refused with
-// 400 rather than silently ignored; fields without effect on the output (user, ...) are ignored.
+// stream_options.include_usage, response_format (text, json_object, json_schema: see
+// exl3/text/json_schema.hpp for the schema subset), and vLLM's ignore_eos and
+// chat_template_kwargs. Fields that would change the result but are not implemented (n > 1,
+// best_of > 1, echo, logprobs, penalties, logit_bias, suffix, functions, a schema keyword outside
+// the subset) are refused with 400 rather than silently ignored; fields
+// without effect on the output (user, ...) are ignored.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exl3/text/chat_template.hpp"
+#include "exl3/text/json_schema.hpp"
 
 namespace exl3::server {
 
@@ -37,9 +41,10 @@ struct ApiError {
 
 enum class Endpoint : uint8_t { kCompletions, kChat };
 
-// Whether the model may call the request's tools ("auto") or not ("none"). "required" and a named
-// function are refused: forcing a call needs constrained generation.
-enum class ToolChoice : uint8_t { kNone, kAuto };
+// Whether the model may call the request's tools ("auto"), not ("none"), or must call one of them
+// ("required") or the named one (kFunction): a forced call is generated under a grammar of the
+// model family's call format.
+enum class ToolChoice : uint8_t { kNone, kAuto, kRequired, kFunction };
 
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::kCompletions;
@@ -59,6 +64,7 @@ struct CompletionRequest {
   // none.
   nlohmann::ordered_json tools;
   ToolChoice tool_choice = ToolChoice::kNone;  // kAuto by default when there are tools
+  std::string tool_choice_function;            // kFunction: the function's name
   // vLLM's chat_template_kwargs: extra variables for the model's chat template (enable_thinking,
   // ...); an object, empty when the client sent none.
   nlohmann::json chat_template_kwargs = nlohmann::json::object();
@@ -74,6 +80,8 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
   bool ignore_eos = false;
+  // response_format json_object / json_schema: the grammar the reply must follow; null for text.
+  std::shared_ptr<const JsonGrammar> response_grammar;
 };
 
 // Parses a request body. Returns the request, or the 400 error naming the field at fault.

@@ -20,7 +20,9 @@
 //      of step_tokens tokens at a time, not its whole prefill);
 //   4. samples each finished prefill / decode with the request's own Sampler (temperature,
 //      top_p, seed), detokenizes incrementally, checks stop tokens, stop strings and max_tokens,
-//      and publishes the new text to the request's RequestStream.
+//      and publishes the new text to the request's RequestStream. A request with a grammar
+//      (structured output) samples only among the tokens its JsonMatcher allows, and ends once
+//      its JSON value is whole.
 //
 // With a draft engine (SchedulerOptions::draft), prompts are prefilled in both engines (the same
 // chunks), and generating sequences advance by rounds of speculative decoding instead of single
@@ -34,6 +36,8 @@
 // the CPU engine whether or not it was preempted (recomputing a context there gives the KV the
 // decode steps gave it, and the sampler's stream goes on where it stopped, so a seeded request
 // keeps its text too).
+// Constrained requests are not drafted for: with a draft they decode one token per step (both
+// engines fed, so the draft stays in step), beside the speculative rounds of the others.
 #pragma once
 
 #include <atomic>
@@ -56,6 +60,7 @@
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
 #include "exl3/runtime/speculative.hpp"
+#include "exl3/text/json_schema.hpp"
 #include "exl3/text/tokenizer.hpp"
 
 namespace exl3::server {
@@ -78,6 +83,10 @@ struct GenerationRequest {
   // Decode special tokens as text too: a tool call's marker can be one (Mistral's [TOOL_CALLS],
   // Llama's <|python_tag|>), and the reply's tool-call parser must see it.
   bool keep_special_tokens = false;
+  // Structured output: the reply must be a JSON value of this grammar (null: free text). Its
+  // tokens are sampled from those the grammar allows (stop tokens only once the value is whole),
+  // and it ends with kStop as soon as nothing may follow the value.
+  std::shared_ptr<const JsonGrammar> grammar;
 };
 
 // What arrived for one request since the last wait().
@@ -235,6 +244,9 @@ class Scheduler {
   // message); the others keep running.
   static void fail_all(std::span<Active* const> who, const char* what, const std::exception& e);
   void accept_token(Active& a, int32_t tok);
+  // Samples a constrained request's next token from `logits` with every token its grammar does
+  // not allow removed, and advances its matcher.
+  int32_t sample_constrained(Active& a, std::span<const float> logits);
   void retire(std::vector<std::unique_ptr<Active>>& running);
   // `tokens` rounded up to whole pages of `page_tokens`.
   static int64_t pages_for(int64_t tokens, int64_t page_tokens);
@@ -251,6 +263,9 @@ class Scheduler {
   runtime::Engine* draft_ = nullptr;
   int64_t draft_page_tokens_ = 1, draft_cache_tokens_ = 0, draft_reserved_ = 0;
   std::unique_ptr<runtime::SpeculativeDecoder> spec_;
+  // The vocabulary's byte trie for structured output, built on the first constrained request
+  // (worker only).
+  std::shared_ptr<const TokenTrie> trie_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
