@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Smoke test of a running `exl3 serve` (e.g. on the GPU machine with --device cuda): one greedy
 completion, the same prompt as 8 concurrent streams (each must equal the solo text: batching must
-not change greedy output), a chat completion, and /health. Prints JSON; exits 1 on a mismatch.
+not change greedy output), a chat completion, 8 concurrent structured-output requests (a JSON
+schema: each reply must parse and fit it), and /health. Prints JSON; exits 1 on a mismatch.
 
   exl3 serve MODEL --device cuda --port 8123 & python3 bench/serve_smoke.py --port 8123
 """
@@ -55,11 +56,32 @@ def main():
         chat_result = chat["choices"][0]["finish_reason"]
     except urllib.error.HTTPError as e:
         chat_result = f"HTTP {e.code}: {e.read().decode()[:200]}"
+    # Structured output: a short, bounded schema (a boolean and an integer of at most 16 digits), so
+    # every reply ends within max_tokens; greedy and seeded sampling side by side.
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
+              "required": ["ok", "n"]}
+
+    def structured(i):
+        body = {"prompt": prompts[i], "max_tokens": 96, "temperature": 0 if i % 2 == 0 else 1.0,
+                "seed": i, "response_format": {"type": "json_schema",
+                                               "json_schema": {"name": "r", "schema": schema}}}
+        choice = json.loads(post(args.port, "/v1/completions", body))["choices"][0]
+        try:
+            v = json.loads(choice["text"])
+            fits = (isinstance(v, dict) and set(v) == {"ok", "n"} and isinstance(v["ok"], bool)
+                    and isinstance(v["n"], int) and not isinstance(v["n"], bool))
+        except ValueError:
+            fits = False
+        return {"finish_reason": choice["finish_reason"], "fits": fits, "text": choice["text"][:80]}
+
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        shaped = list(ex.map(structured, range(8)))
     health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=5).read())
     same = [a == b for a, b in zip(solo, streamed)]
+    fits = all(r["fits"] and r["finish_reason"] == "stop" for r in shaped)
     print(json.dumps({"concurrent_streams_equal_solo": same, "concurrent_seconds": secs,
-                      "chat": chat_result, "health": health}, indent=1))
-    return 0 if all(same) else 1
+                      "chat": chat_result, "structured": shaped, "health": health}, indent=1))
+    return 0 if all(same) and fits else 1
 
 
 if __name__ == "__main__":
