@@ -23,6 +23,7 @@
 #include "exl3/runtime/mtp.hpp"
 #include "exl3/runtime/speculative.hpp"
 #include "exl3/server/scheduler.hpp"
+#include "exl3/text/json_schema.hpp"
 #include "exl3/text/stop_tokens.hpp"
 #include "server_test_util.hpp"
 #include "test_support.hpp"
@@ -368,4 +369,46 @@ TEST(Preemption, CountedInHealthAndMetrics) {
                                             std::to_string(preemptions) + "\n"));
   EXPECT_THAT(m->body,
               ::testing::HasSubstr("# TYPE exl3_preemption_recomputed_tokens_total counter"));
+}
+
+// Structured output under preemption: greedy requests constrained to a schema, in a pool too small
+// for all of them, are preempted and recomputed; each keeps its matcher, so every reply is still
+// one whole value the schema accepts, and equals the same request run alone.
+TEST(Preemption, ConstrainedRequestsKeepTheirGrammar) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  const auto grammar = exl3::JsonGrammar::from_schema(nlohmann::ordered_json::parse(R"({
+      "type": "object",
+      "properties": {"id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"},
+                     "maxItems": 3}},
+      "required": ["id", "tags"]})"));
+  const auto make = [&](size_t i) {
+    GenerationRequest g;
+    g.prompt = random_prompt(rng, 4 + i);
+    g.max_tokens = 48;
+    g.grammar = grammar;
+    return g;
+  };
+  std::vector<GenerationRequest> reqs;
+  for (size_t i = 0; i < 6; ++i) reqs.push_back(make(i));
+  std::vector<std::string> alone;
+  for (const auto& r : reqs) {  // each by itself in a pool that holds it whole
+    SmallPool s(conf, {.max_seqs = 1, .max_queue = 1, .max_context = 0, .step_tokens = 32}, 8, 160);
+    alone.push_back(drain(s.submit_all({r}).front()).text);
+  }
+  SmallPool s(conf, {.max_seqs = 6, .max_queue = 8, .max_context = 0, .step_tokens = 32}, 8, 64);
+  const auto streams = s.submit_all(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Done d = drain(streams[i]);
+    EXPECT_EQ(d.text, alone[i]) << "request " << i;
+    if (d.last.reason == FinishReason::kStop) {
+      exl3::JsonMatcher m(grammar);
+      EXPECT_TRUE(m.feed(d.text)) << d.text;
+      EXPECT_TRUE(m.complete()) << d.text;
+    }
+  }
+  const auto st = s.sched->stats();
+  EXPECT_EQ(st.completed, 6);
+  EXPECT_GT(st.preemptions, 0);
+  expect_drained_pools(st, "constrained");
 }
