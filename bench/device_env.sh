@@ -26,3 +26,12 @@ gpu_tests() {
     echo "$name rc=$? $(( $(date +%s) - start ))s $(grep -E '^\[  (PASSED|FAILED) ' "$log" | tail -n 1)" | tee -a "$summary"
   done
 }
+
+# synthetic DIR LOG ARGS...: `exl3 bench model --synthetic ARGS --out DIR --prepare-only` (output
+# into LOG) unless DIR already holds a model (a machine kept warm keeps /tmp between calls).
+synthetic() {
+  local dir="$1" log="$2"
+  shift 2
+  [ -f "$dir/config.json" ] || timeout 300 "$bin/exl3" bench model --synthetic "$@" --out "$dir" \
+    --prepare-only > "$log" 2>&1
+}

@@ -14,8 +14,7 @@ mkdir -p "$out"
 source bench/device_env.sh .devpack/bundle.tar.xz || exit 1
 gpu_tests "$out/gpu_tests.log" "$out/summary.txt"
 model=/tmp/q30-k4
-[ -f "$model/config.json" ] || timeout 300 "$bin/exl3" bench model --synthetic qwen3-30b-a3b --bits 4 \
-  --out "$model" --prepare-only > "$out/prepare.txt" 2>&1
+synthetic "$model" "$out/prepare.txt" qwen3-30b-a3b --bits 4
 timeout 200 "$bin/exl3" bench model "$model" --batch 1,8,64 --prefill 2048 --steps 64 \
   --json "$out/bench_decode.json" > "$out/bench_decode.txt" 2>&1
 echo "bench decode rc=$?" | tee -a "$out/summary.txt"
@@ -36,8 +35,7 @@ timeout 240 "$bin/exl3" bench model "$model" --batch 1,8 --prefill 0 --steps 64 
 echo "speculative bench rc=$?" | tee -a "$out/summary.txt"
 sed -n '/^speculative/,$p' "$out/bench_speculative.txt" | tee -a "$out/summary.txt"
 cut=/tmp/q30-k4-l2
-[ -f "$cut/config.json" ] || timeout 200 "$bin/exl3" bench model --synthetic qwen3-30b-a3b --bits 4 \
-  --layers 2 --out "$cut" --prepare-only > "$out/prepare_cut.txt" 2>&1
+synthetic "$cut" "$out/prepare_cut.txt" qwen3-30b-a3b --bits 4 --layers 2
 timeout 200 ncu --clock-control none --graph-profiling node -k regex:'gemv' --launch-count 4 \
   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis --section SchedulerStats \
@@ -47,8 +45,7 @@ echo "ncu gemv rc=$?" | tee -a "$out/summary.txt"
 grep -E "^  void|Duration|DRAM Throughput|Registers Per|Achieved Active Warps|No Eligible|Grid Size" \
   "$out/ncu_gemv_decode_b1.txt" | tee -a "$out/summary.txt"
 ds=/tmp/dsv3-l5-k4
-[ -f "$ds/config.json" ] || timeout 300 "$bin/exl3" bench model --synthetic deepseek-v3 --layers 5 --bits 4 \
-  --out "$ds" --prepare-only > "$out/prepare_dsv3.txt" 2>&1
+synthetic "$ds" "$out/prepare_dsv3.txt" deepseek-v3 --layers 5 --bits 4
 for pdl in 1 0; do
   EXL3_PDL=$pdl timeout 200 "$bin/exl3" bench model "$ds" --batch 1,8 --prefill 0 --steps 64 \
     --json "$out/bench_dsv3_pdl$pdl.json" > "$out/bench_dsv3_pdl$pdl.txt" 2>&1

@@ -12,8 +12,7 @@ mkdir -p "$out"
 source bench/device_env.sh .devpack/bundle.tar.xz || exit 1
 gpu_tests "$out/gpu_tests.log" "$out/summary.txt"
 model=/tmp/q30-k4
-[ -f "$model/config.json" ] || timeout 300 "$bin/exl3" bench model --synthetic qwen3-30b-a3b --bits 4 \
-  --out "$model" --prepare-only > "$out/prepare.txt" 2>&1
+synthetic "$model" "$out/prepare.txt" qwen3-30b-a3b --bits 4
 for c in $configs; do
   name=${c%%=*} v=${c#*=}
   IFS=/ read -r gs gt mt <<< "$v"

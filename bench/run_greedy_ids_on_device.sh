@@ -23,8 +23,7 @@ g = json.load(open(sys.argv[1] + "/generate_cuda.json")); c = json.load(open(sys
 print("generate greedy: cuda ids == cpu ids:", g["ids"] == c["ids"], len(g["ids"]))
 PY
 model=/tmp/q30-k4
-[ -f "$model/config.json" ] || timeout 300 "$bin/exl3" bench model --synthetic qwen3-30b-a3b --bits 4 \
-  --out "$model" --prepare-only > "$out/prepare.txt" 2>&1
+synthetic "$model" "$out/prepare.txt" qwen3-30b-a3b --bits 4
 # Programmatic dependent launch on (default) and off (EXL3_PDL=0), alternating, twice each.
 for r in 1 2; do
   for pdl in 1 0; do
@@ -41,8 +40,7 @@ sed -n '/^speculative/,$p' "$out/bench_speculative.txt" | tee -a "$out/summary.t
 # Nsight Compute on one batch-1 decode step of a 2-layer cut: the dense and MoE trellis GEMVs
 # (duration, occupancy, warp stall reasons, memory throughput), for #16's GEMV work.
 cut=/tmp/q30-k4-l2
-[ -f "$cut/config.json" ] || timeout 200 "$bin/exl3" bench model --synthetic qwen3-30b-a3b --bits 4 \
-  --layers 2 --out "$cut" --prepare-only > "$out/prepare_cut.txt" 2>&1
+synthetic "$cut" "$out/prepare_cut.txt" qwen3-30b-a3b --bits 4 --layers 2
 timeout 200 ncu --clock-control none --graph-profiling node -k regex:'gemv' --launch-count 8 \
   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis --section SchedulerStats \

@@ -12,15 +12,13 @@ mkdir -p "$out"
 source bench/device_env.sh .devpack/bundle.tar.xz || exit 1
 gpu_tests "$out/gpu_tests.log" "$out/summary.txt"
 model=/tmp/q30-k4
-[ -f "$model/config.json" ] || timeout 300 "$bin/exl3" bench model --synthetic qwen3-30b-a3b --bits 4 \
-  --out "$model" --prepare-only > "$out/prepare.txt" 2>&1
+synthetic "$model" "$out/prepare.txt" qwen3-30b-a3b --bits 4
 timeout 200 "$bin/exl3" bench model "$model" --batch 1,8,64 --prefill 0 --steps 64 --profile \
   --json "$out/profile_q30.json" > "$out/profile_q30.txt" 2>&1
 echo "qwen3-30b-a3b profile rc=$?" | tee -a "$out/summary.txt"
 cat "$out/profile_q30.txt" | grep -v "^loading\|^loaded\|layer " | tee -a "$out/summary.txt"
 ds=/tmp/dsv3-l5-k4
-[ -f "$ds/config.json" ] || timeout 300 "$bin/exl3" bench model --synthetic deepseek-v3 --layers 5 --bits 4 \
-  --out "$ds" --prepare-only > "$out/prepare_dsv3.txt" 2>&1
+synthetic "$ds" "$out/prepare_dsv3.txt" deepseek-v3 --layers 5 --bits 4
 timeout 200 "$bin/exl3" bench model "$ds" --batch 1,8 --prefill 0 --steps 64 --profile \
   --json "$out/profile_dsv3.json" > "$out/profile_dsv3.txt" 2>&1
 echo "deepseek-v3 5 layers profile rc=$?" | tee -a "$out/summary.txt"

@@ -24,12 +24,6 @@ using ::testing::HasSubstr;
 
 namespace {
 
-std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t n) {
-  std::vector<int32_t> p(n);
-  for (auto& t : p) t = static_cast<int32_t>(3 + rng() % 509);
-  return p;
-}
-
 ServerOptions options(int max_seqs = 4, int max_queue = 8) {
   ServerOptions o;
   o.model_name = "tiny";

@@ -36,34 +36,9 @@ using nlohmann::json;
 
 namespace {
 
-struct Done {
-  std::vector<int32_t> tokens;
-  std::string text;
-  StreamUpdate last;
-};
-
-Done drain(const std::shared_ptr<RequestStream>& s, double seconds = 60.0) {
-  Done d;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    auto u = s->wait(std::chrono::milliseconds(50));
-    d.text += u.text;
-    d.tokens.insert(d.tokens.end(), u.tokens.begin(), u.tokens.end());
-    if (u.finished) {
-      d.last = u;
-      return d;
-    }
-  }
-  ADD_FAILURE() << "request did not finish in " << seconds << " s";
-  return d;
-}
-
-std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t n, int vocab = 512) {
-  std::vector<int32_t> p(n);
-  // Ordinary ids (the conformance tokenizer's first three are special).
-  for (auto& t : p) t = static_cast<int32_t>(3 + rng() % static_cast<uint64_t>(vocab - 3));
-  return p;
-}
+using st::Done;
+using st::drain;
+using st::random_prompt;
 
 // The conformance model behind a scheduler whose pool has `cache` tokens in pages of `page`
 // (a draft model, when given, gets the same pool).

@@ -29,33 +29,9 @@ using ::testing::HasSubstr;
 
 namespace {
 
-struct Done {
-  std::string text;
-  std::vector<int32_t> tokens;
-  StreamUpdate last;
-};
-
-Done drain(const std::shared_ptr<RequestStream>& s, double seconds = 30.0) {
-  Done d;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    auto u = s->wait(std::chrono::milliseconds(50));
-    d.text += u.text;
-    d.tokens.insert(d.tokens.end(), u.tokens.begin(), u.tokens.end());
-    if (u.finished) {
-      d.last = u;
-      return d;
-    }
-  }
-  ADD_FAILURE() << "request did not finish in " << seconds << " s";
-  return d;
-}
-
-std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t n) {
-  std::vector<int32_t> p(n);
-  for (auto& t : p) t = static_cast<int32_t>(3 + rng() % 509);  // ordinary (non-special) ids
-  return p;
-}
+using st::Done;
+using st::drain;
+using st::random_prompt;
 
 struct Fixture {
   // `draft`: a draft model folder for speculative decoding (its engine made here).

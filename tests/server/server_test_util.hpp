@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
 #include "exl3/server/http_server.hpp"
+#include "exl3/server/scheduler.hpp"
 #include "exl3/text/stop_tokens.hpp"
 #include "exl3/text/tokenizer.hpp"
 
@@ -26,6 +28,38 @@ namespace exl3::server::test {
 
 inline std::filesystem::path tiny_model(const std::filesystem::path& conformance) {
   return conformance / "models" / "tiny-qwen3moe-exl3";
+}
+
+// What a scheduler request streamed until it finished.
+struct Done {
+  std::string text;
+  std::vector<int32_t> tokens;
+  StreamUpdate last;
+};
+
+// Reads `s` until it finishes (a test failure after `seconds`).
+inline Done drain(const std::shared_ptr<RequestStream>& s, double seconds = 60.0) {
+  Done d;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    auto u = s->wait(std::chrono::milliseconds(50));
+    d.text += u.text;
+    d.tokens.insert(d.tokens.end(), u.tokens.begin(), u.tokens.end());
+    if (u.finished) {
+      d.last = u;
+      return d;
+    }
+  }
+  ADD_FAILURE() << "request did not finish in " << seconds << " s";
+  return d;
+}
+
+// n ordinary ids of a `vocab`-token vocabulary whose first three are special (the conformance
+// model's 512, by default).
+inline std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t n, int vocab = 512) {
+  std::vector<int32_t> p(n);
+  for (auto& t : p) t = static_cast<int32_t>(3 + rng() % static_cast<uint64_t>(vocab - 3));
+  return p;
 }
 
 // One server on its own engine, serving from a background thread until destroyed.

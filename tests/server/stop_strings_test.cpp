@@ -1,6 +1,7 @@
 // StopStringMatcher against the plain definition on random texts cut into random pieces: the
 // released text is the text up to the stop-string occurrence that ends first (of two ending
-// together, the one starting first; all of the text when none occurs), and nothing that could still become a stop string is released early.
+// together, the one starting first; all of the text when none occurs), and nothing that could still
+// become a stop string is released early.
 #include <algorithm>
 #include <random>
 #include <string>
@@ -64,7 +65,8 @@ TEST(StopStrings, MatchesThePlainDefinitionOnRandomStreams) {
         // Held back only what could still start a stop string.
         const std::string held = fed.substr(got.size());
         bool could = held.empty();
-        for (const auto& s : stops) could = could || (held.size() < s.size() && s.compare(0, held.size(), held) == 0);
+        for (const auto& s : stops)
+          could = could || (held.size() < s.size() && s.compare(0, held.size(), held) == 0);
         EXPECT_TRUE(could) << "trial " << trial << ": held '" << held << "'";
       }
     }
