@@ -227,7 +227,8 @@ TEST(CudaEngine, ProfileStepTimesEveryOpClass) {
     EXPECT_GT(by_op[op].ms, 0.0) << op;
   }
   EXPECT_EQ(by_op["attention"].calls, layers);
-  EXPECT_EQ(by_op["moe"].calls, layers);
+  EXPECT_GT(by_op["moe"].calls, 0);  // the MoE layers (a model may lead with dense ones)
+  EXPECT_LE(by_op["moe"].calls, layers);
   EXPECT_EQ(by_op["embed"].calls, 1);
   EXPECT_EQ(by_op["head"].calls, 1);
   // The next steps of both engines (a graph replay on `a` again) pick the same ids.
