@@ -26,7 +26,7 @@
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/linear.hpp"
 #include "quant/calibrate.hpp"
-#include "quant_test_mode.hpp"
+#include "test_mode.hpp"
 #include "runtime_test_util.hpp"
 #include "test_support.hpp"
 

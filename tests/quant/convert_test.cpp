@@ -34,7 +34,7 @@
 #include "exl3/runtime/mtp.hpp"
 #include "exl3/runtime/speculative.hpp"
 #include "exl3/trellis/half.hpp"
-#include "quant_test_mode.hpp"
+#include "test_mode.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -21,7 +21,7 @@
 #include "exl3/quant/convert.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/trellis/half.hpp"
-#include "quant_test_mode.hpp"
+#include "test_mode.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -6,7 +6,7 @@
 
 #include "exl3/quant/quality.hpp"
 #include "exl3/trellis/codebook.hpp"
-#include "quant_test_mode.hpp"
+#include "test_mode.hpp"
 #include "test_support.hpp"
 
 namespace {

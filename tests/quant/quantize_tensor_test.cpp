@@ -14,7 +14,7 @@
 #include "exl3/quant/quality.hpp"
 #include "exl3/quant/quantize.hpp"
 #include "exl3/trellis/bitstream.hpp"
-#include "quant_test_mode.hpp"
+#include "test_mode.hpp"
 #include "test_support.hpp"
 
 namespace {

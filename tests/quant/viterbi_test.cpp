@@ -9,7 +9,7 @@
 #include "exl3/quant/viterbi.hpp"
 #include "exl3/trellis/bitstream.hpp"
 #include "exl3/trellis/codebook.hpp"
-#include "quant_test_mode.hpp"
+#include "test_mode.hpp"
 #include "test_support.hpp"
 
 namespace {

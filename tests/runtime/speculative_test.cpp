@@ -24,6 +24,7 @@
 #include "exl3/runtime/kv_cache.hpp"
 #include "exl3/runtime/speculative.hpp"
 #include "runtime_test_util.hpp"
+#include "test_mode.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -272,9 +273,13 @@ TEST(Speculative, SamplingFollowsTheTargetsDistribution) {
   }
   ASSERT_EQ(exact.size(), 27u);
   // Most runs go to the near draft, where a wrong acceptance rule shows (accepting with
-  // min(1, 2 p / q) instead gives a chi-square near 300 there).
-  for (const auto& [draft, runs] : {std::pair{m.near.get(), 2000}, std::pair{m.other.get(), 500},
-                                    std::pair{m.same.get(), 500}}) {
+  // min(1, 2 p / q) instead gives a chi-square near 300 there at 2000 runs, about 120 at the 800
+  // of sanitizer builds: the statistic grows with the runs, its bound under the right rule does
+  // not).
+  const bool fast = exl3::test::fast_mode();
+  for (const auto& [draft, runs] :
+       {std::pair{m.near.get(), fast ? 800 : 2000}, std::pair{m.other.get(), fast ? 300 : 500},
+        std::pair{m.same.get(), fast ? 300 : 500}}) {
     std::map<std::array<int32_t, 3>, int> seen;
     SpeculativeStats total;
     for (int seed = 0; seed < runs; ++seed) {

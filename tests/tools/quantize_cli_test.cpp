@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "../quant/quant_test_mode.hpp"
+#include "test_mode.hpp"
 #include "exl3/format/checkpoint.hpp"
 #include "test_support.hpp"
 
