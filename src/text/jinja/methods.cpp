@@ -31,8 +31,8 @@ const std::string& str_arg(const Value& v, std::string_view fn) {
   return v.str();
 }
 
-// Python's split / rsplit of a string (from the left only here): no separator splits on
-// white-space runs.
+// split / rsplit of a string (cut from the left only here): with no separator, the string is cut
+// at runs of white space and empty pieces are dropped; with one, at each occurrence of it.
 List split(const std::string& s, const Value& sep, int64_t maxsplit) {
   List out;
   if (sep.is_none() || sep.is_undefined()) {
@@ -79,7 +79,8 @@ bool affix(const Value& self, Args& a, bool prefix) {
   return false;
 }
 
-// Python's string format method, for {} / {0} / {name} fields without format specs.
+// The string format method: {} takes the next positional argument, {0} one by index, {name} a
+// keyword argument; doubled braces stand for themselves. Conversions and format specs are refused.
 std::string brace_format(const std::string& f, Args& a) {
   std::string out;
   size_t auto_index = 0;
@@ -125,7 +126,7 @@ std::string replace(const std::string& s, const std::string& old, const std::str
                     int64_t count) {
   std::string out;
   int64_t done = 0;
-  if (old.empty()) {  // Python inserts between every character
+  if (old.empty()) {  // an empty pattern matches before every character and at the end
     const auto starts = uni::char_starts(s);
     for (size_t i = 0; i + 1 < starts.size(); ++i) {
       if (count < 0 || done < count) {
@@ -285,7 +286,8 @@ std::optional<Value> dict_method(const Value& self, std::string_view name) {
                                                    "clear"};
   if (std::find(std::begin(kMutators), std::end(kMutators), name) != std::end(kMutators)) {
     value_error(fmt::format(
-        "dict.{}() would modify a value; templates cannot (the sandbox is immutable)", name));
+        "the dict method {}() would modify a value; templates cannot (the sandbox is immutable)",
+        name));
   }
   return std::nullopt;
 }
@@ -300,7 +302,8 @@ std::optional<Value> method(const Value& obj, std::string_view name) {
                                                      "remove", "clear",  "sort",   "reverse"};
     if (std::find(std::begin(kMutators), std::end(kMutators), name) != std::end(kMutators)) {
       value_error(fmt::format(
-          "list.{}() would modify a value; templates cannot (the sandbox is immutable)", name));
+          "the list method {}() would modify a value; templates cannot (the sandbox is immutable)",
+          name));
     }
   }
   return std::nullopt;
