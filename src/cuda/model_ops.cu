@@ -10,6 +10,7 @@
 
 #include "cuda/paged_kv.cuh"
 #include "cuda/pdl.cuh"
+#include "exl3/cpu/activation.hpp"
 #include "exl3/cuda/model_ops.hpp"
 
 namespace exl3::cuda {
@@ -115,23 +116,19 @@ __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
   pdl_begin();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
-  const float a = g[i];
-  g[i] = a / (1.0f + expf(-a)) * u[i];
+  g[i] = exl3::cpu::silu(g[i]) * u[i];
 }
 
 __global__ void gelu_tanh_mul_kernel(float* g, const float* u, int64_t n) {
   pdl_begin();
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  const float x = g[i];
-  g[i] = 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x))) * u[i];
+  if (i < n) g[i] = exl3::cpu::gelu_tanh(g[i]) * u[i];
 }
 
 __global__ void softcap_kernel(float* x, int64_t n, float cap) {
   pdl_begin();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) x[i] = cap * tanhf(x[i] / cap);
+  if (i < n) x[i] = exl3::cpu::softcap(x[i], cap);
 }
 
 __global__ void add_inplace_kernel(float* y, const float* x, int64_t n) {

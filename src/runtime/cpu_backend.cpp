@@ -228,13 +228,8 @@ ModulePtr CpuBackend::load_embedding() {
   return e;
 }
 
-// Gemma's (1 + w) is folded into the weight: the same fp32 sum transformers forms before it
-// multiplies, so the norm itself stays x * rsqrt(mean(x^2) + eps) * w.
 std::vector<float> CpuBackend::load_norm_weight(const std::string& tensor, int64_t width) const {
-  std::vector<float> w = load_vector(ckpt_.store(), tensor, width);
-  if (spec_.norm_unit_offset)
-    for (auto& v : w) v += 1.0f;
-  return w;
+  return load_norm_vector(ckpt_.store(), tensor, width, spec_.norm_unit_offset);
 }
 
 ModulePtr CpuBackend::load_norm(const std::string& tensor, int64_t width,

@@ -8,6 +8,7 @@
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 
+#include "exl3/cpu/activation.hpp"
 #include "exl3/error.hpp"
 
 namespace exl3::runtime::cpu_ops {
@@ -29,15 +30,11 @@ void rms_norm(const float* x, const float* w, int64_t m, int64_t n, double eps, 
 }
 
 void silu_mul(float* g, const float* u, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  for (int64_t i = 0; i < n; ++i) g[i] = exl3::cpu::silu(g[i]) * u[i];
 }
 
 void gelu_tanh_mul(float* g, const float* u, int64_t n) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = g[i];
-    g[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x))) * u[i];
-  }
+  for (int64_t i = 0; i < n; ++i) g[i] = exl3::cpu::gelu_tanh(g[i]) * u[i];
 }
 
 void clamped_swiglu_mul(float* g, const float* u, int64_t n, float alpha, float limit) {
@@ -49,7 +46,7 @@ void clamped_swiglu_mul(float* g, const float* u, int64_t n, float alpha, float 
 }
 
 void softcap(float* x, int64_t n, float cap) {
-  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+  for (int64_t i = 0; i < n; ++i) x[i] = exl3::cpu::softcap(x[i], cap);
 }
 
 void gqa_attention(const float* q, int64_t m, int64_t start, const PagedKvCache& cache, int layer,

@@ -242,12 +242,8 @@ ModulePtr CudaBackend::load_norm(const std::string& tensor, int64_t width,
   return n;
 }
 
-// Gemma's (1 + w) folded into the weight in fp32, as the CPU engine folds it.
 std::vector<float> CudaBackend::norm_weight(const std::string& tensor, int64_t width) const {
-  std::vector<float> w = load_vector(ckpt_.store(), tensor, width);
-  if (spec_.norm_unit_offset)
-    for (auto& v : w) v += 1.0f;
-  return w;
+  return load_norm_vector(ckpt_.store(), tensor, width, spec_.norm_unit_offset);
 }
 
 // A whole linear with its MXFP8 overlay decision from the plan the CPU engine builds, so both

@@ -76,19 +76,22 @@ void DenseMatrix::matmul_t(const float* x, int64_t m, float* y, std::span<const 
   tbb::enumerable_thread_specific<std::vector<float>> buffers(
       [&] { return std::vector<float>(static_cast<size_t>(cols_)); });
   const size_t es = dtype_size(dtype_);
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows_, 16), [&](const tbb::blocked_range<int64_t>& rr) {
-    auto& w = buffers.local();
-    for (int64_t r = rr.begin(); r < rr.end(); ++r) {
-      const float* wr = w.data();
-      if (dtype_ == DType::kF32 && reinterpret_cast<uintptr_t>(data_) % 4 == 0) {
-        wr = reinterpret_cast<const float*>(data_) + r * cols_;
-      } else {
-        float_elements_to_f32(data_ + static_cast<size_t>(r * cols_) * es, dtype_, cols_, w.data());
-      }
-      const float b = bias.empty() ? 0.0f : bias[static_cast<size_t>(r)];
-      for (int64_t i = 0; i < m; ++i) y[i * rows_ + r] = cpu::dot_f32(x + i * cols_, wr, cols_) + b;
-    }
-  });
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows_, 16),
+                    [&](const tbb::blocked_range<int64_t>& rr) {
+                      auto& w = buffers.local();
+                      for (int64_t r = rr.begin(); r < rr.end(); ++r) {
+                        const float* wr = w.data();
+                        if (dtype_ == DType::kF32 && reinterpret_cast<uintptr_t>(data_) % 4 == 0) {
+                          wr = reinterpret_cast<const float*>(data_) + r * cols_;
+                        } else {
+                          float_elements_to_f32(data_ + static_cast<size_t>(r * cols_) * es, dtype_,
+                                                cols_, w.data());
+                        }
+                        const float b = bias.empty() ? 0.0f : bias[static_cast<size_t>(r)];
+                        for (int64_t i = 0; i < m; ++i)
+                          y[i * rows_ + r] = cpu::dot_f32(x + i * cols_, wr, cols_) + b;
+                      }
+                    });
 }
 
 std::vector<float> load_vector(const TensorStore& store, const std::string& name, int64_t len) {
@@ -96,13 +99,22 @@ std::vector<float> load_vector(const TensorStore& store, const std::string& name
   if (ref == nullptr) fail("{}: tensor '{}' is missing", store.root().string(), name);
   const TensorInfo& t = *ref->info;
   if (!is_float_matrix_dtype(t.dtype) && t.dtype != DType::kF64) {
-    fail("{}: tensor '{}' is {}; expected a float vector", ref->path().string(), name, dtype_name(t.dtype));
+    fail("{}: tensor '{}' is {}; expected a float vector", ref->path().string(), name,
+         dtype_name(t.dtype));
   }
   if (t.rank() != 1 || (len > 0 && t.shape[0] != len)) {
     fail("{}: tensor '{}' has shape [{}], expected [{}]", ref->path().string(), name,
          fmt::join(t.shape, ", "), len);
   }
   return read_as_float(*ref);
+}
+
+std::vector<float> load_norm_vector(const TensorStore& store, const std::string& name, int64_t len,
+                                    bool unit_offset) {
+  std::vector<float> w = load_vector(store, name, len);
+  if (unit_offset)
+    for (auto& v : w) v += 1.0f;
+  return w;
 }
 
 Linear Linear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t in, int64_t out,
@@ -115,8 +127,8 @@ Linear Linear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t i
     // Stored dims are padded up to multiples of 128 (docs/format.md, Padding); never smaller.
     if (info->in_features < in || info->out_features < out || info->in_features - in >= 128 ||
         info->out_features - out >= 128) {
-      fail("{}: EXL3 linear '{}' is {} -> {}, expected {} -> {} from config.json", ckpt.path().string(),
-           prefix, info->in_features, info->out_features, in, out);
+      fail("{}: EXL3 linear '{}' is {} -> {}, expected {} -> {} from config.json",
+           ckpt.path().string(), prefix, info->in_features, info->out_features, in, out);
     }
     if (overlay.action == OverlayAction::kMxfp8) {
       fail("{}: linear '{}' is EXL3; the MXFP8 overlay applies to unquantized linears only",
@@ -127,10 +139,13 @@ Linear Linear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t i
     return l;
   }
   if (mxfp8::Weight::stored_in(ckpt.store(), prefix)) {
-    l.mx_ = std::make_shared<const mxfp8::Weight>(mxfp8::Weight::load(ckpt.store(), prefix, out, in));
-    if (ckpt.store().contains(prefix + ".bias")) l.bias_ = load_vector(ckpt.store(), prefix + ".bias", out);
+    l.mx_ =
+        std::make_shared<const mxfp8::Weight>(mxfp8::Weight::load(ckpt.store(), prefix, out, in));
+    if (ckpt.store().contains(prefix + ".bias"))
+      l.bias_ = load_vector(ckpt.store(), prefix + ".bias", out);
     if (report != nullptr) {
-      report->layers.push_back({prefix, out, in, DType::kF8E4M3, l.mx_->bytes(), l.mx_->bytes(), 0.0, 0.0, true});
+      report->layers.push_back(
+          {prefix, out, in, DType::kF8E4M3, l.mx_->bytes(), l.mx_->bytes(), 0.0, 0.0, true});
     }
     return l;
   }
@@ -140,15 +155,16 @@ Linear Linear::load(const Checkpoint& ckpt, const std::string& prefix, int64_t i
          ckpt.path().string(), prefix, prefix, w);
   }
   l.dense_ = std::make_shared<const DenseMatrix>(DenseMatrix::load(ckpt.store(), w, out, in));
-  if (ckpt.store().contains(prefix + ".bias")) l.bias_ = load_vector(ckpt.store(), prefix + ".bias", out);
+  if (ckpt.store().contains(prefix + ".bias"))
+    l.bias_ = load_vector(ckpt.store(), prefix + ".bias", out);
   if (overlay.action == OverlayAction::kMxfp8) {
     const TensorRef& ref = ckpt.store().at(w);
     const std::byte* src = ref.bytes().data();
     auto mx = mxfp8::Weight::quantize(prefix, src, ref.info->dtype, out, in);
     const auto err = mxfp8::conversion_error(mx, src, ref.info->dtype);
     if (report != nullptr) {
-      report->layers.push_back({prefix, out, in, ref.info->dtype, ref.bytes().size(), mx.bytes(), err.rel_l2,
-                                err.max_abs, false});
+      report->layers.push_back({prefix, out, in, ref.info->dtype, ref.bytes().size(), mx.bytes(),
+                                err.rel_l2, err.max_abs, false});
     }
     l.mx_ = std::make_shared<const mxfp8::Weight>(std::move(mx));
     l.dense_.reset();

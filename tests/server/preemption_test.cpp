@@ -88,6 +88,15 @@ std::vector<GenerationRequest> overflowing_requests(std::mt19937_64& rng,
   return rs;
 }
 
+// The options under which generate() gives what a request must stream when it runs alone.
+runtime::GenerateOptions alone(const GenerationRequest& r) {
+  runtime::GenerateOptions go;
+  go.max_new_tokens = r.max_tokens;
+  go.stop_tokens = r.stop_tokens;
+  go.sampling = r.sampling;
+  return go;
+}
+
 // The tokens a request must stream: generate()'s, plus the stop token it ended on.
 std::vector<int32_t> expected_tokens(const runtime::GenerateResult& r) {
   auto t = r.tokens;
@@ -121,10 +130,7 @@ TEST(Preemption, GreedyRequestsEqualGenerateAlone) {
     int64_t tokens = 0;
     for (size_t i = 0; i < reqs.size(); ++i) {
       const Done d = drain(streams[i]);
-      runtime::GenerateOptions go;
-      go.max_new_tokens = reqs[i].max_tokens;
-      go.stop_tokens = reqs[i].stop_tokens;
-      const auto ref = runtime::generate(*reference, reqs[i].prompt, go);
+      const auto ref = runtime::generate(*reference, reqs[i].prompt, alone(reqs[i]));
       EXPECT_EQ(d.tokens, expected_tokens(ref)) << what << " request " << i;
       EXPECT_EQ(d.text, tok.decode(ref.tokens, /*skip_special=*/true)) << what << " request " << i;
       EXPECT_EQ(d.last.completion_tokens, static_cast<int64_t>(d.tokens.size())) << what;
@@ -164,11 +170,8 @@ TEST(Preemption, SeededSamplingKeepsItsStream) {
   const auto streams = s.submit_all(reqs);
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Done d = drain(streams[i]);
-    runtime::GenerateOptions go;
-    go.max_new_tokens = reqs[i].max_tokens;
-    go.stop_tokens = reqs[i].stop_tokens;
-    go.sampling = reqs[i].sampling;
-    EXPECT_EQ(d.tokens, expected_tokens(runtime::generate(*reference, reqs[i].prompt, go)))
+    EXPECT_EQ(d.tokens,
+              expected_tokens(runtime::generate(*reference, reqs[i].prompt, alone(reqs[i]))))
         << "request " << i << " seed " << reqs[i].sampling.seed;
   }
   const auto st = s.sched->stats();
@@ -198,10 +201,7 @@ TEST(Preemption, DraftModelKeepsBothPoolsAndSamplers) {
   const auto streams = s.submit_all(reqs);
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Done d = drain(streams[i]);
-    runtime::GenerateOptions go;
-    go.max_new_tokens = reqs[i].max_tokens;
-    go.stop_tokens = reqs[i].stop_tokens;
-    go.sampling = reqs[i].sampling;
+    const auto go = alone(reqs[i]);
     const auto ref = reqs[i].sampling.temperature == 0.0f
                          ? runtime::generate(*reference, reqs[i].prompt, go)
                          : runtime::generate_speculative(*reference, *reference_draft,
@@ -246,9 +246,7 @@ TEST(Preemption, MtpHeadResumesAfterPreemption) {
   }
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Done d = drain(streams[i]);
-    runtime::GenerateOptions go;
-    go.max_new_tokens = reqs[i].max_tokens;
-    EXPECT_EQ(d.tokens, runtime::generate(*reference, reqs[i].prompt, go).tokens)
+    EXPECT_EQ(d.tokens, runtime::generate(*reference, reqs[i].prompt, alone(reqs[i])).tokens)
         << "request " << i << ": " << d.last.error;
   }
   const auto st = sched.stats();

@@ -53,6 +53,10 @@ class DenseMatrix {
 // A vector tensor read as fp32 (norm weights, biases, router correction bias). `len` > 0 must
 // match. Throws exl3::Error naming the tensor.
 std::vector<float> load_vector(const TensorStore& store, const std::string& name, int64_t len);
+// An RMSNorm weight as both engines' norms multiply by it: with `unit_offset` (Gemma's 1 + w) the
+// offset is added in fp32 once at load, so the norm itself stays x * rsqrt(mean(x^2) + eps) * w.
+std::vector<float> load_norm_vector(const TensorStore& store, const std::string& name, int64_t len,
+                                    bool unit_offset);
 
 // One linear layer y = x W^T + b, EXL3 (trellis), unquantized or MXFP8, behind one interface.
 class Linear {
