@@ -25,6 +25,7 @@
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/model_bench.hpp"
 #include "exl3/runtime/mtp.hpp"
+#include "kv_cache_option.hpp"
 #include "tp_option.hpp"
 #if defined(EXL3_HAVE_CUDA)
 #include "exl3/cuda/bench_timer.hpp"
@@ -80,6 +81,7 @@ Runner add_bench_model(CLI::App& app, Common&) {
   struct Opts {
     std::string model, synthetic, out_dir, codebook = "mcg", device = "cuda", json_path;
     int bits = 4, head_bits = 6, layers = 0, tp = 1;
+    std::string kv_cache = "auto";
     int64_t cache_tokens = 0, max_batch_tokens = 2048;
     runtime::ModelBenchOptions bench;
     int draft_tokens = 0;
@@ -148,6 +150,7 @@ Runner add_bench_model(CLI::App& app, Common&) {
                "is longer than a timed step; the shares show where a step's time goes");
   app.add_option("--json", o->json_path, "Also write the results as JSON to this file");
   add_tp_option(app, o->tp);
+  add_kv_cache_option(app, o->kv_cache);
   app.add_flag("--prepare-only", o->prepare_only,
                "--synthetic: write the model to --out and stop (e.g. on the CPU while the GPU runs "
                "something else)");
@@ -213,6 +216,7 @@ Runner add_bench_model(CLI::App& app, Common&) {
     eo.device = runtime::parse_device(o->device);
     eo.max_batch_tokens = o->max_batch_tokens;
     eo.tp = o->tp;
+    eo.kv_format = kv_cache_format(o->kv_cache);
     if (o->bench.profile && (eo.device != runtime::Device::kCuda || eo.tp > 1)) {
       fail(
           "--profile times the ops of the single-GPU CUDA engine (CUDA events); hint: drop "
@@ -262,6 +266,11 @@ Runner add_bench_model(CLI::App& app, Common&) {
         "weights read per token at batch 1: %.1f MB; copy bandwidth %.0f GB/s -> ceiling %.1f "
         "tok/s\n",
         static_cast<double>(active) / 1e6, copy_gbs, ceiling);
+    const auto kv = engine->kv_cache_info();
+    std::printf("KV cache %s: %llu bytes per token; context %lld tokens per sequence\n",
+                std::string(cpu::kv_format_name(kv.format)).c_str(),
+                static_cast<unsigned long long>(kv.bytes_per_token),
+                static_cast<long long>(o->bench.context));
     const bool tp = o->tp > 1;
     // Launches per layer: the step's kernels over the decoder layers (the embedding, final norm,
     // head and step bookkeeping counted in), the figure the decode-fusion work tracks.
@@ -405,6 +414,9 @@ Runner add_bench_model(CLI::App& app, Common&) {
           {"active_weight_bytes_per_token", active},
           {"ceiling_tokens_per_second", ceiling},
           {"context", o->bench.context},
+          {"kv_cache",
+           {{"format", std::string(cpu::kv_format_name(engine->kv_cache_info().format))},
+            {"bytes_per_token", engine->kv_cache_info().bytes_per_token}}},
           {"tp", o->tp},
           {"load_seconds", load_seconds},
           {"decode", decode},

@@ -13,6 +13,7 @@
 #include "exl3/eval/builtin_text.hpp"
 #include "exl3/eval/eval.hpp"
 #include "exl3/runtime/engine.hpp"
+#include "kv_cache_option.hpp"
 #include "overlay_options.hpp"
 
 namespace exl3::cli {
@@ -22,6 +23,7 @@ Runner add_eval(CLI::App& app, Common&) {
     std::string model, text, reference, device = "cpu";
     EvalOptions eval;
     OverlayArgs overlay;
+    std::string kv_cache = "auto";
     bool json = false, quiet = false;
   };
   auto o = std::make_shared<Opts>();
@@ -54,6 +56,9 @@ Runner add_eval(CLI::App& app, Common&) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   add_overlay_options(app, o->overlay);  // the model only, never the reference
+  add_kv_cache_option(app, o->kv_cache,
+                      ".\nThe model only: the reference keeps auto, so --reference the same folder "
+                      "measures the cache's KL");
   app.add_flag("--json", o->json,
                "Print one JSON document (perplexity, nll, reference: kl, top1_agreement, ...)");
   app.add_flag("--quiet,-q", o->quiet, "No progress on stderr");
@@ -76,7 +81,9 @@ Runner add_eval(CLI::App& app, Common&) {
       "  exl3 eval ./m --text notes.txt --context 512 --stride 256 --max-tokens 4096 --json | jq "
       ".reference.kl\n\n"
       "  exl3 eval ./Qwen3-8B --text builtin --reference ./Qwen3-8B --overlay linear=mxfp8   # "
-      "KL(BF16 || MXFP8)\n\n"
+      "KL(BF16 || MXFP8)\n"
+      "  exl3 eval ./m --text book.txt --reference ./m --kv-cache q4 --context 16384 --device cuda"
+      "   # the q4 cache's KL\n\n"
       "--overlay (and --overlay-config / --overlay-ignore) converts MODEL's unquantized attention, "
       "dense-MLP\n"
       "and shared-expert linears to MXFP8 at load, never the reference's: with the same folder as "
@@ -93,6 +100,7 @@ Runner add_eval(CLI::App& app, Common&) {
     if (!o->reference.empty()) models.reference = o->reference;
     models.device = runtime::parse_device(o->device);
     models.overlay = overlay_policy(o->overlay);
+    models.kv_format = kv_cache_format(o->kv_cache);
     if (models.device == runtime::Device::kCuda) {  // the CPU engine has no such tunables
       models.moe = moe_options_from_env();
       models.mxfp8 = mxfp8_options_from_env();
@@ -132,6 +140,13 @@ Runner add_eval(CLI::App& app, Common&) {
       fmt::print("overlay    {} linears as MXFP8: {:.3f} -> {:.3f} MiB (saved {:.3f} MiB)\n",
                  r.overlay.layers.size(), src / kMiB, mx / kMiB, r.overlay.saved_bytes() / kMiB);
     }
+    fmt::print("kv cache   {}, {} bytes per token", cpu::kv_format_name(r.kv_cache.format),
+               r.kv_cache.bytes_per_token);
+    if (r.reference_kv_cache) {
+      fmt::print(" (reference: {}, {} bytes)", cpu::kv_format_name(r.reference_kv_cache->format),
+                 r.reference_kv_cache->bytes_per_token);
+    }
+    fmt::print("\n");
     fmt::print("perplexity {:.4f}  (mean NLL {:.5f} nats/token)\n", r.perplexity, r.nll);
     if (r.reference) {
       const auto& s = *r.reference;

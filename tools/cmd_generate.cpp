@@ -26,6 +26,7 @@
 #include "exl3/text/chat_template.hpp"
 #include "exl3/text/stop_tokens.hpp"
 #include "exl3/text/tokenizer.hpp"
+#include "kv_cache_option.hpp"
 #include "overlay_options.hpp"
 #include "tp_option.hpp"
 
@@ -38,6 +39,7 @@ Runner add_generate(CLI::App& app, Common&) {
     DraftOptions draft;
     int64_t max_tokens = 128, page_size = 32;
     int tp = 1;
+    std::string kv_cache = "auto";
     float temperature = 0.0f, top_p = 1.0f;
     uint64_t seed = 0;
     bool chat = false, json = false, ignore_eos = false;
@@ -84,6 +86,7 @@ Runner add_generate(CLI::App& app, Common&) {
       ->capture_default_str();
   add_draft_options(app, o->draft, "Loaded on the same device.");
   add_tp_option(app, o->tp);
+  add_kv_cache_option(app, o->kv_cache);
   add_overlay_options(app, o->overlay);
   app.add_flag("--json", o->json,
                "Print one JSON document instead of streaming (text, ids, stop_reason, tokens/s)");
@@ -157,6 +160,7 @@ Runner add_generate(CLI::App& app, Common&) {
     eo.device = runtime::parse_device(o->device);
     eo.page_size = o->page_size;
     eo.tp = o->tp;
+    eo.kv_format = kv_cache_format(o->kv_cache);
     eo.overlay = overlay_policy(o->overlay);
     eo.cache_tokens = static_cast<int64_t>(prompt.size()) + o->max_tokens + 1;
     engine_options_from_env(eo);

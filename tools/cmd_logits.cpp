@@ -18,6 +18,7 @@
 #include "exl3/format/safetensors.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
+#include "kv_cache_option.hpp"
 #include "overlay_options.hpp"
 #include "tp_option.hpp"
 
@@ -52,6 +53,7 @@ Runner add_logits(CLI::App& app, Common&) {
     bool json = false;
     int64_t page_size = 32;
     int tp = 1;
+    std::string kv_cache = "auto";
   };
   auto o = std::make_shared<Opts>();
   app.add_option("MODEL", o->model,
@@ -73,6 +75,7 @@ Runner add_logits(CLI::App& app, Common&) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   add_tp_option(app, o->tp);
+  add_kv_cache_option(app, o->kv_cache);
   add_overlay_options(app, o->overlay);
   app.add_flag("--json", o->json,
                "Print one JSON document (shape, argmax per position, seconds, out)");
@@ -108,6 +111,7 @@ Runner add_logits(CLI::App& app, Common&) {
     eo.device = runtime::parse_device(o->device);
     eo.page_size = o->page_size;
     eo.tp = o->tp;
+    eo.kv_format = kv_cache_format(o->kv_cache);
     eo.overlay = overlay_policy(o->overlay);
     eo.cache_tokens = static_cast<int64_t>(ids.size());
     engine_options_from_env(eo);

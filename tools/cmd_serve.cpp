@@ -26,6 +26,7 @@
 #include "exl3/text/chat_template.hpp"
 #include "exl3/text/stop_tokens.hpp"
 #include "exl3/text/tokenizer.hpp"
+#include "kv_cache_option.hpp"
 #include "tp_option.hpp"
 
 namespace exl3::cli {
@@ -35,6 +36,7 @@ Runner add_serve(CLI::App& app, Common&) {
     std::string model, host = "127.0.0.1", device = "cpu", model_name, chat_format;
     std::string tool_parser = "auto", preemption = "on";
     int port = 8000, max_seqs = 8, max_queue = 32, tp = 1, max_connections = 512;
+    std::string kv_cache = "auto";
     double read_timeout = 30, write_timeout = 30, drain_timeout = 30;
     std::string api_key;
     DraftOptions draft;
@@ -57,6 +59,7 @@ Runner add_serve(CLI::App& app, Common&) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   add_tp_option(app, o->tp);
+  add_kv_cache_option(app, o->kv_cache);
   app.add_option("--max-seqs", o->max_seqs, "Requests generating at once (continuous batching)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -186,6 +189,7 @@ Runner add_serve(CLI::App& app, Common&) {
     eo.page_size = o->page_size;
     eo.cache_tokens = o->cache_tokens;
     eo.tp = o->tp;
+    eo.kv_format = kv_cache_format(o->kv_cache);
     eo.prefix_cache = o->prefix_cache;
     if (o->prefix_cache && o->tp > 1 && eo.device == runtime::Device::kCuda) {
       fail(
@@ -239,11 +243,12 @@ Runner add_serve(CLI::App& app, Common&) {
     fmt::print("exl3 serve: {} ({}, {} layers) on {} as '{}'\n", dir.string(),
                runtime::architecture_name(engine->spec().architecture), engine->spec().num_layers(),
                o->device, so.model_name);
+    const auto kv = engine->kv_cache_info();
     fmt::print(
         "  max-seqs {}, max-queue {}, context {} tokens per request, KV cache {} tokens "
-        "(preemption {}), chat format: {}\n  tools: {}\n",
-        o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, o->preemption,
-        server.chat_status(), server.tool_status());
+        "({}, {} bytes per token; preemption {}), chat format: {}\n  tools: {}\n",
+        o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, cpu::kv_format_name(kv.format),
+        kv.bytes_per_token, o->preemption, server.chat_status(), server.tool_status());
     if (draft) {
       fmt::print("  draft: {} (up to {} tokens per round, {}), KV cache {} tokens\n",
                  o->draft.source(), o->draft.speculative().draft_tokens,

@@ -1,4 +1,4 @@
-// Split-KV decode attention (flash-decoding) over the paged fp16 KV cache; see
+// Split-KV decode attention (flash-decoding) over the paged KV cache (fp16 or quantized); see
 // include/exl3/cuda/model_ops.hpp for the contract.
 //
 // Grid (listed token, head group, split). A head group is G query heads of one kv head, so the
@@ -68,6 +68,73 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
 }
 
+// 16 code bytes (16 channels of fp8 / q8, 32 of q4: never more than one scale group) decoded into
+// fp16 channels at dst (16-byte aligned).
+__device__ __forceinline__ void decode_piece(cpu::KvFormat f, uint4 raw, float scale,
+                                             unsigned char* dst) {
+  const auto* b = reinterpret_cast<const uint8_t*>(&raw);
+  __half2 h[16];
+  if (f == cpu::KvFormat::kQ4) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      h[i] =
+          __floats2half2_rn(cpu::kv_decode(f, b[i]) * scale, cpu::kv_decode(f, b[i] >> 4) * scale);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(h)[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      h[i] = __floats2half2_rn(cpu::kv_decode(f, b[2 * i]) * scale,
+                               cpu::kv_decode(f, b[2 * i + 1]) * scale);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(h)[i];
+  }
+}
+
+// A warp's tile of a quantized cache: the K and V codes of its keys (lane j's slot is my_slot)
+// for kv head kvh, decoded to fp16 rows in the same shared-memory layout the fp16 path copies
+// into, so the scoring below is one code for every format. Loads go out kBatch pieces per lane at
+// a time before any of them is decoded (more would cost registers at head_dim 256).
+template <int HD, int KRow, int VRow>
+__device__ __forceinline__ void load_quantized_tile(const PagedKv& kv, int64_t my_slot, int n_here,
+                                                    int kvh, int num_kv_heads, unsigned char* kt,
+                                                    unsigned char* vt, int lane) {
+  constexpr int kBatch = 4;
+  const cpu::KvFormat f = kv.format;
+  const int row_bytes = static_cast<int>(cpu::kv_code_bytes(f, HD));
+  const int pieces = row_bytes / 16;                 // per key: 1 (q4, HD 32) .. 16 (q8, HD 256)
+  const int per_piece = 128 / cpu::kv_code_bits(f);  // channels per piece
+  for (int it0 = 0; it0 < pieces; it0 += kBatch) {
+    uint4 kc[kBatch], vc[kBatch];
+    float ksc[kBatch], vsc[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = (it0 + b) * 32 + lane, r = i / pieces, c = i % pieces;
+      const int64_t slot = __shfl_sync(0xffffffffu, my_slot, r & 31);
+      if (it0 + b < pieces && r < n_here) {
+        const int64_t head = slot * num_kv_heads + kvh;
+        const int64_t scale = head * (HD / cpu::kKvGroup) + c * per_piece / cpu::kKvGroup;
+        kc[b] = *reinterpret_cast<const uint4*>(kv.kq + head * row_bytes + 16 * c);
+        vc[b] = *reinterpret_cast<const uint4*>(kv.vq + head * row_bytes + 16 * c);
+        ksc[b] = trellis::half_to_float(kv.ks[scale]);
+        vsc[b] = trellis::half_to_float(kv.vs[scale]);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = (it0 + b) * 32 + lane, r = i / pieces, c = i % pieces;
+      if (it0 + b < pieces && r < n_here) {
+        decode_piece(f, kc[b], ksc[b], kt + r * KRow + 2 * c * per_piece);
+        decode_piece(f, vc[b], vsc[b], vt + r * VRow + 2 * c * per_piece);
+      }
+    }
+  }
+}
+
 template <int HD, int G>
 __global__ void __launch_bounds__(32 * kWarps)
     attention_decode_kernel(const float* __restrict__ q, const int32_t* __restrict__ tokens,
@@ -118,17 +185,22 @@ __global__ void __launch_bounds__(32 * kWarps)
     const int n_here = min(kTile, k1 - c0);
     const bool valid = lane < n_here;
     const int64_t my_slot = valid ? kv_slot(kv, row, c0 + lane) : 0;
+    if (kv.format == cpu::KvFormat::kNative) {
 #pragma unroll
-    for (int it = 0; it < kVec; ++it) {
-      const int i = it * 32 + lane, r = i / kVec, c = i % kVec;
-      const int64_t slot = __shfl_sync(0xffffffffu, my_slot, r);
-      if (r < n_here) {
-        const int64_t off = slot * kv_stride + static_cast<int64_t>(kvh) * HD + 8 * c;
-        cp_async16(kt + r * L::kKRow + 16 * c, kv.k + off);
-        cp_async16(vt + r * L::kVRow + 16 * c, kv.v + off);
+      for (int it = 0; it < kVec; ++it) {
+        const int i = it * 32 + lane, r = i / kVec, c = i % kVec;
+        const int64_t slot = __shfl_sync(0xffffffffu, my_slot, r);
+        if (r < n_here) {
+          const int64_t off = slot * kv_stride + static_cast<int64_t>(kvh) * HD + 8 * c;
+          cp_async16(kt + r * L::kKRow + 16 * c, kv.k + off);
+          cp_async16(vt + r * L::kVRow + 16 * c, kv.v + off);
+        }
       }
+      cp_async_wait_all();
+    } else {
+      load_quantized_tile<HD, L::kKRow, L::kVRow>(kv, my_slot, n_here, kvh, s.num_kv_heads, kt, vt,
+                                                  lane);
     }
-    cp_async_wait_all();
     __syncwarp();
 
     float sc[G];

@@ -162,6 +162,51 @@ __global__ void convert_rows_kernel(const float* src, int64_t ld_src, void* dst,
 
 // ---- q/k norm, RoPE, KV store ----------------------------------------------------------------
 
+// The normalised Hadamard transform of one head held by a warp (lane owns channels lane + 32 j in
+// x[j]), through the warp's stage buffer: the butterflies of trellis::fwht_inplace stage by stage,
+// then the scale, so each value gets the host transform's operations in the same order (the same
+// bits as cpu_ops::rotate_heads).
+template <int HD>
+__device__ __forceinline__ void rotate_head(float (&x)[HD / 32], float* sh, int lane) {
+#pragma unroll
+  for (int j = 0; j < HD / 32; ++j) sh[lane + 32 * j] = x[j];
+  __syncwarp();
+#pragma unroll
+  for (int h = 1; h < HD; h <<= 1) {
+#pragma unroll
+    for (int p = lane; p < HD / 2; p += 32) {
+      const int i = (p / h) * 2 * h + p % h;
+      const float a = sh[i], b = sh[i + h];
+      sh[i] = a + b;
+      sh[i + h] = a - b;
+    }
+    __syncwarp();
+  }
+  const float rs = cpu::kv_rotation_scale(HD);
+#pragma unroll
+  for (int j = 0; j < HD / 32; ++j) x[j] = sh[lane + 32 * j] * rs;
+  __syncwarp();  // the stage buffer is reused by the warp's next head
+}
+
+// One head in a quantized format: channel group j (channels 32 j .. 32 j + 31) is x[j] across the
+// lanes; its scale and codes by the shared codec (exl3/cpu/kv_codec.hpp).
+template <int HD>
+__device__ __forceinline__ void store_quantized_head(cpu::KvFormat f, const float (&x)[HD / 32],
+                                                     uint8_t* codes, uint16_t* scales, int lane) {
+#pragma unroll
+  for (int j = 0; j < HD / 32; ++j) {
+    const uint16_t sb = cpu::kv_scale_bits(f, warp_max(fabsf(x[j])));
+    const uint8_t c = cpu::kv_encode(f, x[j], cpu::kv_inverse_scale(sb));
+    if (lane == 0) scales[j] = sb;
+    if (f == cpu::KvFormat::kQ4) {
+      const auto hi = static_cast<uint8_t>(__shfl_down_sync(0xffffffffu, c, 1));
+      if ((lane & 1) == 0) codes[16 * j + lane / 2] = static_cast<uint8_t>(c | (hi << 4));
+    } else {
+      codes[32 * j + lane] = c;
+    }
+  }
+}
+
 // Grid (token, head quads): one warp per q, k or v head, so a decode step's few tokens still
 // spread over many blocks. Each warp stages its head in shared memory (RoPE pairs channel i with
 // i + half, which other lanes hold).
@@ -212,20 +257,39 @@ __global__ void qk_norm_rope_store_kernel(float* q, const float* k, const float*
       out[j] = val;
     }
     __syncwarp();
+    const cpu::KvFormat f = kv.format;
+    if (cpu::kv_rotates_keys(f) && (is_q || is_k)) rotate_head<HD>(out, sh, lane);
     if (is_q) {
       float* dst = q + (t * s.num_heads + h) * HD;
 #pragma unroll
       for (int j = 0; j < HD / 32; ++j) dst[lane + 32 * j] = out[j];
-    } else {
+    } else if (!cpu::kv_quantized(f)) {
       uint16_t* dst = (is_k ? kv.k : kv.v) + (slot * s.num_kv_heads + kvh) * HD;
 #pragma unroll
       for (int j = 0; j < HD / 32; ++j)
         dst[lane + 32 * j] = __half_as_ushort(__float2half_rn(out[j]));
+    } else {
+      const int64_t head = slot * s.num_kv_heads + kvh;
+      store_quantized_head<HD>(f, out, (is_k ? kv.kq : kv.vq) + head * cpu::kv_code_bytes(f, HD),
+                               (is_k ? kv.ks : kv.vs) + head * (HD / cpu::kKvGroup), lane);
     }
   }
 }
 
 // ---- attention -------------------------------------------------------------------------------
+
+// Channels c and c + 1 (c even) of a quantized head, decoded to fp32.
+template <int HD>
+__device__ __forceinline__ float2 quantized_pair(cpu::KvFormat f, const uint8_t* codes,
+                                                 const uint16_t* scales, int64_t head, int c) {
+  const float sc = trellis::half_to_float(scales[head * (HD / cpu::kKvGroup) + c / cpu::kKvGroup]);
+  if (f == cpu::KvFormat::kQ4) {
+    const uint8_t b = codes[head * (HD / 2) + c / 2];
+    return make_float2(cpu::kv_decode(f, b) * sc, cpu::kv_decode(f, b >> 4) * sc);
+  }
+  const uint8_t* p = codes + head * HD + c;
+  return make_float2(cpu::kv_decode(f, p[0]) * sc, cpu::kv_decode(f, p[1]) * sc);
+}
 
 // Prefill: one block per (tile of <= 32 consecutive tokens of one sequence, query head); 128
 // threads = 32 queries x 4 parts, part p owning channels p, p + 4, ... (so the four parts of a
@@ -269,10 +333,14 @@ __global__ void attention_prefill_kernel(const float* q, const int32_t* tile_fir
       const int j = i / (HD / 2), c = 2 * (i % (HD / 2));
       const int key = c0 + j;
       float2 kf = make_float2(0.0f, 0.0f), vf = kf;
-      if (key <= last_pos) {
+      if (key <= last_pos && kv.format == cpu::KvFormat::kNative) {
         const int64_t off = kv_slot(kv, row, key) * kv_stride + static_cast<int64_t>(kvh) * HD + c;
         kf = __half22float2(*reinterpret_cast<const __half2*>(kv.k + off));
         vf = __half22float2(*reinterpret_cast<const __half2*>(kv.v + off));
+      } else if (key <= last_pos) {
+        const int64_t head = kv_slot(kv, row, key) * s.num_kv_heads + kvh;
+        kf = quantized_pair<HD>(kv.format, kv.kq, kv.ks, head, c);
+        vf = quantized_pair<HD>(kv.format, kv.vq, kv.vs, head, c);
       }
       sk[j * HD + c] = kf.x;
       sk[j * HD + c + 1] = kf.y;

@@ -178,6 +178,8 @@ EvalResult evaluate(Engine& model, Engine* reference, std::span<const int32_t> a
   }
 
   EvalResult r;
+  r.kv_cache = model.kv_cache_info();
+  if (reference != nullptr) r.reference_kv_cache = reference->kv_cache_info();
   r.text_tokens = static_cast<int64_t>(all_tokens.size());
   r.tokens = n;
   r.context = effective_context(model, reference, opts.context, n);
@@ -313,6 +315,13 @@ nlohmann::json EvalResult::to_json() const {
   }
   if (!overlay.layers.empty() || !overlay.kept_unquantized.empty())
     j["overlay"] = overlay.to_json();
+  const auto kv_json = [](const runtime::Engine::KvCacheInfo& k) {
+    return nlohmann::json{{"format", std::string(cpu::kv_format_name(k.format))},
+                          {"bytes_per_token", k.bytes_per_token}};
+  };
+  j["kv_cache"] = kv_json(kv_cache);
+  j["reference_kv_cache"] =
+      reference_kv_cache ? kv_json(*reference_kv_cache) : nlohmann::json(nullptr);
   return j;
 }
 
@@ -381,6 +390,7 @@ EvalResult evaluate_text(const EvalModels& models, std::string_view text, const 
   eo.mxfp8 = models.mxfp8;
   runtime::EngineOptions model_eo = eo;
   model_eo.overlay = models.overlay;
+  model_eo.kv_format = models.kv_format;
   auto model = runtime::load_engine(models.model, model_eo);
   std::unique_ptr<Engine> reference;
   if (models.reference) reference = runtime::load_engine(*models.reference, eo);

@@ -495,15 +495,23 @@ void CpuBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
     cpu_ops::rms_norm(k.data, a.k_norm.data(), m * nkv, hd, a.eps, k.data);
   }
   const int64_t half = a.rope->half();
+  // An integer-format cache stores rotated keys; the queries get the same rotation, which leaves
+  // every score as it was (exl3/cpu/kv_codec.hpp).
+  const bool rotate = cpu::kv_rotates_keys(cache.format());
   tbb::parallel_for(int64_t{0}, m, [&](int64_t t) {
     std::vector<float> cs(static_cast<size_t>(2 * half));
     a.rope->at(start + t, cs.data(), cs.data() + half);
+    float* qt = q.data + t * nh * hd;
+    float* kt = k.data + t * nkv * hd;
     for (int64_t h = 0; h < nh; ++h)
-      model::apply_rope(q.data + (t * nh + h) * hd, cs.data(), cs.data() + half, half);
+      model::apply_rope(qt + h * hd, cs.data(), cs.data() + half, half);
     for (int64_t h = 0; h < nkv; ++h)
-      model::apply_rope(k.data + (t * nkv + h) * hd, cs.data(), cs.data() + half, half);
-    std::copy_n(k.data + t * nkv * hd, nkv * hd, cache.key(layer, seq, start + t));
-    std::copy_n(v.data + t * nkv * hd, nkv * hd, cache.value(layer, seq, start + t));
+      model::apply_rope(kt + h * hd, cs.data(), cs.data() + half, half);
+    if (rotate) {
+      cpu_ops::rotate_heads(qt, nh, hd);
+      cpu_ops::rotate_heads(kt, nkv, hd);
+    }
+    cache.store(layer, seq, start + t, kt, v.data + t * nkv * hd);
   });
   cpu_ops::GqaShape shape{nh, nkv, hd};
   shape.sliding_window = a.spec.sliding_window;

@@ -69,7 +69,9 @@ class CpuEngine final : public PagedEngine {
     if (opts.cache_tokens <= 0)
       fail("engine: cache size {} tokens must be positive", opts.cache_tokens);
     const int64_t pages = (opts.cache_tokens + opts.page_size - 1) / opts.page_size;
-    cache_ = std::make_unique<PagedKvCache>(std::move(kv), opts.page_size, pages);
+    cache_ = std::make_unique<PagedKvCache>(std::move(kv), opts.page_size, pages, true,
+                                            opts.kv_format);
+    kv_bytes_per_token_ = cache_->bytes_per_token();
     if (opts.prefix_cache) cache_->enable_prefix_cache();
   }
 

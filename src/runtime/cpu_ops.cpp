@@ -10,6 +10,7 @@
 
 #include "exl3/cpu/activation.hpp"
 #include "exl3/error.hpp"
+#include "exl3/trellis/hadamard.hpp"
 
 namespace exl3::runtime::cpu_ops {
 
@@ -49,6 +50,15 @@ void softcap(float* x, int64_t n, float cap) {
   for (int64_t i = 0; i < n; ++i) x[i] = exl3::cpu::softcap(x[i], cap);
 }
 
+void rotate_heads(float* x, int64_t rows, int64_t hd) {
+  const float scale = cpu::kv_rotation_scale(static_cast<int>(hd));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* h = x + r * hd;
+    trellis::fwht_inplace(h, static_cast<int>(hd));
+    for (int64_t i = 0; i < hd; ++i) h[i] *= scale;
+  }
+}
+
 void gqa_attention(const float* q, int64_t m, int64_t start, const PagedKvCache& cache, int layer,
                    PagedKvCache::SeqId seq, const GqaShape& shape, float scale, float* out) {
   const int64_t nh = shape.num_heads, nkv = shape.num_kv_heads, hd = shape.head_dim;
@@ -68,13 +78,21 @@ void gqa_attention(const float* q, int64_t m, int64_t start, const PagedKvCache&
   const int64_t ps = cache.page_size();
   const int64_t total = start + m;
   const int64_t pages = (total + ps - 1) / ps;
-  // Base pointers of every page holding a position < total (one page-table lookup per page).
-  std::vector<const float*> kp(static_cast<size_t>(pages)), vp(static_cast<size_t>(pages));
-  for (int64_t p = 0; p < pages; ++p) {
-    kp[static_cast<size_t>(p)] = cache.key(layer, seq, p * ps);
-    vp[static_cast<size_t>(p)] = cache.value(layer, seq, p * ps);
-  }
   const int64_t width = nkv * hd;
+  // Base pointers of every page holding a position < total (one page-table lookup per page). A
+  // quantized cache is decoded once per call into contiguous rows the pointers then walk.
+  std::vector<const float*> kp(static_cast<size_t>(pages)), vp(static_cast<size_t>(pages));
+  std::vector<float> kd, vd;
+  if (cpu::kv_quantized(cache.format())) {
+    kd.resize(static_cast<size_t>(total * width));
+    vd.resize(kd.size());
+    cache.load(layer, seq, 0, total, kd.data(), vd.data());
+  }
+  for (int64_t p = 0; p < pages; ++p) {
+    const auto i = static_cast<size_t>(p);
+    kp[i] = kd.empty() ? cache.key(layer, seq, p * ps) : kd.data() + p * ps * width;
+    vp[i] = vd.empty() ? cache.value(layer, seq, p * ps) : vd.data() + p * ps * width;
+  }
   tbb::enumerable_thread_specific<std::vector<float>> scores_tls;
   tbb::parallel_for(int64_t{0}, m * nh, [&](int64_t task) {
     const int64_t t = task / nh, h = task % nh;

@@ -55,8 +55,12 @@ struct CudaMoe final : Module {
 struct CudaBackend::Gqa final : Module {
   GqaAttentionSpec spec;  // this rank's heads
   DeviceBuffer q_norm, k_norm;
-  int rope = 0;                 // index into the backend's RoPE tables
-  DeviceBuffer kcache, vcache;  // fp16 [pages * page_size, kv_heads * head_dim]
+  int rope = 0;  // index into the backend's RoPE tables
+  // fp16 [pages * page_size, kv_heads * head_dim], or a quantized format's codes
+  // [pages * page_size, kv_heads, code bytes of head_dim] and fp16 scales
+  // [pages * page_size, kv_heads * head_dim / 32] (exl3/cpu/kv_codec.hpp).
+  DeviceBuffer kcache, vcache;
+  DeviceBuffer kscales, vscales;
 };
 
 namespace {
@@ -463,11 +467,19 @@ void CudaBackend::allocate(int64_t pages, int64_t page_size, int64_t max_pages,
   for (const CacheLayer& c : cache_layers_) {
     Gqa* a = c.gqa;
     if (a == nullptr) continue;
-    const auto bytes =
-        static_cast<size_t>(pages * page_size * a->spec.num_kv_heads * a->spec.head_dim) * 2;
+    const int64_t slots = pages * page_size, width = a->spec.num_kv_heads * a->spec.head_dim;
+    const cpu::KvFormat f = opts_.kv_format;
+    const auto bytes = static_cast<size_t>(
+        slots * (cpu::kv_quantized(f) ? cpu::kv_code_bytes(f, width) : width * 2));
     a->kcache = DeviceBuffer(bytes, "the KV cache");
     a->vcache = DeviceBuffer(bytes, "the KV cache");
     kv_bytes_ += 2 * bytes;
+    if (cpu::kv_quantized(f)) {
+      const auto scale_bytes = static_cast<size_t>(slots * (width / cpu::kKvGroup) * 2);
+      a->kscales = DeviceBuffer(scale_bytes, "the KV cache scales");
+      a->vscales = DeviceBuffer(scale_bytes, "the KV cache scales");
+      kv_bytes_ += 2 * scale_bytes;
+    }
   }
   allocate_mla(pages * page_size, max_pages, page_size);
   const int64_t cap = opts_.capacity;
@@ -559,8 +571,18 @@ void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
   const auto& a = static_cast<const Gqa&>(attn);
   const auto& s = a.spec;
   const cuda::TokenMeta tm{meta() + ml_.pos(), meta() + ml_.seq_row()};
-  cuda::PagedKv kv{a.kcache.as<uint16_t>(), a.vcache.as<uint16_t>(), meta() + ml_.page_tables(),
-                   static_cast<int32_t>(max_pages_), static_cast<int32_t>(page_size_)};
+  cuda::PagedKv kv{nullptr, nullptr, meta() + ml_.page_tables(), static_cast<int32_t>(max_pages_),
+                   static_cast<int32_t>(page_size_)};
+  kv.format = opts_.kv_format;
+  if (cpu::kv_quantized(kv.format)) {
+    kv.kq = a.kcache.as<uint8_t>();
+    kv.vq = a.vcache.as<uint8_t>();
+    kv.ks = a.kscales.as<uint16_t>();
+    kv.vs = a.vscales.as<uint16_t>();
+  } else {
+    kv.k = a.kcache.as<uint16_t>();
+    kv.v = a.vcache.as<uint16_t>();
+  }
   const cuda::AttnShape shape = attn_shape(s);
   EXL3_CUDA_CHECK(
       cuda::qk_norm_rope_store(q.data, k.data, v.data, a.q_norm.as<float>(), a.k_norm.as<float>(),

@@ -70,6 +70,7 @@ class CudaBackend final : public model::Backend {
     cuda::MoeOptions moe;
     cuda::Mxfp8Options mxfp8;
     cuda::LinearOptions linear;
+    cpu::KvFormat kv_format = cpu::KvFormat::kNative;  // of the GQA layers' caches
     // Tensor parallelism: this rank of the plan, its communicator (must outlive the backend).
     const model::TpPlan* plan = nullptr;
     int rank = 0;

@@ -124,6 +124,7 @@ class CudaEngine final : public PagedEngine {
     bo.moe = opts.moe;
     bo.mxfp8 = opts.mxfp8;
     bo.linear = opts.linear;
+    bo.kv_format = opts.kv_format;
     if (tp_) {
       bo.plan = tp_->plan;
       bo.rank = tp_->rank;
@@ -137,9 +138,10 @@ class CudaEngine final : public PagedEngine {
     const model::RankOf of{tp_ ? tp_->plan : nullptr, tp_ ? tp_->rank : 0};
     modules_ = model::load_decoder(*backend_, spec_, of, [&] { progress.layer_done(); });
     cache_ = std::make_unique<PagedKvCache>(backend_->kv_shapes(), opts.page_size, pages,
-                                            /*host_storage=*/false);
+                                            /*host_storage=*/false, opts.kv_format);
     if (opts.prefix_cache) cache_->enable_prefix_cache();
     backend_->allocate(pages, opts.page_size, max_pages_, *modules_.head);
+    kv_bytes_per_token_ = backend_->kv_bytes() / static_cast<uint64_t>(pages * opts.page_size);
     meta_host_ =
         pinned<int32_t>(static_cast<size_t>(backend_->meta_capacity()), "the step metadata");
     if (!tp_ || tp_->rank == 0) {  // only rank 0 hands logits out

@@ -225,6 +225,11 @@ class CudaTpEngine final : public Engine {
   void truncate_sequence(SeqId seq, int64_t length) override {
     for (auto& rk : ranks_) rk->truncate_sequence(seq, length);
   }
+  KvCacheInfo kv_cache_info() const override {
+    KvCacheInfo all{ranks_[0]->kv_cache_info().format, 0};
+    for (const auto& r : ranks_) all.bytes_per_token += r->kv_cache_info().bytes_per_token;
+    return all;
+  }
   int64_t free_cache_tokens() const override { return ranks_[0]->free_cache_tokens(); }
   int64_t cache_tokens_needed(SeqId seq, int64_t new_tokens) const override {
     return ranks_[0]->cache_tokens_needed(seq, new_tokens);

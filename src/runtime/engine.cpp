@@ -2,6 +2,7 @@
 #include "exl3/runtime/engine.hpp"
 
 #include <unordered_set>
+#include <variant>
 
 #include "cpu_engine.hpp"
 #include "cuda_engine.hpp"
@@ -37,9 +38,31 @@ std::span<const float> Engine::hidden_state(SeqId seq, int64_t pos) const {
   return {};
 }
 
+void check_kv_format(const ModelSpec& spec, KvFormat format) {
+  if (!cpu::kv_quantized(format)) return;
+  for (const model::LayerSpec& l : spec.layers) {
+    if (std::holds_alternative<model::MlaAttentionSpec>(l.attention)) {
+      fail(
+          "{}: --kv-cache {}: layer {} uses multi-head latent attention, whose latent cache is "
+          "kept "
+          "at full precision (hint: use --kv-cache auto for this model)",
+          spec.label, cpu::kv_format_name(format), l.index);
+    }
+    const auto& a = std::get<model::GqaAttentionSpec>(l.attention);
+    if (!cpu::kv_format_supports_head_dim(a.head_dim)) {
+      fail(
+          "{}: --kv-cache {}: head_dim {} (layer {}) is not a power of two from 32 to 1024, which "
+          "the "
+          "quantized cache's groups of 32 and key rotation need (hint: use --kv-cache auto)",
+          spec.label, cpu::kv_format_name(format), a.head_dim, l.index);
+    }
+  }
+}
+
 std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions& opts) {
   ModelSpec spec = describe_model(ckpt);
   if (opts.tp < 1) fail("tensor parallel: --tp {} must be at least 1", opts.tp);
+  check_kv_format(spec, opts.kv_format);
   const bool tp_engine = opts.tp > 1 || opts.force_tp_engine;
   if (opts.overlay.any() && tp_engine) {
     fail(

@@ -2,6 +2,7 @@
 #include "exl3/runtime/kv_cache.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "exl3/error.hpp"
 
@@ -27,22 +28,42 @@ uint64_t chain_hash(uint64_t parent, std::span<const int32_t> tokens) {
 }  // namespace
 
 PagedKvCache::PagedKvCache(std::vector<KvLayerShape> layers, int64_t page_size, int64_t num_pages,
-                           bool host_storage)
+                           bool host_storage, KvFormat format)
     : layers_(std::move(layers)),
       page_size_(page_size),
       num_pages_(num_pages),
-      host_storage_(host_storage) {
+      host_storage_(host_storage),
+      format_(format) {
   if (page_size <= 0) fail("KV cache: page size {} must be positive", page_size);
   if (num_pages <= 0 || num_pages > INT32_MAX)
     fail("KV cache: page count {} must be in 1..2^31-1", num_pages);
+  const bool quantized = cpu::kv_quantized(format_);
   k_.resize(layers_.size());
   v_.resize(layers_.size());
+  kq_.resize(layers_.size());
+  vq_.resize(layers_.size());
+  ks_.resize(layers_.size());
+  vs_.resize(layers_.size());
+  const auto slots = static_cast<size_t>(num_pages * page_size);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const auto& s = layers_[l];
     if (s.k_width < 0 || s.v_width < 0) fail("KV cache: layer {} has a negative width", l);
+    if (quantized && (s.k_width % cpu::kKvGroup != 0 || s.v_width % cpu::kKvGroup != 0)) {
+      fail(
+          "KV cache: layer {} holds {} / {} channels per token; the {} format quantizes groups of "
+          "{}",
+          l, s.k_width, s.v_width, cpu::kv_format_name(format_), cpu::kKvGroup);
+    }
     if (!host_storage_) continue;
-    k_[l].assign(static_cast<size_t>(num_pages * page_size * s.k_width), 0.0f);
-    v_[l].assign(static_cast<size_t>(num_pages * page_size * s.v_width), 0.0f);
+    if (quantized) {
+      kq_[l].assign(slots * static_cast<size_t>(cpu::kv_code_bytes(format_, s.k_width)), 0);
+      vq_[l].assign(slots * static_cast<size_t>(cpu::kv_code_bytes(format_, s.v_width)), 0);
+      ks_[l].assign(slots * static_cast<size_t>(s.k_width / cpu::kKvGroup), 0);
+      vs_[l].assign(slots * static_cast<size_t>(s.v_width / cpu::kKvGroup), 0);
+      continue;
+    }
+    k_[l].assign(slots * static_cast<size_t>(s.k_width), 0.0f);
+    v_[l].assign(slots * static_cast<size_t>(s.v_width), 0.0f);
   }
   free_.reserve(static_cast<size_t>(num_pages));
   for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
@@ -254,21 +275,75 @@ int64_t PagedKvCache::slot(const Seq& s, int64_t pos) const {
   return static_cast<int64_t>(s.pages[static_cast<size_t>(page)]) * page_size_ + pos % page_size_;
 }
 
+const float* PagedKvCache::native_slot(const std::vector<std::vector<float>>& plane, int layer,
+                                       SeqId seq, int64_t pos, int64_t width) const {
+  if (format_ != KvFormat::kNative)
+    fail("KV cache: a {} cache has no float slots; read it with load()",
+         cpu::kv_format_name(format_));
+  return plane.at(static_cast<size_t>(layer)).data() + slot(seq_at(seq), pos) * width;
+}
+
 float* PagedKvCache::key(int layer, SeqId seq, int64_t pos) {
-  const auto l = static_cast<size_t>(layer);
-  return k_.at(l).data() + slot(seq_at(seq), pos) * layers_[l].k_width;
+  return const_cast<float*>(std::as_const(*this).key(layer, seq, pos));
 }
 float* PagedKvCache::value(int layer, SeqId seq, int64_t pos) {
-  const auto l = static_cast<size_t>(layer);
-  return v_.at(l).data() + slot(seq_at(seq), pos) * layers_[l].v_width;
+  return const_cast<float*>(std::as_const(*this).value(layer, seq, pos));
 }
 const float* PagedKvCache::key(int layer, SeqId seq, int64_t pos) const {
-  const auto l = static_cast<size_t>(layer);
-  return k_.at(l).data() + slot(seq_at(seq), pos) * layers_[l].k_width;
+  return native_slot(k_, layer, seq, pos, layers_.at(static_cast<size_t>(layer)).k_width);
 }
 const float* PagedKvCache::value(int layer, SeqId seq, int64_t pos) const {
+  return native_slot(v_, layer, seq, pos, layers_.at(static_cast<size_t>(layer)).v_width);
+}
+
+void PagedKvCache::store(int layer, SeqId seq, int64_t pos, const float* k, const float* v) {
   const auto l = static_cast<size_t>(layer);
-  return v_.at(l).data() + slot(seq_at(seq), pos) * layers_[l].v_width;
+  const KvLayerShape& s = layers_.at(l);
+  if (!cpu::kv_quantized(format_)) {
+    std::copy_n(k, s.k_width, key(layer, seq, pos));
+    std::copy_n(v, s.v_width, value(layer, seq, pos));
+    return;
+  }
+  const auto at = static_cast<size_t>(slot(seq_at(seq), pos));
+  const auto put = [&](const float* x, int64_t width, std::vector<uint8_t>& codes,
+                       std::vector<uint16_t>& scales) {
+    const int64_t groups = width / cpu::kKvGroup;
+    const int64_t group_bytes = cpu::kv_code_bytes(format_, cpu::kKvGroup);
+    uint8_t* c = codes.data() + at * static_cast<size_t>(groups * group_bytes);
+    uint16_t* sc = scales.data() + at * static_cast<size_t>(groups);
+    for (int64_t g = 0; g < groups; ++g)
+      sc[g] = cpu::kv_encode_group(format_, x + g * cpu::kKvGroup, c + g * group_bytes);
+  };
+  put(k, s.k_width, kq_[l], ks_[l]);
+  put(v, s.v_width, vq_[l], vs_[l]);
+}
+
+void PagedKvCache::load(int layer, SeqId seq, int64_t begin, int64_t end, float* k,
+                        float* v) const {
+  const auto l = static_cast<size_t>(layer);
+  const KvLayerShape& s = layers_.at(l);
+  const Seq& sq = seq_at(seq);
+  for (int64_t pos = begin; pos < end; ++pos) {
+    float* kd = k + (pos - begin) * s.k_width;
+    float* vd = v + (pos - begin) * s.v_width;
+    if (!cpu::kv_quantized(format_)) {
+      std::copy_n(key(layer, seq, pos), s.k_width, kd);
+      std::copy_n(value(layer, seq, pos), s.v_width, vd);
+      continue;
+    }
+    const auto at = static_cast<size_t>(slot(sq, pos));
+    const auto get = [&](float* x, int64_t width, const std::vector<uint8_t>& codes,
+                         const std::vector<uint16_t>& scales) {
+      const int64_t groups = width / cpu::kKvGroup;
+      const int64_t group_bytes = cpu::kv_code_bytes(format_, cpu::kKvGroup);
+      const uint8_t* c = codes.data() + at * static_cast<size_t>(groups * group_bytes);
+      const uint16_t* sc = scales.data() + at * static_cast<size_t>(groups);
+      for (int64_t g = 0; g < groups; ++g)
+        cpu::kv_decode_group(format_, c + g * group_bytes, sc[g], x + g * cpu::kKvGroup);
+    };
+    get(kd, s.k_width, kq_[l], ks_[l]);
+    get(vd, s.v_width, vq_[l], vs_[l]);
+  }
 }
 
 std::span<const int32_t> PagedKvCache::page_table(SeqId seq) const {
@@ -277,7 +352,21 @@ std::span<const int32_t> PagedKvCache::page_table(SeqId seq) const {
 
 uint64_t PagedKvCache::bytes() const {
   uint64_t n = 0;
-  for (size_t l = 0; l < layers_.size(); ++l) n += (k_[l].size() + v_[l].size()) * sizeof(float);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    n += (k_[l].size() + v_[l].size()) * sizeof(float) + kq_[l].size() + vq_[l].size() +
+         (ks_[l].size() + vs_[l].size()) * sizeof(uint16_t);
+  }
+  return n;
+}
+
+uint64_t PagedKvCache::bytes_per_token() const {
+  uint64_t n = 0;
+  for (const KvLayerShape& s : layers_) {
+    const int64_t w = s.k_width + s.v_width;
+    n += static_cast<uint64_t>(cpu::kv_quantized(format_)
+                                   ? cpu::kv_code_bytes(format_, w) + w / cpu::kKvGroup * 2
+                                   : w * static_cast<int64_t>(sizeof(float)));
+  }
   return n;
 }
 

@@ -101,6 +101,9 @@ class MtpDraft final : public Engine {
     if (s.last_pos >= entries) s.last_pos = -1;
   }
 
+  KvCacheInfo kv_cache_info() const override {
+    return {cache_->format(), cache_->bytes_per_token()};
+  }
   int64_t free_cache_tokens() const override { return cache_->free_pages() * cache_->page_size(); }
   int64_t cache_tokens_needed(SeqId seq, int64_t new_tokens) const override {
     at(seq);

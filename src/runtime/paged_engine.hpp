@@ -18,6 +18,7 @@ class PagedEngine : public Engine {
   int64_t adopt_prefix(SeqId seq, std::span<const int32_t> prompt) override {
     return cache_->adopt_prefix(seq, prompt);
   }
+  KvCacheInfo kv_cache_info() const override { return {cache_->format(), kv_bytes_per_token_}; }
   int64_t free_cache_tokens() const override { return cache_->free_pages() * cache_->page_size(); }
   int64_t cache_tokens_needed(SeqId seq, int64_t new_tokens) const override {
     return cache_->pages_needed(seq, new_tokens) * cache_->page_size();
@@ -25,6 +26,7 @@ class PagedEngine : public Engine {
 
  protected:
   std::unique_ptr<PagedKvCache> cache_;  // set by the engine's constructor
+  uint64_t kv_bytes_per_token_ = 0;      // likewise (the cache itself, or the backend's copy)
 };
 
 }  // namespace exl3::runtime

@@ -25,6 +25,7 @@ class DisagreeingDraft final : public Engine {
   void drop_sequence(SeqId seq) override { e_.drop_sequence(seq); }
   int64_t sequence_length(SeqId seq) const override { return e_.sequence_length(seq); }
   void truncate_sequence(SeqId seq, int64_t length) override { e_.truncate_sequence(seq, length); }
+  KvCacheInfo kv_cache_info() const override { return e_.kv_cache_info(); }
   int64_t free_cache_tokens() const override { return e_.free_cache_tokens(); }
   int64_t cache_tokens_needed(SeqId seq, int64_t new_tokens) const override {
     return e_.cache_tokens_needed(seq, new_tokens);

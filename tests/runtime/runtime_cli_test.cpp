@@ -154,6 +154,32 @@ TEST(GenerateCli, GreedyMatchesTheLibraryAndStreams) {
   EXPECT_THAT(s.out, HasSubstr("tokens/s | generation: "));
 }
 
+// --kv-cache: the ids of the library's engine with the same cache format; an unknown format is
+// refused naming the choices.
+TEST(GenerateCli, KvCacheFormatReachesTheEngine) {
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = exl3::runtime::test::tiny_model(dir);
+  const auto r =
+      run_cli(fmt::format("generate {} --prompt 'import os' --max-tokens 12 --kv-cache q4 --json",
+                          q(model)),
+              "", false);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = json::parse(r.out);
+  const auto prompt = exl3::Tokenizer::load(model).encode("import os", true);
+  exl3::runtime::EngineOptions eo;
+  eo.kv_format = exl3::runtime::KvFormat::kQ4;
+  auto engine = exl3::runtime::load_engine(model, eo);
+  exl3::runtime::GenerateOptions go;
+  go.max_new_tokens = 12;
+  go.stop_tokens = {2};
+  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(),
+            exl3::runtime::generate(*engine, prompt, go).tokens);
+  const auto bad = run_cli(fmt::format("generate {} --prompt x --kv-cache q5", q(model)));
+  EXPECT_NE(bad.code, 0);
+  EXPECT_THAT(bad.out, HasSubstr("--kv-cache"));
+  EXPECT_THAT(run_cli("generate --help").out, HasSubstr("--kv-cache"));
+}
+
 // --draft: the same ids as plain greedy, the draft's statistics in the JSON and the summary line,
 // and seeded sampling with a draft.
 TEST(GenerateCli, DraftGivesTheSameTextAndReportsAcceptance) {

@@ -1,15 +1,16 @@
 // Device kernels of the CUDA model runtime (src/cuda/model_ops.cu): embeddings, RMSNorm, per-head
 // q/k norm + RoPE + paged-KV write, paged attention (decode and prefill), SwiGLU, MoE routers.
-// Activations are fp32; the KV cache is fp16. Every launcher is asynchronous on `stream`, never
-// allocates and never synchronises, so a decode step made of them can be captured in a CUDA
-// graph; each returns the launch's cudaError_t. The CPU engine (src/runtime/cpu_engine.cpp and
-// cpu_ops) is the reference every kernel is tested against.
+// Activations are fp32; the KV cache is fp16 or one of the quantized formats. Every launcher is
+// asynchronous on `stream`, never allocates and never synchronises, so a decode step made of them
+// can be captured in a CUDA graph; each returns the launch's cudaError_t. The CPU engine
+// (src/runtime/cpu_engine.cpp and cpu_ops) is the reference every kernel is tested against.
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
 
+#include "exl3/cpu/kv_codec.hpp"
 #include "exl3/cuda/dtype.hpp"
 
 namespace exl3::cuda {
@@ -27,13 +28,20 @@ cudaError_t add_rms_norm(float* x, const float* add, const float* w, const int32
 
 // The paged KV cache of one layer as kernels see it: token `pos` of the sequence whose page
 // table row is `r` lives in slot page_tables[r * max_pages + pos / page_size] * page_size +
-// pos % page_size of K and V (each slot: kv_heads * head_dim halves).
+// pos % page_size of K and V. In the native format a slot is kv_heads * head_dim halves of k / v;
+// in a quantized one (exl3/cpu/kv_codec.hpp) it is kv_heads * kv_code_bytes(head_dim) bytes of
+// kq / vq and kv_heads * head_dim / 32 fp16 scales of ks / vs (keys rotated in q8 / q4).
 struct PagedKv {
-  uint16_t* k = nullptr;  // fp16 bits
+  uint16_t* k = nullptr;  // fp16 bits (kNative)
   uint16_t* v = nullptr;
   const int32_t* page_tables = nullptr;  // [rows, max_pages]
   int32_t max_pages = 0;
   int32_t page_size = 0;
+  cpu::KvFormat format = cpu::KvFormat::kNative;
+  uint8_t* kq = nullptr;  // codes (quantized formats)
+  uint8_t* vq = nullptr;
+  uint16_t* ks = nullptr;  // fp16 scale bits (quantized formats)
+  uint16_t* vs = nullptr;
 };
 
 // Per-token geometry of one forward step: token t is at position pos[t] of the sequence whose
@@ -55,8 +63,9 @@ struct AttnShape {
 
 // For every token t < n: optional per-head RMSNorm of q [n, heads, hd] and k [n, kv, hd] (q_norm /
 // k_norm weights [hd], null = none), NeoX RoPE on the first 2 * rotary_half channels with
-// cos/sin from rope_cs [max_pos, 2, rotary_half] at pos[t], then k and v [n, kv, hd] stored (fp16)
-// in the cache slot of (seq_row[t], pos[t]). q is updated in place (fp32).
+// cos/sin from rope_cs [max_pos, 2, rotary_half] at pos[t], then k and v [n, kv, hd] stored in the
+// cache slot of (seq_row[t], pos[t]) in the cache's format; q8 and q4 rotate q and k first
+// (exl3/cpu/kv_codec.hpp). q is updated in place (fp32).
 cudaError_t qk_norm_rope_store(float* q, const float* k, const float* v, const float* q_norm,
                                const float* k_norm, float eps, const float* rope_cs, TokenMeta meta,
                                int64_t n, const AttnShape& shape, const PagedKv& kv,

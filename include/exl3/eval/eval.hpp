@@ -88,6 +88,9 @@ struct EvalResult {
   std::optional<EvalReferenceStats> reference;
   // What the MXFP8 overlay converted in the model (EvalModels::overlay; empty without one).
   runtime::OverlayReport overlay;
+  // The engines' KV cache formats and bytes per token (EvalModels::kv_format is the model's).
+  runtime::Engine::KvCacheInfo kv_cache;
+  std::optional<runtime::Engine::KvCacheInfo> reference_kv_cache;
   double seconds = 0.0;            // the whole evaluation (both models)
   double model_seconds = 0.0;      // forward passes of the model
   double reference_seconds = 0.0;  // forward passes of the reference
@@ -123,6 +126,9 @@ struct EvalModels {
   runtime::Device device = runtime::Device::kCpu;
   // Applied to the model only, so `--reference` the same folder measures KL(BF16 || MXFP8).
   runtime::OverlayPolicy overlay;
+  // The model's KV cache format; the reference always keeps the engine's own precision, so
+  // `--reference` the same folder measures what a quantized cache costs.
+  runtime::KvFormat kv_format = runtime::KvFormat::kNative;
   runtime::LoadProgressFn load_progress;  // loading each model (runtime/load_progress.hpp)
   // CUDA tunables of both engines (runtime::EngineOptions::moe / mxfp8).
   cuda::MoeOptions moe;

@@ -19,15 +19,16 @@
 
 #include <cstdint>
 
+#include "exl3/trellis/e4m3.hpp"
 #include "exl3/trellis/half.hpp"
 #include "exl3/trellis/hd.hpp"
 
 namespace exl3::mxfp8 {
 
-inline constexpr int kBlock = 32;          // elements per UE8M0 scale
-inline constexpr int kE4m3Emax = 8;        // exponent of the largest E4M3 binade
-inline constexpr float kE4m3Max = 448.0f;  // largest finite E4M3 value
-inline constexpr uint8_t kE4m3NaN = 0x7F;
+inline constexpr int kBlock = 32;    // elements per UE8M0 scale
+inline constexpr int kE4m3Emax = 8;  // exponent of the largest E4M3 binade
+using trellis::kE4m3Max;             // largest finite E4M3 value
+using trellis::kE4m3NaN;
 inline constexpr uint8_t kUe8m0NaN = 0xFF;
 
 // One block as a plain struct (the logical unit; checkpoints and device buffers keep the two
@@ -39,16 +40,10 @@ struct Block {
 static_assert(sizeof(Block) == kBlock + 1, "MXFP8 block is 32 E4M3 bytes + 1 UE8M0 byte");
 static_assert(sizeof(uint8_t) == 1);
 
-// E4M3 code -> fp32, exact (every E4M3 value is an fp32 value). NaN for S.1111.111.
-EXL3_HD float e4m3_to_float(uint8_t c) {
-  const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
-  const uint32_t exp = (c >> 3) & 0xFu;
-  const uint32_t man = c & 0x7u;
-  if (exp == 0xFu && man == 0x7u) return trellis::bits_float(sign | 0x7FC00000u);
-  if (exp != 0) return trellis::bits_float(sign | ((exp + 120u) << 23) | (man << 20));
-  // Subnormal (or zero): man * 2^-9, exact.
-  return trellis::bits_float(sign | trellis::float_bits(static_cast<float>(man) * 0.001953125f));
-}
+// The element codec lives with the other number formats (exl3/trellis/e4m3.hpp): the FP8 KV
+// cache uses it too.
+using trellis::e4m3_to_float;
+using trellis::float_to_e4m3;
 
 // The same code reinterpreted as fp16 bits: the exponent field shifts into fp16's (bias 15 vs 7),
 // so the fp16 value is exactly e4m3 * 2^-8, subnormals included (NaN codes become 480, which
@@ -70,27 +65,6 @@ EXL3_HD float ue8m0_to_float_x256(uint8_t e) {
   const int ex = static_cast<int>(e) - 119 + 127;  // biased fp32 exponent
   if (ex <= 0) return trellis::bits_float(0x00800000u >> (1 - ex));
   return trellis::bits_float(static_cast<uint32_t>(ex) << 23);
-}
-
-// fp32 -> E4M3 code: round to nearest even, saturate to +-448 (finite inputs; NaN -> 0x7F).
-EXL3_HD uint8_t float_to_e4m3(float f) {
-  const uint32_t u = trellis::float_bits(f);
-  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  const uint32_t abs = u & 0x7FFFFFFFu;
-  if (abs > 0x7F800000u) return kE4m3NaN;
-  if (abs >= 0x43E00000u) return static_cast<uint8_t>(sign | 0x7Eu);  // >= 448 (and inf): saturate
-  if (abs >= 0x3C800000u) {  // >= 2^-6: normal E4M3; RNE on the 20 dropped mantissa bits
-    const uint32_t r = abs + 0x7FFFFu + ((abs >> 20) & 1u);
-    const uint32_t code = (r >> 20) - (120u << 3);
-    // Rounding up from just below 448 lands on 448 at most (0x7E): 464 would need abs >= 0x43E8.
-    return static_cast<uint8_t>(sign | code);
-  }
-  // Subnormal range: value in units of 2^-9, round half to even (exact in fp32).
-  const float units = trellis::bits_float(abs) * 512.0f;
-  uint32_t q = static_cast<uint32_t>(units);
-  const float rem = units - static_cast<float>(q);
-  if (rem > 0.5f || (rem == 0.5f && (q & 1u))) ++q;
-  return static_cast<uint8_t>(sign | q);  // q == 8 is exactly the smallest normal 0x08
 }
 
 // floor(log2(|a|)) for a finite non-zero fp32 value (subnormals included).

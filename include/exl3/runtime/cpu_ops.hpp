@@ -21,6 +21,9 @@ void gelu_tanh_mul(float* g, const float* u, int64_t n);
 void clamped_swiglu_mul(float* g, const float* u, int64_t n, float alpha, float limit);
 // x[i] = cap * tanh(x[i] / cap) (Gemma's logit soft-capping).
 void softcap(float* x, int64_t n, float cap);
+// Each of the `rows` heads x[r, 0..hd) goes through the normalised Hadamard transform of size hd
+// (a power of two): what a quantized KV cache applies to keys and queries (exl3/cpu/kv_codec.hpp).
+void rotate_heads(float* x, int64_t rows, int64_t hd);
 
 // The kv head a query head reads under grouped-query attention (transformers' repeat_kv):
 // q heads [j * q_per_kv, (j + 1) * q_per_kv) share kv head j.

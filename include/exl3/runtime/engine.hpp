@@ -50,6 +50,10 @@ struct EngineOptions {
   // and adopt_prefix() gives a new sequence the cached pages its prompt starts with (single-rank
   // CPU and CUDA engines, and the CPU engine's tensor-parallel ranks).
   bool prefix_cache = false;
+  // KV cache format (exl3/cpu/kv_codec.hpp): kNative keeps the engine's precision (fp32 on the
+  // CPU, fp16 on CUDA); fp8 / q8 / q4 store 8.5 / 8.5 / 4.5 bits per channel. Quantized formats
+  // need GQA layers with a power-of-two head_dim >= 32 (load_engine refuses others).
+  KvFormat kv_format = KvFormat::kNative;
   // Tensor-parallel ranks. 1: the single-rank engine; N > 1: N ranks in this process, each on
   // its own thread with its slice of every weight (runtime/tp_plan.hpp); on the CPU they reduce
   // in memory, on CUDA each rank drives GPU r and they reduce through NCCL.
@@ -118,6 +122,13 @@ class Engine {
     (void)prompt;
     return 0;
   }
+  // The KV cache's format and the bytes one token takes in it, over every layer (and every
+  // rank of a tensor-parallel engine): K and V, codes and scales.
+  struct KvCacheInfo {
+    KvFormat format = KvFormat::kNative;
+    uint64_t bytes_per_token = 0;
+  };
+  virtual KvCacheInfo kv_cache_info() const = 0;
   // Tokens that still fit in the KV pool (for all sequences together).
   virtual int64_t free_cache_tokens() const = 0;
   // KV pool tokens (whole pages) that appending `new_tokens` to `seq` would take from the pool.
@@ -195,6 +206,11 @@ std::unique_ptr<Engine> load_engine(const std::filesystem::path& path,
 // vocabulary, distinct sequences, KV room for the whole batch); throws exl3::Error naming the
 // entry. For backends that override forward_batch.
 void validate_batch(const Engine& engine, std::span<const Engine::BatchEntry> batch);
+
+// Throws exl3::Error naming the model and the reason when its layers cannot use a quantized KV
+// cache of `format` (MLA layers keep their latent cache at full precision; head_dim must be a
+// power of two >= 32). load_engine calls it.
+void check_kv_format(const ModelSpec& spec, KvFormat format);
 
 // One forward pass over `tokens` in a fresh sequence (dropped afterwards): logits [n, vocab].
 std::vector<float> forward_logits(Engine& engine, std::span<const int32_t> tokens);

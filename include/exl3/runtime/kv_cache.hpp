@@ -18,6 +18,10 @@
 // pages), and a published page no sequence holds stays cached, reclaimed least recently released
 // first when the pool runs out of free pages. A lookup checks the page's own tokens and its
 // parent's hash, so a false match needs two different earlier prefixes with equal 64-bit hashes.
+//
+// Formats (exl3/cpu/kv_codec.hpp): kNative stores fp32 floats, reachable through key() / value();
+// the quantized formats (fp8, q8, q4) store codes and fp16 scales per group of 32 channels, written
+// by store() and read back by load(). Every width must then be a multiple of 32.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +30,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "exl3/cpu/kv_codec.hpp"
+
 namespace exl3::runtime {
+
+using cpu::KvFormat;
 
 struct KvLayerShape {
   int64_t k_width = 0;  // floats per token
@@ -40,7 +48,7 @@ class PagedKvCache {
   // host_storage = false keeps only the bookkeeping (pages, tables, lengths) for a backend that
   // stores K and V itself (the CUDA engine); key() / value() must not be called then.
   PagedKvCache(std::vector<KvLayerShape> layers, int64_t page_size, int64_t num_pages,
-               bool host_storage = true);
+               bool host_storage = true, KvFormat format = KvFormat::kNative);
 
   // A new, empty sequence.
   SeqId add_sequence();
@@ -75,7 +83,16 @@ class PagedKvCache {
   // The same for `tokens` (the committed ids, which prefix caching records and publishes).
   void advance(SeqId seq, std::span<const int32_t> tokens);
 
-  // The K / V slot of token `pos` (< reserved length) in `layer`.
+  KvFormat format() const { return format_; }
+  // Writes the keys and values of token `pos` (< reserved length) in `layer` (k_width / v_width
+  // floats), quantized in a quantized format.
+  void store(int layer, SeqId seq, int64_t pos, const float* k, const float* v);
+  // Reads tokens begin .. end - 1 (< reserved length) of `layer` into k [n, k_width] and
+  // v [n, v_width], decoded in a quantized format.
+  void load(int layer, SeqId seq, int64_t begin, int64_t end, float* k, float* v) const;
+
+  // The K / V slot of token `pos` (< reserved length) in `layer`: kNative only (throws
+  // otherwise).
   float* key(int layer, SeqId seq, int64_t pos);
   float* value(int layer, SeqId seq, int64_t pos);
   const float* key(int layer, SeqId seq, int64_t pos) const;
@@ -89,6 +106,8 @@ class PagedKvCache {
   int num_layers() const { return static_cast<int>(layers_.size()); }
   const KvLayerShape& layer_shape(int layer) const { return layers_[static_cast<size_t>(layer)]; }
   uint64_t bytes() const;
+  // Bytes one token takes over all layers (K and V, codes and scales).
+  uint64_t bytes_per_token() const;
 
  private:
   struct Seq {
@@ -116,8 +135,16 @@ class PagedKvCache {
   int64_t page_size_;
   int64_t num_pages_;
   bool host_storage_ = true;
-  std::vector<std::vector<float>> k_, v_;  // per layer
-  std::vector<int32_t> free_;              // free page ids (a stack)
+  const float* native_slot(const std::vector<std::vector<float>>& plane, int layer, SeqId seq,
+                           int64_t pos, int64_t width) const;
+
+  std::vector<std::vector<float>> k_, v_;  // per layer (kNative)
+  KvFormat format_ = KvFormat::kNative;
+  // Quantized formats, per layer: codes [slots, code bytes of the width], scales [slots, width /
+  // 32].
+  std::vector<std::vector<uint8_t>> kq_, vq_;
+  std::vector<std::vector<uint16_t>> ks_, vs_;
+  std::vector<int32_t> free_;  // free page ids (a stack)
   std::vector<Seq> seqs_;
   std::vector<int32_t> refs_;  // per page: sequences holding it
   bool prefix_cache_ = false;
