@@ -147,8 +147,12 @@ class EventStreamReply final : public CompletionReply {
     }
     if (u.finished) {
       if (!ok_end) {
-        const int status = u.reason == FinishReason::kError ? 500 : 503;
-        s += sse_event(api_error(status, u.error, "server_error").to_json());
+        // A cancelled stream still being written to was stopped by the server (a client that
+        // left cannot read this): the same code as the whole reply's 503, so clients can retry.
+        const bool failed = u.reason == FinishReason::kError;
+        s += sse_event(api_error(failed ? 500 : 503, u.error, "server_error",
+                                 failed ? "" : "server_shutting_down")
+                           .to_json());
       } else {
         s += sse_event(stream_chunk(meta_, "", finish_name(u.reason)));
         if (include_usage_)

@@ -310,6 +310,9 @@ void Scheduler::run() {
   for (auto& p : queue_) {
     p.stream->finish(FinishReason::kCancelled, "", "the server is shutting down",
                      p.preempted ? p.preempted->generated : 0);
+    // Counted like the running ones, so completed + cancelled + failed covers every request
+    // the scheduler accepted.
+    ++stats_.cancelled;
   }
   queue_.clear();
 }

@@ -314,6 +314,33 @@ TEST(Scheduler, CancelFreesTheSequence) {
   }
 }
 
+// Shutting down cancels the running and the queued requests alike, and counts every one of them:
+// completed + cancelled + failed is what was accepted.
+TEST(Scheduler, ShutdownCountsQueuedRequestsAsCancelled) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  Fixture f(conf, {.max_seqs = 1, .max_queue = 4, .max_context = 0, .step_tokens = 64});
+  const auto queued = static_cast<int>(1 + rng() % 4);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i <= queued; ++i) {
+    auto g = f.greedy(random_prompt(rng, 8), 3000);
+    g.stop_tokens.clear();
+    streams.push_back(f.sched->submit(g).stream);
+    ASSERT_TRUE(streams.back());
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (f.sched->stats().running != 1 && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(f.sched->stats().running, 1);
+  EXPECT_EQ(f.sched->stats().queued, queued);
+  f.sched->shutdown();
+  for (const auto& s : streams) EXPECT_EQ(drain(s).last.reason, FinishReason::kCancelled);
+  const auto st = f.sched->stats();
+  EXPECT_EQ(st.cancelled, queued + 1);
+  EXPECT_EQ(st.completed + st.failed, 0);
+}
+
 TEST(Scheduler, StopStringEndsTheTextBeforeIt) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto rng = exl3::test::make_rng();
