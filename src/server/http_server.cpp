@@ -53,8 +53,12 @@ http::Response json_response(const json& j) {
 // of the text (ToolParser::kNone: the text is all content).
 class CompletionReply : public http::LateReply {
  public:
-  CompletionReply(ResponseMeta meta, std::shared_ptr<RequestStream> s, ToolParser tools)
-      : meta_(std::move(meta)), stream_(std::move(s)), tools_(tools), extractor_(tools) {}
+  CompletionReply(ResponseMeta meta, std::shared_ptr<RequestStream> s, ToolParser tools,
+                  size_t max_calls)
+      : meta_(std::move(meta)),
+        stream_(std::move(s)),
+        tools_(tools),
+        extractor_(tools, max_calls) {}
   void subscribe(std::function<void()> notify) override {
     stream_->set_listener(std::move(notify));
   }
@@ -122,8 +126,9 @@ class WholeReply final : public CompletionReply {
 class EventStreamReply final : public CompletionReply {
  public:
   EventStreamReply(ResponseMeta meta, std::shared_ptr<RequestStream> s, ToolParser tools,
-                   bool include_usage)
-      : CompletionReply(std::move(meta), std::move(s), tools), include_usage_(include_usage) {}
+                   size_t max_calls, bool include_usage)
+      : CompletionReply(std::move(meta), std::move(s), tools, max_calls),
+        include_usage_(include_usage) {}
   std::optional<http::Response> stream_head() override {
     http::Response head;
     head.content_type = "text/event-stream";
@@ -259,6 +264,10 @@ struct HttpServer::Impl {
   // A forced tool_choice: the grammar of one call in the parser's format (a parameters schema
   // outside the subset is the request's 400, naming `tools`).
   std::optional<ApiError> force_tool_call(const CompletionRequest& r, GenerationRequest& g) const;
+  // A strict tool the model may call or not ("auto"): its arguments cannot be held to the schema
+  // while the reply is free text, so the request is refused, naming a schema keyword outside the
+  // subset first when there is one.
+  static std::optional<ApiError> refuse_unforced_strict(const CompletionRequest& r);
   // The generation request for `r`, and the tool-call format its reply is read with.
   std::optional<ApiError> build(const CompletionRequest& r, GenerationRequest& g,
                                 ToolParser& reply_tools);
@@ -463,6 +472,8 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
       }
       if (r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kFunction) {
         if (auto e = force_tool_call(r, g)) return e;
+      } else if (calling && r.strict_tools) {
+        if (auto e = refuse_unforced_strict(r)) return e;
       }
       if (chat_end) g.stop_tokens.push_back(*chat_end);
     } else if (r.prompt_is_ids) {
@@ -515,6 +526,7 @@ std::optional<ApiError> HttpServer::Impl::force_tool_call(const CompletionReques
   } else if (tool_parser == ToolParser::kMistral) {
     shape.prefix = std::string(tool_call_marker(tool_parser));
     shape.list = true;
+    if (!r.parallel_tool_calls) shape.max_calls = 1;
   }
   std::vector<JsonGrammar::ToolFunction> fns;
   for (const auto& t : r.tools) {
@@ -534,6 +546,29 @@ std::optional<ApiError> HttpServer::Impl::force_tool_call(const CompletionReques
                      "invalid_request_error", "", "tools");
   }
   return std::nullopt;
+}
+
+std::optional<ApiError> HttpServer::Impl::refuse_unforced_strict(const CompletionRequest& r) {
+  for (const auto& t : r.tools) {
+    const auto& fn = t["function"];
+    const auto strict = fn.find("strict");
+    if (strict == fn.end() || !strict->get<bool>()) continue;
+    const auto params = fn.find("parameters");
+    if (params == fn.end()) continue;
+    try {
+      JsonGrammar::from_schema(
+          *params, fmt::format("the function '{}' parameters", fn["name"].get<std::string>()));
+    } catch (const Error& e) {
+      return api_error(400, fmt::format("'strict' holds a call to its schema, and {}", e.what()),
+                       "invalid_request_error", "", "tools");
+    }
+  }
+  return api_error(400,
+                   "a tool with \"strict\": true has its arguments generated under its "
+                   "parameters schema, which this server does only for a forced call: send "
+                   "\"tool_choice\": \"required\" or {\"type\": \"function\", \"function\": "
+                   "{\"name\": ...}}, or leave 'strict' out",
+                   "invalid_request_error", "", "tools");
 }
 
 bool HttpServer::Impl::authorized(const http::Request& q) const {
@@ -587,11 +622,13 @@ http::Reply HttpServer::Impl::generate(const http::Request& req, Endpoint ep) {
                   next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(created));
   meta.created = static_cast<int64_t>(std::time(nullptr));
   meta.model = opts.model_name;
+  // "parallel_tool_calls": false: the first call is the reply's last word.
+  const size_t max_calls = r.parallel_tool_calls ? SIZE_MAX : 1;
   if (r.stream) {
-    return std::make_shared<EventStreamReply>(std::move(meta), sub.stream, reply_tools,
+    return std::make_shared<EventStreamReply>(std::move(meta), sub.stream, reply_tools, max_calls,
                                               r.include_usage);
   }
-  return std::make_shared<WholeReply>(std::move(meta), sub.stream, reply_tools);
+  return std::make_shared<WholeReply>(std::move(meta), sub.stream, reply_tools, max_calls);
 }
 
 }  // namespace exl3::server

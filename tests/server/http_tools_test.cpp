@@ -5,6 +5,7 @@
 // cannot show them, tool turns for a format that cannot show them, tool calling turned off.
 #include <future>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -264,4 +265,68 @@ TEST(HttpTools, ForcedCallsFollowTheFormatAndSchema) {
   EXPECT_EQ(status, 400);
   EXPECT_EQ(j["error"]["param"], "tools");
   EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("'maxLength'"));
+}
+
+// "parallel_tool_calls": false makes a forced Mistral list exactly one call (Hermes and Llama
+// force one already), and is accepted with "auto"; a tool's "strict": true is honoured where the
+// arguments are generated under the schema (a forced call) and refused with "auto", naming an
+// unsupported keyword first.
+TEST(HttpTools, OneCallAtMostAndStrictTools) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  exl3::test::TempDir tmp;
+  copy_model_with_template(tiny_model(conf), tmp, kToolTemplate);
+  json f = json::parse(R"({"type": "function", "function": {"name": "f", "strict": true,
+      "parameters": {"type": "object", "properties": {"n": {"enum": [1, 2]}}, "required": ["n"],
+      "additionalProperties": false}}})");
+  const json g = json::parse(R"({"type": "function", "function": {"name": "g"}})");
+  const json hi = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  ServerOptions o = options();
+  o.tool_parser = ToolParser::kMistral;
+  LiveServer s(tmp.path(), o);
+  auto rng = exl3::test::make_rng();
+  std::vector<std::future<std::pair<int, json>>> replies;
+  for (int i = 0; i < 3; ++i) {
+    const json body = {{"messages", hi},
+                       {"tools", json::array({f, g})},
+                       {"tool_choice", "required"},
+                       {"parallel_tool_calls", false},
+                       {"max_tokens", 200},
+                       {"temperature", 1.0},
+                       {"seed", rng() % 100000}};
+    replies.push_back(std::async(std::launch::async, [&s, body] { return post(s, body); }));
+  }
+  for (auto& reply : replies) {
+    const auto [status, j] = reply.get();
+    ASSERT_EQ(status, 200) << j.dump();
+    const auto& tool_calls = j["choices"][0]["message"]["tool_calls"];
+    ASSERT_EQ(tool_calls.size(), 1u) << j.dump();
+    const auto& fn = tool_calls[0]["function"];
+    if (fn["name"] == "f") {
+      const json args = json::parse(fn["arguments"].get<std::string>());
+      EXPECT_THAT(args["n"].get<int>(), ::testing::AnyOf(1, 2)) << args;
+      EXPECT_EQ(args.size(), 1u) << args;
+    }
+  }
+  // "auto" with one call at most and no strict tool is served.
+  auto [status, j] = post(s, {{"messages", hi},
+                              {"tools", json::array({g})},
+                              {"parallel_tool_calls", false},
+                              {"max_tokens", 4}});
+  EXPECT_EQ(status, 200) << j.dump();
+  // A strict tool under "auto" cannot be held to its schema: refused, saying how to force it.
+  std::tie(status, j) =
+      post(s, {{"messages", hi}, {"tools", json::array({f, g})}, {"max_tokens", 4}});
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(j["error"]["param"], "tools");
+  EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("tool_choice"));
+  // ... naming a keyword outside the subset first.
+  f["function"]["parameters"]["properties"]["n"] = {{"type", "integer"}, {"minimum", 0}};
+  std::tie(status, j) = post(s, {{"messages", hi}, {"tools", json::array({f})}, {"max_tokens", 4}});
+  EXPECT_EQ(status, 400);
+  EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("'minimum'"));
+  // With "tool_choice": "none" nothing is called, so strict has nothing to hold.
+  std::tie(status, j) = post(
+      s,
+      {{"messages", hi}, {"tools", json::array({g})}, {"tool_choice", "none"}, {"max_tokens", 4}});
+  EXPECT_EQ(status, 200) << j.dump();
 }

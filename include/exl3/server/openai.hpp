@@ -65,6 +65,12 @@ struct CompletionRequest {
   nlohmann::ordered_json tools;
   ToolChoice tool_choice = ToolChoice::kNone;  // kAuto by default when there are tools
   std::string tool_choice_function;            // kFunction: the function's name
+  // "parallel_tool_calls": false: the reply holds at most one call (what follows it is dropped,
+  // and a forced call is exactly one).
+  bool parallel_tool_calls = true;
+  // Some tool sets "strict": true: its call's arguments must follow its parameters schema,
+  // which only a forced call (tool_choice "required" or a named function) generates under.
+  bool strict_tools = false;
   // vLLM's chat_template_kwargs: extra variables for the model's chat template (enable_thinking,
   // ...); an object, empty when the client sent none.
   nlohmann::json chat_template_kwargs = nlohmann::json::object();
