@@ -370,7 +370,7 @@ TEST(LoadFault, ConcurrentStreamsWithHangUpsAndSlowReaders) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   LiveServer s(tiny_model(conf), options(8, 32));
   Tally t;
-  const uint64_t seed = std::random_device{}();
+  const uint64_t seed = exl3::test::make_rng()();
   SCOPED_TRACE(fmt::format("seed {}", seed));
   run_load(s, t, seed, 16, 3.0, 0);
   ASSERT_TRUE(at_rest(s)) << s.health().dump();
@@ -474,7 +474,7 @@ TEST(LoadFault, MalformedAndOversizedRequests) {
   auto opts = options();
   opts.http.read_timeout = std::chrono::milliseconds(1000);
   LiveServer s(tiny_model(conf), opts);
-  std::mt19937_64 rng(std::random_device{}());
+  auto rng = exl3::test::make_rng();
   Tally t;
   auto answer = [&](const std::string& bytes, double seconds = 3.0) {
     Raw c(s.port());
@@ -550,7 +550,7 @@ TEST(LoadFault, MalformedAndOversizedRequests) {
 TEST(LoadFault, QueueOverflowIs503AndAcceptedOnesComplete) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   LiveServer s(tiny_model(conf), options(2, 2));
-  std::mt19937_64 rng(std::random_device{}());
+  auto rng = exl3::test::make_rng();
   Tally t;
   // Four long streams fill the two run slots and the two queue places.
   std::vector<std::thread> fill;
@@ -614,7 +614,7 @@ TEST(LoadFault, QueueOverflowIs503AndAcceptedOnesComplete) {
 // event and [DONE] (the Ctrl-C path), all counted as cancelled.
 TEST(LoadFault, DrainAndStopWithStreamsInFlight) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  std::mt19937_64 rng(std::random_device{}());
+  auto rng = exl3::test::make_rng();
   Tally t;
   {
     LiveServer s(tiny_model(conf), options(4, 8));
@@ -689,7 +689,7 @@ TEST(LoadFault, DrainAndStopWithStreamsInFlight) {
 TEST(LoadFault, ResidentMemoryStaysFlatAcrossRounds) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   LiveServer s(tiny_model(conf), options(8, 32));
-  const uint64_t seed = std::random_device{}();
+  const uint64_t seed = exl3::test::make_rng()();
   SCOPED_TRACE(fmt::format("seed {}", seed));
   Tally warm;
   run_load(s, warm, seed, 12, 0.0, 4);

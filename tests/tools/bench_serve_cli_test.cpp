@@ -37,7 +37,7 @@ TEST(BenchServeCli, TinyRunWritesConsistentJson) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   exl3::test::TempDir tmp;
   const auto model = conf / "models" / "tiny-qwen3moe-exl3";
-  std::mt19937_64 rng(std::random_device{}());
+  auto rng = exl3::test::make_rng();
   const int prompt = 16 + static_cast<int>(rng() % 48), gen = 2 + static_cast<int>(rng() % 6);
   const int requests = 3 + static_cast<int>(rng() % 3);
   const auto r = run_cli(fmt::format(
