@@ -270,8 +270,8 @@ TEST(JsonSchema, ForcedToolCallShapes) {
   mistral.max_calls = 1;
   const auto one = JsonGrammar::tool_call(fns, mistral);
   EXPECT_TRUE(accepts(one, R"([TOOL_CALLS][{"name":"now","arguments":{}}])"));
-  EXPECT_FALSE(accepts(
-      one, R"([TOOL_CALLS][{"name":"now","arguments":{}},{"name":"now","arguments":{}}])"));
+  EXPECT_FALSE(
+      accepts(one, R"([TOOL_CALLS][{"name":"now","arguments":{}},{"name":"now","arguments":{}}])"));
   EXPECT_FALSE(accepts(one, "[TOOL_CALLS][]"));
   try {
     JsonGrammar::tool_call({{"f", ojson::parse(R"({"type": "string", "format": "date"})")}}, {});
