@@ -313,6 +313,13 @@ Runner add_bench_serve(CLI::App& app, Common&) {
       if (!tok.is_special(id)) ordinary.push_back(id);
     }
     if (ordinary.empty()) fail("the tokenizer of {} has no ordinary tokens", dir.string());
+    // Refused before anything loads (with "both", the run with the cache off would come first).
+    if (o->prefix_cache != "off" && o->tp > 1 && o->device == "cuda") {
+      fail(
+          "the prefix cache is not available with --device cuda --tp {} yet; hint: "
+          "--prefix-cache off, or one GPU",
+          o->tp);
+    }
     const bool tty = ::isatty(2) != 0;
     std::vector<bool> modes;
     if (o->prefix_cache != "on") modes.push_back(false);
@@ -332,12 +339,6 @@ Runner add_bench_serve(CLI::App& app, Common&) {
       eo.cache_tokens = o->cache_tokens > 0
                             ? o->cache_tokens
                             : static_cast<int64_t>(biggest) * (per_stream + 2 * o->page_size);
-      if (pc && o->tp > 1 && eo.device == runtime::Device::kCuda) {
-        fail(
-            "the prefix cache is not available with --device cuda --tp {} yet; hint: "
-            "--prefix-cache off, or one GPU",
-            o->tp);
-      }
       engine_options_from_env(eo);
       fmt::print(stderr, "loading {} on {} (prefix cache {}) ...\n", dir.string(), o->device,
                  pc ? "on" : "off");

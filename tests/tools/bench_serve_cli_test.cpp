@@ -46,6 +46,10 @@ TEST(BenchServeCli, TinyRunWritesConsistentJson) {
       shell_quote(model), requests, prompt, gen, rng() % 1000, shell_quote(tmp / "s.json")));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("TTFT p50"));
+  // The prefix cache with CUDA tensor parallelism is refused before anything loads.
+  const auto tp = run_cli(fmt::format("bench serve {} --device cuda --tp 2", shell_quote(model)));
+  EXPECT_NE(tp.code, 0);
+  EXPECT_THAT(tp.out, HasSubstr("--prefix-cache off"));
   const auto doc = nlohmann::json::parse(exl3::test::read_file(tmp / "s.json"));
   EXPECT_EQ(doc["device"], "cpu");
   EXPECT_EQ(doc["options"]["prompt_tokens"], prompt);
