@@ -264,10 +264,11 @@ struct HttpServer::Impl {
   // A forced tool_choice: the grammar of one call in the parser's format (a parameters schema
   // outside the subset is the request's 400, naming `tools`).
   std::optional<ApiError> force_tool_call(const CompletionRequest& r, GenerationRequest& g) const;
-  // A strict tool the model may call or not ("auto"): its arguments cannot be held to the schema
-  // while the reply is free text, so the request is refused, naming a schema keyword outside the
-  // subset first when there is one.
-  static std::optional<ApiError> refuse_unforced_strict(const CompletionRequest& r);
+  // Strict tools the model may call or not ("auto"): the reply is free, and a call it starts
+  // (its marker written) is generated under the tools' schemas (a strict tool's schema outside
+  // the subset is the request's 400, naming `tools`).
+  std::optional<ApiError> strict_call_grammar(const CompletionRequest& r,
+                                              GenerationRequest& g) const;
   // The generation request for `r`, and the tool-call format its reply is read with.
   std::optional<ApiError> build(const CompletionRequest& r, GenerationRequest& g,
                                 ToolParser& reply_tools);
@@ -473,7 +474,7 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
       if (r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kFunction) {
         if (auto e = force_tool_call(r, g)) return e;
       } else if (calling && r.strict_tools) {
-        if (auto e = refuse_unforced_strict(r)) return e;
+        if (auto e = strict_call_grammar(r, g)) return e;
       }
       if (chat_end) g.stop_tokens.push_back(*chat_end);
     } else if (r.prompt_is_ids) {
@@ -548,27 +549,53 @@ std::optional<ApiError> HttpServer::Impl::force_tool_call(const CompletionReques
   return std::nullopt;
 }
 
-std::optional<ApiError> HttpServer::Impl::refuse_unforced_strict(const CompletionRequest& r) {
+std::optional<ApiError> HttpServer::Impl::strict_call_grammar(const CompletionRequest& r,
+                                                              GenerationRequest& g) const {
+  // Every tool's call follows its schema (as a forced call's does); a tool that is not strict and
+  // whose schema is outside the subset takes any object of arguments instead of failing.
+  std::vector<JsonGrammar::ToolFunction> fns;
   for (const auto& t : r.tools) {
     const auto& fn = t["function"];
+    const auto name = fn["name"].get<std::string>();
     const auto strict = fn.find("strict");
-    if (strict == fn.end() || !strict->get<bool>()) continue;
+    const bool is_strict = strict != fn.end() && strict->get<bool>();
     const auto params = fn.find("parameters");
-    if (params == fn.end()) continue;
-    try {
-      JsonGrammar::from_schema(
-          *params, fmt::format("the function '{}' parameters", fn["name"].get<std::string>()));
-    } catch (const Error& e) {
-      return api_error(400, fmt::format("'strict' holds a call to its schema, and {}", e.what()),
-                       "invalid_request_error", "", "tools");
+    nlohmann::ordered_json schema = params == fn.end() ? nlohmann::ordered_json() : *params;
+    if (!schema.is_null()) {
+      try {
+        JsonGrammar::from_schema(schema, fmt::format("the function '{}' parameters", name));
+      } catch (const Error& e) {
+        if (is_strict) {
+          return api_error(400,
+                           fmt::format("'strict' holds a call to its schema, and {}", e.what()),
+                           "invalid_request_error", "", "tools");
+        }
+        schema = nullptr;
+      }
     }
+    fns.push_back({name, std::move(schema)});
   }
-  return api_error(400,
-                   "a tool with \"strict\": true has its arguments generated under its "
-                   "parameters schema, which this server does only for a forced call: send "
-                   "\"tool_choice\": \"required\" or {\"type\": \"function\", \"function\": "
-                   "{\"name\": ...}}, or leave 'strict' out",
-                   "invalid_request_error", "", "tools");
+  // What follows the marker, as the forced grammar writes it; Llama's call is the whole reply,
+  // known only from its first bytes, so it has no marker to wait for.
+  JsonGrammar::ToolCallShape shape;
+  if (tool_parser == ToolParser::kHermes) {
+    shape.prefix = "\n";
+    shape.suffix = "\n</tool_call>";
+  } else if (tool_parser == ToolParser::kMistral) {
+    shape.list = true;
+    if (!r.parallel_tool_calls) shape.max_calls = 1;
+  } else {
+    return api_error(400,
+                     fmt::format("a tool with \"strict\": true under \"tool_choice\": \"auto\" "
+                                 "needs a call format with a marker to start the constraint at; "
+                                 "{} replies have none: send \"tool_choice\": \"required\" or a "
+                                 "named function, or leave 'strict' out",
+                                 tool_parser_name(tool_parser)),
+                     "invalid_request_error", "", "tools");
+  }
+  g.call_trigger = std::string(tool_call_marker(tool_parser));
+  g.call_grammar = JsonGrammar::tool_call(fns, shape);
+  return std::nullopt;
 }
 
 bool HttpServer::Impl::authorized(const http::Request& q) const {

@@ -268,9 +268,9 @@ TEST(HttpTools, ForcedCallsFollowTheFormatAndSchema) {
 }
 
 // "parallel_tool_calls": false makes a forced Mistral list exactly one call (Hermes and Llama
-// force one already), and is accepted with "auto"; a tool's "strict": true is honoured where the
-// arguments are generated under the schema (a forced call) and refused with "auto", naming an
-// unsupported keyword first.
+// force one already), and is accepted with "auto"; a tool's "strict": true is accepted forced
+// and under "auto" (with a call format that has a marker), and a strict schema outside the
+// subset is a 400 naming the keyword.
 TEST(HttpTools, OneCallAtMostAndStrictTools) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   exl3::test::TempDir tmp;
@@ -313,17 +313,41 @@ TEST(HttpTools, OneCallAtMostAndStrictTools) {
                               {"parallel_tool_calls", false},
                               {"max_tokens", 4}});
   EXPECT_EQ(status, 200) << j.dump();
-  // A strict tool under "auto" cannot be held to its schema: refused, saying how to force it.
+  // A strict tool under "auto": served (a call the reply starts is generated under the schema,
+  // which tests/server/scheduler_test.cpp checks); a strict schema outside the subset is a 400
+  // naming the keyword.
   std::tie(status, j) =
-      post(s, {{"messages", hi}, {"tools", json::array({f, g})}, {"max_tokens", 4}});
+      post(s, {{"messages", hi}, {"tools", json::array({f, g})}, {"max_tokens", 8}});
+  EXPECT_EQ(status, 200) << j.dump();
+  auto bad = f;
+  bad["function"]["name"] = "h";
+  bad["function"]["parameters"]["properties"]["n"] = {{"type", "integer"}, {"minimum", 0}};
+  std::tie(status, j) =
+      post(s, {{"messages", hi}, {"tools", json::array({bad})}, {"max_tokens", 4}});
   EXPECT_EQ(status, 400);
   EXPECT_EQ(j["error"]["param"], "tools");
-  EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("tool_choice"));
-  // ... naming a keyword outside the subset first.
-  f["function"]["parameters"]["properties"]["n"] = {{"type", "integer"}, {"minimum", 0}};
-  std::tie(status, j) = post(s, {{"messages", hi}, {"tools", json::array({f})}, {"max_tokens", 4}});
-  EXPECT_EQ(status, 400);
   EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("'minimum'"));
+  // ... and a non-strict one with such a schema takes any object instead.
+  bad["function"].erase("strict");
+  std::tie(status, j) =
+      post(s, {{"messages", hi}, {"tools", json::array({f, bad})}, {"max_tokens", 4}});
+  EXPECT_EQ(status, 200) << j.dump();
+  // Llama's call is the whole reply, with no marker to start the constraint at: a strict tool
+  // under "auto" is refused there, saying how to force the call.
+  {
+    ServerOptions lo = options();
+    lo.tool_parser = ToolParser::kLlama3;
+    LiveServer llama(tmp.path(), lo);
+    std::tie(status, j) =
+        post(llama, {{"messages", hi}, {"tools", json::array({f})}, {"max_tokens", 4}});
+    EXPECT_EQ(status, 400);
+    EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("tool_choice"));
+    std::tie(status, j) = post(llama, {{"messages", hi},
+                                       {"tools", json::array({f})},
+                                       {"tool_choice", "required"},
+                                       {"max_tokens", 200}});
+    EXPECT_EQ(status, 200) << j.dump();
+  }
   // With "tool_choice": "none" nothing is called, so strict has nothing to hold.
   std::tie(status, j) = post(
       s,

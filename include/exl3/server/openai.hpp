@@ -68,8 +68,8 @@ struct CompletionRequest {
   // "parallel_tool_calls": false: the reply holds at most one call (what follows it is dropped,
   // and a forced call is exactly one).
   bool parallel_tool_calls = true;
-  // Some tool sets "strict": true: its call's arguments must follow its parameters schema,
-  // which only a forced call (tool_choice "required" or a named function) generates under.
+  // Some tool sets "strict": true: its call's arguments must follow its parameters schema (a
+  // forced call always does; under "auto" the server constrains a call once its marker appears).
   bool strict_tools = false;
   // vLLM's chat_template_kwargs: extra variables for the model's chat template (enable_thinking,
   // ...); an object, empty when the client sent none.
