@@ -282,9 +282,10 @@ Runner add_bench_serve(CLI::App& app, Common&) {
   app.footer(
       "The server runs in this process on 127.0.0.1 (an ephemeral port) with --max-seqs and\n"
       "--max-queue set to the largest level, so no request is refused. Each level runs\n"
-      "--requests streamed completions (token-id prompts, greedy, ignore_eos) with that many in\n"
-      "flight; its prompts share a fresh random system prefix of --shared-fraction of\n"
-      "--prompt-tokens, so a level never reuses another's cache. A warm-up request runs first.\n"
+      "--requests streamed completions (token-id prompts, greedy, ignore_eos), the level's\n"
+      "number of them in flight at once. Its prompts share a fresh random system prefix\n"
+      "(--shared-fraction of --prompt-tokens), so a level never reuses another's cache. A\n"
+      "warm-up request runs first.\n"
       "TTFT: request sent to the first streamed text. ITL: the gaps between streamed chunks with\n"
       "text. Output tok/s and requests/s: over the level's wall time. Prefix hits: prompt tokens\n"
       "the server took from its prefix cache instead of prefilling. Progress goes to stderr.\n\n"
