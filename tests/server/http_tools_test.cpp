@@ -278,7 +278,10 @@ TEST(HttpTools, OneCallAtMostAndStrictTools) {
   json f = json::parse(R"({"type": "function", "function": {"name": "f", "strict": true,
       "parameters": {"type": "object", "properties": {"n": {"enum": [1, 2]}}, "required": ["n"],
       "additionalProperties": false}}})");
-  const json g = json::parse(R"({"type": "function", "function": {"name": "g"}})");
+  // Both schemas short, so that a forced call always fits in max_tokens (an unconstrained object
+  // of arguments can run on past it, and a cut call comes back as content).
+  const json g = json::parse(R"({"type": "function", "function": {"name": "g", "parameters":
+      {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}}})");
   const json hi = json::array({{{"role", "user"}, {"content", "Hi"}}});
   ServerOptions o = options();
   o.tool_parser = ToolParser::kMistral;
@@ -298,7 +301,10 @@ TEST(HttpTools, OneCallAtMostAndStrictTools) {
   for (auto& reply : replies) {
     const auto [status, j] = reply.get();
     ASSERT_EQ(status, 200) << j.dump();
-    const auto& tool_calls = j["choices"][0]["message"]["tool_calls"];
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls") << j.dump();
+    const auto& message = j["choices"][0]["message"];
+    ASSERT_TRUE(message.contains("tool_calls")) << j.dump();
+    const auto& tool_calls = message["tool_calls"];
     ASSERT_EQ(tool_calls.size(), 1u) << j.dump();
     const auto& fn = tool_calls[0]["function"];
     if (fn["name"] == "f") {
