@@ -1,6 +1,7 @@
 // `exl3 bench ...`: benchmark group. `bench quant` prints the encoder's quality table (NMSE per
 // codebook and K against the rate-distortion bound and exllamav3's measured NMSE, with encoder
-// speed) and the LDLQ proxy-error gain. `bench gemm` / `bench model` join this group later.
+// speed) and the LDLQ proxy-error gain; `bench model` (cmd_bench_model.cpp) times a model's decode and
+// prefill, and `bench serve` (cmd_bench_serve.cpp) the OpenAI server under streaming load.
 #include <memory>
 #include <string>
 
@@ -80,9 +81,13 @@ Runner add_bench(CLI::App& app, Common& common) {
   auto model_run = std::make_shared<Runner>();
   CLI::App* m = app.add_subcommand("model", "Decode (batch 1/8/64) and prefill tokens/s of a model, with the bandwidth ceiling");
   *model_run = add_bench_model(*m, common);
-  return [q, quant_run, m, model_run] {
+  auto serve_run = std::make_shared<Runner>();
+  CLI::App* sv = app.add_subcommand("serve", "The OpenAI server under streaming load: TTFT, ITL, tokens/s at 1/8/64 streams");
+  *serve_run = add_bench_serve(*sv, common);
+  return [q, quant_run, m, model_run, sv, serve_run] {
     if (q->parsed()) return (*quant_run)();
     if (m->parsed()) return (*model_run)();
+    if (sv->parsed()) return (*serve_run)();
     return 1;
   };
 }

@@ -25,6 +25,7 @@ Runner add_bench(CLI::App& app, Common& common);
 Runner add_encode_tiles(CLI::App& app, Common& common);  // group: `bench quant`, later gemm/model
 Runner add_moe_bench(CLI::App& app, Common& common);
 Runner add_bench_model(CLI::App& app, Common& common);  // `bench model`
+Runner add_bench_serve(CLI::App& app, Common& common);  // `bench serve`
 Runner add_tokenize(CLI::App& app, Common& common);
 Runner add_logits(CLI::App& app, Common& common);    // model runtime
 Runner add_generate(CLI::App& app, Common& common);

@@ -186,12 +186,7 @@ std::optional<ApiError> parse_tools(const ojson& body, CompletionRequest& r) {
   if (const ojson* p = member(body, "parallel_tool_calls")) {
     if (!p->is_boolean())
       return bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false");
-    // One call at most would need constrained generation; refused rather than not enforced.
-    if (!p->get<bool>()) {
-      return bad("parallel_tool_calls",
-                 "'parallel_tool_calls': false is not supported by this server (a reply may "
-                 "hold several calls); leave it out");
-    }
+    r.parallel_tool_calls = p->get<bool>();
   }
   std::set<std::string> names;
   if (const ojson* t = member(body, "tools")) {
@@ -224,11 +219,7 @@ std::optional<ApiError> parse_tools(const ojson& body, CompletionRequest& r) {
         return fail(fmt::format(" nests more than {} levels deep", kMaxToolDepth));
       if (const ojson* s = member(*fn, "strict"); s && !s->is_boolean())
         return fail(": function.strict must be true or false");
-      if (const ojson* s = member(*fn, "strict"); s && s->get<bool>()) {
-        return fail(
-            ": function.strict is not supported by this server (arguments are not constrained "
-            "to the schema); leave it out");
-      }
+      if (const ojson* s = member(*fn, "strict"); s && s->get<bool>()) r.strict_tools = true;
     }
     if (!t->empty()) r.tools = *t;
   }

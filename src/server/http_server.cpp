@@ -53,8 +53,12 @@ http::Response json_response(const json& j) {
 // of the text (ToolParser::kNone: the text is all content).
 class CompletionReply : public http::LateReply {
  public:
-  CompletionReply(ResponseMeta meta, std::shared_ptr<RequestStream> s, ToolParser tools)
-      : meta_(std::move(meta)), stream_(std::move(s)), tools_(tools), extractor_(tools) {}
+  CompletionReply(ResponseMeta meta, std::shared_ptr<RequestStream> s, ToolParser tools,
+                  size_t max_calls)
+      : meta_(std::move(meta)),
+        stream_(std::move(s)),
+        tools_(tools),
+        extractor_(tools, max_calls) {}
   void subscribe(std::function<void()> notify) override {
     stream_->set_listener(std::move(notify));
   }
@@ -122,8 +126,9 @@ class WholeReply final : public CompletionReply {
 class EventStreamReply final : public CompletionReply {
  public:
   EventStreamReply(ResponseMeta meta, std::shared_ptr<RequestStream> s, ToolParser tools,
-                   bool include_usage)
-      : CompletionReply(std::move(meta), std::move(s), tools), include_usage_(include_usage) {}
+                   size_t max_calls, bool include_usage)
+      : CompletionReply(std::move(meta), std::move(s), tools, max_calls),
+        include_usage_(include_usage) {}
   std::optional<http::Response> stream_head() override {
     http::Response head;
     head.content_type = "text/event-stream";
@@ -147,8 +152,12 @@ class EventStreamReply final : public CompletionReply {
     }
     if (u.finished) {
       if (!ok_end) {
-        const int status = u.reason == FinishReason::kError ? 500 : 503;
-        s += sse_event(api_error(status, u.error, "server_error").to_json());
+        // A cancelled stream still being written to was stopped by the server (a client that
+        // left cannot read this): the same code as the whole reply's 503, so clients can retry.
+        const bool failed = u.reason == FinishReason::kError;
+        s += sse_event(api_error(failed ? 500 : 503, u.error, "server_error",
+                                 failed ? "" : "server_shutting_down")
+                           .to_json());
       } else {
         s += sse_event(stream_chunk(meta_, "", finish_name(u.reason)));
         if (include_usage_)
@@ -255,6 +264,11 @@ struct HttpServer::Impl {
   // A forced tool_choice: the grammar of one call in the parser's format (a parameters schema
   // outside the subset is the request's 400, naming `tools`).
   std::optional<ApiError> force_tool_call(const CompletionRequest& r, GenerationRequest& g) const;
+  // Strict tools the model may call or not ("auto"): the reply is free, and a call it starts
+  // (its marker written) is generated under the tools' schemas (a strict tool's schema outside
+  // the subset is the request's 400, naming `tools`).
+  std::optional<ApiError> strict_call_grammar(const CompletionRequest& r,
+                                              GenerationRequest& g) const;
   // The generation request for `r`, and the tool-call format its reply is read with.
   std::optional<ApiError> build(const CompletionRequest& r, GenerationRequest& g,
                                 ToolParser& reply_tools);
@@ -459,6 +473,8 @@ std::optional<ApiError> HttpServer::Impl::build(const CompletionRequest& r, Gene
       }
       if (r.tool_choice == ToolChoice::kRequired || r.tool_choice == ToolChoice::kFunction) {
         if (auto e = force_tool_call(r, g)) return e;
+      } else if (calling && r.strict_tools) {
+        if (auto e = strict_call_grammar(r, g)) return e;
       }
       if (chat_end) g.stop_tokens.push_back(*chat_end);
     } else if (r.prompt_is_ids) {
@@ -511,6 +527,7 @@ std::optional<ApiError> HttpServer::Impl::force_tool_call(const CompletionReques
   } else if (tool_parser == ToolParser::kMistral) {
     shape.prefix = std::string(tool_call_marker(tool_parser));
     shape.list = true;
+    if (!r.parallel_tool_calls) shape.max_calls = 1;
   }
   std::vector<JsonGrammar::ToolFunction> fns;
   for (const auto& t : r.tools) {
@@ -529,6 +546,55 @@ std::optional<ApiError> HttpServer::Impl::force_tool_call(const CompletionReques
                                  e.what()),
                      "invalid_request_error", "", "tools");
   }
+  return std::nullopt;
+}
+
+std::optional<ApiError> HttpServer::Impl::strict_call_grammar(const CompletionRequest& r,
+                                                              GenerationRequest& g) const {
+  // Every tool's call follows its schema (as a forced call's does); a tool that is not strict and
+  // whose schema is outside the subset takes any object of arguments instead of failing.
+  std::vector<JsonGrammar::ToolFunction> fns;
+  for (const auto& t : r.tools) {
+    const auto& fn = t["function"];
+    const auto name = fn["name"].get<std::string>();
+    const auto strict = fn.find("strict");
+    const bool is_strict = strict != fn.end() && strict->get<bool>();
+    const auto params = fn.find("parameters");
+    nlohmann::ordered_json schema = params == fn.end() ? nlohmann::ordered_json() : *params;
+    if (!schema.is_null()) {
+      try {
+        JsonGrammar::from_schema(schema, fmt::format("the function '{}' parameters", name));
+      } catch (const Error& e) {
+        if (is_strict) {
+          return api_error(400,
+                           fmt::format("'strict' holds a call to its schema, and {}", e.what()),
+                           "invalid_request_error", "", "tools");
+        }
+        schema = nullptr;
+      }
+    }
+    fns.push_back({name, std::move(schema)});
+  }
+  // What follows the marker, as the forced grammar writes it; Llama's call is the whole reply,
+  // known only from its first bytes, so it has no marker to wait for.
+  JsonGrammar::ToolCallShape shape;
+  if (tool_parser == ToolParser::kHermes) {
+    shape.prefix = "\n";
+    shape.suffix = "\n</tool_call>";
+  } else if (tool_parser == ToolParser::kMistral) {
+    shape.list = true;
+    if (!r.parallel_tool_calls) shape.max_calls = 1;
+  } else {
+    return api_error(400,
+                     fmt::format("a tool with \"strict\": true under \"tool_choice\": \"auto\" "
+                                 "needs a call format with a marker to start the constraint at; "
+                                 "{} replies have none: send \"tool_choice\": \"required\" or a "
+                                 "named function, or leave 'strict' out",
+                                 tool_parser_name(tool_parser)),
+                     "invalid_request_error", "", "tools");
+  }
+  g.call_trigger = std::string(tool_call_marker(tool_parser));
+  g.call_grammar = JsonGrammar::tool_call(fns, shape);
   return std::nullopt;
 }
 
@@ -583,11 +649,13 @@ http::Reply HttpServer::Impl::generate(const http::Request& req, Endpoint ep) {
                   next_id.fetch_add(1) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(created));
   meta.created = static_cast<int64_t>(std::time(nullptr));
   meta.model = opts.model_name;
+  // "parallel_tool_calls": false: the first call is the reply's last word.
+  const size_t max_calls = r.parallel_tool_calls ? SIZE_MAX : 1;
   if (r.stream) {
-    return std::make_shared<EventStreamReply>(std::move(meta), sub.stream, reply_tools,
+    return std::make_shared<EventStreamReply>(std::move(meta), sub.stream, reply_tools, max_calls,
                                               r.include_usage);
   }
-  return std::make_shared<WholeReply>(std::move(meta), sub.stream, reply_tools);
+  return std::make_shared<WholeReply>(std::move(meta), sub.stream, reply_tools, max_calls);
 }
 
 }  // namespace exl3::server

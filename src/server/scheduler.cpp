@@ -129,7 +129,8 @@ struct Scheduler::Active {
   // With a draft, a preempted generating sequence's samplers and acceptance record (the
   // SpeculativeDecoder's while it runs), resumed once its context is back in both caches.
   std::optional<runtime::SpeculativeDecoder::Suspended> suspended;
-  std::optional<JsonMatcher> json;        // structured output: the reply so far, matched
+  std::optional<JsonMatcher> json;  // structured output: the reply so far, matched
+  std::string trigger_scan;         // call grammar: the last bytes, while looking for the trigger
   std::optional<JsonMatcher> allowed_at;  // the state `allowed` was computed for
   std::vector<uint8_t> allowed;
   std::vector<float> masked;                                    // scratch of sample_constrained()
@@ -249,6 +250,10 @@ Scheduler::Submitted Scheduler::submit(GenerationRequest req) {
   for (const auto& s : req.stop_strings) {
     if (s.empty()) return refuse(Refusal::kInvalid, "a stop string is empty");
   }
+  if (req.call_grammar && (req.call_trigger.empty() || req.grammar)) {
+    return refuse(Refusal::kInvalid,
+                  "a call grammar needs a trigger and cannot be combined with a grammar");
+  }
   try {
     runtime::Sampler check(req.sampling);
   } catch (const Error& e) {
@@ -310,6 +315,9 @@ void Scheduler::run() {
   for (auto& p : queue_) {
     p.stream->finish(FinishReason::kCancelled, "", "the server is shutting down",
                      p.preempted ? p.preempted->generated : 0);
+    // Counted like the running ones, so completed + cancelled + failed covers every request
+    // the scheduler accepted.
+    ++stats_.cancelled;
   }
   queue_.clear();
 }
@@ -460,7 +468,7 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
                                    : a.sampler.sample(logits[i], a.history);
       if (a.req.sampling.repetition_penalty != 1.0f) a.history.push_back(tok);
       accept_token(a, tok);
-      if (spec_ && !a.done && !a.json) {
+      if (spec_ && !a.done && !a.json && !a.req.call_grammar) {
         // Prefilled in both engines: the decoder takes both sequences and the sampler's stream.
         a.handle =
             spec_->adopt(a.seq, a.dseq, a.req.prompt, tok, std::move(a.sampler), a.req.sampling);
@@ -574,9 +582,10 @@ void Scheduler::accept_token(Active& a, int32_t tok) {
     return;
   }
   const auto r = a.matcher.push(a.decoder.push(tok));
+  if (a.req.call_grammar) track_call(a, tok);
   if (r.stopped) {
     finish(FinishReason::kStop, r.text, tok);
-  } else if (a.json && a.json->finished()) {
+  } else if (a.json && a.json->finished() && !a.req.call_grammar) {
     finish(FinishReason::kStop, r.text + a.tail(), tok);
   } else if (a.generated >= a.req.max_tokens) {
     finish(FinishReason::kLength, r.text + a.tail(), tok);
@@ -584,6 +593,38 @@ void Scheduler::accept_token(Active& a, int32_t tok) {
     a.stream->publish(r.text, tok, a.generated);
     a.next = tok;
   }
+}
+
+void Scheduler::track_call(Active& a, int32_t tok) const {
+  if (a.json) {
+    // The call is whole (sample_constrained fed it this token): free text again.
+    if (a.json->finished()) {
+      a.json.reset();
+      a.allowed_at.reset();
+    }
+    return;
+  }
+  // The token's raw bytes, so a marker that is a special token is seen whether or not the text
+  // shows special tokens.
+  const auto bytes = tokenizer_.token_bytes(tok);
+  if (!bytes) return;
+  a.trigger_scan += *bytes;
+  const std::string& trigger = a.req.call_trigger;
+  const size_t at = a.trigger_scan.find(trigger);
+  if (at == std::string::npos) {
+    // Only an end that could still begin the trigger is kept.
+    if (a.trigger_scan.size() >= trigger.size())
+      a.trigger_scan.erase(0, a.trigger_scan.size() - (trigger.size() - 1));
+    return;
+  }
+  JsonMatcher m(a.req.call_grammar);
+  const std::string rest = a.trigger_scan.substr(at + trigger.size());
+  a.trigger_scan.clear();
+  // The same token already went past the marker in a way the call's format does not allow:
+  // nothing can be constrained now, and the tool-call parser returns that text as content.
+  if (!rest.empty() && !m.feed(rest)) return;
+  if (m.finished()) return;
+  a.json.emplace(std::move(m));
 }
 
 std::pair<int64_t, int64_t> Scheduler::step_need(const Active& a) const {

@@ -194,8 +194,9 @@ std::string new_tool_call_id(ToolParser p, std::mt19937_64& rng) {
   return id;
 }
 
-ToolCallExtractor::ToolCallExtractor(ToolParser parser)
+ToolCallExtractor::ToolCallExtractor(ToolParser parser, size_t max_calls)
     : parser_(parser),
+      max_calls_(max_calls),
       state_(parser == ToolParser::kNone     ? State::kPlain
              : parser == ToolParser::kLlama3 ? State::kLlamaStart
                                              : State::kText) {}
@@ -241,14 +242,23 @@ void ToolCallExtractor::call_done(Output& out, std::string_view raw, std::string
   }
   pending_space_.clear();
   after_call_ = true;
+  // Past the limit (several calls in one Mistral list or Llama reply), the first ones are kept.
+  if (calls->size() > max_calls_ - calls_) calls->resize(max_calls_ - calls_);
   calls_ += calls->size();
   for (auto& c : *calls) out.calls.push_back(std::move(c));
+  if (calls_ >= max_calls_) {
+    state_ = State::kDone;
+    held_.clear();
+  }
 }
 
 void ToolCallExtractor::scan(Output& out, bool at_end) {
   const std::string_view marker = tool_call_marker(parser_);
   while (true) {
     switch (state_) {
+      case State::kDone:
+        held_.clear();
+        return;
       case State::kPlain:
         text(out, held_);
         held_.clear();
@@ -304,9 +314,10 @@ void ToolCallExtractor::scan(Output& out, bool at_end) {
           if (!at_end) return;
           // An unclosed block at the end of the reply still counts when its JSON is whole: models
           // sometimes end their turn right after the object.
-          call_done(out, all, body);
+          const std::string raw(all), in(body);
           held_.clear();
           state_ = State::kText;
+          call_done(out, raw, in);
           return;
         }
         const std::string raw(all.substr(0, *end));

@@ -421,6 +421,7 @@ std::shared_ptr<const JsonGrammar> JsonGrammar::tool_call(
     list.kind = Kind::kArray;
     list.items = g->root;
     list.min_items = 1;
+    list.max_items = shape.max_calls;
     g->nodes.push_back(std::move(list));
     g->root = static_cast<int32_t>(g->nodes.size() - 1);
   }

@@ -5,6 +5,7 @@
 // cannot show them, tool turns for a format that cannot show them, tool calling turned off.
 #include <future>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -264,4 +265,98 @@ TEST(HttpTools, ForcedCallsFollowTheFormatAndSchema) {
   EXPECT_EQ(status, 400);
   EXPECT_EQ(j["error"]["param"], "tools");
   EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("'maxLength'"));
+}
+
+// "parallel_tool_calls": false makes a forced Mistral list exactly one call (Hermes and Llama
+// force one already), and is accepted with "auto"; a tool's "strict": true is accepted forced
+// and under "auto" (with a call format that has a marker), and a strict schema outside the
+// subset is a 400 naming the keyword.
+TEST(HttpTools, OneCallAtMostAndStrictTools) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  exl3::test::TempDir tmp;
+  copy_model_with_template(tiny_model(conf), tmp, kToolTemplate);
+  json f = json::parse(R"({"type": "function", "function": {"name": "f", "strict": true,
+      "parameters": {"type": "object", "properties": {"n": {"enum": [1, 2]}}, "required": ["n"],
+      "additionalProperties": false}}})");
+  // Both schemas short, so that a forced call always fits in max_tokens (an unconstrained object
+  // of arguments can run on past it, and a cut call comes back as content).
+  const json g = json::parse(R"({"type": "function", "function": {"name": "g", "parameters":
+      {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}}})");
+  const json hi = json::array({{{"role", "user"}, {"content", "Hi"}}});
+  ServerOptions o = options();
+  o.tool_parser = ToolParser::kMistral;
+  LiveServer s(tmp.path(), o);
+  auto rng = exl3::test::make_rng();
+  std::vector<std::future<std::pair<int, json>>> replies;
+  for (int i = 0; i < 3; ++i) {
+    const json body = {{"messages", hi},
+                       {"tools", json::array({f, g})},
+                       {"tool_choice", "required"},
+                       {"parallel_tool_calls", false},
+                       {"max_tokens", 200},
+                       {"temperature", 1.0},
+                       {"seed", rng() % 100000}};
+    replies.push_back(std::async(std::launch::async, [&s, body] { return post(s, body); }));
+  }
+  for (auto& reply : replies) {
+    const auto [status, j] = reply.get();
+    ASSERT_EQ(status, 200) << j.dump();
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls") << j.dump();
+    const auto& message = j["choices"][0]["message"];
+    ASSERT_TRUE(message.contains("tool_calls")) << j.dump();
+    const auto& tool_calls = message["tool_calls"];
+    ASSERT_EQ(tool_calls.size(), 1u) << j.dump();
+    const auto& fn = tool_calls[0]["function"];
+    if (fn["name"] == "f") {
+      const json args = json::parse(fn["arguments"].get<std::string>());
+      EXPECT_THAT(args["n"].get<int>(), ::testing::AnyOf(1, 2)) << args;
+      EXPECT_EQ(args.size(), 1u) << args;
+    }
+  }
+  // "auto" with one call at most and no strict tool is served.
+  auto [status, j] = post(s, {{"messages", hi},
+                              {"tools", json::array({g})},
+                              {"parallel_tool_calls", false},
+                              {"max_tokens", 4}});
+  EXPECT_EQ(status, 200) << j.dump();
+  // A strict tool under "auto": served (a call the reply starts is generated under the schema,
+  // which tests/server/scheduler_test.cpp checks); a strict schema outside the subset is a 400
+  // naming the keyword.
+  std::tie(status, j) =
+      post(s, {{"messages", hi}, {"tools", json::array({f, g})}, {"max_tokens", 8}});
+  EXPECT_EQ(status, 200) << j.dump();
+  auto bad = f;
+  bad["function"]["name"] = "h";
+  bad["function"]["parameters"]["properties"]["n"] = {{"type", "integer"}, {"minimum", 0}};
+  std::tie(status, j) =
+      post(s, {{"messages", hi}, {"tools", json::array({bad})}, {"max_tokens", 4}});
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(j["error"]["param"], "tools");
+  EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("'minimum'"));
+  // ... and a non-strict one with such a schema takes any object instead.
+  bad["function"].erase("strict");
+  std::tie(status, j) =
+      post(s, {{"messages", hi}, {"tools", json::array({f, bad})}, {"max_tokens", 4}});
+  EXPECT_EQ(status, 200) << j.dump();
+  // Llama's call is the whole reply, with no marker to start the constraint at: a strict tool
+  // under "auto" is refused there, saying how to force the call.
+  {
+    ServerOptions lo = options();
+    lo.tool_parser = ToolParser::kLlama3;
+    LiveServer llama(tmp.path(), lo);
+    std::tie(status, j) =
+        post(llama, {{"messages", hi}, {"tools", json::array({f})}, {"max_tokens", 4}});
+    EXPECT_EQ(status, 400);
+    EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("tool_choice"));
+    std::tie(status, j) = post(llama, {{"messages", hi},
+                                       {"tools", json::array({f})},
+                                       {"tool_choice", "required"},
+                                       {"max_tokens", 200}});
+    EXPECT_EQ(status, 200) << j.dump();
+  }
+  // With "tool_choice": "none" nothing is called, so strict has nothing to hold.
+  std::tie(status, j) = post(
+      s,
+      {{"messages", hi}, {"tools", json::array({g})}, {"tool_choice", "none"}, {"max_tokens", 4}});
+  EXPECT_EQ(status, 200) << j.dump();
 }

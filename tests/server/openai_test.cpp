@@ -201,8 +201,8 @@ TEST(OpenAiParse, RefusesBadToolsNamingTheField) {
        "tools", "function.parameters must be a JSON schema object"},
       {chat_with(R"("tools": [{"type": "function", "function": {"name": "f", "description": 1}}])"),
        "tools", "function.description must be a string"},
-      {chat_with(R"("tools": [{"type": "function", "function": {"name": "f", "strict": true}}])"),
-       "tools", "function.strict is not supported"},
+      {chat_with(R"("tools": [{"type": "function", "function": {"name": "f", "strict": 1}}])"),
+       "tools", "function.strict must be true or false"},
       {chat_with(std::string(R"("tools": [)") + kWeatherTool + "," + kWeatherTool + "]"), "tools",
        "'get_weather' is used twice"},
       {chat_with(R"("tool_choice": "required")"), "tool_choice", "no 'tools'"},
@@ -212,8 +212,6 @@ TEST(OpenAiParse, RefusesBadToolsNamingTheField) {
       {chat_with(tools + R"(, "tool_choice": {"name": "get_weather"})"), "tool_choice",
        "must be \"none\""},
       {chat_with(R"("tool_choice": "auto")"), "tool_choice", "no 'tools'"},
-      {chat_with(tools + R"(, "parallel_tool_calls": false)"), "parallel_tool_calls",
-       "not supported"},
       {chat_with(tools + R"(, "parallel_tool_calls": 1)"), "parallel_tool_calls", "true or false"},
       {chat_with(R"("functions": [{"name": "f"}])"), "functions", "send 'tools'"},
       {chat_with(R"("tools": [{"type": "function", "function": {"name": "f", "parameters": )" +
@@ -326,11 +324,29 @@ TEST(OpenAiParse, ToolsAndToolTurnsForTheTemplate) {
                               R"(], "tool_choice": "none", "parallel_tool_calls": true)"),
                     Endpoint::kChat);
   EXPECT_EQ(none.tool_choice, ToolChoice::kNone);
+  EXPECT_TRUE(none.parallel_tool_calls);
+  EXPECT_FALSE(none.strict_tools);
   EXPECT_EQ(none.tools.size(), 1u) << "tools are still shown to the template";
   EXPECT_FALSE(none.has_tool_traffic);
   const auto plain = ok_of(chat_with(R"("tools": [], "tool_choice": "none")"), Endpoint::kChat);
   EXPECT_TRUE(plain.tools.is_null());
   EXPECT_EQ(plain.template_messages.dump(), R"([{"role":"user","content":"Hi"}])");
+}
+
+// "parallel_tool_calls": false and a tool's "strict": true are read (the server enforces them).
+TEST(OpenAiParse, ParallelToolCallsAndStrict) {
+  const std::string strict_tool =
+      R"({"type": "function", "function": {"name": "f", "strict": true, "parameters":
+         {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}})";
+  const auto r = ok_of(chat_with(std::string(R"("tools": [)") + kWeatherTool + "," + strict_tool +
+                                 R"(], "parallel_tool_calls": false)"),
+                       Endpoint::kChat);
+  EXPECT_FALSE(r.parallel_tool_calls);
+  EXPECT_TRUE(r.strict_tools);
+  const auto loose =
+      ok_of(chat_with(std::string(R"("tools": [)") + kWeatherTool + "]"), Endpoint::kChat);
+  EXPECT_TRUE(loose.parallel_tool_calls);
+  EXPECT_FALSE(loose.strict_tools);
 }
 
 TEST(OpenAiShapes, ToolCalls) {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "exl3/runtime/generate.hpp"
 #include "exl3/runtime/mtp.hpp"
 #include "exl3/server/scheduler.hpp"
+#include "exl3/text/json_schema.hpp"
 #include "exl3/text/stop_tokens.hpp"
 #include "server_test_util.hpp"
 #include "test_support.hpp"
@@ -314,6 +316,33 @@ TEST(Scheduler, CancelFreesTheSequence) {
   }
 }
 
+// Shutting down cancels the running and the queued requests alike, and counts every one of them:
+// completed + cancelled + failed is what was accepted.
+TEST(Scheduler, ShutdownCountsQueuedRequestsAsCancelled) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  Fixture f(conf, {.max_seqs = 1, .max_queue = 4, .max_context = 0, .step_tokens = 64});
+  const auto queued = static_cast<int>(1 + rng() % 4);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i <= queued; ++i) {
+    auto g = f.greedy(random_prompt(rng, 8), 3000);
+    g.stop_tokens.clear();
+    streams.push_back(f.sched->submit(g).stream);
+    ASSERT_TRUE(streams.back());
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (f.sched->stats().running != 1 && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(f.sched->stats().running, 1);
+  EXPECT_EQ(f.sched->stats().queued, queued);
+  f.sched->shutdown();
+  for (const auto& s : streams) EXPECT_EQ(drain(s).last.reason, FinishReason::kCancelled);
+  const auto st = f.sched->stats();
+  EXPECT_EQ(st.cancelled, queued + 1);
+  EXPECT_EQ(st.completed + st.failed, 0);
+}
+
 TEST(Scheduler, StopStringEndsTheTextBeforeIt) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto rng = exl3::test::make_rng();
@@ -335,6 +364,69 @@ TEST(Scheduler, StopStringEndsTheTextBeforeIt) {
     return;
   }
   GTEST_SKIP() << "no greedy continuation with 12+ bytes of text found";
+}
+
+// A call grammar (strict tools under "auto"): the text is the model's own until its tokens write
+// the trigger, then what follows is a whole call of the grammar (here Hermes' shape with a small
+// schema), and then the text is free again until max_tokens. The trigger is a piece of the
+// greedy reply, so the unconstrained part is known in advance.
+TEST(Scheduler, CallGrammarStartsAtTheTriggerAndEndsWithTheCall) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  auto rng = exl3::test::make_rng();
+  Fixture f(conf);
+  exl3::JsonGrammar::ToolCallShape shape;
+  shape.prefix = "\n";
+  shape.suffix = "\n</tool_call>";
+  const auto grammar = exl3::JsonGrammar::tool_call(
+      {{"f", nlohmann::ordered_json::parse(R"({"type": "object", "properties": {"n": {"enum":
+          [1, 2]}, "b": {"type": "boolean"}}, "required": ["n", "b"]})")}},
+      shape);
+  int tested = 0;
+  for (int attempt = 0; attempt < 20 && tested < 2; ++attempt) {
+    auto g = f.greedy(random_prompt(rng, 6), 120);
+    g.stop_tokens.clear();
+    const auto ref = st::reference_generate(f.model, g.prompt, 8, {});
+    // The trigger: the last 3 bytes of the first few tokens' text (so it ends where a token
+    // ends), occurring there first.
+    std::string trigger, before;
+    for (size_t k = 1; k <= ref.tokens.size() && trigger.empty(); ++k) {
+      const std::string p = f.tok.decode(std::span(ref.tokens).first(k), true);
+      if (p.size() < 3 || p.find("\xef\xbf\xbd") != std::string::npos) continue;
+      if (p.find(p.substr(p.size() - 3)) != p.size() - 3) continue;
+      trigger = p.substr(p.size() - 3);
+      before = p.substr(0, p.size() - 3);
+    }
+    if (trigger.empty()) continue;
+    g.call_trigger = trigger;
+    g.call_grammar = grammar;
+    const auto d = drain(f.sched->submit(g).stream);
+    EXPECT_EQ(d.last.reason, FinishReason::kLength);
+    const size_t at = d.text.find(trigger);
+    ASSERT_NE(at, std::string::npos) << d.text;
+    EXPECT_EQ(d.text.substr(0, at), before) << "free before it";
+    exl3::JsonMatcher m(grammar);
+    size_t end = at + trigger.size();
+    while (end < d.text.size() && !m.finished()) {
+      ASSERT_TRUE(m.feed(d.text.substr(end, 1)))
+          << "not the call at byte " << end << ": " << d.text;
+      ++end;
+    }
+    ASSERT_TRUE(m.finished()) << d.text;
+    const std::string call = d.text.substr(at + trigger.size(), end - at - trigger.size());
+    // Between the "\n" the grammar opens with and "\n</tool_call>" (13 bytes) it closes with.
+    const auto j = nlohmann::json::parse(call.substr(1, call.size() - 14));
+    EXPECT_EQ(j["name"], "f") << call;
+    EXPECT_THAT(j["arguments"]["n"].get<int>(), ::testing::AnyOf(1, 2)) << call;
+    EXPECT_TRUE(j["arguments"]["b"].is_boolean()) << call;
+    // Free again after the call: generation went on to max_tokens.
+    EXPECT_EQ(d.last.completion_tokens, 120);
+    ++tested;
+  }
+  EXPECT_EQ(tested, 2);
+  // Without a trigger, or beside a grammar, it is refused.
+  auto g = f.greedy({5, 6}, 4);
+  g.call_grammar = grammar;
+  EXPECT_EQ(f.sched->submit(g).refusal, Scheduler::Refusal::kInvalid);
 }
 
 TEST(Scheduler, RefusesBadRequests) {

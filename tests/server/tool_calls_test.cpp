@@ -2,6 +2,7 @@
 // content, malformed calls come back verbatim as content, and the result does not depend on how
 // the reply was cut into pieces (every cut position, and byte by byte). Text that could open a
 // call is held back while streaming, text that cannot is released at once.
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -29,8 +30,8 @@ void add(Result& r, ToolCallExtractor::Output o) {
   for (auto& c : o.calls) r.calls.push_back(std::move(c));
 }
 
-Result run(ToolParser p, const std::vector<std::string>& pieces) {
-  ToolCallExtractor x(p);
+Result run(ToolParser p, const std::vector<std::string>& pieces, size_t max_calls = SIZE_MAX) {
+  ToolCallExtractor x(p, max_calls);
   Result r;
   for (const auto& s : pieces) add(r, x.push(s));
   add(r, x.finish());
@@ -39,16 +40,16 @@ Result run(ToolParser p, const std::vector<std::string>& pieces) {
 }
 
 // The reply whole, then cut once at every position and fed byte by byte: all must agree.
-Result run_all_cuts(ToolParser p, const std::string& text) {
-  const Result whole = run(p, {text});
+Result run_all_cuts(ToolParser p, const std::string& text, size_t max_calls = SIZE_MAX) {
+  const Result whole = run(p, {text}, max_calls);
   for (size_t i = 0; i <= text.size(); ++i) {
-    const Result cut = run(p, {text.substr(0, i), text.substr(i)});
+    const Result cut = run(p, {text.substr(0, i), text.substr(i)}, max_calls);
     EXPECT_EQ(cut.content, whole.content) << "cut at " << i << " of: " << text;
     EXPECT_EQ(cut.calls, whole.calls) << "cut at " << i << " of: " << text;
   }
   std::vector<std::string> bytes;
   for (const char c : text) bytes.emplace_back(1, c);
-  const Result each = run(p, bytes);
+  const Result each = run(p, bytes, max_calls);
   EXPECT_EQ(each.content, whole.content) << "byte by byte: " << text;
   EXPECT_EQ(each.calls, whole.calls) << "byte by byte: " << text;
   return whole;
@@ -207,6 +208,50 @@ TEST(ToolCalls, MistralLists) {
   ToolCallExtractor x(ToolParser::kMistral);
   EXPECT_EQ(x.push("[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}").calls.size(), 0u);
   EXPECT_EQ(x.push("]").calls.size(), 1u);
+}
+
+// "parallel_tool_calls": false (one call at most): the first call is kept, whatever follows it
+// (text, more calls, the rest of a Mistral list or of Llama's ';'-joined calls) is dropped, and
+// the text before it stays content. Random replies of 1 to 4 calls, every cut.
+TEST(ToolCalls, OneCallAtMost) {
+  auto rng = exl3::test::make_rng();
+  for (int trial = 0; trial < 6; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 4);
+    std::string before = trial % 2 == 0 ? "" : "Checking " + std::to_string(rng() % 1000) + ".\n";
+    std::string hermes = before, mistral = before + "[TOOL_CALLS] [", llama;
+    std::vector<ParsedToolCall> want;
+    for (int i = 0; i < n; ++i) {
+      const std::string name = "f" + std::to_string(rng() % 100);
+      const std::string args = "{\"v\":" + std::to_string(rng() % 1000) + "}";
+      want.push_back(call(name, args));
+      hermes += "<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": " + args +
+                "}\n</tool_call>\n" + (rng() % 2 ? "and then " : "");
+      mistral +=
+          std::string(i ? ", " : "") + "{\"name\": \"" + name + "\", \"arguments\": " + args + "}";
+      llama +=
+          std::string(i ? "; " : "") + "{\"name\": \"" + name + "\", \"parameters\": " + args + "}";
+    }
+    mistral += "] trailing text";
+    for (const auto& [parser, text] :
+         {std::pair{ToolParser::kHermes, hermes}, std::pair{ToolParser::kMistral, mistral},
+          std::pair{ToolParser::kLlama3, llama}}) {
+      const auto one = run_all_cuts(parser, text, 1);
+      ASSERT_EQ(one.calls.size(), 1u) << text;
+      EXPECT_EQ(one.calls[0], want[0]) << text;
+      EXPECT_EQ(one.content, parser == ToolParser::kLlama3 ? "" : before) << text;
+      // Without the limit every call comes back.
+      EXPECT_EQ(run(parser, {text}).calls.size(), static_cast<size_t>(n)) << text;
+    }
+  }
+  // A malformed first call is content and does not use up the one call.
+  const auto r = run_all_cuts(ToolParser::kHermes,
+                              "<tool_call>\n{\"name\": 1}\n</tool_call>"
+                              "<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>"
+                              "<tool_call>\n{\"name\": \"h\", \"arguments\": {}}\n</tool_call>",
+                              1);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0], call("g", "{}"));
+  EXPECT_EQ(r.content, "<tool_call>\n{\"name\": 1}\n</tool_call>");
 }
 
 TEST(ToolCalls, NoneIsAllContent) {

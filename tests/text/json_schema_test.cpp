@@ -261,11 +261,18 @@ TEST(JsonSchema, ForcedToolCallShapes) {
   JsonGrammar::ToolCallShape llama;
   llama.arguments_key = "parameters";
   EXPECT_TRUE(accepts(JsonGrammar::tool_call(fns, llama), R"({"name":"now","parameters":{}})"));
-  JsonGrammar::ToolCallShape mistral{"[TOOL_CALLS]", "", "arguments", true};
+  JsonGrammar::ToolCallShape mistral{"[TOOL_CALLS]", "", "arguments", true, -1};
   const auto list = JsonGrammar::tool_call(fns, mistral);
   EXPECT_TRUE(accepts(
       list, R"([TOOL_CALLS][{"name":"now","arguments":{}},{"name":"now","arguments":{}}])"));
   EXPECT_FALSE(accepts(list, "[TOOL_CALLS][]"));
+  // "parallel_tool_calls": false: a list of exactly one call.
+  mistral.max_calls = 1;
+  const auto one = JsonGrammar::tool_call(fns, mistral);
+  EXPECT_TRUE(accepts(one, R"([TOOL_CALLS][{"name":"now","arguments":{}}])"));
+  EXPECT_FALSE(
+      accepts(one, R"([TOOL_CALLS][{"name":"now","arguments":{}},{"name":"now","arguments":{}}])"));
+  EXPECT_FALSE(accepts(one, "[TOOL_CALLS][]"));
   try {
     JsonGrammar::tool_call({{"f", ojson::parse(R"({"type": "string", "format": "date"})")}}, {});
     ADD_FAILURE() << "accepted";

@@ -65,6 +65,12 @@ struct CompletionRequest {
   nlohmann::ordered_json tools;
   ToolChoice tool_choice = ToolChoice::kNone;  // kAuto by default when there are tools
   std::string tool_choice_function;            // kFunction: the function's name
+  // "parallel_tool_calls": false: the reply holds at most one call (what follows it is dropped,
+  // and a forced call is exactly one).
+  bool parallel_tool_calls = true;
+  // Some tool sets "strict": true: its call's arguments must follow its parameters schema (a
+  // forced call always does; under "auto" the server constrains a call once its marker appears).
+  bool strict_tools = false;
   // vLLM's chat_template_kwargs: extra variables for the model's chat template (enable_thinking,
   // ...); an object, empty when the client sent none.
   nlohmann::json chat_template_kwargs = nlohmann::json::object();

@@ -22,7 +22,9 @@
 //      top_p, seed), detokenizes incrementally, checks stop tokens, stop strings and max_tokens,
 //      and publishes the new text to the request's RequestStream. A request with a grammar
 //      (structured output) samples only among the tokens its JsonMatcher allows, and ends once
-//      its JSON value is whole.
+//      its JSON value is whole. A request with a call grammar (strict tools under "auto") is
+//      free until its tokens write the call's marker, constrained like that until the call is
+//      whole, and free again after it.
 //
 // With a draft engine (SchedulerOptions::draft), prompts are prefilled in both engines (the same
 // chunks), and generating sequences advance by rounds of speculative decoding instead of single
@@ -87,6 +89,12 @@ struct GenerationRequest {
   // tokens are sampled from those the grammar allows (stop tokens only once the value is whole),
   // and it ends with kStop as soon as nothing may follow the value.
   std::shared_ptr<const JsonGrammar> grammar;
+  // Strict tools the model may call or not: the reply is free text until its tokens write
+  // `call_trigger` (the call format's marker); what follows the marker is then generated under
+  // `call_grammar` until the call is whole, and the text is free again. Not with `grammar`; such
+  // a request is not drafted for.
+  std::string call_trigger;
+  std::shared_ptr<const JsonGrammar> call_grammar;
 };
 
 // What arrived for one request since the last wait().
@@ -244,6 +252,9 @@ class Scheduler {
   // message); the others keep running.
   static void fail_all(std::span<Active* const> who, const char* what, const std::exception& e);
   void accept_token(Active& a, int32_t tok);
+  // A request with a call grammar: starts constraining once `tok` completes the trigger, and
+  // stops once the call is whole.
+  void track_call(Active& a, int32_t tok) const;
   // Samples a constrained request's next token from `logits` with every token its grammar does
   // not allow removed, and advances its matcher.
   int32_t sample_constrained(Active& a, std::span<const float> logits);

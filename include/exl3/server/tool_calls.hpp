@@ -15,6 +15,7 @@
 // model wrote is lost.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <random>
 #include <string>
@@ -49,7 +50,9 @@ struct ParsedToolCall {
 
 class ToolCallExtractor {
  public:
-  explicit ToolCallExtractor(ToolParser parser);
+  // `max_calls`: the calls the reply may hold ("parallel_tool_calls": false gives 1); once they
+  // are released, the rest of the reply (text and further calls) is dropped.
+  explicit ToolCallExtractor(ToolParser parser, size_t max_calls = SIZE_MAX);
 
   struct Output {
     std::string content;                // text to send now
@@ -63,12 +66,13 @@ class ToolCallExtractor {
   size_t calls() const { return calls_; }
 
  private:
-  enum class State { kText, kCall, kLlamaStart, kPlain };
+  enum class State { kText, kCall, kLlamaStart, kPlain, kDone };
   void scan(Output& out, bool at_end);
   void text(Output& out, std::string_view s);
   void call_done(Output& out, std::string_view raw, std::string_view body);
 
   ToolParser parser_;
+  size_t max_calls_;
   State state_;
   std::string held_;           // text not released yet
   std::string pending_space_;  // white space after a call, dropped unless more text follows

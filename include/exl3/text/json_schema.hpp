@@ -87,6 +87,7 @@ struct JsonGrammar {
     std::string prefix, suffix;               // text around the JSON (e.g. "<tool_call>\n")
     std::string arguments_key = "arguments";  // Llama writes "parameters"
     bool list = false;                        // a JSON list of one or more calls (Mistral)
+    int64_t max_calls = -1;                   // list: at most this many calls (-1: no limit)
   };
   // The JSON is {"name": NAME, ARGUMENTS_KEY: {...}} (or a list of them). Throws exl3::Error
   // naming the function when a parameters schema is outside the subset.
