@@ -135,7 +135,10 @@ __device__ __forceinline__ void load_quantized_tile(const PagedKv& kv, int64_t m
   }
 }
 
-template <int HD, int G>
+// kQuantized: the cache holds codes (kv.format says which), decoded by load_quantized_tile; a
+// separate instantiation, so the fp16 path keeps its registers (the decoder's batch of loads
+// would raise every instantiation's count otherwise).
+template <int HD, int G, bool kQuantized>
 __global__ void __launch_bounds__(32 * kWarps)
     attention_decode_kernel(const float* __restrict__ q, const int32_t* __restrict__ tokens,
                             TokenMeta meta, AttnShape s, float scale, PagedKv kv, int splits,
@@ -185,7 +188,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     const int n_here = min(kTile, k1 - c0);
     const bool valid = lane < n_here;
     const int64_t my_slot = valid ? kv_slot(kv, row, c0 + lane) : 0;
-    if (kv.format == cpu::KvFormat::kNative) {
+    if constexpr (!kQuantized) {
 #pragma unroll
       for (int it = 0; it < kVec; ++it) {
         const int i = it * 32 + lane, r = i / kVec, c = i % kVec;
@@ -330,19 +333,32 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (threadIdx.x == 0) counters[pair] = 0;  // ready for the next launch
 }
 
+template <int HD, int G, bool kQuantized>
+cudaError_t launch_format(const float* q, const int32_t* tokens, int64_t count, TokenMeta meta,
+                          const AttnShape& s, float scale, const PagedKv& kv, int splits,
+                          int32_t* counters, float* partial, float* out, cudaStream_t stream) {
+  constexpr int bytes = Smem<HD, G>::kBytes;
+  const auto kernel = attention_decode_kernel<HD, G, kQuantized>;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) return e;
+  const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(s.num_heads / G),
+                  static_cast<unsigned>(splits));
+  launch_pdl(kernel, grid, 32 * kWarps, bytes, stream, q, tokens, meta, s, scale, kv, splits,
+             counters, partial, out);
+  return cudaGetLastError();
+}
+
 template <int HD, int G>
 cudaError_t launch(const float* q, const int32_t* tokens, int64_t count, TokenMeta meta,
                    const AttnShape& s, float scale, const PagedKv& kv, int splits,
                    int32_t* counters, float* partial, float* out, cudaStream_t stream) {
-  constexpr int bytes = Smem<HD, G>::kBytes;
-  const cudaError_t e = cudaFuncSetAttribute(attention_decode_kernel<HD, G>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>(count), static_cast<unsigned>(s.num_heads / G),
-                  static_cast<unsigned>(splits));
-  launch_pdl(attention_decode_kernel<HD, G>, grid, 32 * kWarps, bytes, stream, q, tokens, meta, s,
-             scale, kv, splits, counters, partial, out);
-  return cudaGetLastError();
+  if (cpu::kv_quantized(kv.format)) {
+    return launch_format<HD, G, true>(q, tokens, count, meta, s, scale, kv, splits, counters,
+                                      partial, out, stream);
+  }
+  return launch_format<HD, G, false>(q, tokens, count, meta, s, scale, kv, splits, counters,
+                                     partial, out, stream);
 }
 
 template <int HD>
