@@ -33,15 +33,6 @@ std::vector<float> normal(std::mt19937_64& rng, size_t n, float sigma = 1.0f) {
   return v;
 }
 
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
-
 // What the codec makes of a row of `width` channels.
 std::vector<float> codec_round_trip(KvFormat f, const float* x, int64_t width) {
   std::vector<float> y(static_cast<size_t>(width));
@@ -174,7 +165,7 @@ TEST(KvQuant, AttentionReadsTheDecodedCacheAndStaysCloseToFp32) {
     cpu_ops::gqa_attention(qr.data(), m, start, plain, 0, ps, {nh, nkv, hd}, 0.125f,
                            decoded.data());
     EXPECT_EQ(got, decoded) << cpu::kv_format_name(f);
-    const double err = rel_l2(got, want);
+    const double err = exl3::test::rel_l2(got, want);
     std::printf("%s cache: attention rel-L2 %.4f vs fp32\n",
                 std::string(cpu::kv_format_name(f)).c_str(), err);
     EXPECT_LT(err, bound) << cpu::kv_format_name(f);
@@ -209,7 +200,7 @@ TEST(KvQuant, CpuEngineFormatsStayCloseAndPrefixReuseIsExact) {
     EXPECT_EQ(info.bytes_per_token,
               2u * 2u * static_cast<uint64_t>(cpu::kv_code_bytes(f, 128) + 128 / 32 * 2));
     const auto got = test::prefill_then_decode(*e, ids, 20);
-    const double err = rel_l2(got, want);
+    const double err = exl3::test::rel_l2(got, want);
     std::printf("%s cache: logits rel-L2 %.4f vs the fp32 cache\n",
                 std::string(cpu::kv_format_name(f)).c_str(), err);
     EXPECT_LT(err, bound) << cpu::kv_format_name(f);

@@ -2,11 +2,6 @@
 // a max_tokens near 2^63, clients that trickle or hold sockets, chunked bodies over the limit, a
 // connection cap, a burst of connects, a negative Content-Length, pipelined requests, and
 // sampling fields that must be honoured or refused.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -18,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "raw_socket.hpp"
 #include "server_test_util.hpp"
 #include "test_support.hpp"
 
@@ -31,77 +27,10 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 ServerOptions options() {
-  ServerOptions o;
-  o.model_name = "tiny";
-  o.scheduler.max_seqs = 4;
-  o.scheduler.max_queue = 8;
-  o.scheduler.step_tokens = 64;
-  o.http.max_body_bytes = 64 * 1024;
-  return o;
+  return small_server_options(4, 8);
 }
 
-// One client socket on 127.0.0.1:port.
-class Raw {
- public:
-  explicit Raw(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  }
-  ~Raw() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Raw(const Raw&) = delete;
-  Raw& operator=(const Raw&) = delete;
-
-  bool connected() const { return connected_; }
-  // False once the server has closed or reset the connection.
-  bool send(const std::string& s) {
-    size_t off = 0;
-    while (off < s.size()) {
-      const ssize_t n = ::send(fd_, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      off += static_cast<size_t>(n);
-    }
-    return true;
-  }
-  // Reads until `done(received)` holds, the peer closes, or `seconds` pass.
-  template <class Pred>
-  std::string read_until(Pred done, double seconds) {
-    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-    while (!done(got_) && !eof_) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
-      if (left <= 0) break;
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
-      char buf[65536];
-      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-      if (n <= 0) {
-        eof_ = true;
-        reset_ = n < 0;
-        break;
-      }
-      got_.append(buf, static_cast<size_t>(n));
-    }
-    return got_;
-  }
-  std::string read_all(double seconds) {
-    return read_until([](const std::string&) { return false; }, seconds);
-  }
-  bool eof() const { return eof_; }
-  bool reset() const { return reset_; }
-
- private:
-  int fd_ = -1;
-  bool connected_ = false;
-  bool eof_ = false;
-  bool reset_ = false;
-  std::string got_;
-};
+using Raw = RawSocket;
 
 int status_of(const std::string& response) {
   if (response.rfind("HTTP/1.", 0) != 0 || response.size() < 12) return -1;

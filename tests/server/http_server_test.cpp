@@ -25,13 +25,7 @@ using ::testing::HasSubstr;
 namespace {
 
 ServerOptions options(int max_seqs = 4, int max_queue = 8) {
-  ServerOptions o;
-  o.model_name = "tiny";
-  o.scheduler.max_seqs = max_seqs;
-  o.scheduler.max_queue = max_queue;
-  o.scheduler.step_tokens = 64;
-  o.http.max_body_bytes = 64 * 1024;
-  return o;
+  return small_server_options(max_seqs, max_queue);
 }
 
 // POSTs JSON; returns (status, parsed body or null).

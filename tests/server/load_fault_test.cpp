@@ -6,11 +6,6 @@
 // running or queued, the KV cache is wholly free again and no connection is left open. Each
 // scenario prints one summary line ("[load] ...") so CI logs carry the figures; docs/serve.md
 // quotes them. Every wait is bounded, and the fixed-time scenario runs for a fixed few seconds.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -28,6 +23,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "raw_socket.hpp"
 #include "server_test_util.hpp"
 #include "test_support.hpp"
 
@@ -56,71 +52,7 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// One client socket on 127.0.0.1:port; every read is bounded by a deadline.
-class Raw {
- public:
-  // `rcvbuf` > 0: a small receive buffer, so that a slow reader pushes back on the server.
-  explicit Raw(int port, int rcvbuf = 0) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd_ >= 0 && rcvbuf > 0) ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  }
-  ~Raw() { close(); }
-  Raw(const Raw&) = delete;
-  Raw& operator=(const Raw&) = delete;
-
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  bool connected() const { return connected_; }
-  bool send(const std::string& s) {
-    size_t off = 0;
-    while (off < s.size()) {
-      const ssize_t n = ::send(fd_, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      off += static_cast<size_t>(n);
-    }
-    return true;
-  }
-  // Reads at most `max_bytes` more, waiting up to `seconds`; false at end of stream or timeout.
-  bool read_some(double seconds, size_t max_bytes = 65536) {
-    if (eof_) return false;
-    pollfd p{fd_, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(seconds * 1000)) <= 0) return false;
-    std::string buf(std::min<size_t>(max_bytes, 65536), '\0');
-    const ssize_t n = ::recv(fd_, buf.data(), buf.size(), 0);
-    if (n <= 0) {
-      eof_ = true;
-      return false;
-    }
-    got_.append(buf.data(), static_cast<size_t>(n));
-    return true;
-  }
-  template <class Pred>
-  const std::string& read_until(Pred done, double seconds) {
-    const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-    while (!done(got_) && !eof_ && Clock::now() < end) {
-      read_some(std::max(0.001, std::chrono::duration<double>(end - Clock::now()).count()));
-    }
-    return got_;
-  }
-  const std::string& read_all(double seconds) {
-    return read_until([](const std::string&) { return false; }, seconds);
-  }
-  const std::string& got() const { return got_; }
-  bool eof() const { return eof_; }
-
- private:
-  int fd_ = -1;
-  bool connected_ = false;
-  bool eof_ = false;
-  std::string got_;
-};
+using Raw = RawSocket;
 
 int status_of(const std::string& response) {
   if (response.rfind("HTTP/1.", 0) != 0 || response.size() < 12) return -1;
@@ -322,13 +254,7 @@ Outcomes outcomes(const LiveServer& s) {
 }
 
 ServerOptions options(int max_seqs = 8, int max_queue = 32) {
-  ServerOptions o;
-  o.model_name = "tiny";
-  o.scheduler.max_seqs = max_seqs;
-  o.scheduler.max_queue = max_queue;
-  o.scheduler.step_tokens = 64;
-  o.http.max_body_bytes = 64 * 1024;
-  return o;
+  return small_server_options(max_seqs, max_queue);
 }
 
 // `clients` threads stream requests back to back until `seconds` pass (or each has sent

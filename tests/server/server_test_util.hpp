@@ -26,6 +26,18 @@
 
 namespace exl3::server::test {
 
+// Server options for the tests: a model named "tiny", `max_seqs` / `max_queue`, prefill chunks
+// of 64 tokens and 64 KiB bodies.
+inline ServerOptions small_server_options(int max_seqs = 4, int max_queue = 8) {
+  ServerOptions o;
+  o.model_name = "tiny";
+  o.scheduler.max_seqs = max_seqs;
+  o.scheduler.max_queue = max_queue;
+  o.scheduler.step_tokens = 64;
+  o.http.max_body_bytes = 64 * 1024;
+  return o;
+}
+
 inline std::filesystem::path tiny_model(const std::filesystem::path& conformance) {
   return conformance / "models" / "tiny-qwen3moe-exl3";
 }
