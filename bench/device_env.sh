@@ -1,16 +1,21 @@
 # Sourced by the bench/run_*_on_device.sh scripts on the GPU machine:
-#   source bench/device_env.sh BUNDLE.tar.xz || exit 1
+#   source bench/device_env.sh BUNDLE.tar.xz || exit 1   (or an already unpacked bundle folder)
 # unpacks the carried bundle (scripts/device_bundle.sh, then `tar -cf - .devbundle | xz`) with
-# Python (no xz binary needed there), points the loader at its libraries, the CUDA toolkit and the
-# image's NCCL wheel (NVLink multicast off), the tests at the carried conformance folder .conf/
-# and this copy's tests/model/data,
-# and sets `bin`. gpu_tests LOG SUMMARY then runs every GPU test binary of the bundle.
-python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('.')" "$1" || return 1
+# Python (no xz binary needed there) unless given the folder a previous call of a machine still
+# warm unpacked, points the loader at its libraries, the CUDA toolkit and the image's NCCL wheel
+# (NVLink multicast off), the tests at the carried conformance folder .conf/ and this copy's
+# tests/model/data, and sets `bin`.
+if [ -d "$1" ]; then
+  bundle=$(cd "$1" && pwd)
+else
+  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall('.')" "$1" || return 1
+  bundle=$PWD/.devbundle
+fi
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
-export LD_LIBRARY_PATH=$PWD/.devbundle/lib:/usr/local/cuda/lib64:${nccl:-} EXL3_CONFORMANCE_DIR=$PWD/.conf
+export LD_LIBRARY_PATH=$bundle/lib:/usr/local/cuda/lib64:${nccl:-} EXL3_CONFORMANCE_DIR=$PWD/.conf
 export EXL3_SOURCE_DIR=$PWD  # the tests' reference checkpoints (tests/model/data) in this copy
 export NCCL_NVLS_ENABLE=0
-bin=$PWD/.devbundle/bin
+bin=$bundle/bin
 
 # gpu_tests LOG SUMMARY: the GPU's name, driver and clocks, then each cuda_*_test (and runtime_test
 # when bundled) into LOG, with one line per binary (exit status, seconds, its result) into SUMMARY.

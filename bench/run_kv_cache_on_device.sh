@@ -14,7 +14,8 @@
 #              own long-context distribution. CONTEXTS / FORMATS (quoted lists) pick a subset;
 #              the results come back as OUT/eval.tar.xz.
 #   speed OUT  decode tokens/s of the Qwen3-30B-A3B-geometry K4 synthetic checkpoint at batch 1
-#              and 8 after 16k tokens of context, for each cache format.
+#              and 8 (BATCHES, a comma list, picks) after 16k tokens of context, for each cache
+#              format.
 # Usage: bash bench/run_kv_cache_on_device.sh tests OUT | part OUT FILE | eval OUT [CONTEXTS [FORMATS]]
 #        | speed OUT
 set -uo pipefail
@@ -35,9 +36,7 @@ if [ "$phase" = part ]; then
 fi
 # Later phases: the bundle the first one kept.
 [ -d "$work/.devbundle" ] || { echo "no $work/.devbundle: run the tests phase first (warm)" >&2; exit 1; }
-nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
-export LD_LIBRARY_PATH=$work/.devbundle/lib:/usr/local/cuda/lib64:${nccl:-}
-bin=$work/.devbundle/bin
+source bench/device_env.sh "$work/.devbundle" || exit 1
 if [ "$phase" = eval ]; then
   # eval OUT [CONTEXT [FORMATS]]: one call holds about two 64k evaluations (each ~270 s), so the
   # contexts can be run in separate calls; results are kept in /tmp/kv/res and packed into one
@@ -81,10 +80,9 @@ if [ "$phase" = eval ]; then
 fi
 if [ "$phase" = speed ]; then
   model=/tmp/q30-k4
-  [ -f "$model/config.json" ] || timeout 300 "$bin/exl3" bench model --synthetic qwen3-30b-a3b \
-    --bits 4 --out "$model" --prepare-only > "$out/prepare.txt" 2>&1
+  synthetic "$model" "$out/prepare.txt" qwen3-30b-a3b --bits 4
   for f in auto fp8 q8 q4; do
-    timeout 140 "$bin/exl3" bench model "$model" --batch 1,8 --context 16384 --prefill 0 \
+    timeout 140 "$bin/exl3" bench model "$model" --batch "${BATCHES:-1,8}" --context 16384 --prefill 0 \
       --steps 32 --kv-cache "$f" --json "$out/speed_${f}.json" > "$out/speed_${f}.txt" 2>&1
     echo "speed $f rc=$?" | tee -a "$out/summary.txt"
     grep -E "KV cache|^ +[0-9]+ " "$out/speed_${f}.txt" | tee -a "$out/summary.txt"

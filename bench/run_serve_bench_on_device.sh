@@ -5,12 +5,16 @@
 # TTFT and ITL p50/p99, output tokens/s, requests/s and prefix-cache hits per level. The
 # synthetic checkpoint has no tokenizer, so one is written beside it first: a byte-level BPE
 # vocabulary of the model's size (3 special tokens, the 256 bytes, then plain filler tokens), which
-# decodes every id the model can produce. Needs .devpack/bundle.tar.xz.
+# decodes every id the model can produce. Needs .devpack/bundle.tar.xz, or the bundle that
+# `run_kv_cache_on_device.sh tests` unpacked into /tmp/kv on a machine still warm (whose `speed`
+# phase also leaves the synthetic checkpoint in /tmp/q30-k4).
 # Usage: bash bench/run_serve_bench_on_device.sh OUT
 set -uo pipefail
 out="$1"
 mkdir -p "$out"
-source bench/device_env.sh .devpack/bundle.tar.xz || exit 1
+bundle=.devpack/bundle.tar.xz
+[ -f "$bundle" ] || bundle=/tmp/kv/.devbundle
+source bench/device_env.sh "$bundle" || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
 model=/tmp/q30-k4
 synthetic "$model" "$out/prepare.txt" qwen3-30b-a3b --bits 4

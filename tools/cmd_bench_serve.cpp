@@ -38,6 +38,7 @@
 #include "exl3/server/http_server.hpp"
 #include "exl3/text/stop_tokens.hpp"
 #include "exl3/text/tokenizer.hpp"
+#include "kv_cache_option.hpp"
 #include "tp_option.hpp"
 
 #ifndef EXL3_GIT_REVISION
@@ -221,7 +222,7 @@ struct Level {
 
 Runner add_bench_serve(CLI::App& app, Common&) {
   struct Opts {
-    std::string model, device = "cuda", prefix_cache = "both", json_path;
+    std::string model, device = "cuda", prefix_cache = "both", json_path, kv_cache = "auto";
     std::vector<int> concurrency{1, 8, 64};
     int tp = 1, requests = 0;
     int64_t prompt_tokens = 512, max_tokens = 128, cache_tokens = 0, page_size = 32,
@@ -236,6 +237,7 @@ Runner add_bench_serve(CLI::App& app, Common&) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   add_tp_option(app, o->tp);
+  add_kv_cache_option(app, o->kv_cache);
   app.add_option("--concurrency", o->concurrency,
                  "Concurrency levels: streams in flight at once, each level run in turn")
       ->delimiter(',')
@@ -334,6 +336,7 @@ Runner add_bench_serve(CLI::App& app, Common&) {
       eo.load_progress = runtime::make_load_progress_printer(stderr, ::isatty(2) != 0);
       eo.device = runtime::parse_device(o->device);
       eo.tp = o->tp;
+      eo.kv_format = kv_cache_format(o->kv_cache);
       eo.page_size = o->page_size;
       eo.prefix_cache = pc;
       // Every stream of the largest level at once, plus a page of slack each.
@@ -470,6 +473,7 @@ Runner add_bench_serve(CLI::App& app, Common&) {
                     {"max_tokens", o->max_tokens},
                     {"shared_fraction", o->shared_fraction},
                     {"prefix_cache", o->prefix_cache},
+                    {"kv_cache", o->kv_cache},
                     {"page_size", o->page_size},
                     {"step_tokens", o->step_tokens},
                     {"seed", o->seed}}},
