@@ -6,7 +6,7 @@
 namespace exl3 {
 namespace {
 
-constexpr std::array<ArchitectureInfo, 12> kArchitectures = {{
+constexpr std::array<ArchitectureInfo, 13> kArchitectures = {{
     // arch, HF class, model_type, CLI, moe, shared experts, qk_norm, qkv_bias, mla
     {Architecture::kLlama, "LlamaForCausalLM", "llama", "llama", false, false, false, false, false},
     {Architecture::kMistral, "MistralForCausalLM", "mistral", "mistral", false, false, false, false,
@@ -29,6 +29,8 @@ constexpr std::array<ArchitectureInfo, 12> kArchitectures = {{
      false},
     {Architecture::kGptOss, "GptOssForCausalLM", "gpt_oss", "gpt-oss", true, false, false, true,
      false},
+    {Architecture::kMiniMaxM2, "MiniMaxM2ForCausalLM", "minimax_m2", "minimax-m2", true, false,
+     false, false, false},
 }};
 
 }  // namespace

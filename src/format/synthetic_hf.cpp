@@ -129,6 +129,12 @@ void validate(const SyntheticHfSpec& s) {
         "written by the synthetic writer; hint: make a tiny one with transformers "
         "(tests/model/data/make_gpt_oss.py)");
   }
+  if (s.arch == HfArch::kMiniMaxM2) {
+    fail(
+        "synthetic HF model: MiniMaxM2ForCausalLM (q/k norms across heads, a biased sigmoid "
+        "router) is not written by the synthetic writer; hint: make a tiny one with transformers "
+        "(tests/model/data/make_minimax_m2.py)");
+  }
   if (s.arch == HfArch::kGlm4Moe && (s.first_k_dense_replace < 0 || s.n_shared_experts < 0)) {
     fail("synthetic HF model: first_k_dense_replace and n_shared_experts must be >= 0");
   }

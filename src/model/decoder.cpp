@@ -49,6 +49,19 @@ GqaModules load_gqa(Backend& b, const ModelSpec& model, const GqaAttentionSpec& 
     m.o = b.load_linear(sliced(ap->o, rank));
   }
   m.attention = b.load_gqa(s, m.q_heads, m.kv_heads, cache_layer);
+  if (s.qk_norm == QkNorm::kAcrossHeads) {
+    // One mean square over every head of a token: a rank holding some heads cannot form it alone.
+    if (ap != nullptr) {
+      fail(
+          "{}: q_norm / k_norm normalise all {} heads of a token together (MiniMax-M2), which "
+          "tensor parallelism by heads would need one more collective for; hint: --tp 1",
+          s.prefix, s.num_heads);
+    }
+    m.q_norm = b.load_norm(s.prefix + ".q_norm.weight", s.num_heads * hd);
+    m.k_norm = b.load_norm(s.prefix + ".k_norm.weight", s.num_kv_heads * hd);
+    b.reserve(Slot::kQNormed, s.num_heads * hd);
+    b.reserve(Slot::kKNormed, s.num_kv_heads * hd);
+  }
   const Module* qkv[] = {m.q.get(), m.k.get(), m.v.get()};
   b.reserve_group(qkv);
   b.reserve(Slot::kQ, m.q_heads.count * hd);
@@ -135,10 +148,18 @@ void gqa_attention(Backend& b, const GqaModules& a, Act h, Act y) {
     b.linear(*a.o, Act{nullptr, h.rows, 0}, y);
     return;
   }
-  const Act q = b.act(Slot::kQ, qw), k = b.act(Slot::kK, kvw), v = b.act(Slot::kV, kvw);
+  Act q = b.act(Slot::kQ, qw), k = b.act(Slot::kK, kvw);
+  const Act v = b.act(Slot::kV, kvw);
   const Module* qkv[] = {a.q.get(), a.k.get(), a.v.get()};
   const Act outs[] = {q, k, v};
   b.linears(qkv, h, outs);
+  if (a.q_norm) {
+    const Act qn = b.act(Slot::kQNormed, qw), kn = b.act(Slot::kKNormed, kvw);
+    b.add_rms_norm(q, nullptr, *a.q_norm, qn);
+    b.add_rms_norm(k, nullptr, *a.k_norm, kn);
+    q = qn;
+    k = kn;
+  }
   const Act attn = b.act(Slot::kAttn, qw);
   b.attention(*a.attention, q, k, v, attn);
   b.linear(*a.o, attn, y);

@@ -23,6 +23,18 @@ using Keys = ConfigKeys;  // the format layer's typed config reader
 
 }  // namespace
 
+std::string_view qk_norm_name(QkNorm n) {
+  switch (n) {
+    case QkNorm::kNone:
+      return "none";
+    case QkNorm::kPerHead:
+      return "per_head";
+    case QkNorm::kAcrossHeads:
+      return "across_heads";
+  }
+  return "?";
+}
+
 std::string_view architecture_name(Architecture a) {
   return architecture_info(a).hf_name;
 }
@@ -120,11 +132,11 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
   attn.num_kv_heads = kv_heads;
   attn.head_dim = head_dim;
   attn.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-  if (s.architecture != Architecture::kGlm4Moe && k.has("partial_rotary_factor") &&
-      k.number("partial_rotary_factor") != 1.0) {
+  if (s.architecture != Architecture::kGlm4Moe && s.architecture != Architecture::kMiniMaxM2 &&
+      k.has("partial_rotary_factor") && k.number("partial_rotary_factor") != 1.0) {
     fail(
         "{}: key 'partial_rotary_factor': partial rotary is supported for Glm4MoeForCausalLM "
-        "only, not {}",
+        "and MiniMaxM2ForCausalLM only, not {}",
         label, config.architecture);
   }
   // Gemma's RoPE differs per layer type; gpt-oss has defaults of its own.
@@ -168,6 +180,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
       break;
     case Architecture::kGptOss:
       families::describe_gpt_oss(f);
+      break;
+    case Architecture::kMiniMaxM2:
+      families::describe_minimax_m2(f);
       break;
   }
   s.lm_head_tied = false;
@@ -245,9 +260,12 @@ nlohmann::json spec_summary(const ModelSpec& s) {
                   {"factor", r.factor}};
     };
     if (const auto* a = std::get_if<GqaAttentionSpec>(&s.layers[0].attention)) {
-      j["attention"] = {
-          {"kind", "gqa"},           {"num_heads", a->num_heads}, {"num_kv_heads", a->num_kv_heads},
-          {"head_dim", a->head_dim}, {"qk_norm", a->qk_norm},     {"rope", rope(a->rope)}};
+      j["attention"] = {{"kind", "gqa"},
+                        {"num_heads", a->num_heads},
+                        {"num_kv_heads", a->num_kv_heads},
+                        {"head_dim", a->head_dim},
+                        {"qk_norm", qk_norm_name(a->qk_norm)},
+                        {"rope", rope(a->rope)}};
     } else {
       const auto& m = std::get<MlaAttentionSpec>(s.layers[0].attention);
       j["attention"] = {{"kind", "mla"},

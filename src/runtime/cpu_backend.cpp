@@ -281,7 +281,7 @@ ModulePtr CpuBackend::load_gqa(const GqaAttentionSpec& s, Extent q_heads, Extent
   a->cache_layer = opts_.first_cache_layer + cache_layer;
   a->eps = spec_.rms_norm_eps;
   a->rope.emplace(s.rope);
-  if (s.qk_norm) {
+  if (s.qk_norm == model::QkNorm::kPerHead) {
     a->q_norm = load_norm_weight(s.prefix + ".q_norm.weight", s.head_dim);
     a->k_norm = load_norm_weight(s.prefix + ".k_norm.weight", s.head_dim);
   }
@@ -340,8 +340,7 @@ ModulePtr CpuBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoePl
       DenseMatrix::load(store, router + ".weight", s.num_experts, hidden));
   if (s.router_bias) m->router_bias = load_vector(store, router + ".bias", s.num_experts);
   if (s.correction_bias) {
-    m->correction_bias =
-        load_vector(store, s.prefix + ".gate.e_score_correction_bias", s.num_experts);
+    m->correction_bias = load_vector(store, s.prefix + "." + s.correction_bias_name, s.num_experts);
   }
   const int experts = static_cast<int>(s.num_experts);
   const moe::MoeLayout* layout = opts_.moe_layout;
@@ -490,7 +489,7 @@ void CpuBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
   const auto seq = step_.seq;
   const int64_t start = step_.start;
   const int layer = a.cache_layer;
-  if (a.spec.qk_norm) {
+  if (a.spec.qk_norm == model::QkNorm::kPerHead) {
     cpu_ops::rms_norm(q.data, a.q_norm.data(), m * nh, hd, a.eps, q.data);
     cpu_ops::rms_norm(k.data, a.k_norm.data(), m * nkv, hd, a.eps, k.data);
   }

@@ -324,7 +324,7 @@ ModulePtr CudaBackend::load_gqa(const GqaAttentionSpec& s, Extent hq, Extent hk,
     a->spec.num_heads = hq.count;
     a->spec.num_kv_heads = hk.count;
   }
-  if (s.qk_norm) {
+  if (s.qk_norm == model::QkNorm::kPerHead) {
     a->q_norm =
         DeviceBuffer::upload(norm_weight(s.prefix + ".q_norm.weight", s.head_dim), "q_norm");
     a->k_norm =
@@ -372,7 +372,7 @@ ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoeP
   }
   if (s.correction_bias) {
     m->bias = DeviceBuffer::upload(
-        load_vector(store, s.prefix + ".gate.e_score_correction_bias", s.num_experts),
+        load_vector(store, s.prefix + "." + s.correction_bias_name, s.num_experts),
         "e_score_correction_bias");
     m->params.correction_bias = m->bias.as<float>();
   }

@@ -63,6 +63,24 @@ TEST(CudaEngine, ConformanceModelMatchesCpu) {
   expect_matches_cpu(model, ids, 1e-3, "tiny-qwen3moe-exl3");
 }
 
+// Prefill of 3 tokens, then one token at a time (decode graphs), against the one-pass logits.
+void expect_incremental_matches(const std::filesystem::path& model, const std::vector<int32_t>& ids,
+                                const std::vector<float>& one_pass, const char* label) {
+  auto gpu = load_engine(model, cuda_options());
+  const size_t vocab = static_cast<size_t>(gpu->spec().vocab_size);
+  const size_t prefill = 3;
+  const auto seq = gpu->new_sequence();
+  std::vector<float> inc = gpu->forward(seq, std::span(ids).first(prefill));
+  for (size_t t = prefill; t < ids.size(); ++t) {
+    const auto row = gpu->forward(seq, std::span(ids).subspan(t, 1), LogitsMode::kLast);
+    ASSERT_EQ(row.size(), vocab) << label;
+    inc.insert(inc.end(), row.begin(), row.end());
+  }
+  const double err_inc = exl3::test::rel_l2(inc, one_pass);
+  std::printf("%s: incremental (decode graphs) vs one pass rel-L2 %.3e\n", label, err_inc);
+  EXPECT_LE(err_inc, 1e-3) << label;
+}
+
 struct Case {
   const char* name;
   HfArch arch;
@@ -120,20 +138,21 @@ TEST(CudaEngine, Gemma3MatchesCpuAndTransformers) {
   const double err_ref = exl3::test::rel_l2(got, std::vector<float>(ref.begin(), ref.end()));
   std::printf("gemma3: CUDA vs transformers rel-L2 %.3e\n", err_ref);
   EXPECT_LE(err_ref, 1e-3);
-  auto gpu = load_engine(model, cuda_options());
+  expect_incremental_matches(model, ids, got, "gemma3");
+}
 
-  const size_t vocab = static_cast<size_t>(gpu->spec().vocab_size);
-  const size_t prefill = 3;
-  const auto seq = gpu->new_sequence();
-  std::vector<float> inc = gpu->forward(seq, std::span(ids).first(prefill));
-  for (size_t t = prefill; t < ids.size(); ++t) {
-    const auto row = gpu->forward(seq, std::span(ids).subspan(t, 1), LogitsMode::kLast);
-    ASSERT_EQ(row.size(), vocab);
-    inc.insert(inc.end(), row.begin(), row.end());
-  }
-  const double err_inc = exl3::test::rel_l2(inc, got);
-  std::printf("gemma3: incremental (decode graphs) vs one pass rel-L2 %.3e\n", err_inc);
-  EXPECT_LE(err_inc, 1e-3);
+// MiniMax-M2 (the transformers reference checkpoint with random EXL3 experts: q/k norms across
+// all 4 heads, run as ordinary norms before attention; RoPE on half of each head; the sigmoid
+// router with its correction bias in the fused MoE): the CUDA engine against the CPU engine, in
+// one pass and one token at a time.
+TEST(CudaEngine, MiniMaxM2MatchesCpu) {
+  EXL3_REQUIRE_GPU();
+  exl3::test::TempDir tmp;
+  const auto model = test::with_exl3_experts(tmp, "minimax_m2");
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 256);
+  const auto got = expect_matches_cpu(model, ids, 1e-3, "minimax_m2");
+  expect_incremental_matches(model, ids, got, "minimax_m2");
 }
 
 // Prefill then one token at a time (decode graphs) equals one pass; graphs off gives the same

@@ -36,17 +36,7 @@ EngineOptions cuda_options(int64_t max_batch_tokens = 2048) {
   return eo;
 }
 
-// A copy of the reference checkpoint `name` with random EXL3 experts (the CUDA engine runs
-// quantized experts only); attention and dense MLPs stay unquantized.
-fs::path with_exl3_experts(const exl3::test::TempDir& tmp, const std::string& name,
-                           const nlohmann::json& config_patch = nlohmann::json::object(),
-                           const std::string& as = "") {
-  const fs::path src = exl3::test::model_data_dir() / name, dir = tmp / (as.empty() ? name : as);
-  fs::create_directories(dir);
-  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(src / f, dir / f);
-  test::exl3_experts(dir, 23, config_patch);
-  return dir;
-}
+using test::with_exl3_experts;
 
 std::vector<int32_t> random_tokens(size_t n, int32_t vocab) {
   auto rng = exl3::test::make_rng();

@@ -34,7 +34,7 @@ TEST(ModelSpec, TinyQwen3MoeFromCheckpoint) {
     EXPECT_EQ(a.num_heads, 4);
     EXPECT_EQ(a.num_kv_heads, 2);
     EXPECT_EQ(a.head_dim, 64);
-    EXPECT_TRUE(a.qk_norm);
+    EXPECT_EQ(a.qk_norm, QkNorm::kPerHead);
     EXPECT_EQ(a.rope.type, RopeType::kDefault);  // rope_parameters (transformers 5)
     EXPECT_DOUBLE_EQ(a.rope.theta, 10000.0);
     EXPECT_EQ(a.rope.rotary_dim, 64);
@@ -57,7 +57,7 @@ TEST(ModelSpec, DenseArchitectures) {
     ASSERT_EQ(spec.num_layers(), 4);
     const auto& a = std::get<GqaAttentionSpec>(spec.layers[1].attention);
     EXPECT_EQ(a.prefix, "model.layers.1.self_attn");
-    EXPECT_EQ(a.qk_norm, std::string(arch) == "Qwen3ForCausalLM");
+    EXPECT_EQ(a.qk_norm == QkNorm::kPerHead, std::string(arch) == "Qwen3ForCausalLM");
     EXPECT_DOUBLE_EQ(a.scale, 0.125);
     const auto& d = std::get<DenseMlpSpec>(spec.layers[1].mlp);
     EXPECT_EQ(d.prefix, "model.layers.1.mlp");
@@ -89,7 +89,7 @@ TEST(ModelSpec, Glm4MoeLayersRouterAndPartialRotary) {
   EXPECT_EQ(m.shared->intermediate, 128);
   const auto& a = std::get<GqaAttentionSpec>(spec.layers[1].attention);
   EXPECT_EQ(a.rope.rotary_dim, 32);  // head_dim 64 x partial_rotary_factor 0.5
-  EXPECT_FALSE(a.qk_norm);
+  EXPECT_EQ(a.qk_norm, QkNorm::kNone);
 }
 
 TEST(ModelSpec, Qwen3MoeDenseLayers) {
@@ -118,14 +118,20 @@ TEST(ModelSpec, BadConfigsFailClearly) {
       {"LlamaForCausalLM", {{"rms_norm_eps", nullptr}}, "rms_norm_eps"},
       {"LlamaForCausalLM", {{"rms_norm_eps", -1.0}}, "rms_norm_eps"},
       {"LlamaForCausalLM", {{"hidden_size", 0}}, "hidden_size"},
-      {"LlamaForCausalLM", {{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}}}, "rope_scaling.rope_type"},
+      {"LlamaForCausalLM",
+       {{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 2.0}}}},
+       "rope_scaling.rope_type"},
       {"LlamaForCausalLM", {{"rope_scaling", {{"type", "longrope"}}}}, "rope_scaling.type"},
       {"LlamaForCausalLM", {{"rope_scaling", {{"rope_type", "linear"}}}}, "rope_scaling.factor"},
-      {"LlamaForCausalLM", {{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}}, "rope_scaling.low_freq_factor"},
+      {"LlamaForCausalLM",
+       {{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}},
+       "rope_scaling.low_freq_factor"},
       {"LlamaForCausalLM", {{"rope_theta", "big"}}, "rope_theta"},
       {"LlamaForCausalLM", {{"partial_rotary_factor", 0.5}}, "partial_rotary_factor"},
       {"Qwen2ForCausalLM", {{"use_sliding_window", true}}, "use_sliding_window"},
-      {"Qwen3ForCausalLM", {{"layer_types", {"sliding_attention", "full_attention"}}}, "layer_types"},
+      {"Qwen3ForCausalLM",
+       {{"layer_types", {"sliding_attention", "full_attention"}}},
+       "layer_types"},
       {"Qwen3MoeForCausalLM", {{"num_experts_per_tok", 9}}, "num_experts_per_tok"},
       {"Qwen3MoeForCausalLM", {{"moe_intermediate_size", nullptr}}, "moe_intermediate_size"},
       {"Qwen3MoeForCausalLM", {{"mlp_only_layers", {7}}}, "mlp_only_layers"},
@@ -158,7 +164,8 @@ TEST(ModelSpec, NoConfigOrHeadFails) {
     SafetensorsWriter w;
     const auto store = TensorStore::open(tmp.path());
     for (const auto& n : store.names())
-      if (n != "lm_head.weight") w.add(n, store.at(n).info->dtype, store.at(n).info->shape, store.at(n).bytes());
+      if (n != "lm_head.weight")
+        w.add(n, store.at(n).info->dtype, store.at(n).info->shape, store.at(n).bytes());
     const std::string blob = w.serialize();
     std::filesystem::remove(tmp / "model.safetensors");
     write_file_atomic(tmp / "model.safetensors", std::string_view(blob));

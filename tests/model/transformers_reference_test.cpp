@@ -22,8 +22,10 @@
 //                      with biases and the clamped SwiGLU (limit 1.5, clamping about a tenth of
 //                      the values), bf16 weights (transformers 5.24)
 //   gpt_oss_mxfp4      one such layer with its experts stored MXFP4 (`*_blocks`, `*_scales`),
-//   against
-//                      transformers' own dequantization on the CPU
+//                      against transformers' own dequantization on the CPU
+//   minimax_m2         MiniMaxM2ForCausalLM: q/k norms across all 4 heads, RoPE on half of each
+//                      head, a sigmoid router (top 2 of 8) whose e_score_correction_bias changes
+//                      the choice, Mixtral's expert names (made on the device, transformers 5.17)
 // The first two were made on the device, the others with CPU torch (same transformers 5.17).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -98,10 +100,19 @@ TEST_P(Transformers, MatchesFp64AndDecodesAtEveryTp) {
   // Tensor parallelism cuts attention by heads (MLA: 4 heads, 2+2, 2+1+1, 1 each, the latent path,
   // the DSA indexer and the latent cache replicated; Mistral's GQA as its plan says) and the
   // unquantized MLPs and experts by channels. MLA measured 3.4e-7 to 4.2e-7 from TP 1 (fp32 sums in
-  // another order).
+  // another order). MiniMax-M2's q/k norms span every head, so head-parallel ranks are refused.
+  const bool across_heads =
+      std::get<GqaAttentionSpec>(describe_model(Checkpoint::open(dir)).layers[0].attention)
+          .qk_norm == QkNorm::kAcrossHeads;
   for (const int tp : {2, 3, 4}) {
     rt::EngineOptions o;
     o.tp = tp;
+    if (across_heads) {
+      EXPECT_THAT(rt::test::error_of([&] { (void)rt::load_engine(dir, o); }),
+                  HasSubstr("normalise all 4 heads of a token together (MiniMax-M2)"))
+          << "TP " << tp;
+      continue;
+    }
     auto sliced = rt::load_engine(dir, o);
     EXPECT_LE(exl3::test::rel_l2(rt::forward_logits(*sliced, ref.ids), got), 1e-5) << "TP " << tp;
     EXPECT_LE(exl3::test::rel_l2(rt::test::prefill_then_decode(*sliced, ref.ids, 25), got), 1e-5)
@@ -113,7 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Model, Transformers,
                          ::testing::Values("deepseek_v3_qlora", "deepseek_v3_yarn", "glm_moe_dsa",
                                            "deepseek_v32", "mistral_window", "deepseek_v3_q128",
                                            "glm_moe_dsa_q128", "mixtral", "gemma3", "gpt_oss",
-                                           "gpt_oss_mxfp4"));
+                                           "gpt_oss_mxfp4", "minimax_m2"));
 
 // The window matters: without it the Mistral model is far from its reference.
 TEST(Mistral, SlidingWindowChangesTheResult) {
@@ -152,7 +163,7 @@ TEST(Gemma3, DescribedAsGemma3TextConfigReadsIt) {
     EXPECT_DOUBLE_EQ(a.rope.theta, full ? 50000.0 : 10000.0) << l.index;
     EXPECT_EQ(a.rope.type, full ? RopeType::kLinear : RopeType::kDefault) << l.index;
     EXPECT_DOUBLE_EQ(a.scale, 1.0 / std::sqrt(48.0));
-    EXPECT_TRUE(a.qk_norm);
+    EXPECT_EQ(a.qk_norm, QkNorm::kPerHead);
     EXPECT_EQ(l.post_attention_norm, l.prefix + ".pre_feedforward_layernorm.weight");
     EXPECT_EQ(l.attention_output_norm, l.prefix + ".post_attention_layernorm.weight");
     EXPECT_EQ(l.mlp_output_norm, l.prefix + ".post_feedforward_layernorm.weight");
@@ -398,6 +409,71 @@ TEST(Mixtral, DescribedWithItsExpertNamesAndRenormalisedRouter) {
                   [&] { moe::check_expert_naming(mlp_named, moe.block, moe.expert_proj, "cfg"); }),
               HasSubstr("'block_sparse_moe.experts.{E}.{w1,w3,w2}', but the checkpoint's EXL3 "
                         "experts (ckpt) are 'mlp.experts.{E}.{gate_proj,up_proj,down_proj}'"));
+}
+
+// MiniMax-M2: the description, each trait moving the logits when taken away, and the original
+// code's config keys refused where they disagree with what transformers computes.
+TEST(MiniMaxM2, DescribedAndEveryTraitChangesTheResult) {
+  using Json = nlohmann::json;
+  const auto src = data_dir("minimax_m2");
+  const ModelSpec s = describe_model(Checkpoint::open(src));
+  EXPECT_EQ(s.architecture, Architecture::kMiniMaxM2);
+  for (const auto& l : s.layers) {
+    const auto& a = std::get<GqaAttentionSpec>(l.attention);
+    EXPECT_EQ(a.qk_norm, QkNorm::kAcrossHeads);
+    EXPECT_EQ(a.rope.rotary_dim, 16);  // head_dim 32 x partial_rotary_factor 0.5
+    EXPECT_EQ(a.sliding_window, 0);
+    const auto& m = std::get<MoeSpec>(l.mlp);
+    EXPECT_EQ(m.prefix, l.prefix + ".block_sparse_moe");
+    EXPECT_EQ(m.expert_proj[0], "w1");
+    EXPECT_EQ(m.router, RouterKind::kSigmoidGrouped);
+    EXPECT_EQ(m.n_group, 1);
+    EXPECT_TRUE(m.correction_bias);
+    EXPECT_EQ(m.correction_bias_name, "e_score_correction_bias");
+    EXPECT_TRUE(m.renormalize);
+    EXPECT_FALSE(m.shared.has_value());
+    EXPECT_EQ(m.num_experts, 8);
+    EXPECT_EQ(m.top_k, 2);
+  }
+  const std::pair<const char*, std::function<void(Json&)>> edits[] = {
+      {"full rotary",
+       [](Json& c) {
+         c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+       }},
+      {"top 1", [](Json& c) { c["num_experts_per_tok"] = 1; }},
+  };
+  for (const auto& [what, edit] : edits) {
+    const double err = moved_from_reference("minimax_m2", edit);
+    std::printf("minimax_m2 with %s: rel-L2 %.3e from the reference\n", what, err);
+    EXPECT_GT(err, 1e-3) << what;
+  }
+  const double err = moved_from_reference(
+      "minimax_m2", [](Json&) {},
+      [](const std::string& n, std::vector<float>& v) {
+        if (n.ends_with("e_score_correction_bias")) std::fill(v.begin(), v.end(), 0.0f);
+      });
+  std::printf("minimax_m2 without the routing bias: rel-L2 %.3e from the reference\n", err);
+  EXPECT_GT(err, 1e-3);
+  const auto cfg = Json::parse(exl3::test::read_file(src / "config.json"));
+  const std::pair<std::function<void(Json&)>, const char*> refused[] = {
+      {[](Json& c) { c["rotary_dim"] = 32; }, "key 'rotary_dim' is 32, but partial_rotary_factor"},
+      {[](Json& c) { c["qk_norm_type"] = "per_head"; }, "key 'qk_norm_type': 'per_head'"},
+      {[](Json& c) {
+         c["attn_type_list"] = {1, 0};
+       },
+       "key 'attn_type_list': entry 0"},
+      {[](Json& c) { c["scoring_func"] = "softmax"; }, "key 'scoring_func': 'softmax'"},
+  };
+  for (const auto& [edit, message] : refused) {
+    Json c = cfg;
+    edit(c);
+    EXPECT_THAT(
+        rt::test::error_of([&] { (void)describe_model(rt::test::config_of(c), "m/config.json"); }),
+        HasSubstr(message));
+  }
+  Json agreeing = cfg;
+  agreeing["rotary_dim"] = 16;  // the release's key, consistent with the factor
+  EXPECT_NO_THROW((void)describe_model(rt::test::config_of(agreeing), "m/config.json"));
 }
 
 // The sparsity matters: with every position kept, the GLM-5 model is far from its reference.

@@ -176,8 +176,9 @@ inline void exl3_experts(const std::filesystem::path& dir, uint64_t seed,
   for (const auto& name : store.names()) {
     const TensorRef& ref = store.at(name);
     const std::string prefix = name.substr(0, name.size() - std::min<size_t>(name.size(), 7));
-    if (name.find(".mlp.experts.") != std::string::npos && name.ends_with(".weight") &&
-        (!which || which(prefix))) {
+    const bool expert = name.find(".mlp.experts.") != std::string::npos ||
+                        name.find(".block_sparse_moe.experts.") != std::string::npos;
+    if (expert && name.ends_with(".weight") && (!which || which(prefix))) {
       const int64_t out = ref.info->shape[0], in = ref.info->shape[1];
       const int k = 4;
       std::vector<uint16_t> tr(static_cast<size_t>(in / 16 * out / 16 * 16 * k));
@@ -200,6 +201,20 @@ inline void exl3_experts(const std::filesystem::path& dir, uint64_t seed,
   auto cfg = nlohmann::json::parse(read_text_file(dir / "config.json"));
   cfg.merge_patch(config_patch);
   write_file_atomic(dir / "config.json", cfg.dump(2));
+}
+
+// A copy of the transformers reference checkpoint `name` (tests/model/data) in tmp / `as` (default
+// `name`) with random EXL3 experts, for the CUDA engine, which runs quantized experts only;
+// attention and dense MLPs stay unquantized.
+inline std::filesystem::path with_exl3_experts(
+    const exl3::test::TempDir& tmp, const std::string& name,
+    const nlohmann::json& config_patch = nlohmann::json::object(), const std::string& as = "") {
+  const auto src = exl3::test::model_data_dir() / name, dir = tmp / (as.empty() ? name : as);
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(src / f, dir / f);
+  exl3_experts(dir, 23, config_patch);
+  return dir;
 }
 
 // Writes a synthetic model of `arch` into dir (MoE experts as EXL3 unless `plain_experts`).
@@ -340,7 +355,7 @@ class ReferenceModel {
     const int64_t n = h.r, nh = a.num_heads, nkv = a.num_kv_heads, hd = a.head_dim;
     Mat q = apply(linear(a.prefix + ".q_proj"), h), k = apply(linear(a.prefix + ".k_proj"), h),
         v = apply(linear(a.prefix + ".v_proj"), h);
-    if (a.qk_norm) {
+    if (a.qk_norm != model::QkNorm::kNone) {  // per head or across heads: the weight's length says
       q = norm(q, vec(a.prefix + ".q_norm.weight"));
       k = norm(k, vec(a.prefix + ".k_norm.weight"));
     }

@@ -23,7 +23,8 @@ enum class Architecture : uint8_t {
   kDeepseekV32,
   kGlmMoeDsa,
   kGemma3,
-  kGptOss
+  kGptOss,
+  kMiniMaxM2
 };
 
 struct ArchitectureInfo {
@@ -34,7 +35,7 @@ struct ArchitectureInfo {
   bool moe;                     // routed experts: mlp.experts.E.{gate,up,down}_proj (Mixtral:
                                 // block_sparse_moe.experts.E.{w1,w3,w2})
   bool shared_experts;          // mlp.shared_experts.* beside them (GLM-4.5)
-  bool qk_norm;                 // per-head RMSNorm of q and k (Qwen3)
+  bool qk_norm;                 // per-head RMSNorm of q and k (Qwen3; MiniMax-M2's spans heads)
   bool qkv_bias;                // biases on q/k/v_proj (Qwen2, GLM-4.5)
   bool mla;                     // multi-head latent attention (DeepSeek-V3): no q/k/v_proj
 };

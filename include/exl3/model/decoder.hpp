@@ -32,6 +32,9 @@ struct GqaModules {
   Extent q_heads, kv_heads;  // this rank's (all of them at TP 1)
   int64_t head_dim = 0;
   ModulePtr q, k, v, o, attention;
+  // QkNorm::kAcrossHeads: RMSNorms over each token's whole q and k projection, run as ordinary
+  // norms before attention (the backends' attention only knows per-head norms).
+  ModulePtr q_norm, k_norm;
 };
 
 struct MlaModules {

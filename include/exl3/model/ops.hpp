@@ -69,6 +69,8 @@ enum class Slot : uint8_t {
   kLatentQNormed,
   kLatentKv,  // MLA: q_a_proj output, its norm, kv_a_proj_with_mqa output
   kNormedY,   // a sandwich norm's output (the normed attention or MLP output)
+  kQNormed,
+  kKNormed,  // q and k after a q/k norm across all heads (QkNorm::kAcrossHeads)
   kCount
 };
 
@@ -121,8 +123,8 @@ class Backend {
     const Act ys[] = {y};
     linears(ls, x, ys);
   }
-  // Per-head q/k norm and RoPE at the step's positions, k/v written to the cache, causal
-  // attention over everything the sequence holds: out [n, q_heads * head_dim].
+  // Per-head q/k norm (QkNorm::kPerHead) and RoPE at the step's positions, k/v written to the
+  // cache, causal attention over everything the sequence holds: out [n, q_heads * head_dim].
   virtual void attention(const Module& attn, Act q, Act k, Act v, Act out) = 0;
   // MLA: q [n, heads * qk_head_dim] and kv_a [n, kv_lora_rank + qk_rope_head_dim] (the
   // kv_a_proj_with_mqa output) -> out [n, heads * v_head_dim]: RoPE on the rope parts, the latent

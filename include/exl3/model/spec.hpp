@@ -26,6 +26,9 @@
 //   GptOssForCausalLM    sliding / full layers (layer_types), attention sinks, q/k/v/o biases,
 //                        YaRN RoPE; a biased router (softmax over its top-k logits) and experts
 //                        with biases and the clamped SwiGLU, stored fused or per expert
+//   MiniMaxM2ForCausalLM Mixtral's layer with q/k norms across all heads (QkNorm::kAcrossHeads),
+//                        partial rotary, a sigmoid router whose e_score_correction_bias picks
+//                        the top k (renormalised sigmoid weights)
 //
 // Anything else fails with an exl3::Error that names config.json and the key at fault: the
 // runtime never runs a model it would compute differently from its reference.
@@ -60,6 +63,13 @@ namespace exl3::model {
 using exl3::Architecture;
 std::string_view architecture_name(Architecture a);  // the HF class name
 
+// Where RMSNorms `q_norm` / `k_norm` apply to the projected q and k, before RoPE: nowhere, to each
+// head over head_dim (Qwen3, Gemma 3, GLM-4.5's use_qk_norm), or to each token's whole projection
+// at once, all heads together (MiniMax-M2: weights of num_heads * head_dim and
+// num_kv_heads * head_dim, one mean square over every head).
+enum class QkNorm : uint8_t { kNone, kPerHead, kAcrossHeads };
+std::string_view qk_norm_name(QkNorm n);  // "none", "per_head", "across_heads"
+
 // Grouped-query attention (MHA and MQA are the special cases): q heads h read kv head
 // h / (num_heads / num_kv_heads), as transformers' repeat_kv.
 struct GqaAttentionSpec {
@@ -67,7 +77,7 @@ struct GqaAttentionSpec {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  bool qk_norm = false;        // per-head RMSNorm `q_norm` / `k_norm` over head_dim, before RoPE
+  QkNorm qk_norm = QkNorm::kNone;
   int64_t sliding_window = 0;  // > 0: a query at p sees positions > p - sliding_window only
   // gpt-oss: a learned logit per q head (`sinks` [num_heads]) joins each softmax's denominator,
   // so a head may give less than all of its weight to the positions it sees.
@@ -143,7 +153,9 @@ struct MoeSpec {
   int n_group = 1;
   int topk_group = 1;
   double routed_scaling_factor = 1.0;
-  bool correction_bias = false;        // `gate.e_score_correction_bias` [E]
+  bool correction_bias = false;  // a bias [E] added to the scores that choose (not weight) experts
+  // Its tensor under the prefix: the router's (DeepSeek, GLM) or the block's (MiniMax-M2).
+  std::string correction_bias_name = "gate.e_score_correction_bias";
   std::optional<DenseMlpSpec> shared;  // `shared_experts`, added to the routed output
   // gpt-oss: the router is `router` (weight and bias), every expert linear has a bias, the
   // activation is the clamped SwiGLU, and transformers stores the experts fused:

@@ -83,7 +83,7 @@ void describe_gemma3(Family& f) {
   }
 
   GqaAttentionSpec& a = f.attention;
-  a.qk_norm = true;
+  a.qk_norm = QkNorm::kPerHead;
   a.scale = 1.0 / std::sqrt(f.keys.number("query_pre_attn_scalar", 256.0));
   // attn_logit_softcapping is read and ignored: transformers' Gemma3Attention (unlike Gemma 2's)
   // never passes it to the attention function, and the released configs leave it null.

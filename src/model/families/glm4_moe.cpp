@@ -8,7 +8,7 @@ namespace exl3::model::families {
 
 void describe_glm4_moe(Family& f) {
   const ConfigKeys& k = f.keys;
-  f.attention.qk_norm = k.boolean("use_qk_norm", false);
+  f.attention.qk_norm = k.boolean("use_qk_norm", false) ? QkNorm::kPerHead : QkNorm::kNone;
   moe_layers(f, grouped_sigmoid_moe(f, "GLM-4.5"), first_dense_layers(f));
 }
 

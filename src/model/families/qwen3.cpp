@@ -5,7 +5,7 @@
 namespace exl3::model::families {
 
 void describe_qwen3(Family& f) {
-  f.attention.qk_norm = true;
+  f.attention.qk_norm = QkNorm::kPerHead;
   dense_layers(f);
 }
 

@@ -10,7 +10,7 @@ namespace exl3::model::families {
 
 void describe_qwen3_moe(Family& f) {
   const ConfigKeys& k = f.keys;
-  f.attention.qk_norm = true;
+  f.attention.qk_norm = QkNorm::kPerHead;
   MoeSpec moe = routed_experts(f, f.config.num_experts, "num_experts");
   moe.router = RouterKind::kSoftmax;
   moe.renormalize = k.boolean("norm_topk_prob", false);  // Qwen3MoeConfig's default
