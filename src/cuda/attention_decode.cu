@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "cuda/paged_kv.cuh"
 #include "cuda/pdl.cuh"
@@ -68,27 +69,42 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
 }
 
+// Two codes as an fp16 pair, exactly (every E4M3, int8 and q4 value is an fp16 value): fp8 by
+// the hardware's E4M3x2 conversion; q8 / q4 by placing the biased code in the mantissa of 1024
+// (fp16 bits 0x6400 | u is 1024 + u for u < 1024) and subtracting the bias with it. The same
+// values as cpu::kv_decode, without its per-byte branches.
+__device__ __forceinline__ __half2 code_pair(cpu::KvFormat f, uint32_t lo, uint32_t hi) {
+  if (f == cpu::KvFormat::kFp8) {
+    const __half2_raw r =
+        __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(lo | (hi << 8)), __NV_E4M3);
+    return __half2(r);
+  }
+  const bool q8 = f == cpu::KvFormat::kQ8;
+  const uint32_t bias = q8 ? 0x80u : 0x8u;  // int8 c -> c + 128; q4 nibbles are c + 8 already
+  const uint32_t ulo = q8 ? (lo ^ 0x80u) : lo, uhi = q8 ? (hi ^ 0x80u) : hi;
+  const uint32_t bits = 0x64006400u | ulo | (uhi << 16);
+  const __half off = __ushort_as_half(static_cast<unsigned short>(0x6400u | bias));
+  return __hsub2(*reinterpret_cast<const __half2*>(&bits), __half2(off, off));
+}
+
 // 16 code bytes (16 channels of fp8 / q8, 32 of q4: never more than one scale group) decoded into
-// fp16 channels at dst (16-byte aligned).
-__device__ __forceinline__ void decode_piece(cpu::KvFormat f, uint4 raw, float scale,
+// fp16 channels at dst (16-byte aligned). code * scale is exact in fp32 (at most 8 significant
+// bits times fp16's 11), so the one rounding of __hmul2 gives the bits cpu::kv_decode(c) * s
+// rounded to fp16 gives.
+__device__ __forceinline__ void decode_piece(cpu::KvFormat f, uint4 raw, __half scale,
                                              unsigned char* dst) {
   const auto* b = reinterpret_cast<const uint8_t*>(&raw);
+  const __half2 s2(scale, scale);
   __half2 h[16];
   if (f == cpu::KvFormat::kQ4) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      h[i] =
-          __floats2half2_rn(cpu::kv_decode(f, b[i]) * scale, cpu::kv_decode(f, b[i] >> 4) * scale);
-    }
+    for (int i = 0; i < 16; ++i) h[i] = __hmul2(code_pair(f, b[i] & 0xFu, b[i] >> 4), s2);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(h)[i];
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      h[i] = __floats2half2_rn(cpu::kv_decode(f, b[2 * i]) * scale,
-                               cpu::kv_decode(f, b[2 * i + 1]) * scale);
-    }
+    for (int i = 0; i < 8; ++i) h[i] = __hmul2(code_pair(f, b[2 * i], b[2 * i + 1]), s2);
 #pragma unroll
     for (int i = 0; i < 2; ++i)
       reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(h)[i];
@@ -110,7 +126,7 @@ __device__ __forceinline__ void load_quantized_tile(const PagedKv& kv, int64_t m
   const int per_piece = 128 / cpu::kv_code_bits(f);  // channels per piece
   for (int it0 = 0; it0 < pieces; it0 += kBatch) {
     uint4 kc[kBatch], vc[kBatch];
-    float ksc[kBatch], vsc[kBatch];
+    __half ksc[kBatch], vsc[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int i = (it0 + b) * 32 + lane, r = i / pieces, c = i % pieces;
@@ -120,8 +136,8 @@ __device__ __forceinline__ void load_quantized_tile(const PagedKv& kv, int64_t m
         const int64_t scale = head * (HD / cpu::kKvGroup) + c * per_piece / cpu::kKvGroup;
         kc[b] = *reinterpret_cast<const uint4*>(kv.kq + head * row_bytes + 16 * c);
         vc[b] = *reinterpret_cast<const uint4*>(kv.vq + head * row_bytes + 16 * c);
-        ksc[b] = trellis::half_to_float(kv.ks[scale]);
-        vsc[b] = trellis::half_to_float(kv.vs[scale]);
+        ksc[b] = __ushort_as_half(kv.ks[scale]);
+        vsc[b] = __ushort_as_half(kv.vs[scale]);
       }
     }
 #pragma unroll
