@@ -42,7 +42,8 @@ Runner add_serve(CLI::App& app, Common&) {
     DraftOptions draft;
     size_t max_body_mib = 8;
     int64_t cache_tokens = 16384, max_context = 0, step_tokens = 256, page_size = 32;
-    bool quiet = false, prefix_cache = false;
+    bool quiet = false, prefix_cache = true;
+    bool prefix_cache_given = false;  // --prefix-cache on the command line, not the default
   };
   auto o = std::make_shared<Opts>();
   app.add_option(
@@ -140,10 +141,12 @@ Runner add_serve(CLI::App& app, Common&) {
       ->capture_default_str();
   add_draft_options(app, o->draft,
                     "Loaded on the same device, with its own KV cache of --cache-tokens.");
-  app.add_flag("--prefix-cache", o->prefix_cache,
+  app.add_flag("--prefix-cache,!--no-prefix-cache", o->prefix_cache,
                "Keep the KV pages of finished prompts (by a hash of their tokens) and let a new "
                "request whose prompt starts the same way reuse them instead of prefilling them "
-               "again (a shared system prompt); cached pages are reclaimed when the pool is full");
+               "again (a shared system prompt); cached pages are reclaimed when the pool is full. "
+               "On by default (off with --device cuda --tp N > 1, which cannot share pages yet)")
+      ->each([o](const std::string&) { o->prefix_cache_given = true; });
   app.add_flag("--quiet,-q", o->quiet, "Do not log each request to stderr");
   app.footer(
       "Serves the OpenAI API over HTTP: POST /v1/completions, POST /v1/chat/completions "
@@ -190,13 +193,19 @@ Runner add_serve(CLI::App& app, Common&) {
     eo.cache_tokens = o->cache_tokens;
     eo.tp = o->tp;
     eo.kv_format = kv_cache_format(o->kv_cache);
-    eo.prefix_cache = o->prefix_cache;
     if (o->prefix_cache && o->tp > 1 && eo.device == runtime::Device::kCuda) {
-      fail(
-          "--prefix-cache is not available with --device cuda --tp {} yet (its ranks keep their "
-          "own caches); hint: drop --prefix-cache, or serve on one GPU",
-          o->tp);
+      if (o->prefix_cache_given) {
+        fail(
+            "--prefix-cache is not available with --device cuda --tp {} yet (its ranks keep "
+            "their own caches); hint: drop --prefix-cache, or serve on one GPU",
+            o->tp);
+      }
+      o->prefix_cache = false;  // the default gives way where it cannot work; said at start
+      fmt::print(stderr,
+                 "exl3 serve: prefix cache off (not available with --device cuda --tp {})\n",
+                 o->tp);
     }
+    eo.prefix_cache = o->prefix_cache;
     engine_options_from_env(eo);
     const Checkpoint ckpt = Checkpoint::open(dir);
     auto engine = runtime::load_engine(ckpt, eo);
@@ -246,9 +255,10 @@ Runner add_serve(CLI::App& app, Common&) {
     const auto kv = engine->kv_cache_info();
     fmt::print(
         "  max-seqs {}, max-queue {}, context {} tokens per request, KV cache {} tokens "
-        "({}, {} bytes per token; preemption {}), chat format: {}\n  tools: {}\n",
+        "({}, {} bytes per token; preemption {}, prefix cache {}), chat format: {}\n  tools: {}\n",
         o->max_seqs, o->max_queue, st.max_context, st.cache_tokens, cpu::kv_format_name(kv.format),
-        kv.bytes_per_token, o->preemption, server.chat_status(), server.tool_status());
+        kv.bytes_per_token, o->preemption, o->prefix_cache ? "on" : "off", server.chat_status(),
+        server.tool_status());
     if (draft) {
       fmt::print("  draft: {} (up to {} tokens per round, {}), KV cache {} tokens\n",
                  o->draft.source(), o->draft.speculative().draft_tokens,

@@ -1,6 +1,6 @@
 // `exl3 serve` through the binary: --help teaches, and a real process on a free port answers
-// /health and a completion, then drains on SIGTERM (the running request finishes, new ones get
-// 503) and exits 0.
+// /health and a completion (a repeated prompt taken from the prefix cache, on by default), then
+// drains on SIGTERM (the running request finishes, new ones get 503) and exits 0.
 #include <httplib.h>
 #include <signal.h>
 #include <spawn.h>
@@ -28,10 +28,10 @@ TEST(ServeCli, HelpTeaches) {
   EXPECT_THAT(run_cli("--help").out, HasSubstr("serve"));
   const auto h = run_cli("serve --help");
   EXPECT_EQ(h.code, 0);
-  for (const char* s :
-       {"MODEL", "--host", "--port", "--device", "--max-seqs", "--max-queue", "--cache-tokens",
-        "--model-name", "--chat-format", "Examples:", "curl", "/v1/chat/completions", "503",
-        "SIGTERM", "--draft", "--draft-tokens", "--draft-fixed", "--prefix-cache"}) {
+  for (const char* s : {"MODEL", "--host", "--port", "--device", "--max-seqs", "--max-queue",
+                        "--cache-tokens", "--model-name", "--chat-format", "Examples:", "curl",
+                        "/v1/chat/completions", "503", "SIGTERM", "--draft", "--draft-tokens",
+                        "--draft-fixed", "--prefix-cache", "--no-prefix-cache"}) {
     EXPECT_THAT(h.out, HasSubstr(s));
   }
   EXPECT_THAT(h.out, HasSubstr("--preemption off reserves prompt + max_tokens"));
@@ -108,6 +108,7 @@ TEST(ServeCli, ServesAndStopsOnSigterm) {
     FAIL() << "no URL printed; output: " << text;
   }
   EXPECT_THAT(text, HasSubstr("try: curl"));
+  EXPECT_THAT(text, HasSubstr("prefix cache on"));
   httplib::Client c("127.0.0.1", port);
   c.set_connection_timeout(2, 0);
   c.set_read_timeout(20, 0);
@@ -120,6 +121,19 @@ TEST(ServeCli, ServesAndStopsOnSigterm) {
                   "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
+  // The prefix cache is on by default: a second request with the same 70-token prompt takes its
+  // first two full pages (32 tokens each) from the cache.
+  json ids = json::array();
+  for (int i = 0; i < 70; ++i) ids.push_back(5 + i);
+  const std::string again = json{{"prompt", ids}, {"max_tokens", 1}}.dump();
+  for (int i = 0; i < 2; ++i) {
+    auto p = c.Post("/v1/completions", again, "application/json");
+    ASSERT_TRUE(p);
+    EXPECT_EQ(p->status, 200) << p->body;
+  }
+  h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_GE(json::parse(h->body)["prefix_cache_hit_tokens"].get<int64_t>(), 64) << h->body;
 
   // SIGTERM drains: a request running at that moment still completes, a new one gets 503, and
   // the process exits once idle.
@@ -165,5 +179,6 @@ TEST(ServeCli, ServesAndStopsOnSigterm) {
   ssize_t n;
   while ((n = read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
   close(out[0]);
-  EXPECT_THAT(text, HasSubstr("exl3 serve: stopped (" + std::to_string(2 + served) + " completed"));
+  // The first completion, the two with the repeated prompt, the long one and any probes served.
+  EXPECT_THAT(text, HasSubstr("exl3 serve: stopped (" + std::to_string(4 + served) + " completed"));
 }
