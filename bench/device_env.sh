@@ -18,7 +18,8 @@ export NCCL_NVLS_ENABLE=0
 bin=$bundle/bin
 
 # gpu_tests LOG SUMMARY: the GPU's name, driver and clocks, then each cuda_*_test (and runtime_test
-# when bundled) into LOG, with one line per binary (exit status, seconds, its result) into SUMMARY.
+# when bundled; server_load_test on the CUDA engine too) into LOG, with one line per binary (exit
+# status, seconds, its result) into SUMMARY.
 gpu_tests() {
   local log="$1" summary="$2" t name start
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw --format=csv > "$log" 2>&1
@@ -30,6 +31,13 @@ gpu_tests() {
     timeout 240 "$t" --gtest_brief=1 >> "$log" 2>&1
     echo "$name rc=$? $(( $(date +%s) - start ))s $(grep -E '^\[  (PASSED|FAILED) ' "$log" | tail -n 1)" | tee -a "$summary"
   done
+  # The server's load and fault suite on the CUDA engine, when bundled.
+  if [ -x "$bin/server_load_test" ]; then
+    echo "=== server_load_test (EXL3_SERVER_TEST_DEVICE=cuda)" >> "$log"
+    start=$(date +%s)
+    EXL3_SERVER_TEST_DEVICE=cuda timeout 240 "$bin/server_load_test" >> "$log" 2>&1
+    echo "server_load_test (cuda) rc=$? $(( $(date +%s) - start ))s $(grep -E '^\[  (PASSED|FAILED) ' "$log" | tail -n 1)" | tee -a "$summary"
+  fi
 }
 
 # synthetic DIR LOG ARGS...: `exl3 bench model --synthetic ARGS --out DIR --prepare-only` (output

@@ -6,6 +6,8 @@
 // running or queued, the KV cache is wholly free again and no connection is left open. Each
 // scenario prints one summary line ("[load] ...") so CI logs carry the figures; docs/serve.md
 // quotes them. Every wait is bounded, and the fixed-time scenario runs for a fixed few seconds.
+// With EXL3_SERVER_TEST_DEVICE=cuda the same scenarios run on the CUDA engine (the checks hold on
+// any engine; bench/device_env.sh's gpu_tests runs it so on the device).
 
 #include <algorithm>
 #include <atomic>

@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -74,6 +75,13 @@ inline std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t n, int vo
   return p;
 }
 
+// The engine device of LiveServer: the CPU, or what EXL3_SERVER_TEST_DEVICE names (`cuda` runs
+// the load and fault suite, whose checks hold on any engine, on the GPU: bench/device_env.sh).
+inline runtime::Device server_test_device() {
+  const char* d = std::getenv("EXL3_SERVER_TEST_DEVICE");
+  return d != nullptr && *d != '\0' ? runtime::parse_device(d) : runtime::Device::kCpu;
+}
+
 // One server on its own engine, serving from a background thread until destroyed.
 class LiveServer {
  public:
@@ -83,6 +91,7 @@ class LiveServer {
       : tok_(Tokenizer::load(model)) {
     runtime::EngineOptions eo;
     eo.cache_tokens = cache_tokens;
+    eo.device = server_test_device();
     engine_ = runtime::load_engine(model, eo);
     if (!draft.empty()) {
       draft_ = runtime::load_engine(draft, eo);
