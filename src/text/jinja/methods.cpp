@@ -1,6 +1,6 @@
 // The string and dict methods templates call on a value (a name after a dot, then arguments).
-// Lists have none: templates render in an immutable environment, where list methods could only
-// modify, and chat templates call no reading ones.
+// Lists have none: a template may read the values it is given but never change them, every list
+// method but the reading ones changes its list, and chat templates call no reading ones.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -286,8 +286,7 @@ std::optional<Value> dict_method(const Value& self, std::string_view name) {
                                                    "clear"};
   if (std::find(std::begin(kMutators), std::end(kMutators), name) != std::end(kMutators)) {
     value_error(fmt::format(
-        "the dict method {}() would modify a value; templates cannot (the sandbox is immutable)",
-        name));
+        "the dict method {}() would modify a value; templates may only read their values", name));
   }
   return std::nullopt;
 }
@@ -302,8 +301,7 @@ std::optional<Value> method(const Value& obj, std::string_view name) {
                                                      "remove", "clear",  "sort",   "reverse"};
     if (std::find(std::begin(kMutators), std::end(kMutators), name) != std::end(kMutators)) {
       value_error(fmt::format(
-          "the list method {}() would modify a value; templates cannot (the sandbox is immutable)",
-          name));
+          "the list method {}() would modify a value; templates may only read their values", name));
     }
   }
   return std::nullopt;

@@ -135,8 +135,10 @@ TEST(Jinja, RuntimeErrorsNameTheConstruct) {
   EXPECT_THAT(render_error("{{ 'a' < 1 }}"), HasSubstr("'<' is not supported"));
   EXPECT_THAT(render_error("{% set d = {} %}{% set d.x = 1 %}"),
               HasSubstr("only namespace() objects take attributes"));
-  EXPECT_THAT(render_error("{% set l = [] %}{{ l.append(1) }}"),
-              HasSubstr("the sandbox is immutable"));
+  EXPECT_THAT(
+      render_error("{% set l = [] %}{{ l.append(1) }}"),
+      HasSubstr(
+          "the list method append() would modify a value; templates may only read their values"));
   EXPECT_THAT(render_error("{{ nope | tojson }}"), HasSubstr("not JSON serializable"));
   EXPECT_THAT(render_error("{% for x in 3 %}{% endfor %}"),
               HasSubstr("'int' object is not iterable"));
