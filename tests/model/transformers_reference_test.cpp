@@ -33,6 +33,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -212,39 +213,6 @@ TEST(Gemma3, DescribedAsGemma3TextConfigReadsIt) {
   refused("layer_types", {"full_attention"}, "layer_types");
 }
 
-TEST(Gemma3, EveryTraitChangesTheResult) {
-  const auto src = data_dir("gemma3");
-  const auto ref = load_reference(src);
-  const auto cfg = nlohmann::json::parse(exl3::test::read_file(src / "config.json"));
-  auto moved = [&](const std::function<void(nlohmann::json&)>& edit) {
-    exl3::test::TempDir tmp;
-    for (const auto& e : std::filesystem::directory_iterator(src))
-      std::filesystem::copy_file(e.path(), tmp.path() / e.path().filename());
-    nlohmann::json c = cfg;
-    edit(c);
-    exl3::test::write_file(tmp.path() / "config.json", c.dump(2));
-    auto engine = rt::load_engine(tmp.path());
-    return exl3::test::rel_l2(rt::forward_logits(*engine, ref.ids), ref.logits);
-  };
-  const std::pair<const char*, std::function<void(nlohmann::json&)>> edits[] = {
-      {"no window", [](auto& c) { c["sliding_window"] = 4096; }},
-      {"no final soft-cap", [](auto& c) { c["final_logit_softcapping"] = nullptr; }},
-      {"head_dim scale", [](auto& c) { c["query_pre_attn_scalar"] = 32; }},
-      {"one RoPE",
-       [](auto& c) {
-         c["rope_parameters"]["full_attention"] = c["rope_parameters"]["sliding_attention"];
-       }},
-  };
-  for (const auto& [what, edit] : edits) {
-    const double err = moved(edit);
-    std::printf("gemma3 with %s: rel-L2 %.3e from the reference\n", what, err);
-    EXPECT_GT(err, 1e-3) << what;
-  }
-  // transformers' Gemma 3 never applies attn_logit_softcapping (Gemma 2 did): neither does exl3.
-  const double err = moved([](auto& c) { c["attn_logit_softcapping"] = nullptr; });
-  EXPECT_LE(err, 1e-5);
-}
-
 // A copy of a reference folder with config.json edited and, when `tensors` is given,
 // model.safetensors rewritten through it; the rel-L2 of that model's logits from the unedited
 // reference.
@@ -271,6 +239,36 @@ double moved_from_reference(
   }
   auto engine = rt::load_engine(tmp.path());
   return exl3::test::rel_l2(rt::forward_logits(*engine, ref.ids), ref.logits);
+}
+
+using ConfigEdit = std::function<void(nlohmann::json&)>;
+
+// Each named config edit must move `name`'s logits away from its reference (printed, then checked
+// above 1e-3), so the reference test sees every trait the edits take away.
+void expect_each_edit_moves(const std::string& name,
+                            std::span<const std::pair<const char*, ConfigEdit>> edits) {
+  for (const auto& [what, edit] : edits) {
+    const double err = moved_from_reference(name, edit);
+    std::printf("%s with %s: rel-L2 %.3e from the reference\n", name.c_str(), what, err);
+    EXPECT_GT(err, 1e-3) << what;
+  }
+}
+
+TEST(Gemma3, EveryTraitChangesTheResult) {
+  const std::pair<const char*, ConfigEdit> edits[] = {
+      {"no window", [](auto& c) { c["sliding_window"] = 4096; }},
+      {"no final soft-cap", [](auto& c) { c["final_logit_softcapping"] = nullptr; }},
+      {"head_dim scale", [](auto& c) { c["query_pre_attn_scalar"] = 32; }},
+      {"one RoPE",
+       [](auto& c) {
+         c["rope_parameters"]["full_attention"] = c["rope_parameters"]["sliding_attention"];
+       }},
+  };
+  expect_each_edit_moves("gemma3", edits);
+  // transformers' Gemma 3 never applies attn_logit_softcapping (Gemma 2 did): neither does exl3.
+  const double err =
+      moved_from_reference("gemma3", [](auto& c) { c["attn_logit_softcapping"] = nullptr; });
+  EXPECT_LE(err, 1e-5);
 }
 
 // gpt-oss: the description follows GptOssConfig, and each trait the reference exercises moves the
@@ -351,7 +349,7 @@ TEST(GptOss, DescribedAsGptOssConfigReadsIt) {
 
 TEST(GptOss, EveryTraitChangesTheResult) {
   using Json = nlohmann::json;
-  const std::pair<const char*, std::function<void(Json&)>> edits[] = {
+  const std::pair<const char*, ConfigEdit> edits[] = {
       {"no window", [](Json& c) { c["sliding_window"] = 4096; }},
       {"no clamp", [](Json& c) { c["swiglu_limit"] = 1e6; }},
       {"alpha 1", [](Json& c) { c["swiglu_alpha"] = 1.0; }},
@@ -361,11 +359,7 @@ TEST(GptOss, EveryTraitChangesTheResult) {
        }},
       {"top 1", [](Json& c) { c["num_experts_per_tok"] = 1; }},
   };
-  for (const auto& [what, edit] : edits) {
-    const double err = moved_from_reference("gpt_oss", edit);
-    std::printf("gpt_oss with %s: rel-L2 %.3e from the reference\n", what, err);
-    EXPECT_GT(err, 1e-3) << what;
-  }
+  expect_each_edit_moves("gpt_oss", edits);
   // The sinks and the biases live in the checkpoint: taking each away moves the logits too.
   const std::pair<const char*, const char*> tensors[] = {{"no sinks", ".sinks"},
                                                          {"no router bias", "router.bias"},
@@ -435,18 +429,14 @@ TEST(MiniMaxM2, DescribedAndEveryTraitChangesTheResult) {
     EXPECT_EQ(m.num_experts, 8);
     EXPECT_EQ(m.top_k, 2);
   }
-  const std::pair<const char*, std::function<void(Json&)>> edits[] = {
+  const std::pair<const char*, ConfigEdit> edits[] = {
       {"full rotary",
        [](Json& c) {
          c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
        }},
       {"top 1", [](Json& c) { c["num_experts_per_tok"] = 1; }},
   };
-  for (const auto& [what, edit] : edits) {
-    const double err = moved_from_reference("minimax_m2", edit);
-    std::printf("minimax_m2 with %s: rel-L2 %.3e from the reference\n", what, err);
-    EXPECT_GT(err, 1e-3) << what;
-  }
+  expect_each_edit_moves("minimax_m2", edits);
   const double err = moved_from_reference(
       "minimax_m2", [](Json&) {},
       [](const std::string& n, std::vector<float>& v) {
