@@ -38,6 +38,8 @@ namespace {
 
 using st::Done;
 using st::drain;
+using st::expect_drained_pools;
+using st::overflowing_requests;
 using st::random_prompt;
 
 // The conformance model behind a scheduler whose pool has `cache` tokens in pages of `page`
@@ -73,21 +75,6 @@ struct SmallPool {
   std::unique_ptr<Scheduler> sched;
 };
 
-// Requests whose prompts and max_tokens (24..55) together need 2-3x the 160-token pool: the
-// first three ignore stop tokens, so they run at once until they cannot all grow.
-std::vector<GenerationRequest> overflowing_requests(std::mt19937_64& rng,
-                                                    const std::vector<int32_t>& stops) {
-  std::vector<GenerationRequest> rs;
-  for (int i = 0; i < 6; ++i) {
-    GenerationRequest g;
-    g.prompt = random_prompt(rng, 4 + rng() % 16);
-    g.max_tokens = 40 + static_cast<int64_t>(rng() % 16);
-    if (i >= 3) g.stop_tokens = stops;
-    rs.push_back(std::move(g));
-  }
-  return rs;
-}
-
 // The options under which generate() gives what a request must stream when it runs alone.
 runtime::GenerateOptions alone(const GenerationRequest& r) {
   runtime::GenerateOptions go;
@@ -102,13 +89,6 @@ std::vector<int32_t> expected_tokens(const runtime::GenerateResult& r) {
   auto t = r.tokens;
   if (r.stop_reason == "stop_token") t.push_back(r.stop_token);
   return t;
-}
-
-void expect_drained_pools(const SchedulerStats& s, const std::string& what) {
-  EXPECT_EQ(s.free_cache_tokens, s.cache_tokens) << what;
-  EXPECT_EQ(s.draft_free_cache_tokens, s.draft_cache_tokens) << what;
-  EXPECT_EQ(s.running, 0) << what;
-  EXPECT_EQ(s.queued, 0) << what;
 }
 
 }  // namespace

@@ -75,6 +75,31 @@ inline std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t n, int vo
   return p;
 }
 
+// Six requests whose prompts and max_tokens (44..74 tokens each) together need 2-3x a 160-token
+// pool: the first three ignore stop tokens, the rest stop at `stops` (none when empty), so at
+// least three run at once until they cannot all grow (the preemption tests).
+inline std::vector<GenerationRequest> overflowing_requests(std::mt19937_64& rng,
+                                                           const std::vector<int32_t>& stops) {
+  std::vector<GenerationRequest> rs;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest g;
+    g.prompt = random_prompt(rng, 4 + rng() % 16);
+    g.max_tokens = 40 + static_cast<int64_t>(rng() % 16);
+    if (i >= 3) g.stop_tokens = stops;
+    rs.push_back(std::move(g));
+  }
+  return rs;
+}
+
+// A scheduler at rest: both KV pools (the draft's is 0 of 0 without one) wholly free, nothing
+// running or queued.
+inline void expect_drained_pools(const SchedulerStats& s, const std::string& what) {
+  EXPECT_EQ(s.free_cache_tokens, s.cache_tokens) << what;
+  EXPECT_EQ(s.draft_free_cache_tokens, s.draft_cache_tokens) << what;
+  EXPECT_EQ(s.running, 0) << what;
+  EXPECT_EQ(s.queued, 0) << what;
+}
+
 // The engine device of LiveServer: the CPU, or what EXL3_SERVER_TEST_DEVICE names (`cuda` runs
 // the load and fault suite, whose checks hold on any engine, on the GPU: bench/device_env.sh).
 inline runtime::Device server_test_device() {
