@@ -50,4 +50,11 @@ cublasContext* CudaContext::cublas(cudaStream_t stream, size_t workspace_bytes) 
   return handle_.get();
 }
 
+int current_sm_count() {
+  int dev = 0, sms = 132;
+  if (cudaGetDevice(&dev) == cudaSuccess)
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
+}
+
 }  // namespace exl3::cuda

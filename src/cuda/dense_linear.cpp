@@ -10,6 +10,7 @@
 #include "exl3/cuda/check.hpp"
 #include "exl3/cuda/context.hpp"
 #include "exl3/cuda/model_ops.hpp"
+#include "exl3/cuda/plan.hpp"
 #include "exl3/error.hpp"
 #include "exl3/trellis/half.hpp"
 
@@ -19,12 +20,6 @@ namespace {
 // The part of the context's cuBLAS workspace these GEMMs get: the 4 MiB they were always planned
 // with (cuBLAS may pick another algorithm, so other bits, with more).
 constexpr size_t kCublasWorkspace = 4u << 20;
-constexpr size_t kAlign = 256;
-
-size_t align_up(size_t v) {
-  return (v + kAlign - 1) / kAlign * kAlign;
-}
-
 cudaDataType_t cuda_type(DType t) {
   return t == DType::kF32 ? CUDA_R_32F : (t == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF);
 }
@@ -73,7 +68,8 @@ size_t DenseLinearCuda::device_bytes() const {
 }
 
 size_t DenseLinearCuda::workspace_bytes() const {
-  const size_t x16 = wtype_ == DType::kF32 ? 0 : align_up(static_cast<size_t>(max_m_ * in_) * 2);
+  const size_t x16 =
+      wtype_ == DType::kF32 ? 0 : carve_align_up(static_cast<size_t>(max_m_ * in_) * 2);
   return x16;
 }
 

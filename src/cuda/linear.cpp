@@ -19,18 +19,6 @@
 
 namespace exl3::cuda {
 
-namespace {
-
-// The device's SM count (132, an H100/H200's, when it cannot be read).
-int sm_count() {
-  int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess)
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  return sms;
-}
-
-}  // namespace
-
 size_t dtype_size(DType t) {
   return t == DType::kF32 ? 4 : 2;
 }
@@ -97,7 +85,7 @@ void Exl3LinearCuda::init(const char* name, const uint16_t* trellis, const uint1
     fail("CUDA linear '{}': gemv_max_splits {} and gemv_min_split_tiles {} must be positive", name,
          opts_.gemv_max_splits, opts_.gemv_min_split_tiles);
   }
-  traits_.sms = sm_count();
+  traits_.sms = current_sm_count();
   if (opts_.split_k == 0) {  // the occupancies only feed the split-K rule
     traits_.mma_blocks_per_sm = detail::mma_blocks_per_sm(K_, cb_);
     traits_.gemv_blocks_per_sm = detail::gemv_blocks_per_sm(K_, cb_);

@@ -8,21 +8,12 @@
 
 #include "cuda/moe_kernels.hpp"
 #include "exl3/cuda/check.hpp"
+#include "exl3/cuda/plan.hpp"
 #include "exl3/error.hpp"
 #include "exl3/moe/weights.hpp"
 #include "exl3/trellis/bitstream.hpp"
 
 namespace exl3::cuda {
-
-namespace {
-
-constexpr size_t kAlign = 256;
-
-size_t align_up(size_t v) {
-  return (v + kAlign - 1) / kAlign * kAlign;
-}
-
-}  // namespace
 
 MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOptions& opts)
     : H_(w.hidden),
@@ -77,7 +68,8 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
   // Upload: one slab for every expert's three trellises.
   size_t slab_bytes = 0;
   for (const auto& e : w.experts) {
-    for (const auto* p : {&e.gate, &e.up, &e.down}) slab_bytes += align_up(p->trellis.size() * 2);
+    for (const auto* p : {&e.gate, &e.up, &e.down})
+      slab_bytes += carve_align_up(p->trellis.size() * 2);
   }
   slab_ = DeviceBuffer(slab_bytes, "the CUDA MoE trellis slab");
   std::vector<const void*> ptrs(3 * static_cast<size_t>(E_));
@@ -100,7 +92,7 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
           "CUDA MoE: uploading trellis");
       ptrs[static_cast<size_t>(p) * E_ + e] = dst;
       bits[static_cast<size_t>(p) * E_ + e] = static_cast<int8_t>(pw.bits);
-      off += align_up(pw.trellis.size() * 2);
+      off += carve_align_up(pw.trellis.size() * 2);
     }
   }
   auto upload = [&](const auto& host, const char* what) {

@@ -22,14 +22,6 @@ namespace {
 static_assert(detail::kMxfp8TileRows == kMxfp8PlanTileRows,
               "the split-K rule counts the GEMV's weight tiles");
 
-// The device's SM count (132, an H100/H200's, when it cannot be read).
-int sm_count() {
-  int dev = 0, sms = 132;
-  if (cudaGetDevice(&dev) == cudaSuccess)
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  return sms;
-}
-
 // The checkpoint planes in the tiled layout. offset(row, col) = tile base + a row part + a column
 // part (mxfp8_tiles.hpp), so both parts are tabulated once from the layout function itself.
 void tile_planes(const uint8_t* values, const uint8_t* scales, int64_t k, int64_t n,
@@ -86,7 +78,7 @@ void Mxfp8LinearCuda::init(const char* name, const uint8_t* values, const uint8_
     fail("CUDA MXFP8 linear '{}': max_m {} must be positive and gemv_max_m {} in 0..{}", name,
          opts_.max_m, opts_.gemv_max_m, detail::kMxfp8GemvMaxM);
   }
-  traits_.sms = sm_count();
+  traits_.sms = current_sm_count();
   if (gemv_split_k() > in_ / 32)
     fail("CUDA MXFP8 linear '{}': split_k {} exceeds the {} 32-wide blocks", name, gemv_split_k(),
          in_ / 32);

@@ -14,16 +14,12 @@ namespace exl3::cuda {
 
 namespace {
 
-size_t align_up(size_t v) {
-  return (v + kCarveAlign - 1) / kCarveAlign * kCarveAlign;
-}
-
 // Hands out consecutive aligned spans.
 class Carver {
  public:
   Span take(size_t bytes) {
     const Span s{off_, bytes};
-    off_ += align_up(bytes);
+    off_ += carve_align_up(bytes);
     return s;
   }
   size_t bytes() const { return off_; }

@@ -84,8 +84,8 @@ __attribute__((target("avx2,fma"))) inline void relax(const float* lut, __m256 w
 }
 
 template <int K>
-__attribute__((target("avx2,fma"))) void step(const float* lut, const float* prev, float w,
-                                              float* cur, uint8_t* bp) {
+__attribute__((target("avx2,fma"))) void avx2_step(const float* lut, const float* prev, float w,
+                                                   float* cur, uint8_t* bp) {
   constexpr int E = 1 << (16 - K);
   constexpr int R = 1 << K;
   const __m256 wv = _mm256_set1_ps(w);
@@ -121,8 +121,8 @@ __attribute__((target("avx2,fma"))) void step(const float* lut, const float* pre
 
 StepFn step_avx2(int K) {
   if (!cpu_has_avx2()) return nullptr;
-  static constexpr StepFn table[8] = {step<1>, step<2>, step<3>, step<4>,
-                                      step<5>, step<6>, step<7>, step<8>};
+  static constexpr StepFn table[8] = {avx2_step<1>, avx2_step<2>, avx2_step<3>, avx2_step<4>,
+                                      avx2_step<5>, avx2_step<6>, avx2_step<7>, avx2_step<8>};
   return table[K - 1];
 }
 

@@ -11,7 +11,7 @@ namespace exl3::quant::detail {
 namespace {
 
 template <int K>
-void step(const float* lut, const float* prev, float w, float* cur, uint8_t* bp) {
+void scalar_step(const float* lut, const float* prev, float w, float* cur, uint8_t* bp) {
   constexpr int E = 1 << (16 - K);  // edges
   constexpr int R = 1 << K;         // candidate states per edge
   constexpr int J = E / R;          // in-edges per k
@@ -46,8 +46,9 @@ void step(const float* lut, const float* prev, float w, float* cur, uint8_t* bp)
 }  // namespace
 
 StepFn step_scalar(int K) {
-  static constexpr StepFn table[8] = {step<1>, step<2>, step<3>, step<4>,
-                                      step<5>, step<6>, step<7>, step<8>};
+  static constexpr StepFn table[8] = {scalar_step<1>, scalar_step<2>, scalar_step<3>,
+                                      scalar_step<4>, scalar_step<5>, scalar_step<6>,
+                                      scalar_step<7>, scalar_step<8>};
   return table[K - 1];
 }
 

@@ -8,21 +8,12 @@
 #include "cuda_buffers.hpp"
 #include "exl3/cuda/check.hpp"
 #include "exl3/cuda/model_ops.hpp"
+#include "exl3/cuda/plan.hpp"
 #include "exl3/error.hpp"
 #include "exl3/mxfp8/weight.hpp"
 #include "exl3/runtime/linear.hpp"
 
 namespace exl3::runtime {
-namespace {
-
-constexpr size_t kAlign = 256;
-
-size_t align_up(size_t v) {
-  return (v + kAlign - 1) / kAlign * kAlign;
-}
-
-}  // namespace
-
 GpuLinear GpuLinear::load(cuda::CudaContext& ctx, const Checkpoint& ckpt, const std::string& prefix,
                           int64_t in, int64_t out, int64_t cap, bool fp32_weights,
                           const OverlayDecision& overlay, OverlayReport* report,
@@ -59,7 +50,7 @@ GpuLinear GpuLinear::load(cuda::CudaContext& ctx, const Checkpoint& ckpt, const 
     cuda::Mxfp8Options mo = mxfp8;
     mo.max_m = cap;
     l.mx_ = std::make_unique<cuda::Mxfp8LinearCuda>(ctx, *w, bias, mo);
-    l.mx_x_bytes_ = align_up(static_cast<size_t>(cap * in) * 2);
+    l.mx_x_bytes_ = cuda::carve_align_up(static_cast<size_t>(cap * in) * 2);
     l.stored_in_ = in;
     l.stored_out_ = out;
     l.bytes_ = l.mx_->weight_bytes() + bias.size() * 4;

@@ -60,15 +60,16 @@ class DisagreeingDraft final : public Engine {
 
 enum class Drafting { kNone, kFixed, kAdaptive };
 
-struct Run {
+struct RoundsResult {
   double tokens_per_second = 0.0;
   SpeculativeStats stats;  // summed over the sequences
 };
 
 // `batch` sequences of the prompts generate `tokens` each (greedy) in rounds of one decoder;
 // the rate counts the tokens after each prompt's first over the rounds' wall time.
-Run run_rounds(Engine& target, Engine& draft, const std::vector<std::vector<int32_t>>& prompts,
-               int64_t tokens, int k, Drafting mode) {
+RoundsResult run_rounds(Engine& target, Engine& draft,
+                        const std::vector<std::vector<int32_t>>& prompts, int64_t tokens, int k,
+                        Drafting mode) {
   SpeculativeDecoder dec(target, draft, {k, mode == Drafting::kAdaptive});
   std::vector<int> handles;
   std::vector<int64_t> emitted;
@@ -104,7 +105,7 @@ Run run_rounds(Engine& target, Engine& draft, const std::vector<std::vector<int3
       counted += n;
     }
   }
-  Run r;
+  RoundsResult r;
   r.tokens_per_second = static_cast<double>(counted) / seconds;
   for (const int h : handles) {
     const auto& s = dec.stats(h);

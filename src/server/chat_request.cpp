@@ -11,14 +11,14 @@ namespace exl3::server {
 
 using ojson = nlohmann::ordered_json;
 
-namespace {
-
-ApiError bad(std::string param, std::string message) {
-  ApiError e;
+ApiError bad_param(std::string param, std::string message) {
+  ApiError e;  // status 400
   e.param = std::move(param);
   e.message = std::move(message);
   return e;
 }
+
+namespace {
 
 std::string type_name(const ojson& v) {
   if (v.is_number_integer()) return "an integer";
@@ -72,7 +72,7 @@ bool valid_function_name(const std::string& s) {
 // and are handed over as the object they encode, as transformers expects and vLLM does.
 std::optional<ApiError> template_tool_calls(const ojson& calls, size_t i, ojson& out) {
   auto fail = [&](const std::string& why) {
-    return bad("messages", fmt::format("item {}: tool_calls {}", i, why));
+    return bad_param("messages", fmt::format("item {}: tool_calls {}", i, why));
   };
   if (!calls.is_array()) return fail(fmt::format("must be a list, got {}", type_name(calls)));
   out = ojson::array();
@@ -120,13 +120,14 @@ std::optional<ApiError> template_tool_calls(const ojson& calls, size_t i, ojson&
 std::optional<ApiError> parse_chat_messages(const ojson& body, CompletionRequest& r) {
   const ojson* m = member(body, "messages");
   if (!m)
-    return bad("messages", "'messages' is required (a list of {\"role\", \"content\"} objects)");
+    return bad_param("messages",
+                     "'messages' is required (a list of {\"role\", \"content\"} objects)");
   if (!m->is_array())
-    return bad("messages", fmt::format("'messages' must be a list, got {}", type_name(*m)));
-  if (m->empty()) return bad("messages", "'messages' is empty");
+    return bad_param("messages", fmt::format("'messages' must be a list, got {}", type_name(*m)));
+  if (m->empty()) return bad_param("messages", "'messages' is empty");
   for (size_t i = 0; i < m->size(); ++i) {
     auto fail = [&](const std::string& why) {
-      return bad("messages", fmt::format("'messages' item {}{}", i, why));
+      return bad_param("messages", fmt::format("'messages' item {}{}", i, why));
     };
     const ojson& msg = (*m)[i];
     if (!msg.is_object()) return fail(fmt::format(" must be an object, got {}", type_name(msg)));
@@ -185,16 +186,16 @@ std::optional<ApiError> parse_chat_messages(const ojson& body, CompletionRequest
 std::optional<ApiError> parse_tools(const ojson& body, CompletionRequest& r) {
   if (const ojson* p = member(body, "parallel_tool_calls")) {
     if (!p->is_boolean())
-      return bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false");
+      return bad_param("parallel_tool_calls", "'parallel_tool_calls' must be true or false");
     r.parallel_tool_calls = p->get<bool>();
   }
   std::set<std::string> names;
   if (const ojson* t = member(body, "tools")) {
     if (!t->is_array())
-      return bad("tools", fmt::format("'tools' must be a list, got {}", type_name(*t)));
+      return bad_param("tools", fmt::format("'tools' must be a list, got {}", type_name(*t)));
     for (size_t i = 0; i < t->size(); ++i) {
       auto fail = [&](const std::string& why) {
-        return bad("tools", fmt::format("'tools' item {}{}", i, why));
+        return bad_param("tools", fmt::format("'tools' item {}{}", i, why));
       };
       const ojson& tool = (*t)[i];
       if (!tool.is_object())
@@ -229,7 +230,7 @@ std::optional<ApiError> parse_tools(const ojson& body, CompletionRequest& r) {
       r.tool_choice = ToolChoice::kNone;
     } else if (*c == "auto") {
       if (r.tools.is_null()) {
-        return bad("tool_choice", "'tool_choice' is \"auto\" but the request has no 'tools'");
+        return bad_param("tool_choice", "'tool_choice' is \"auto\" but the request has no 'tools'");
       }
     } else if (*c == "required" || c->is_object()) {
       if (c->is_object()) {
@@ -237,26 +238,28 @@ std::optional<ApiError> parse_tools(const ojson& body, CompletionRequest& r) {
         const ojson* name = fn && fn->is_object() ? member(*fn, "name") : nullptr;
         if (member(*c, "type") == nullptr || *member(*c, "type") != "function" || !name ||
             !name->is_string()) {
-          return bad("tool_choice",
-                     "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
-                     "\"function\", \"function\": {\"name\": ...}}");
+          return bad_param("tool_choice",
+                           "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
+                           "\"function\", \"function\": {\"name\": ...}}");
         }
         if (!names.contains(name->get<std::string>())) {
-          return bad("tool_choice", fmt::format("'tool_choice' names the function '{}', which "
-                                                "is not in 'tools'",
-                                                name->get<std::string>()));
+          return bad_param("tool_choice",
+                           fmt::format("'tool_choice' names the function '{}', which "
+                                       "is not in 'tools'",
+                                       name->get<std::string>()));
         }
         r.tool_choice = ToolChoice::kFunction;
         r.tool_choice_function = name->get<std::string>();
       } else {
         if (r.tools.is_null())
-          return bad("tool_choice", "'tool_choice' is \"required\" but the request has no 'tools'");
+          return bad_param("tool_choice",
+                           "'tool_choice' is \"required\" but the request has no 'tools'");
         r.tool_choice = ToolChoice::kRequired;
       }
     } else {
-      return bad("tool_choice",
-                 "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
-                 "\"function\", \"function\": {\"name\": ...}}");
+      return bad_param("tool_choice",
+                       "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": "
+                       "\"function\", \"function\": {\"name\": ...}}");
     }
   }
   return std::nullopt;

@@ -11,6 +11,9 @@
 
 namespace exl3::server {
 
+// A 400 naming the request field `param` (the OpenAI error body's `param`).
+ApiError bad_param(std::string param, std::string message);
+
 // Fills r.messages and r.template_messages from body["messages"]; the 400 naming `messages`
 // otherwise.
 std::optional<ApiError> parse_chat_messages(const nlohmann::ordered_json& body,

@@ -16,14 +16,6 @@ using nlohmann::json;
 
 namespace {
 
-ApiError bad(std::string param, std::string message) {
-  ApiError e;
-  e.status = 400;
-  e.param = std::move(param);
-  e.message = std::move(message);
-  return e;
-}
-
 std::string type_name(const json& v) {
   if (v.is_number_integer()) return "an integer";
   if (v.is_number()) return "a number";
@@ -41,10 +33,11 @@ class Fields {
     return it == j_.end() || it->is_null() ? nullptr : &*it;
   }
   void fail_type(const char* key, const char* want, const json& got) {
-    if (!error) error = bad(key, fmt::format("'{}' must be {}, got {}", key, want, type_name(got)));
+    if (!error)
+      error = bad_param(key, fmt::format("'{}' must be {}, got {}", key, want, type_name(got)));
   }
   void fail_value(const char* key, std::string msg) {
-    if (!error) error = bad(key, fmt::format("'{}' {}", key, msg));
+    if (!error) error = bad_param(key, fmt::format("'{}' {}", key, msg));
   }
   std::optional<bool> boolean(const char* key) {
     const json* v = get(key);
@@ -162,7 +155,7 @@ void parse_response_format(Fields& f, const json& rf, std::string_view body, Com
   try {
     r.response_grammar = JsonGrammar::from_schema((*spec)["schema"], "'response_format' schema");
   } catch (const Error& e) {
-    if (!f.error) f.error = bad("response_format", e.what());
+    if (!f.error) f.error = bad_param("response_format", e.what());
   }
 }
 
@@ -190,12 +183,14 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
   try {
     j = json::parse(body);
   } catch (const json::exception& e) {
-    return bad("", fmt::format("the request body is not valid JSON ({}); send a JSON object with "
-                               "Content-Type: application/json",
-                               e.what()));
+    return bad_param("",
+                     fmt::format("the request body is not valid JSON ({}); send a JSON object with "
+                                 "Content-Type: application/json",
+                                 e.what()));
   }
   if (!j.is_object())
-    return bad("", fmt::format("the request body must be a JSON object, got {}", type_name(j)));
+    return bad_param("",
+                     fmt::format("the request body must be a JSON object, got {}", type_name(j)));
 
   CompletionRequest r;
   r.endpoint = endpoint;

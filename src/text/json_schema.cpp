@@ -11,7 +11,7 @@
 
 namespace exl3 {
 
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;
 
 namespace {
 
@@ -36,8 +36,8 @@ const std::set<std::string, std::less<>>& structural() {
   return s;
 }
 
-std::string compact(const json& v) {
-  return v.dump(-1, ' ', false, json::error_handler_t::strict);
+std::string compact(const ojson& v) {
+  return v.dump(-1, ' ', false, ojson::error_handler_t::strict);
 }
 
 // "~1" and "~0" of a JSON pointer token, and its %XX escapes (a URI fragment).
@@ -66,7 +66,7 @@ std::string unescape_pointer_token(std::string_view t, const std::string& where)
   return out;
 }
 
-bool type_matches(const json& v, std::string_view type) {
+bool type_matches(const ojson& v, std::string_view type) {
   if (type == "object") return v.is_object();
   if (type == "array") return v.is_array();
   if (type == "string") return v.is_string();
@@ -89,7 +89,7 @@ std::shared_ptr<JsonGrammar> base_grammar() {
 // Compiles one schema (the root its references resolve in) into `g`.
 class Compiler {
  public:
-  Compiler(const json& root, std::string_view what, JsonGrammar& g)
+  Compiler(const ojson& root, std::string_view what, JsonGrammar& g)
       : root_(root), what_(what), g_(&g) {}
 
   int32_t run() { return compile(root_, "#", 0); }
@@ -106,12 +106,12 @@ class Compiler {
     return static_cast<int32_t>(g_->nodes.size() - 1);
   }
 
-  const json* resolve(const std::string& ref, const std::string& where) const {
+  const ojson* resolve(const std::string& ref, const std::string& where) const {
     if (ref.empty() || ref[0] != '#')
       refuse(where, fmt::format("the reference \"{}\" is not local (only \"#...\" references "
                                 "into this schema are supported)",
                                 ref));
-    const json* cur = &root_;
+    const ojson* cur = &root_;
     std::string_view rest = std::string_view(ref).substr(1);
     if (!rest.empty() && rest[0] != '/')
       refuse(where, fmt::format("the reference \"{}\" is not a JSON pointer (e.g. "
@@ -138,7 +138,7 @@ class Compiler {
     return cur;
   }
 
-  int32_t compile(const json& s, const std::string& where, int depth) {
+  int32_t compile(const ojson& s, const std::string& where, int depth) {
     if (depth > kMaxSchemaDepth)
       refuse(where, fmt::format("the schema nests deeper than {} levels", kMaxSchemaDepth));
     if (s.is_boolean()) {
@@ -148,7 +148,7 @@ class Compiler {
     if (!s.is_object())
       refuse(where, fmt::format("a schema must be an object, got {}", s.type_name()));
     // Follow a chain of plain references to the schema they name; a cycle of them names none.
-    const json* target = &s;
+    const ojson* target = &s;
     std::string at = where;
     for (int hops = 0; target->contains("$ref"); ++hops) {
       if (hops > 64) refuse(where, "the references form a cycle");
@@ -159,7 +159,7 @@ class Compiler {
                                            "the referenced schema",
                                            k));
       }
-      const json& ref = (*target)["$ref"];
+      const ojson& ref = (*target)["$ref"];
       if (!ref.is_string()) refuse(at, "'$ref' must be a string");
       at = ref.get<std::string>();
       target = resolve(at, where);
@@ -185,7 +185,7 @@ class Compiler {
     return id;
   }
 
-  JsonGrammar::Node body(const json& s, const std::string& at, int depth) {
+  JsonGrammar::Node body(const ojson& s, const std::string& at, int depth) {
     const bool has_enum = s.contains("enum") || s.contains("const");
     const bool has_alt = s.contains("anyOf") || s.contains("oneOf");
     std::vector<std::string> types;
@@ -219,7 +219,7 @@ class Compiler {
       if (s.contains("anyOf") && s.contains("oneOf"))
         refuse(at, "anyOf and oneOf in one schema are not supported");
       const char* key = s.contains("anyOf") ? "anyOf" : "oneOf";
-      const json& alts = s[key];
+      const ojson& alts = s[key];
       if (!alts.is_array() || alts.empty())
         refuse(at + "/" + key, fmt::format("'{}' must be a non-empty list of schemas", key));
       JsonGrammar::Node n;
@@ -247,28 +247,28 @@ class Compiler {
     return n;
   }
 
-  JsonGrammar::Node literals(const json& s, const std::string& at,
+  JsonGrammar::Node literals(const ojson& s, const std::string& at,
                              const std::vector<std::string>& types) {
     if (s.contains("enum") && s.contains("const"))
       refuse(at, "enum and const in one schema are not supported");
-    std::vector<const json*> values;
+    std::vector<const ojson*> values;
     if (const auto it = s.find("const"); it != s.end()) {
       values.push_back(&*it);
     } else {
-      const json& e = s["enum"];
+      const ojson& e = s["enum"];
       if (!e.is_array() || e.empty()) refuse(at + "/enum", "'enum' must be a non-empty list");
       for (const auto& v : e) values.push_back(&v);
     }
     JsonGrammar::Node n;
     n.kind = Kind::kLiterals;
-    for (const json* v : values) {
+    for (const ojson* v : values) {
       const bool fits = types.empty() || std::any_of(types.begin(), types.end(),
                                                      [&](auto& t) { return type_matches(*v, t); });
       if (!fits) continue;
       std::string text;
       try {
         text = compact(*v);
-      } catch (const json::exception&) {
+      } catch (const ojson::exception&) {
         refuse(at, "an enum or const value holds invalid UTF-8");
       }
       if (std::find(n.literals.begin(), n.literals.end(), text) == n.literals.end())
@@ -278,7 +278,7 @@ class Compiler {
     return n;
   }
 
-  JsonGrammar::Node typed(const json& s, const std::string& at, const std::string& type,
+  JsonGrammar::Node typed(const ojson& s, const std::string& at, const std::string& type,
                           int depth) {
     JsonGrammar::Node n;
     if (type == "boolean" || type == "null") {
@@ -304,7 +304,7 @@ class Compiler {
     return n;
   }
 
-  int64_t count(const json& s, const char* key, const std::string& at, int64_t absent) {
+  int64_t count(const ojson& s, const char* key, const std::string& at, int64_t absent) {
     const auto it = s.find(key);
     if (it == s.end()) return absent;
     if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 1'000'000)
@@ -312,7 +312,7 @@ class Compiler {
     return it->get<int64_t>();
   }
 
-  void object(const json& s, const std::string& at, int depth, JsonGrammar::Node& n) {
+  void object(const ojson& s, const std::string& at, int depth, JsonGrammar::Node& n) {
     n.kind = Kind::kObject;
     const auto props = s.find("properties");
     if (props != s.end() && !props->is_object())
@@ -352,17 +352,17 @@ class Compiler {
     for (const auto& kv : props->items()) {
       const std::string& k = kv.key();
       JsonGrammar::Property p;
-      p.key = compact(json(k));
+      p.key = compact(ojson(k));
       p.required = required.contains(k);
       p.node = compile(kv.value(), at + "/properties/" + k, depth + 1);
       n.properties.push_back(std::move(p));
     }
   }
 
-  const json& root_;
+  const ojson& root_;
   std::string what_;
   JsonGrammar* g_;
-  std::map<const json*, int32_t> memo_;
+  std::map<const ojson*, int32_t> memo_;
 };
 
 }  // namespace
@@ -401,7 +401,7 @@ std::shared_ptr<const JsonGrammar> JsonGrammar::tool_call(
   for (const auto& f : functions) {
     Node call;
     call.kind = Kind::kObject;
-    call.properties.push_back({compact(json("name")), literal(compact(json(f.name))), true});
+    call.properties.push_back({compact(ojson("name")), literal(compact(ojson(f.name))), true});
     int32_t args = 0;
     if (f.parameters.is_null()) {
       args = static_cast<int32_t>(g->nodes.size());
@@ -410,7 +410,7 @@ std::shared_ptr<const JsonGrammar> JsonGrammar::tool_call(
     } else {
       args = Compiler(f.parameters, fmt::format("the function '{}' parameters", f.name), *g).run();
     }
-    call.properties.push_back({compact(json(shape.arguments_key)), args, true});
+    call.properties.push_back({compact(ojson(shape.arguments_key)), args, true});
     g->nodes.push_back(std::move(call));
     calls.alternatives.push_back(static_cast<int32_t>(g->nodes.size() - 1));
   }

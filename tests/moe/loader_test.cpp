@@ -24,8 +24,6 @@ using ::testing::Each;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr int kLayer = 1;
-
 void expect_geometry(const MoeLayerWeights& w, int rank, int tp, int64_t i_loc) {
   EXPECT_EQ(w.layer, kLayer);
   EXPECT_EQ(w.rank, rank);

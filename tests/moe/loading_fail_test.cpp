@@ -18,8 +18,6 @@ using namespace test;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-constexpr int kLayer = 1;
-
 class BadLoad : public ::testing::Test {
  protected:
   void write(RotationLayout rotation) {

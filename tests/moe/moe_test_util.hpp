@@ -21,6 +21,9 @@ namespace exl3::moe::test {
 
 using namespace exl3::test;  // TempDir, make_rng, rel_l2, TensorMap, error_of, ...
 
+// The one MoE layer of small_spec's checkpoints.
+constexpr int kLayer = 1;
+
 // H 256, I 256, 4 experts top-2, MoE layer 1 only, K3 MCG.
 inline SyntheticMoeSpec small_spec(RotationLayout rotation, int tp) {
   SyntheticMoeSpec s;

@@ -14,8 +14,6 @@ namespace {
 
 using namespace test;
 
-constexpr int kLayer = 1;
-
 // fp64 MoE over dense reconstructed experts (+ shared).
 std::vector<double> dense_moe(const std::vector<DenseMlp>& experts, const TopK& routes,
                               const std::vector<float>& x, int64_t m, int64_t h,

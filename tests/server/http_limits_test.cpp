@@ -26,7 +26,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-ServerOptions options() {
+ServerOptions limits_options() {
   return small_server_options(4, 8);
 }
 
@@ -49,7 +49,7 @@ std::string post_bytes(const std::string& body, const std::string& path = "/v1/c
          std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
-std::pair<int, json> post(const LiveServer& s, const std::string& body) {
+std::pair<int, json> limits_post(const LiveServer& s, const std::string& body) {
   auto r = s.client()->Post("/v1/completions", body, "application/json");
   if (!r) return {-1, nullptr};
   return {r->status, json::parse(r->body, nullptr, false)};
@@ -69,12 +69,12 @@ bool health_ok_within(const LiveServer& s, double seconds) {
 
 TEST(HttpLimits, MaxTokensNearTwoToThe63Is400) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
+  LiveServer s(tiny_model(conf), limits_options());
   for (const char* v : {"9223372036854775807", "9223372036854775808", "18446744073709551615",
                         "9223372036854775000"}) {
     const auto t0 = Clock::now();
     const auto [status, j] =
-        post(s, std::string(R"({"prompt": [5, 6, 7], "max_tokens": )") + v + "}");
+        limits_post(s, std::string(R"({"prompt": [5, 6, 7], "max_tokens": )") + v + "}");
     EXPECT_EQ(status, 400) << v << ": " << j.dump();
     EXPECT_EQ(j["error"]["code"], "context_length_exceeded") << v;
     EXPECT_EQ(j["error"]["param"], "max_tokens") << v;
@@ -86,7 +86,7 @@ TEST(HttpLimits, MaxTokensNearTwoToThe63Is400) {
 
 TEST(HttpLimits, TricklingClientsDoNotStarveOthers) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  auto o = options();
+  auto o = limits_options();
   o.http.threads = 2;
   LiveServer s(tiny_model(conf), o);
   // Far more trickling clients than handler threads, each holding a request half-sent.
@@ -97,14 +97,14 @@ TEST(HttpLimits, TricklingClientsDoNotStarveOthers) {
     ASSERT_TRUE(slow.back()->send("POST /v1/completions HTTP/1.1\r\nHo"));
   }
   EXPECT_TRUE(health_ok_within(s, 2.0));
-  const auto [status, j] = post(s, R"({"prompt": [5, 6], "max_tokens": 2})");
+  const auto [status, j] = limits_post(s, R"({"prompt": [5, 6], "max_tokens": 2})");
   EXPECT_EQ(status, 200) << j.dump();
   EXPECT_GE(s.health()["connections"].get<int>(), 96);
 }
 
 TEST(HttpLimits, ARequestMustArriveWithinTheReadTimeout) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  auto o = options();
+  auto o = limits_options();
   o.http.read_timeout = std::chrono::milliseconds(800);
   LiveServer s(tiny_model(conf), o);
   Raw trickle(s.port());
@@ -138,7 +138,7 @@ TEST(HttpLimits, ARequestMustArriveWithinTheReadTimeout) {
 
 TEST(HttpLimits, ChunkedBodyOverTheLimitIs413) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());  // 64 KiB bodies
+  LiveServer s(tiny_model(conf), limits_options());  // 64 KiB bodies
   Raw c(s.port());
   ASSERT_TRUE(c.connected());
   ASSERT_TRUE(
@@ -163,7 +163,7 @@ TEST(HttpLimits, ChunkedBodyOverTheLimitIs413) {
 
 TEST(HttpLimits, ConnectionsOverTheCapGetAnImmediate503) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  auto o = options();
+  auto o = limits_options();
   o.http.max_connections = 8;
   LiveServer s(tiny_model(conf), o);
   std::vector<std::unique_ptr<Raw>> held;
@@ -190,7 +190,7 @@ TEST(HttpLimits, ConnectionsOverTheCapGetAnImmediate503) {
 
 TEST(HttpLimits, ABurstOfConnectsIsAnsweredNotReset) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
+  LiveServer s(tiny_model(conf), limits_options());
   constexpr int kClients = 128;
   std::atomic<int> answered{0}, failed{0};
   std::atomic<bool> go{false};
@@ -216,7 +216,7 @@ TEST(HttpLimits, ABurstOfConnectsIsAnsweredNotReset) {
 
 TEST(HttpLimits, NegativeContentLengthIsAnImmediate400) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
+  LiveServer s(tiny_model(conf), limits_options());
   Raw c(s.port());
   ASSERT_TRUE(c.connected());
   const auto t0 = Clock::now();
@@ -228,7 +228,7 @@ TEST(HttpLimits, NegativeContentLengthIsAnImmediate400) {
 
 TEST(HttpLimits, PipelinedRequestsAreAllAnsweredInOrder) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
+  LiveServer s(tiny_model(conf), limits_options());
   Raw c(s.port());
   ASSERT_TRUE(c.connected());
   const std::string a = post_bytes(R"({"prompt": [5, 6], "max_tokens": 2, "temperature": 0})");
@@ -251,9 +251,9 @@ TEST(HttpLimits, PipelinedRequestsAreAllAnsweredInOrder) {
 
 TEST(HttpLimits, SamplingFieldsAreHonouredOrRefused) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
+  LiveServer s(tiny_model(conf), limits_options());
   // temperature far beyond a float: the error names the field and does not say "inf".
-  auto [status, j] = post(s, R"({"prompt": [5, 6], "max_tokens": 2, "temperature": 1e308})");
+  auto [status, j] = limits_post(s, R"({"prompt": [5, 6], "max_tokens": 2, "temperature": 1e308})");
   EXPECT_EQ(status, 400);
   EXPECT_EQ(j["error"]["param"], "temperature");
   EXPECT_THAT(j["error"]["message"].get<std::string>(), ::testing::Not(HasSubstr("inf")));
@@ -261,26 +261,26 @@ TEST(HttpLimits, SamplingFieldsAreHonouredOrRefused) {
        {R"("top_k": -2)", R"("min_p": 1.5)", R"("repetition_penalty": 0)",
         R"("tool_choice": "required")", R"("tool_choice": "auto")", R"("min_tokens": 3)"}) {
     std::tie(status, j) =
-        post(s, std::string(R"({"prompt": [5, 6], "max_tokens": 2, )") + bad + "}");
+        limits_post(s, std::string(R"({"prompt": [5, 6], "max_tokens": 2, )") + bad + "}");
     EXPECT_EQ(status, 400) << bad << ": " << j.dump();
   }
   // top_k 1 is greedy whatever the temperature; min_p 1 keeps only the most likely token too.
-  std::tie(status, j) =
-      post(s, R"({"prompt": [9, 10, 11], "max_tokens": 6, "temperature": 0, "ignore_eos": true})");
+  std::tie(status, j) = limits_post(
+      s, R"({"prompt": [9, 10, 11], "max_tokens": 6, "temperature": 0, "ignore_eos": true})");
   ASSERT_EQ(status, 200) << j.dump();
   const std::string greedy = j["choices"][0]["text"];
   for (const char* same : {R"("top_k": 1)", R"("min_p": 1.0)"}) {
     for (int seed = 1; seed <= 3; ++seed) {
-      std::tie(status, j) =
-          post(s, std::string(R"({"prompt": [9, 10, 11], "max_tokens": 6, "temperature": 5, )") +
-                      R"("ignore_eos": true, "seed": )" + std::to_string(seed) + ", " + same + "}");
+      std::tie(status, j) = limits_post(
+          s, std::string(R"({"prompt": [9, 10, 11], "max_tokens": 6, "temperature": 5, )") +
+                 R"("ignore_eos": true, "seed": )" + std::to_string(seed) + ", " + same + "}");
       ASSERT_EQ(status, 200) << same << ": " << j.dump();
       EXPECT_EQ(j["choices"][0]["text"], greedy) << same << " seed " << seed;
     }
   }
   // A strong repetition penalty changes a greedy answer that repeats tokens of its prompt.
-  std::tie(status, j) =
-      post(s, R"({"prompt": [9, 10, 11], "max_tokens": 6, "temperature": 0, "ignore_eos": true,
+  std::tie(status, j) = limits_post(
+      s, R"({"prompt": [9, 10, 11], "max_tokens": 6, "temperature": 0, "ignore_eos": true,
                                    "repetition_penalty": 1.0, "tool_choice": "none", "top_k": -1})");
   ASSERT_EQ(status, 200) << j.dump();
   EXPECT_EQ(j["choices"][0]["text"], greedy);

@@ -22,7 +22,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-ServerOptions options() {
+ServerOptions ops_options() {
   ServerOptions o;
   o.model_name = "tiny";
   o.scheduler.max_seqs = 4;
@@ -36,7 +36,7 @@ constexpr const char* kBody = R"({"prompt": [5, 6], "max_tokens": 2})";
 
 TEST(HttpOps, ApiKeyGuardsV1AndLeavesHealthOpen) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  auto o = options();
+  auto o = ops_options();
   o.api_key = "sekrit-123";
   LiveServer s(tiny_model(conf), o);
   auto c = s.client();
@@ -64,7 +64,7 @@ TEST(HttpOps, ApiKeyGuardsV1AndLeavesHealthOpen) {
 
 TEST(HttpOps, EveryResponseCarriesTheRequestIdTheLogNames) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  auto o = options();
+  auto o = ops_options();
   std::mutex mu;
   std::vector<std::string> lines;
   o.log = [&](const std::string& line) {
@@ -112,7 +112,7 @@ TEST(HttpOps, EveryResponseCarriesTheRequestIdTheLogNames) {
 
 TEST(HttpOps, DrainRefusesNewRequestsAndFinishesRunningOnes) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
+  LiveServer s(tiny_model(conf), ops_options());
   EXPECT_TRUE(s.server().idle());
   std::atomic<int> status{-1};
   std::string finish;
@@ -152,7 +152,7 @@ double sample(const std::string& body, const std::string& series) {
 
 TEST(HttpOps, MetricsCountRequestsTokensAndLatencies) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
+  LiveServer s(tiny_model(conf), ops_options());
   auto c = s.client();
   auto r =
       c->Post("/v1/completions", R"({"prompt": [5, 6, 7], "max_tokens": 5, "ignore_eos": true})",

@@ -24,12 +24,13 @@ using ::testing::HasSubstr;
 
 namespace {
 
-ServerOptions options(int max_seqs = 4, int max_queue = 8) {
+ServerOptions server_options(int max_seqs = 4, int max_queue = 8) {
   return small_server_options(max_seqs, max_queue);
 }
 
 // POSTs JSON; returns (status, parsed body or null).
-std::pair<int, json> post(const LiveServer& s, const std::string& path, const std::string& body) {
+std::pair<int, json> server_post(const LiveServer& s, const std::string& path,
+                                 const std::string& body) {
   auto r = s.client()->Post(path.c_str(), body, "application/json");
   if (!r) return {-1, nullptr};
   return {r->status, json::parse(r->body, nullptr, false)};
@@ -87,7 +88,7 @@ Streamed stream(const LiveServer& s, const std::string& path, json body) {
 
 TEST(HttpServer, HealthAndModels) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
+  LiveServer s(tiny_model(conf), server_options());
   const auto h = s.health();
   ASSERT_FALSE(h.is_null());
   EXPECT_EQ(h["status"], "ok");
@@ -119,10 +120,10 @@ TEST(HttpServer, GreedyCompletionEqualsGenerate) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto rng = exl3::test::make_rng();
   const auto model = tiny_model(conf);
-  LiveServer s(model, options());
+  LiveServer s(model, server_options());
   const auto prompt = random_prompt(rng, 12);
   const auto want = expected(s, model, prompt, 24, s.options().stop_tokens);
-  const auto [status, j] = post(
+  const auto [status, j] = server_post(
       s, "/v1/completions",
       json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}}.dump());
   ASSERT_EQ(status, 200) << j.dump();
@@ -139,7 +140,7 @@ TEST(HttpServer, GreedyCompletionEqualsGenerate) {
   const std::string text = "Once upon a time";
   const auto ids = s.tokenizer().encode(text, true);
   const auto want2 = expected(s, model, ids, 10, s.options().stop_tokens);
-  const auto [status2, j2] = post(
+  const auto [status2, j2] = server_post(
       s, "/v1/completions", json{{"prompt", text}, {"max_tokens", 10}, {"temperature", 0}}.dump());
   ASSERT_EQ(status2, 200) << j2.dump();
   EXPECT_EQ(j2["choices"][0]["text"], want2.text);
@@ -152,12 +153,12 @@ TEST(HttpServer, DraftModelReportsAcceptance) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto rng = exl3::test::make_rng();
   const auto model = tiny_model(conf);
-  auto o = options();
+  auto o = server_options();
   o.scheduler.speculative = {3, false};
   LiveServer s(model, o, 4096, model);
   const auto prompt = random_prompt(rng, 9);
   const auto want = expected(s, model, prompt, 20, s.options().stop_tokens);
-  const auto [status, j] = post(
+  const auto [status, j] = server_post(
       s, "/v1/completions",
       json{{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 20}, {"temperature", 0}}.dump());
   ASSERT_EQ(status, 200) << j.dump();
@@ -179,7 +180,7 @@ TEST(HttpServer, DraftModelReportsAcceptance) {
                                             sp["accepted_tokens"].dump()));
   EXPECT_THAT(m->body, ::testing::HasSubstr("exl3_speculative_drafted_tokens_total"));
   // Without a draft, neither appears.
-  LiveServer plain(model, options());
+  LiveServer plain(model, server_options());
   EXPECT_FALSE(plain.health().contains("speculative"));
   auto pm = plain.client()->Get("/metrics");
   ASSERT_TRUE(pm);
@@ -190,7 +191,7 @@ TEST(HttpServer, ConcurrentStreamsEachEqualTheirSoloResult) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto rng = exl3::test::make_rng();
   const auto model = tiny_model(conf);
-  LiveServer s(model, options(4, 8));
+  LiveServer s(model, server_options(4, 8));
   constexpr int kN = 6;  // more than max_seqs: two of them queue first
   std::vector<std::vector<int32_t>> prompts;
   std::vector<Expect> want;
@@ -248,12 +249,12 @@ TEST(HttpServer, ChatCompletionsWithAChatFormat) {
       {"temperature", 0}};
   {
     // The conformance model has no chat_template: chat needs --chat-format, and says so.
-    LiveServer s(model, options());
-    const auto [status, j] = post(s, "/v1/chat/completions", body.dump());
+    LiveServer s(model, server_options());
+    const auto [status, j] = server_post(s, "/v1/chat/completions", body.dump());
     EXPECT_EQ(status, 400);
     EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("--chat-format"));
   }
-  auto o = options();
+  auto o = server_options();
   o.chat_format = ChatFormat::kPlain;
   LiveServer s(model, o);
   const std::vector<ChatMessage> msgs = {{"system", "Be brief."}, {"user", "Hi"}};
@@ -261,7 +262,7 @@ TEST(HttpServer, ChatCompletionsWithAChatFormat) {
   const auto prompt =
       s.tokenizer().encode(plain.render(msgs, true), plain.encode_adds_special_tokens());
   const auto want = expected(s, model, prompt, 8, s.options().stop_tokens);
-  const auto [status, j] = post(s, "/v1/chat/completions", body.dump());
+  const auto [status, j] = server_post(s, "/v1/chat/completions", body.dump());
   ASSERT_EQ(status, 200) << j.dump();
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
@@ -292,10 +293,10 @@ TEST(HttpServer, ChatCompletionsWithTheModelsTemplate) {
       "{{ m.content | trim }}\n{% endfor %}{% if enable_thinking is defined and not "
       "enable_thinking %}/no_think\n{% endif %}{% if add_generation_prompt %}ASSISTANT:{% endif %}";
   exl3::test::write_file(tmp / "tokenizer_config.json", cfg.dump());
-  LiveServer s(tmp.path(), options());
+  LiveServer s(tmp.path(), server_options());
   EXPECT_THAT(s.server().chat_status(), HasSubstr("the model's chat template"));
   auto prompt_tokens = [&](const json& body) {
-    const auto [status, j] = post(s, "/v1/chat/completions", body.dump());
+    const auto [status, j] = server_post(s, "/v1/chat/completions", body.dump());
     EXPECT_EQ(status, 200) << j.dump();
     return j["usage"]["prompt_tokens"].get<int64_t>();
   };
@@ -310,23 +311,23 @@ TEST(HttpServer, ChatCompletionsWithTheModelsTemplate) {
                 s.tokenizer().encode(bos + "USER: Hi\n/no_think\nASSISTANT:", false).size()));
   // The template's refusal is the client's 400, with the template's words.
   const json wrong = {{"messages", {{{"role", "assistant"}, {"content", "x"}}}}, {"max_tokens", 1}};
-  const auto [status, j] = post(s, "/v1/chat/completions", wrong.dump());
+  const auto [status, j] = server_post(s, "/v1/chat/completions", wrong.dump());
   EXPECT_EQ(status, 400);
   EXPECT_THAT(j["error"]["message"].get<std::string>(),
               HasSubstr("the last turn must be a user turn"));
   // A native format has no variables to set.
-  auto o = options();
+  auto o = server_options();
   o.chat_format = ChatFormat::kPlain;
   LiveServer plain(tmp.path(), o);
   const json kw = {{"messages", msgs}, {"chat_template_kwargs", {{"enable_thinking", false}}}};
-  const auto [status2, j2] = post(plain, "/v1/chat/completions", kw.dump());
+  const auto [status2, j2] = server_post(plain, "/v1/chat/completions", kw.dump());
   EXPECT_EQ(status2, 400);
   EXPECT_THAT(j2["error"]["message"].get<std::string>(), HasSubstr("no template variables"));
 }
 
 TEST(HttpServer, BadRequestsGetOpenAiErrors) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
+  LiveServer s(tiny_model(conf), server_options());
   struct Case {
     const char* path;
     std::string body;
@@ -346,7 +347,7 @@ TEST(HttpServer, BadRequestsGetOpenAiErrors) {
       {"/v1/chat/completions", R"({"messages": "hi"})", 400, "'messages' must be a list"},
   };
   for (const auto& c : cases) {
-    const auto [status, j] = post(s, c.path, c.body);
+    const auto [status, j] = server_post(s, c.path, c.body);
     EXPECT_EQ(status, c.status) << c.body;
     ASSERT_TRUE(j.is_object() && j.contains("error")) << c.body;
     EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr(c.says)) << c.body;
@@ -375,27 +376,28 @@ TEST(HttpServer, BadRequestsGetOpenAiErrors) {
   EXPECT_THAT(json::parse(r->body)["error"]["message"].get<std::string>(),
               HasSubstr("65536 bytes"));
   // Still serving after all of that.
-  EXPECT_EQ(post(s, "/v1/completions", R"({"prompt": [5, 6], "max_tokens": 2})").first, 200);
+  EXPECT_EQ(server_post(s, "/v1/completions", R"({"prompt": [5, 6], "max_tokens": 2})").first, 200);
   EXPECT_EQ(s.health()["failed"], 0);
 }
 
 TEST(HttpServer, OversizedPromptIs400) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  auto o = options();
+  auto o = server_options();
   o.scheduler.max_context = 256;
   LiveServer s(tiny_model(conf), o);
   auto rng = exl3::test::make_rng();
-  auto [status, j] = post(s, "/v1/completions", json{{"prompt", random_prompt(rng, 300)}}.dump());
+  auto [status, j] =
+      server_post(s, "/v1/completions", json{{"prompt", random_prompt(rng, 300)}}.dump());
   EXPECT_EQ(status, 400);
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
   EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("256 tokens"));
-  std::tie(status, j) = post(s, "/v1/completions",
-                             json{{"prompt", random_prompt(rng, 200)}, {"max_tokens", 100}}.dump());
+  std::tie(status, j) = server_post(
+      s, "/v1/completions", json{{"prompt", random_prompt(rng, 200)}, {"max_tokens", 100}}.dump());
   EXPECT_EQ(status, 400);
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
   EXPECT_EQ(j["error"]["param"], "max_tokens");
   // Without max_tokens, the default fits what is left of the context.
-  std::tie(status, j) = post(
+  std::tie(status, j) = server_post(
       s, "/v1/completions", json{{"prompt", random_prompt(rng, 250)}, {"ignore_eos", true}}.dump());
   EXPECT_EQ(status, 200) << j.dump();
   EXPECT_EQ(j["usage"]["completion_tokens"], 6);
@@ -442,7 +444,7 @@ class HangingStream {
 
 TEST(HttpServer, FullQueueIs503) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options(/*max_seqs=*/1, /*max_queue=*/1));
+  LiveServer s(tiny_model(conf), server_options(/*max_seqs=*/1, /*max_queue=*/1));
   const json endless = {{"prompt", {5, 6, 7}}, {"max_tokens", 4000}, {"ignore_eos", true}};
   HangingStream a(s, endless);
   ASSERT_TRUE(s.wait_health([](const json& h) { return h["running"] == 1; })) << s.health().dump();
@@ -467,7 +469,7 @@ TEST(HttpServer, FullQueueIs503) {
 TEST(HttpServer, DisconnectMidStreamDropsTheSequence) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   const auto model = tiny_model(conf);
-  LiveServer s(model, options());
+  LiveServer s(model, server_options());
   {
     HangingStream h(s, {{"prompt", {9, 10, 11, 12}}, {"max_tokens", 4000}, {"ignore_eos", true}});
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -485,6 +487,6 @@ TEST(HttpServer, DisconnectMidStreamDropsTheSequence) {
   EXPECT_EQ(h["completed"], 0);  // it was dropped, not run to its 4000 tokens
   // The server carries on.
   const auto [status, j] =
-      post(s, "/v1/completions", R"({"prompt": [5, 6], "max_tokens": 3, "temperature": 0})");
+      server_post(s, "/v1/completions", R"({"prompt": [5, 6], "max_tokens": 3, "temperature": 0})");
   EXPECT_EQ(status, 200) << j.dump();
 }

@@ -22,7 +22,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-ServerOptions options() {
+ServerOptions structured_options() {
   ServerOptions o;
   o.model_name = "tiny";
   o.scheduler.max_seqs = 4;
@@ -90,7 +90,7 @@ bool valid(const json& v, const json& s, const json& root) {
   return true;
 }
 
-json post(const LiveServer& s, const json& body, const char* path = "/v1/completions") {
+json structured_post(const LiveServer& s, const json& body, const char* path = "/v1/completions") {
   auto r = s.client()->Post(path, body.dump(), "application/json");
   if (!r) return {{"status", -1}};
   json j = json::parse(r->body, nullptr, false);
@@ -107,7 +107,7 @@ json json_schema_format(const char* schema) {
 
 TEST(HttpStructured, RepliesSatisfyTheirSchemaGreedyAndSampled) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
+  LiveServer s(tiny_model(conf), structured_options());
   int checked = 0;
   for (const char* schema : kBounded) {
     const json sj = json::parse(schema);
@@ -124,7 +124,8 @@ TEST(HttpStructured, RepliesSatisfyTheirSchemaGreedyAndSampled) {
         body["seed"] = seed;
         if (seed == 3) body.update({{"top_k", 20}, {"top_p", 0.9}, {"repetition_penalty", 1.3}});
       }
-      replies.push_back(std::async(std::launch::async, [&s, body] { return post(s, body); }));
+      replies.push_back(
+          std::async(std::launch::async, [&s, body] { return structured_post(s, body); }));
     }
     for (auto& reply : replies) {
       const json r = reply.get();
@@ -142,16 +143,16 @@ TEST(HttpStructured, RepliesSatisfyTheirSchemaGreedyAndSampled) {
 
 TEST(HttpStructured, JsonObjectAndFreeStringsStayParseable) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
+  LiveServer s(tiny_model(conf), structured_options());
   const char* schema = R"({"type": "object", "properties": {"note": {"type": "string"},
       "n": {"type": "integer"}}, "required": ["note", "n"]})";
   for (const int seed : {1, 2}) {
     for (const json& format : {json{{"type", "json_object"}}, json_schema_format(schema)}) {
-      const json r = post(s, {{"prompt", "JSON:"},
-                              {"max_tokens", 120},
-                              {"temperature", 1.0},
-                              {"seed", seed},
-                              {"response_format", format}});
+      const json r = structured_post(s, {{"prompt", "JSON:"},
+                                         {"max_tokens", 120},
+                                         {"temperature", 1.0},
+                                         {"seed", seed},
+                                         {"response_format", format}});
       ASSERT_EQ(r["status"], 200) << r.dump();
       const std::string text = r["choices"][0]["text"];
       // A free string may run to max_tokens; whatever came is then a prefix of a valid value.
@@ -175,11 +176,11 @@ TEST(HttpStructured, JsonObjectAndFreeStringsStayParseable) {
 
 TEST(HttpStructured, MaxTokensCutsAValueShortWithLength) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
-  const json r = post(s, {{"prompt", "JSON:"},
-                          {"max_tokens", 3},
-                          {"temperature", 0},
-                          {"response_format", json_schema_format(kBounded[0])}});
+  LiveServer s(tiny_model(conf), structured_options());
+  const json r = structured_post(s, {{"prompt", "JSON:"},
+                                     {"max_tokens", 3},
+                                     {"temperature", 0},
+                                     {"response_format", json_schema_format(kBounded[0])}});
   ASSERT_EQ(r["status"], 200) << r.dump();
   EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(r["usage"]["completion_tokens"], 3);
@@ -192,11 +193,12 @@ TEST(HttpStructured, MaxTokensCutsAValueShortWithLength) {
 TEST(HttpStructured, StreamedAndBesideADraftAndPlainRequests) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   const auto model = tiny_model(conf);
-  LiveServer s(model, options(), 4096, model);  // the model drafts for itself
+  LiveServer s(model, structured_options(), 4096, model);  // the model drafts for itself
   const json sj = json::parse(kBounded[2]);
   // A plain request runs beside the constrained ones (speculative decoding for it).
   std::thread plain([&] {
-    const json r = post(s, {{"prompt", "Hello"}, {"max_tokens", 24}, {"temperature", 0}});
+    const json r =
+        structured_post(s, {{"prompt", "Hello"}, {"max_tokens", 24}, {"temperature", 0}});
     EXPECT_EQ(r["status"], 200);
   });
   for (const int seed : {1, 2}) {
@@ -223,9 +225,9 @@ TEST(HttpStructured, StreamedAndBesideADraftAndPlainRequests) {
 
 TEST(HttpStructured, RefusesWhatItCannotEnforce) {
   EXL3_REQUIRE_CONFORMANCE(conf);
-  LiveServer s(tiny_model(conf), options());
-  const json r =
-      post(s, {{"prompt", "x"}, {"response_format", json_schema_format(R"({"type": "object",
+  LiveServer s(tiny_model(conf), structured_options());
+  const json r = structured_post(
+      s, {{"prompt", "x"}, {"response_format", json_schema_format(R"({"type": "object",
                               "properties": {"id": {"type": "string", "pattern": "^[a-z]+$"}}})")}});
   EXPECT_EQ(r["status"], 400);
   EXPECT_EQ(r["error"]["param"], "response_format");

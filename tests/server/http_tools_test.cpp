@@ -32,7 +32,7 @@ constexpr const char* kToolTemplate =
     "m.tool_call_id }}] {{ m.content }}{% else %}{{ m.content }}{% endif %}\n{% endfor %}{% if "
     "add_generation_prompt %}assistant:{% endif %}";
 
-ServerOptions options() {
+ServerOptions tools_options() {
   ServerOptions o;
   o.model_name = "tiny";
   o.scheduler.max_seqs = 2;
@@ -40,7 +40,7 @@ ServerOptions options() {
   return o;
 }
 
-std::pair<int, json> post(const LiveServer& s, const json& body) {
+std::pair<int, json> chat_post(const LiveServer& s, const json& body) {
   auto r = s.client()->Post("/v1/chat/completions", body.dump(), "application/json");
   if (!r) return {-1, nullptr};
   return {r->status, json::parse(r->body, nullptr, false)};
@@ -74,14 +74,14 @@ TEST(HttpTools, TheTemplateSeesToolsAndToolTurns) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   exl3::test::TempDir tmp;
   copy_model_with_template(tiny_model(conf), tmp, kToolTemplate);
-  LiveServer s(tmp.path(), options());
+  LiveServer s(tmp.path(), tools_options());
   EXPECT_EQ(s.server().tool_status(), "hermes tool calls");
 
   const json body = {{"messages", tool_conversation()},
                      {"tools", json::array({kTool})},
                      {"max_tokens", 6},
                      {"temperature", 0}};
-  const auto [status, j] = post(s, body);
+  const auto [status, j] = chat_post(s, body);
   ASSERT_EQ(status, 200) << j.dump();
   // What the template must have been given, written out (as transformers renders it, blocks
   // trimmed): the tool as sent (keys in the client's order, which the sorted keys of the request's
@@ -126,7 +126,7 @@ TEST(HttpTools, TheTemplateSeesToolsAndToolTurns) {
   // tool_choice "none": the same prompt (the tools are still shown), the reply is all content.
   json none = body;
   none["tool_choice"] = "none";
-  const auto [status2, j2] = post(s, none);
+  const auto [status2, j2] = chat_post(s, none);
   ASSERT_EQ(status2, 200) << j2.dump();
   EXPECT_EQ(j2["usage"]["prompt_tokens"], j["usage"]["prompt_tokens"]);
   EXPECT_EQ(j2["choices"][0]["message"]["content"], text);
@@ -148,33 +148,33 @@ TEST(HttpTools, RefusedWhereTheyCannotWork) {
     copy_model_with_template(
         tiny_model(conf), tmp,
         "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:");
-    LiveServer s(tmp.path(), options());
+    LiveServer s(tmp.path(), tools_options());
     EXPECT_THAT(s.server().tool_status(), HasSubstr("does not show tools"));
-    expect_400(post(s, tools_body), "tools", "does not show tools to the model");
-    expect_400(post(s, tools_body), "tools", "\"tool_choice\": \"none\"");
+    expect_400(chat_post(s, tools_body), "tools", "does not show tools to the model");
+    expect_400(chat_post(s, tools_body), "tools", "\"tool_choice\": \"none\"");
     json none = tools_body;
     none["tool_choice"] = "none";
-    EXPECT_EQ(post(s, none).first, 200);
-    expect_400(post(s, {{"messages", tool_conversation()}, {"max_tokens", 2}}), "messages",
+    EXPECT_EQ(chat_post(s, none).first, 200);
+    expect_400(chat_post(s, {{"messages", tool_conversation()}, {"max_tokens", 2}}), "messages",
                "cannot show to the model");
   }
   {
     // A native format shows no tools and no tool turns.
-    auto o = options();
+    auto o = tools_options();
     o.chat_format = ChatFormat::kPlain;
     LiveServer s(tiny_model(conf), o);
-    expect_400(post(s, tools_body), "tools", "the chat format plain cannot show tools");
-    expect_400(post(s, {{"messages", tool_conversation()}, {"max_tokens", 2}}), "messages",
+    expect_400(chat_post(s, tools_body), "tools", "the chat format plain cannot show tools");
+    expect_400(chat_post(s, {{"messages", tool_conversation()}, {"max_tokens", 2}}), "messages",
                "the chat format plain");
   }
   exl3::test::TempDir tmp;
   copy_model_with_template(tiny_model(conf), tmp, kToolTemplate);
   {
     // Tool calling turned off.
-    auto o = options();
+    auto o = tools_options();
     o.tool_parser = ToolParser::kNone;
     LiveServer s(tmp.path(), o);
-    expect_400(post(s, tools_body), "tools", "--tool-parser none");
+    expect_400(chat_post(s, tools_body), "tools", "--tool-parser none");
   }
   {
     // A template whose call format is not recognized needs --tool-parser.
@@ -182,13 +182,13 @@ TEST(HttpTools, RefusedWhereTheyCannotWork) {
     copy_model_with_template(
         tiny_model(conf), plain_tools,
         "{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}");
-    LiveServer s(plain_tools.path(), options());
-    expect_400(post(s, tools_body), "tools", "--tool-parser hermes|llama3|mistral");
-    auto o = options();
+    LiveServer s(plain_tools.path(), tools_options());
+    expect_400(chat_post(s, tools_body), "tools", "--tool-parser hermes|llama3|mistral");
+    auto o = tools_options();
     o.tool_parser = ToolParser::kHermes;
     LiveServer forced(plain_tools.path(), o);
     EXPECT_EQ(forced.server().tool_status(), "hermes tool calls");
-    EXPECT_EQ(post(forced, tools_body).first, 200);
+    EXPECT_EQ(chat_post(forced, tools_body).first, 200);
   }
 }
 
@@ -208,7 +208,7 @@ TEST(HttpTools, ForcedCallsFollowTheFormatAndSchema) {
       "Rome"]}}, "required": ["city"]}}})");
   int calls = 0;
   for (const auto parser : {ToolParser::kHermes, ToolParser::kLlama3, ToolParser::kMistral}) {
-    ServerOptions o = options();
+    ServerOptions o = tools_options();
     o.tool_parser = parser;
     LiveServer s(tmp.path(), o);
     for (const json& choice :
@@ -222,7 +222,8 @@ TEST(HttpTools, ForcedCallsFollowTheFormatAndSchema) {
                            {"max_tokens", 300},
                            {"temperature", 1.0},
                            {"seed", seed}};
-        replies.push_back(std::async(std::launch::async, [&s, body] { return post(s, body); }));
+        replies.push_back(
+            std::async(std::launch::async, [&s, body] { return chat_post(s, body); }));
       }
       for (auto& reply : replies) {
         const auto [status, j] = reply.get();
@@ -255,13 +256,13 @@ TEST(HttpTools, ForcedCallsFollowTheFormatAndSchema) {
     }
   }
   EXPECT_EQ(calls, 12);
-  LiveServer s(tmp.path(), options());
+  LiveServer s(tmp.path(), tools_options());
   // A parameters schema outside the subset cannot be forced: a 400 naming tools and the keyword.
   json bad = weather_enum;
   bad["function"]["parameters"]["properties"]["city"] = {{"type", "string"}, {"maxLength", 9}};
-  const auto [status, j] = post(s, {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
-                                    {"tools", json::array({bad})},
-                                    {"tool_choice", "required"}});
+  const auto [status, j] = chat_post(s, {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                         {"tools", json::array({bad})},
+                                         {"tool_choice", "required"}});
   EXPECT_EQ(status, 400);
   EXPECT_EQ(j["error"]["param"], "tools");
   EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("'maxLength'"));
@@ -283,7 +284,7 @@ TEST(HttpTools, OneCallAtMostAndStrictTools) {
   const json g = json::parse(R"({"type": "function", "function": {"name": "g", "parameters":
       {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}}})");
   const json hi = json::array({{{"role", "user"}, {"content", "Hi"}}});
-  ServerOptions o = options();
+  ServerOptions o = tools_options();
   o.tool_parser = ToolParser::kMistral;
   LiveServer s(tmp.path(), o);
   auto rng = exl3::test::make_rng();
@@ -296,7 +297,7 @@ TEST(HttpTools, OneCallAtMostAndStrictTools) {
                        {"max_tokens", 200},
                        {"temperature", 1.0},
                        {"seed", rng() % 100000}};
-    replies.push_back(std::async(std::launch::async, [&s, body] { return post(s, body); }));
+    replies.push_back(std::async(std::launch::async, [&s, body] { return chat_post(s, body); }));
   }
   for (auto& reply : replies) {
     const auto [status, j] = reply.get();
@@ -314,48 +315,48 @@ TEST(HttpTools, OneCallAtMostAndStrictTools) {
     }
   }
   // "auto" with one call at most and no strict tool is served.
-  auto [status, j] = post(s, {{"messages", hi},
-                              {"tools", json::array({g})},
-                              {"parallel_tool_calls", false},
-                              {"max_tokens", 4}});
+  auto [status, j] = chat_post(s, {{"messages", hi},
+                                   {"tools", json::array({g})},
+                                   {"parallel_tool_calls", false},
+                                   {"max_tokens", 4}});
   EXPECT_EQ(status, 200) << j.dump();
   // A strict tool under "auto": served (a call the reply starts is generated under the schema,
   // which tests/server/scheduler_test.cpp checks); a strict schema outside the subset is a 400
   // naming the keyword.
   std::tie(status, j) =
-      post(s, {{"messages", hi}, {"tools", json::array({f, g})}, {"max_tokens", 8}});
+      chat_post(s, {{"messages", hi}, {"tools", json::array({f, g})}, {"max_tokens", 8}});
   EXPECT_EQ(status, 200) << j.dump();
   auto bad = f;
   bad["function"]["name"] = "h";
   bad["function"]["parameters"]["properties"]["n"] = {{"type", "integer"}, {"minimum", 0}};
   std::tie(status, j) =
-      post(s, {{"messages", hi}, {"tools", json::array({bad})}, {"max_tokens", 4}});
+      chat_post(s, {{"messages", hi}, {"tools", json::array({bad})}, {"max_tokens", 4}});
   EXPECT_EQ(status, 400);
   EXPECT_EQ(j["error"]["param"], "tools");
   EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("'minimum'"));
   // ... and a non-strict one with such a schema takes any object instead.
   bad["function"].erase("strict");
   std::tie(status, j) =
-      post(s, {{"messages", hi}, {"tools", json::array({f, bad})}, {"max_tokens", 4}});
+      chat_post(s, {{"messages", hi}, {"tools", json::array({f, bad})}, {"max_tokens", 4}});
   EXPECT_EQ(status, 200) << j.dump();
   // Llama's call is the whole reply, with no marker to start the constraint at: a strict tool
   // under "auto" is refused there, saying how to force the call.
   {
-    ServerOptions lo = options();
+    ServerOptions lo = tools_options();
     lo.tool_parser = ToolParser::kLlama3;
     LiveServer llama(tmp.path(), lo);
     std::tie(status, j) =
-        post(llama, {{"messages", hi}, {"tools", json::array({f})}, {"max_tokens", 4}});
+        chat_post(llama, {{"messages", hi}, {"tools", json::array({f})}, {"max_tokens", 4}});
     EXPECT_EQ(status, 400);
     EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("tool_choice"));
-    std::tie(status, j) = post(llama, {{"messages", hi},
-                                       {"tools", json::array({f})},
-                                       {"tool_choice", "required"},
-                                       {"max_tokens", 200}});
+    std::tie(status, j) = chat_post(llama, {{"messages", hi},
+                                            {"tools", json::array({f})},
+                                            {"tool_choice", "required"},
+                                            {"max_tokens", 200}});
     EXPECT_EQ(status, 200) << j.dump();
   }
   // With "tool_choice": "none" nothing is called, so strict has nothing to hold.
-  std::tie(status, j) = post(
+  std::tie(status, j) = chat_post(
       s,
       {{"messages", hi}, {"tools", json::array({g})}, {"tool_choice", "none"}, {"max_tokens", 4}});
   EXPECT_EQ(status, 200) << j.dump();

@@ -59,13 +59,6 @@ ParsedToolCall call(std::string name, std::string args) {
   return {std::move(name), std::move(args)};
 }
 
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 TEST(ToolCalls, HermesCallsWithTextAround) {
@@ -263,19 +256,24 @@ TEST(ToolCalls, NoneIsAllContent) {
 
 TEST(ToolCalls, DetectsTheFormatFromTheTemplate) {
   const auto dir = std::filesystem::path(EXL3_SOURCE_DIR) / "tests" / "text" / "data";
-  EXPECT_EQ(detect_tool_parser(read_text(dir / "chat_templates" / "chatml_tools.jinja")),
-            ToolParser::kHermes);
-  EXPECT_EQ(detect_tool_parser(read_text(dir / "chat_templates" / "llama31_style.jinja")),
-            ToolParser::kLlama3);
-  EXPECT_EQ(detect_tool_parser(read_text(dir / "chat_templates" / "mistral_style.jinja")),
-            ToolParser::kMistral);
-  EXPECT_EQ(detect_tool_parser(read_text(dir / "chat_templates" / "glm_style.jinja")),
+  EXPECT_EQ(
+      detect_tool_parser(exl3::test::read_file(dir / "chat_templates" / "chatml_tools.jinja")),
+      ToolParser::kHermes);
+  EXPECT_EQ(
+      detect_tool_parser(exl3::test::read_file(dir / "chat_templates" / "llama31_style.jinja")),
+      ToolParser::kLlama3);
+  EXPECT_EQ(
+      detect_tool_parser(exl3::test::read_file(dir / "chat_templates" / "mistral_style.jinja")),
+      ToolParser::kMistral);
+  EXPECT_EQ(detect_tool_parser(exl3::test::read_file(dir / "chat_templates" / "glm_style.jinja")),
             ToolParser::kNone)
       << "GLM's <tool_call> holds <arg_key> pairs, not JSON";
-  EXPECT_EQ(detect_tool_parser(read_text(dir / "chat_templates" / "smollm2_style.jinja")),
-            ToolParser::kNone);
-  EXPECT_EQ(detect_tool_parser(read_text(dir / "qwen2_style" / "tokenizer_config.json")),
-            ToolParser::kNone);
+  EXPECT_EQ(
+      detect_tool_parser(exl3::test::read_file(dir / "chat_templates" / "smollm2_style.jinja")),
+      ToolParser::kNone);
+  EXPECT_EQ(
+      detect_tool_parser(exl3::test::read_file(dir / "qwen2_style" / "tokenizer_config.json")),
+      ToolParser::kNone);
   EXPECT_EQ(detect_tool_parser("{{ '<|python_tag|>' }}"), ToolParser::kLlama3);
 }
 

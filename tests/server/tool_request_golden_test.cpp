@@ -24,13 +24,6 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 std::optional<std::string> optional_string(const json& j) {
   if (j.is_null()) return std::nullopt;
   return j.get<std::string>();
@@ -40,7 +33,8 @@ std::optional<std::string> optional_string(const json& j) {
 
 TEST(ToolRequestGolden, MatchesTransformers) {
   const auto src = std::filesystem::path(EXL3_SOURCE_DIR) / "tests";
-  const auto doc = json::parse(read_text(src / "server" / "data" / "golden_tool_requests.json"));
+  const auto doc =
+      json::parse(exl3::test::read_file(src / "server" / "data" / "golden_tool_requests.json"));
   ASSERT_GE(doc["cases"].size(), 7u);
   for (const auto& c : doc["cases"]) {
     SCOPED_TRACE(c["name"].get<std::string>());
@@ -49,9 +43,9 @@ TEST(ToolRequestGolden, MatchesTransformers) {
         << std::get<ApiError>(parsed).message;
     const auto& r = std::get<CompletionRequest>(parsed);
     const auto name = c["template"].get<std::string>();
-    const auto tmpl =
-        ChatTemplate::from_jinja(read_text(src / "text" / "data" / "chat_templates" / name), name,
-                                 optional_string(c["bos_token"]), optional_string(c["eos_token"]));
+    const auto tmpl = ChatTemplate::from_jinja(
+        exl3::test::read_file(src / "text" / "data" / "chat_templates" / name), name,
+        optional_string(c["bos_token"]), optional_string(c["eos_token"]));
     // As the server renders it: the tools as parsed, the template variables as an object.
     const auto extra = ojson::parse(r.chat_template_kwargs.dump());
     EXPECT_EQ(tmpl.render(r.template_messages, true, r.tools, extra),

@@ -24,6 +24,9 @@ struct cublasContext;  // cublasHandle_t is cublasContext*
 
 namespace exl3::cuda {
 
+// The current device's SM count (132, an H100/H200's, when it cannot be read).
+int current_sm_count();
+
 class CudaContext {
  public:
   // The workspace NVIDIA recommends for cuBLAS on Hopper, the largest any linear asks for.

@@ -23,6 +23,11 @@ namespace exl3::cuda {
 // Every sub-buffer of a workspace or arena starts on this boundary.
 inline constexpr size_t kCarveAlign = 256;
 
+// `bytes` rounded up to the carve boundary.
+inline constexpr size_t carve_align_up(size_t bytes) {
+  return (bytes + kCarveAlign - 1) / kCarveAlign * kCarveAlign;
+}
+
 // One sub-buffer: bytes [offset, offset + bytes) of the caller's workspace or arena. bytes == 0:
 // the run does not use it (its pointer is null).
 struct Span {

@@ -35,20 +35,22 @@ int64_t encode_tiles_cuda_resident_tiles(int K);
 // are taken in turn by the same blocks, so any n runs in one launch. Asynchronous on `stream`.
 // Returns cudaErrorInvalidValue for K outside 1..8, n < 0, null buffers (n > 0) or a workspace
 // too small for one tile; otherwise the launch's error.
-cudaError_t encode_tiles_cuda(const float* d_tiles, int64_t n, int K, trellis::Codebook cb, uint16_t* d_states_out,
-                              float* d_decoded_out, void* d_workspace, size_t workspace_bytes, cudaStream_t stream);
+cudaError_t encode_tiles_cuda(const float* d_tiles, int64_t n, int K, trellis::Codebook cb,
+                              uint16_t* d_states_out, float* d_decoded_out, void* d_workspace,
+                              size_t workspace_bytes, cudaStream_t stream);
 
 // Number of tiles whose traced path failed to close in the encode_tiles_cuda calls on this
 // workspace since it was last reset (each call resets it first). Always 0 unless the encoder has
 // a bug. Synchronises `stream`.
-cudaError_t encode_tiles_cuda_failures(const void* d_workspace, uint32_t* count, cudaStream_t stream);
+cudaError_t encode_tiles_cuda_failures(const void* d_workspace, uint32_t* count,
+                                       cudaStream_t stream);
 
 // Host-memory convenience: tiles/states/decoded in host memory (decoded nullable). Allocates device
 // buffers, encodes in chunks with a back-pointer scratch of at most 2 GiB, and checks the result.
 // Throws exl3::Error for K outside 1..8, non-finite inputs (naming the tile and position, like the
 // CPU encode_tiles), and CUDA failures.
-void encode_tiles_cuda_host(const float* tiles, int64_t n, int K, trellis::Codebook cb, uint16_t* states,
-                            float* decoded = nullptr);
+void encode_tiles_cuda_host(const float* tiles, int64_t n, int K, trellis::Codebook cb,
+                            uint16_t* states, float* decoded = nullptr);
 
 // Throughput benchmark: encodes n random Gaussian tiles (scale 1.2437 for 3INST/MCG, 1.0 for
 // MUL1) once to warm up, then times one more run with CUDA events. Returns tiles per second.

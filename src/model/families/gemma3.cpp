@@ -28,7 +28,7 @@ using nlohmann::json;
 
 // True per layer where the layer is sliding_attention: layer_types, else every
 // sliding_window_pattern-th layer full.
-std::vector<bool> sliding_layers(const Family& f) {
+std::vector<bool> gemma3_sliding_layers(const Family& f) {
   if (auto sliding = sliding_layer_types(f)) return *sliding;
   std::vector<bool> sliding;
   const int64_t pattern = f.keys.integer("sliding_window_pattern", 6);
@@ -71,7 +71,7 @@ void describe_gemma3(Family& f) {
     fail("{}: key 'hidden_activation': '{}' is not supported (Gemma's GeGLU: gelu_pytorch_tanh)",
          f.label, act);
   }
-  const std::vector<bool> sliding = sliding_layers(f);
+  const std::vector<bool> sliding = gemma3_sliding_layers(f);
   int64_t window = 0;
   if (std::find(sliding.begin(), sliding.end(), true) != sliding.end()) {
     // An explicit null leaves transformers without a window for its sliding layers' mask.

@@ -23,7 +23,7 @@ namespace {
 
 using nlohmann::json;
 
-std::vector<bool> sliding_layers(const Family& f) {
+std::vector<bool> gpt_oss_sliding_layers(const Family& f) {
   if (auto sliding = sliding_layer_types(f)) return *sliding;
   std::vector<bool> sliding;  // GptOssConfig's default: sliding, full, sliding, ...
   for (int64_t l = 0; l < f.num_layers; ++l) sliding.push_back(l % 2 == 0);
@@ -50,7 +50,7 @@ RopeSpec gpt_oss_rope(const Family& f, int64_t head_dim) {
 }  // namespace
 
 void describe_gpt_oss(Family& f) {
-  const std::vector<bool> sliding = sliding_layers(f);
+  const std::vector<bool> sliding = gpt_oss_sliding_layers(f);
   int64_t window = 0;
   if (std::find(sliding.begin(), sliding.end(), true) != sliding.end()) {
     if (const auto it = f.config.raw.find("sliding_window");
