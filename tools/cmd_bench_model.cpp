@@ -69,8 +69,24 @@ SyntheticSpec synthetic_geometry(const std::string& name) {
     s.topk_group = 4;
     s.vocab_size = 129280;
     s.max_position_embeddings = 40960;
+  } else if (name == "gpt-oss-120b" || name == "gpt-oss-20b") {  // 36 / 24 layers, top-4
+    s.gpt_oss = true;
+    s.hidden_size = 2880;  // every linear padded to 2944 on the 2880 side, as converted
+    s.num_layers = name == "gpt-oss-120b" ? 36 : 24;
+    s.num_heads = 64;
+    s.num_kv_heads = 8;
+    s.head_dim = 64;
+    s.num_experts = name == "gpt-oss-120b" ? 128 : 32;
+    s.experts_per_tok = 4;
+    s.moe_intermediate_size = 2880;
+    s.sliding_window = 128;
+    s.vocab_size = 201088;
+    s.max_position_embeddings = 40960;
   } else if (name != "tiny") {
-    fail("--synthetic '{}' is unknown; choose qwen3-30b-a3b, deepseek-v3 or tiny", name);
+    fail(
+        "--synthetic '{}' is unknown; choose qwen3-30b-a3b, deepseek-v3, gpt-oss-120b, "
+        "gpt-oss-20b or tiny",
+        name);
   }
   return s;
 }
@@ -93,9 +109,8 @@ Runner add_bench_model(CLI::App& app, Common&) {
   app.add_option(
       "--synthetic", o->synthetic,
       "Write and time a synthetic EXL3 model of this geometry: qwen3-30b-a3b, deepseek-v3 "
-      "(61 layers; use --layers to keep the first N: 3 dense, then MoE) or tiny "
-      "(random valid trellis "
-      "bits: a speed benchmark, never a quality one)");
+      "(61 layers; use --layers to keep the first N: 3 dense, then MoE), gpt-oss-120b, "
+      "gpt-oss-20b or tiny (random valid trellis bits: a speed benchmark, never a quality one)");
   app.add_option("--bits", o->bits, "--synthetic: K of the decoder linears and experts")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();

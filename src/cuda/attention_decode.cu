@@ -11,7 +11,8 @@
 // running max / sum per head, and the lanes, each owning HD/32 output channels, accumulate p * V.
 // The warps' states merge in shared memory; with one active split that is the output, otherwise the
 // block stores its state and the last of the token's blocks to finish (an atomic counter, reset by
-// that block) merges the splits in split order, so the result is deterministic.
+// that block) merges the splits in split order, so the result is deterministic. Sinks (gpt-oss)
+// join the final state only, once per head, after every split is merged.
 #include <algorithm>
 #include <cstdint>
 
@@ -25,7 +26,7 @@
 namespace exl3::cuda {
 namespace {
 
-using namespace detail;  // kNegBig, kv_slot, warp_max, warp_sum (cuda/paged_kv.cuh)
+using namespace detail;  // kNegBig, kv_slot, warp_max, warp_sum, softmax_output (paged_kv.cuh)
 
 constexpr int kWarps = 4;
 constexpr int kTile = 32;       // keys per warp step (one per lane)
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(32 * kWarps)
       den += wl[w * G + g] * f;
     }
     if (active == 1) {
-      out[(t * s.num_heads + h0 + g) * HD + d] = num / den;
+      out[(t * s.num_heads + h0 + g) * HD + d] = softmax_output(mx, den, num, s.sinks, h0 + g);
     } else {
       float* st = mine + g * (HD + 2);
       if (d == 0) {
@@ -344,7 +345,7 @@ __global__ void __launch_bounds__(32 * kWarps)
       num += __ldcg(st + 2 + d) * f;
       den += __ldcg(st + 1) * f;
     }
-    out[(t * s.num_heads + h0 + g) * HD + d] = num / den;
+    out[(t * s.num_heads + h0 + g) * HD + d] = softmax_output(mx, den, num, s.sinks, h0 + g);
   }
   if (threadIdx.x == 0) counters[pair] = 0;  // ready for the next launch
 }

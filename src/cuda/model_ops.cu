@@ -375,9 +375,9 @@ __global__ void attention_prefill_kernel(const float* q, const int32_t* tile_fir
     m = mn;
   }
   if (active) {
-    const float inv = 1.0f / l;
 #pragma unroll
-    for (int i = 0; i < kDpt; ++i) out[(t * s.num_heads + h) * HD + part + kParts * i] = o[i] * inv;
+    for (int i = 0; i < kDpt; ++i)
+      out[(t * s.num_heads + h) * HD + part + kParts * i] = softmax_output(m, l, o[i], s.sinks, h);
   }
 }
 

@@ -15,7 +15,8 @@
 
 namespace exl3::cuda {
 
-MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOptions& opts)
+MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOptions& opts,
+                           const MoeExpertExtras& extras)
     : H_(w.hidden),
       I_(w.intermediate),
       E_(w.num_experts()),
@@ -112,6 +113,39 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
   up_suh_ = upload(rot.up_suh, "up suh");
   down_svh_ = upload(rot.down_svh, "down svh");
   intermediate_ = upload(rot.intermediate, "intermediate rotations");
+  upload_extras(extras, where);
+}
+
+// The biases go up as [E, I] / [E, H] with zeros past their widths (a padded layer's channels),
+// so the kernels index them like the rotation tables.
+void MoeLayerCuda::upload_extras(const MoeExpertExtras& x, const std::string& where) {
+  const bool biased = !x.gate_bias.empty() || !x.up_bias.empty() || !x.down_bias.empty();
+  if (biased && shared_h_) fail("{}: expert biases with shared-H rotations are not built", where);
+  auto padded = [&](const std::vector<float>& b, int64_t width, int64_t full, const char* what) {
+    if (width < 1 || width > full || static_cast<int64_t>(b.size()) != E_ * width) {
+      fail("{}: {} bias has {} values, expected {} experts x a width in 1..{} (given {})", where,
+           what, b.size(), E_, full, width);
+    }
+    std::vector<float> out(static_cast<size_t>(E_ * full), 0.0f);
+    for (int64_t e = 0; e < E_; ++e)
+      std::copy_n(b.begin() + e * width, width, out.begin() + e * full);
+    auto buf = DeviceBuffer::upload(out, fmt::format("the CUDA MoE {} bias", what));
+    device_bytes_ += buf.bytes();
+    return buf;
+  };
+  if (!x.gate_bias.empty()) gate_bias_ = padded(x.gate_bias, x.gate_up_width, I_, "gate");
+  if (!x.up_bias.empty()) up_bias_ = padded(x.up_bias, x.gate_up_width, I_, "up");
+  if (!x.down_bias.empty()) down_bias_ = padded(x.down_bias, x.down_width, H_, "down");
+  if (x.swiglu_limit < 0.0f || (x.swiglu_limit > 0.0f && !(x.swiglu_alpha > 0.0f))) {
+    fail("{}: clamped SwiGLU limit {} / alpha {} must be positive", where, x.swiglu_limit,
+         x.swiglu_alpha);
+  }
+  if (x.valid_intermediate < 0 || x.valid_intermediate > I_) {
+    fail("{}: {} valid intermediate channels of {}", where, x.valid_intermediate, I_);
+  }
+  swiglu_alpha_ = x.swiglu_alpha;
+  swiglu_limit_ = x.swiglu_limit;
+  valid_intermediate_ = x.valid_intermediate;
 }
 
 MoePlan MoeLayerCuda::plan(int64_t m) const {
@@ -259,8 +293,14 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
   }
   e = gemv_tiers(a, nt, max_groups, plan.tier_passes, stream);
   if (e != cudaSuccess) return e;
+  detail::MoeActivation fn;
+  fn.gate_bias = gate_bias_.as<float>();
+  fn.up_bias = up_bias_.as<float>();
+  fn.alpha = swiglu_alpha_;
+  fn.limit = swiglu_limit_;
+  if (valid_intermediate_ > 0) fn.valid = valid_intermediate_;
   e = detail::moe_activate(partial1, s1, routes, routes, k_, I_, shared_h_, ids, E_, slots, scale_g,
-                           scale_u, intermediate_.as<uint16_t>(), act, act_scale, stream);
+                           scale_u, intermediate_.as<uint16_t>(), fn, act, act_scale, stream);
   if (e != cudaSuccess) return e;
 
   // FC2: B rows are the activation rows (one per slot).
@@ -279,7 +319,8 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
   e = gemv_tiers(a, nt, max_groups, plan.tier_passes, stream);
   if (e != cudaSuccess) return e;
   return detail::moe_combine(partial2, s2, routes, m, k_, H_, shared_h_, ids, weights, E_, slots,
-                             act_scale, down_svh_.as<uint16_t>(), out, stream);
+                             act_scale, down_svh_.as<uint16_t>(), down_bias_.as<float>(), out,
+                             stream);
 }
 
 }  // namespace exl3::cuda

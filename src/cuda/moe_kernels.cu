@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kThreads)
     activate_kernel(const float* __restrict__ partial, int splits, int64_t slots_cap, int k,
                     int64_t I, bool shared_h, const int32_t* ids, int num_experts, MoeSlots slots,
                     const float* scale_g, const float* scale_u, const uint16_t* intermediate,
-                    __half* act, float* act_scale) {
+                    MoeActivation fn, __half* act, float* act_scale) {
   pdl_begin();
   __shared__ float a_row[kMaxIntermediate];
   __shared__ float red[kWarps];
@@ -232,8 +232,19 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t col = c0 + 4 * lane + i;
-      const float gt = gv[i] * sg * h2f(tab, col), ut = uv[i] * su * h2f(tab, I + col);
-      av[i] = gt / (1.0f + __expf(-gt)) * ut * h2f(tab, 2 * I + col);
+      float gt = gv[i] * sg * h2f(tab, col), ut = uv[i] * su * h2f(tab, I + col);
+      if (fn.gate_bias != nullptr) gt += fn.gate_bias[rt.expert * I + col];
+      if (fn.up_bias != nullptr) ut += fn.up_bias[rt.expert * I + col];
+      float a;
+      if (col >= fn.valid) {
+        a = 0.0f;
+      } else if (fn.limit > 0.0f) {
+        const float g = fminf(gt, fn.limit), u = fminf(fmaxf(ut, -fn.limit), fn.limit);
+        a = g / (1.0f + __expf(-fn.alpha * g)) * (u + 1.0f);
+      } else {
+        a = gt / (1.0f + __expf(-gt)) * ut;
+      }
+      av[i] = a * h2f(tab, 2 * I + col);
     }
     had128_lane4(av, lane);
 #pragma unroll
@@ -259,7 +270,7 @@ __global__ void __launch_bounds__(kThreads)
     combine_kernel(const float* __restrict__ partial, int splits, int64_t slots_cap, int k,
                    int64_t H, bool shared_h, const int32_t* ids, const float* weights,
                    int num_experts, MoeSlots slots, const float* act_scale,
-                   const uint16_t* down_svh, float* out) {
+                   const uint16_t* down_svh, const float* down_bias, float* out) {
   pdl_begin();
   __shared__ float4 red[kWarps][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -288,6 +299,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         acc[i] += w * (v[i] * exl3::trellis::kHadScale * h2f(sv, c0 + 4 * lane + i));
+      if (down_bias != nullptr) {  // the expert's output bias, at the route's weight
+        const float* b = down_bias + static_cast<int64_t>(e) * H + c0 + 4 * lane;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] += weights[r] * b[i];
+      }
     }
   }
   red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -348,24 +364,24 @@ cudaError_t moe_rotate_input(const void* x, DType in_type, int64_t m, int k, int
 cudaError_t moe_activate(const float* partial, int splits, int64_t slots_cap, int64_t routes, int k,
                          int64_t I, bool shared_h, const int32_t* topk_ids, int num_experts,
                          MoeSlots slots, const float* scale_g, const float* scale_u,
-                         const uint16_t* intermediate, __half* act, float* act_scale,
-                         cudaStream_t stream) {
+                         const uint16_t* intermediate, const MoeActivation& fn, __half* act,
+                         float* act_scale, cudaStream_t stream) {
   if (routes <= 0 || I % 128 != 0 || I > kMaxIntermediate) return cudaErrorInvalidValue;
   launch_pdl(activate_kernel, static_cast<unsigned>(routes), kThreads, 0, stream, partial, splits,
              slots_cap, k, I, shared_h, topk_ids, num_experts, slots, scale_g, scale_u,
-             intermediate, act, act_scale);
+             intermediate, fn, act, act_scale);
   return cudaGetLastError();
 }
 
 cudaError_t moe_combine(const float* partial, int splits, int64_t slots_cap, int64_t m, int k,
                         int64_t H, bool shared_h, const int32_t* topk_ids,
                         const float* topk_weights, int num_experts, MoeSlots slots,
-                        const float* act_scale, const uint16_t* down_svh, float* out,
-                        cudaStream_t stream) {
-  if (m <= 0 || H % 128 != 0) return cudaErrorInvalidValue;
+                        const float* act_scale, const uint16_t* down_svh, const float* down_bias,
+                        float* out, cudaStream_t stream) {
+  if (m <= 0 || H % 128 != 0 || (shared_h && down_bias != nullptr)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(m), static_cast<unsigned>(H / 128));
   launch_pdl(combine_kernel, grid, kThreads, 0, stream, partial, splits, slots_cap, k, H, shared_h,
-             topk_ids, topk_weights, num_experts, slots, act_scale, down_svh, out);
+             topk_ids, topk_weights, num_experts, slots, act_scale, down_svh, down_bias, out);
   return cudaGetLastError();
 }
 

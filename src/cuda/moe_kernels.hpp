@@ -42,23 +42,35 @@ cudaError_t moe_rotate_input(const void* x, DType in_type, int64_t m, int k, int
                              __half* xg, __half* xu, float* scale_g, float* scale_u,
                              cudaStream_t stream);
 
+// The expert activation beyond the plain SwiGLU (gpt-oss): biases on gate / up, the clamped
+// SwiGLU, and padded channels. Defaults are the plain SiLU(gate) * up.
+struct MoeActivation {
+  const float* gate_bias = nullptr;  // [E, I] fp32 (zeros past the real channels), or null
+  const float* up_bias = nullptr;
+  // limit > 0: a = min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + 1)
+  float alpha = 0.0f, limit = 0.0f;
+  int64_t valid = INT64_MAX;  // channels >= valid pad a padded expert linear: a = 0 there
+};
+
 // Activation per slot: sum the FC1 split partials ([splits][slots][2I], gate | up), rotate each
-// 128-chunk, apply gate/up svh and the input scales, a = SiLU(gate) * up * down_suh, rotate,
-// and store fp16 with a per-slot power-of-two guard -> act [slots, I], act_scale [slots].
+// 128-chunk, apply gate/up svh and the input scales (and the biases), a = SiLU(gate) * up (or
+// `fn`'s form) * down_suh, rotate, and store fp16 with a per-slot power-of-two guard -> act
+// [slots, I], act_scale [slots].
 cudaError_t moe_activate(const float* partial, int splits, int64_t slots_cap, int64_t routes, int k,
                          int64_t I, bool shared_h, const int32_t* topk_ids, int num_experts,
                          MoeSlots slots, const float* scale_g, const float* scale_u,
-                         const uint16_t* intermediate, __half* act, float* act_scale,
-                         cudaStream_t stream);
+                         const uint16_t* intermediate, const MoeActivation& fn, __half* act,
+                         float* act_scale, cudaStream_t stream);
 
-// Output per token: out[t] = sum_j w[t, j] * (H128(sum of FC2 splits of its slot) * act_scale)
-// * down_svh[e] in FP32, in route order j = 0..k-1. shared_h: the rotation and svh are linear
-// and shared, so they run once after the weighted sum.
+// Output per token: out[t] = sum_j w[t, j] * (H128(sum of FC2 splits of its slot) * act_scale
+// * down_svh[e] + down_bias[e]) in FP32, in route order j = 0..k-1. shared_h: the rotation and
+// svh are linear and shared, so they run once after the weighted sum (no bias there).
+// down_bias: [E, H] fp32 or null.
 cudaError_t moe_combine(const float* partial, int splits, int64_t slots_cap, int64_t m, int k,
                         int64_t H, bool shared_h, const int32_t* topk_ids,
                         const float* topk_weights, int num_experts, MoeSlots slots,
-                        const float* act_scale, const uint16_t* down_svh, float* out,
-                        cudaStream_t stream);
+                        const float* act_scale, const uint16_t* down_svh, const float* down_bias,
+                        float* out, cudaStream_t stream);
 
 // The grouped GEMV (moe_gemv.cuh); nt = 1 (groups of one slot) or 4 (groups of up to 32).
 // max_groups is the grid's group extent; blocks past the live group count exit.

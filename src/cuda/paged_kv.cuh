@@ -65,4 +65,19 @@ __device__ __forceinline__ float block_sum(float v, float* scratch /* [32] */) {
   return warp_sum(t);
 }
 
+// The output num / den of a softmax state (running max mx, denominator den, numerator num) of
+// query head h, with h's sink logit (when `sinks` is set) joining the max and the denominator as
+// the CPU engine's attention does: a sink takes weight but weighs no value.
+__device__ __forceinline__ float softmax_output(float mx, float den, float num, const float* sinks,
+                                                int h) {
+  if (sinks != nullptr) {
+    const float sink = sinks[h];
+    const float mn = fmaxf(mx, sink);
+    const float f = expf(mx - mn);
+    num *= f;
+    den = den * f + expf(sink - mn);
+  }
+  return num / den;
+}
+
 }  // namespace exl3::cuda::detail

@@ -59,7 +59,7 @@ struct TopkScratch {
 // softmax probabilities ranked (ties to the lower id); for sigmoid-grouped the group score is the
 // sum of the group's best two corrected scores, the topk_group best groups stay eligible, the
 // rest are masked to -inf. The row is read through L2 (__ldcg): in route_decode other blocks of
-// the same grid wrote it.
+// the same grid wrote it. A logit bias is added as each logit is read.
 __device__ void route_row(const float* row, int64_t t, const RouterParams& p, TopkScratch s,
                           int32_t* ids, float* weights) {
   const int lane = threadIdx.x & 31;
@@ -67,13 +67,16 @@ __device__ void route_row(const float* row, int64_t t, const RouterParams& p, To
   float* score = s.score;
   float* raw = s.raw;
   bool* taken = s.taken;
+  const auto logit = [&](int i) {
+    return p.logit_bias != nullptr ? __ldcg(row + i) + p.logit_bias[i] : __ldcg(row + i);
+  };
   if (!p.sigmoid_grouped) {
     float mx = -INFINITY;
-    for (int i = lane; i < e; i += 32) mx = fmaxf(mx, __ldcg(row + i));
+    for (int i = lane; i < e; i += 32) mx = fmaxf(mx, logit(i));
     mx = warp_max(mx);
     float sum = 0.0f;
     for (int i = lane; i < e; i += 32) {
-      raw[i] = expf(__ldcg(row + i) - mx);
+      raw[i] = expf(logit(i) - mx);
       sum += raw[i];
     }
     sum = warp_sum(sum);
@@ -84,7 +87,7 @@ __device__ void route_row(const float* row, int64_t t, const RouterParams& p, To
     }
   } else {
     for (int i = lane; i < e; i += 32) {
-      raw[i] = 1.0f / (1.0f + expf(-__ldcg(row + i)));
+      raw[i] = 1.0f / (1.0f + expf(-logit(i)));
       score[i] = raw[i] + (p.correction_bias ? p.correction_bias[i] : 0.0f);
       taken[i] = false;
     }

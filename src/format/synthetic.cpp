@@ -26,11 +26,16 @@ class Builder {
   Builder(const SyntheticSpec& spec) : spec_(spec), rng_(spec.seed) {}
 
   // An EXL3 linear in -> out, its stored output padded to a multiple of 128 as the converter pads
-  // it (MLA's kv_a_proj_with_mqa: kv_lora_rank + qk_rope_head_dim outputs).
-  void exl3_linear(const std::string& prefix, int64_t in, int64_t out, int bits) {
-    if (in % 128 != 0)
+  // it (MLA's kv_a_proj_with_mqa: kv_lora_rank + qk_rope_head_dim outputs), and its input too
+  // where the model asks for it (gpt-oss's 2880 channels); `bias`: an fp16 bias of the stored
+  // width, as the converter writes one.
+  void exl3_linear(const std::string& prefix, int64_t in, int64_t out, int bits,
+                   bool bias = false) {
+    if (in % 128 != 0 && !spec_.gpt_oss)
       fail("synthetic checkpoint: {} has {} inputs, a multiple of 128 is needed", prefix, in);
+    in = (in + 127) / 128 * 128;
     out = (out + 127) / 128 * 128;
+    if (bias) f16_tensor(prefix + ".bias", {out}, 0.02);
     std::vector<uint16_t> trellis(static_cast<size_t>(in / 16 * (out / 16) * 16 * bits));
     // Four words per draw: the largest models hold billions of words, and their bits are only
     // required to be uniform.
@@ -98,6 +103,23 @@ bool is_mla(const SyntheticSpec& s) {
   return s.kv_lora_rank > 0;
 }
 
+// The gpt-oss keys transformers' GptOssConfig reads (RoPE: its YaRN default).
+void add_gpt_oss_config(const SyntheticSpec& s, nlohmann::json& c) {
+  c["architectures"] = {"GptOssForCausalLM"};
+  c["model_type"] = "gpt_oss";
+  c["num_local_experts"] = s.num_experts;
+  c["num_experts_per_tok"] = s.experts_per_tok;
+  c["intermediate_size"] = s.moe_intermediate_size;
+  c["sliding_window"] = s.sliding_window;
+  c["attention_bias"] = true;
+  c["rope_theta"] = 150000.0;
+  c["swiglu_limit"] = 7.0;
+  nlohmann::json types = nlohmann::json::array();
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  c["layer_types"] = types;
+}
+
 // The DeepSeek-V3 keys transformers' DeepseekV3Config reads.
 void add_deepseek_config(const SyntheticSpec& s, nlohmann::json& c) {
   c["architectures"] = {"DeepseekV3ForCausalLM"};
@@ -141,7 +163,9 @@ nlohmann::json make_config(const SyntheticSpec& s, int64_t padded_vocab) {
                       {"hidden_act", "silu"},
                       {"tie_word_embeddings", false},
                       {"torch_dtype", "bfloat16"}};
-  if (is_mla(s)) {
+  if (s.gpt_oss) {
+    add_gpt_oss_config(s, c);
+  } else if (is_mla(s)) {
     add_deepseek_config(s, c);
   } else if (moe) {
     c["num_experts"] = s.num_experts;
@@ -171,10 +195,11 @@ SyntheticResult write_synthetic_checkpoint(const std::filesystem::path& dir,
   const int64_t h = s.hidden_size, q = s.num_heads * s.head_dim, kv = s.num_kv_heads * s.head_dim;
   const int64_t vocab = (s.vocab_size + 127) / 128 * 128;
   b.bf16_tensor("model.embed_tokens.weight", {vocab, h}, 0.05);
+  const bool biased = s.gpt_oss;  // gpt-oss: biases on attention and experts
   const auto mlp = [&](const std::string& p, int64_t inter) {
-    b.exl3_linear(p + "gate_proj", h, inter, s.bits);
-    b.exl3_linear(p + "up_proj", h, inter, s.bits);
-    b.exl3_linear(p + "down_proj", inter, h, s.bits);
+    b.exl3_linear(p + "gate_proj", h, inter, s.bits, biased);
+    b.exl3_linear(p + "up_proj", h, inter, s.bits, biased);
+    b.exl3_linear(p + "down_proj", inter, h, s.bits, biased);
   };
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
@@ -193,14 +218,23 @@ SyntheticResult write_synthetic_checkpoint(const std::filesystem::path& dir,
                     1.0 / std::sqrt(static_cast<double>(s.kv_lora_rank)));
       b.exl3_linear(p + "self_attn.o_proj", s.num_heads * s.v_head_dim, h, s.bits);
     } else {
-      b.bf16_tensor(p + "self_attn.q_norm.weight", {s.head_dim}, 0.02, 1.0);
-      b.bf16_tensor(p + "self_attn.k_norm.weight", {s.head_dim}, 0.02, 1.0);
-      b.exl3_linear(p + "self_attn.q_proj", h, q, s.bits);
-      b.exl3_linear(p + "self_attn.k_proj", h, kv, s.bits);
-      b.exl3_linear(p + "self_attn.v_proj", h, kv, s.bits);
-      b.exl3_linear(p + "self_attn.o_proj", q, h, s.bits);
+      if (s.gpt_oss) {
+        b.bf16_tensor(p + "self_attn.sinks", {s.num_heads}, 1.0);
+      } else {
+        b.bf16_tensor(p + "self_attn.q_norm.weight", {s.head_dim}, 0.02, 1.0);
+        b.bf16_tensor(p + "self_attn.k_norm.weight", {s.head_dim}, 0.02, 1.0);
+      }
+      b.exl3_linear(p + "self_attn.q_proj", h, q, s.bits, biased);
+      b.exl3_linear(p + "self_attn.k_proj", h, kv, s.bits, biased);
+      b.exl3_linear(p + "self_attn.v_proj", h, kv, s.bits, biased);
+      b.exl3_linear(p + "self_attn.o_proj", q, h, s.bits, biased);
     }
-    if (s.num_experts > 0 && l >= s.first_k_dense_replace) {
+    if (s.gpt_oss) {
+      b.bf16_tensor(p + "mlp.router.weight", {s.num_experts, h}, 0.05);
+      b.bf16_tensor(p + "mlp.router.bias", {s.num_experts}, 0.05);
+      for (int64_t e = 0; e < s.num_experts; ++e)
+        mlp(fmt::format("{}mlp.experts.{}.", p, e), s.moe_intermediate_size);
+    } else if (s.num_experts > 0 && l >= s.first_k_dense_replace) {
       b.f16_tensor(p + "mlp.gate.weight", {s.num_experts, h}, 0.05);
       if (is_mla(s)) b.f16_tensor(p + "mlp.gate.e_score_correction_bias", {s.num_experts}, 0.01);
       for (int64_t e = 0; e < s.num_experts; ++e)

@@ -40,7 +40,8 @@ std::optional<Proj> parse_proj(std::string_view s, const ExpertNaming& n) {
 
 class NameChecker {
  public:
-  NameChecker(const TensorStore& store, const MoeLayout& layout) : store_(store), layout_(layout) {}
+  NameChecker(const TensorStore& store, const MoeLayout& layout, bool expert_biases)
+      : store_(store), layout_(layout), expert_biases_(expert_biases) {}
 
   void check(const std::string& name, std::string_view rest) {
     name_ = &name;
@@ -129,6 +130,7 @@ class NameChecker {
     if (parts.size() != 3) bad("is not experts.{E}.{proj}.{field}", "");
     proj(parts[1]);
     const std::string_view f = parts[2];
+    if (expert_biases_ && f == "bias") return;  // the model's experts have biases (gpt-oss)
     no_bias(f);
     constexpr std::string_view kFields[] = {"trellis", "suh", "svh", "su", "sv", "mcg", "mul1"};
     if (std::find(std::begin(kFields), std::end(kFields), f) == std::end(kFields)) {
@@ -140,14 +142,16 @@ class NameChecker {
   const TensorStore& store_;
   const MoeLayout& layout_;
   const std::string* name_ = nullptr;
+  bool expert_biases_ = false;
 };
 
 }  // namespace
 
-void check_layer_names(const TensorStore& store, const MoeLayout& layout, int layer) {
+void check_layer_names(const TensorStore& store, const MoeLayout& layout, int layer,
+                       bool expert_biases) {
   const std::string prefix = fmt::format("model.layers.{}.{}.experts.", layer, layout.naming.block);
   const auto& names = store.names();  // sorted
-  NameChecker checker(store, layout);
+  NameChecker checker(store, layout, expert_biases);
   for (auto it = std::lower_bound(names.begin(), names.end(), prefix);
        it != names.end() && it->starts_with(prefix); ++it) {
     checker.check(*it, std::string_view(*it).substr(prefix.size()));

@@ -278,9 +278,9 @@ void check_runtime(const MoeLayout& layout, int layer, int rank, int runtime_tp,
 }  // namespace
 
 MoeLayerWeights load_moe_layer(const TensorStore& store, const MoeLayout& layout, int layer,
-                               int rank, int runtime_tp, int runtime_experts) {
+                               int rank, int runtime_tp, int runtime_experts, bool expert_biases) {
   check_runtime(layout, layer, rank, runtime_tp, runtime_experts);
-  check_layer_names(store, layout, layer);
+  check_layer_names(store, layout, layer, expert_biases);
   return LayerLoader(store, layout, layer, rank).load();
 }
 

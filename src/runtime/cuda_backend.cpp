@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "exl3/cuda/check.hpp"
 #include "exl3/cuda/moe.hpp"
 #include "exl3/error.hpp"
+#include "exl3/format/safetensors.hpp"
 #include "exl3/model/rope.hpp"
 #include "exl3/moe/layout.hpp"
 #include "exl3/moe/weights.hpp"
@@ -43,19 +46,59 @@ struct CudaLinear final : Module {
 };
 
 struct CudaMoe final : Module {
-  GpuLinear router;
+  GpuLinear router;            // without its bias: router_bias goes in through params
   DeviceBuffer route_counter;  // route_decode's arrivals (one int32, zero at rest)
-  DeviceBuffer bias;
+  DeviceBuffer bias, router_bias;
   cuda::RouterParams params;
   std::unique_ptr<cuda::MoeLayerCuda> layer;
+  // The experts' stored hidden width when their linears are padded (gpt-oss's 2880 -> 2944):
+  // the layer then runs on zero-padded rows and its output is cut back. 0 = not padded.
+  int64_t padded_hidden = 0;
 };
+
+// gpt-oss's experts as the fused layer runs them: per-expert biases from `{E}.{proj}.bias`
+// (a padded linear stores its padded width; the real channels come first), the clamped SwiGLU,
+// and the padded intermediate channels masked.
+cuda::MoeExpertExtras expert_extras(const TensorStore& store, const MoeSpec& s, int64_t hidden,
+                                    int64_t stored_inter) {
+  cuda::MoeExpertExtras x;
+  if (s.activation == model::Activation::kClampedSwiglu) {
+    x.swiglu_alpha = static_cast<float>(s.swiglu_alpha);
+    x.swiglu_limit = static_cast<float>(s.swiglu_limit);
+  } else if (s.activation != model::Activation::kSilu) {
+    fail("{}: the CUDA MoE runs SiLU and clamped SwiGLU experts only (hint: --device cpu)",
+         s.prefix);
+  }
+  if (stored_inter != s.intermediate) x.valid_intermediate = s.intermediate;
+  if (!s.expert_bias) return x;
+  x.gate_up_width = s.intermediate;
+  x.down_width = hidden;
+  std::vector<float>* dst[3] = {&x.gate_bias, &x.up_bias, &x.down_bias};
+  for (int64_t e = 0; e < s.num_experts; ++e) {
+    for (int p = 0; p < 3; ++p) {
+      const std::string name = fmt::format("{}.experts.{}.{}.bias", s.prefix, e, s.expert_proj[p]);
+      const TensorRef* t = store.find(name);
+      if (t == nullptr)
+        fail("{}: tensor '{}' is missing (the experts have biases)", s.prefix, name);
+      const int64_t width = p < 2 ? s.intermediate : hidden;
+      const std::vector<float> v = read_as_float(*t);
+      if (t->info->rank() != 1 || static_cast<int64_t>(v.size()) < width) {
+        fail("{}: tensor '{}' has {} values, expected at least {}", t->path().string(), name,
+             v.size(), width);
+      }
+      dst[p]->insert(dst[p]->end(), v.begin(), v.begin() + width);
+    }
+  }
+  return x;
+}
 
 }  // namespace
 
 struct CudaBackend::Gqa final : Module {
   GqaAttentionSpec spec;  // this rank's heads
   DeviceBuffer q_norm, k_norm;
-  int rope = 0;  // index into the backend's RoPE tables
+  DeviceBuffer sinks;  // fp32 [heads of this rank] (gpt-oss), or empty
+  int rope = 0;        // index into the backend's RoPE tables
   // fp16 [pages * page_size, kv_heads * head_dim], or a quantized format's codes
   // [pages * page_size, kv_heads, code bytes of head_dim] and fp16 scales
   // [pages * page_size, kv_heads * head_dim / 32] (exl3/cpu/kv_codec.hpp).
@@ -100,13 +143,6 @@ CudaBackend::CudaBackend(const Checkpoint& ckpt, const ModelSpec& spec, Options 
       ckpt_(ckpt),
       spec_(spec),
       opts_(std::move(opts)) {
-  // gpt-oss's attention sinks and clamped, biased experts have no CUDA kernels.
-  if (spec_.architecture == Architecture::kGptOss) {
-    fail(
-        "{}: GptOssForCausalLM runs on the CPU runtime only: the CUDA attention has no sinks, and "
-        "its MoE no expert biases or clamped SwiGLU (hint: --device cpu)",
-        spec_.label);
-  }
   if (opts_.plan == nullptr) overlay_plan_ = OverlayPlan::build(opts_.overlay, ckpt_, spec_);
 }
 
@@ -330,6 +366,11 @@ ModulePtr CudaBackend::load_gqa(const GqaAttentionSpec& s, Extent hq, Extent hk,
     a->k_norm =
         DeviceBuffer::upload(norm_weight(s.prefix + ".k_norm.weight", s.head_dim), "k_norm");
   }
+  if (s.sinks) {  // this rank's heads' sink logits
+    const std::vector<float> all = load_vector(ckpt_.store(), s.prefix + ".sinks", s.num_heads);
+    a->sinks = DeviceBuffer::upload(
+        std::vector<float>(all.begin() + hq.begin, all.begin() + hq.end()), "attention sinks");
+  }
   a->rope = rope_table(s.rope);
   cache_layers_.push_back({a.get(), nullptr});
   return a;
@@ -351,9 +392,17 @@ ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoeP
   }
   auto m = std::make_unique<CudaMoe>();
   const auto& store = ckpt_.store();
-  m->router =
-      GpuLinear::load(*ctx_, ckpt_, s.prefix + ".gate", spec_.hidden_size, s.num_experts,
-                      opts_.capacity, /*fp32=*/true, {}, nullptr, opts_.mxfp8, opts_.linear);
+  const std::string router = s.prefix + "." + s.router_name;
+  if (s.router_bias) {  // the bias joins the logits in the routing kernels
+    m->router = GpuLinear::dense(*ctx_, store, router + ".weight", {}, opts_.capacity, true);
+    m->router_bias =
+        DeviceBuffer::upload(load_vector(store, router + ".bias", s.num_experts), "router bias");
+    m->params.logit_bias = m->router_bias.as<float>();
+  } else {
+    m->router =
+        GpuLinear::load(*ctx_, ckpt_, router, spec_.hidden_size, s.num_experts, opts_.capacity,
+                        /*fp32=*/true, {}, nullptr, opts_.mxfp8, opts_.linear);
+  }
   track(m->router);
   m->route_counter = DeviceBuffer(4, "the router's decode counter");
   EXL3_CUDA_CHECK(cudaMemset(m->route_counter.get(), 0, 4), "zeroing the router's counter");
@@ -378,8 +427,26 @@ ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoeP
   }
   const int experts = static_cast<int>(s.num_experts);
   moe::MoeLayerWeights w;
+  cuda::MoeExpertExtras extras;
   int64_t inter = s.intermediate;
-  if (p == nullptr) {
+  const int64_t hidden = spec_.hidden_size;
+  // Stored widths: the config's, or (experts converted as padded linears: gpt-oss) the next
+  // multiple of 128.
+  bool widths_ok = false;
+  if (!s.plain_experts()) {  // gpt-oss: biased experts, stored as (maybe padded) EXL3 linears
+    if (p != nullptr) {
+      fail(
+          "{}: {}: tensor parallelism of biased or clamped-SwiGLU experts is not built on the "
+          "CUDA engine (hint: run without --tp, or --device cpu)",
+          spec_.label, s.prefix);
+    }
+    w = moe::load_moe_layer(store, *layout, layer, 0, 1, experts, s.expert_bias);
+    const auto fits = [](int64_t stored, int64_t real) {
+      return stored == real || stored == (real + 127) / 128 * 128;
+    };
+    widths_ok = fits(w.hidden, hidden) && fits(w.intermediate, inter);
+    if (widths_ok) extras = expert_extras(store, s, hidden, w.intermediate);
+  } else if (p == nullptr) {
     w = moe::load_moe_layer(store, *layout, layer, 0, 1, experts);
   } else {
     // Rank-sliced checkpoints: only this rank's `.rank{r}` tensors; plain ones: cut here.
@@ -395,16 +462,22 @@ ModulePtr CudaBackend::load_moe(const MoeSpec& s, int layer, const model::TpMoeP
                        : slice_moe_layer(moe::load_moe_layer(store, *layout, layer, 0, 1, experts),
                                          ext, rank, tp_size());
   }
-  if (w.hidden != spec_.hidden_size || w.intermediate != inter) {
+  if (!widths_ok && (w.hidden != hidden || w.intermediate != inter)) {
     fail(
         "{}: MoE layer {} experts are {} -> {}, expected {} -> {} (config.json's hidden_size "
-        "and moe_intermediate_size{})",
-        ckpt_.path().string(), layer, w.hidden, w.intermediate, spec_.hidden_size, inter,
-        p ? fmt::format(", rank {} of TP {}", rank, tp_size()) : "");
+        "and moe_intermediate_size{}{})",
+        ckpt_.path().string(), layer, w.hidden, w.intermediate, hidden, inter,
+        p ? fmt::format(", rank {} of TP {}", rank, tp_size()) : "",
+        s.plain_experts() ? "" : ", or those padded to a multiple of 128");
+  }
+  if (w.hidden != hidden) {  // padded rows in and out (CudaBackend::moe)
+    m->padded_hidden = w.hidden;
+    widest_pad_in_ = std::max(widest_pad_in_, w.hidden);
+    widest_pad_out_ = std::max(widest_pad_out_, w.hidden);
   }
   cuda::MoeOptions mo = opts_.moe;
   mo.capacity = opts_.capacity;
-  m->layer = std::make_unique<cuda::MoeLayerCuda>(w, s.top_k, mo);
+  m->layer = std::make_unique<cuda::MoeLayerCuda>(w, s.top_k, mo, extras);
   weight_bytes_ += m->layer->device_bytes();
   ws_bytes_ = std::max(ws_bytes_, m->layer->arena_bytes());
   widest_experts_ = std::max<int64_t>(widest_experts_, s.num_experts);
@@ -583,7 +656,8 @@ void CudaBackend::attention(const Module& attn, Act q, Act k, Act v, Act out) {
     kv.k = a.kcache.as<uint16_t>();
     kv.v = a.vcache.as<uint16_t>();
   }
-  const cuda::AttnShape shape = attn_shape(s);
+  cuda::AttnShape shape = attn_shape(s);
+  shape.sinks = a.sinks.as<float>();
   EXL3_CUDA_CHECK(
       cuda::qk_norm_rope_store(q.data, k.data, v.data, a.q_norm.as<float>(), a.k_norm.as<float>(),
                                static_cast<float>(spec_.rms_norm_eps), rope_cs(a.rope), tm, q.rows,
@@ -626,9 +700,26 @@ void CudaBackend::moe(const Module& moe, Act x, Act out) {
     m.router.run(x.data, logits, x.rows, ws_.get(), ws_.bytes(), pads_, stream_);
     EXL3_CUDA_CHECK(cuda::route_topk(logits, x.rows, m.params, ids, wts, stream_), "routing");
   }
-  EXL3_CUDA_CHECK(m.layer->run(x.data, DType::kF32, ids, wts, out.data, x.rows, ws_.get(),
+  if (m.padded_hidden == 0) {
+    EXL3_CUDA_CHECK(m.layer->run(x.data, DType::kF32, ids, wts, out.data, x.rows, ws_.get(),
+                                 ws_.bytes(), stream_),
+                    "MoE layer");
+    return;
+  }
+  // Padded experts: zero-padded rows in, the real columns out (as a padded GpuLinear does).
+  const auto row = static_cast<size_t>(x.width) * 4,
+             padded = static_cast<size_t>(m.padded_hidden) * 4;
+  const auto rows = static_cast<size_t>(x.rows);
+  EXL3_CUDA_CHECK(cudaMemsetAsync(pads_.in, 0, rows * padded, stream_), "MoE layer (pad)");
+  EXL3_CUDA_CHECK(cudaMemcpy2DAsync(pads_.in, padded, x.data, row, row, rows,
+                                    cudaMemcpyDeviceToDevice, stream_),
+                  "MoE layer (pad)");
+  EXL3_CUDA_CHECK(m.layer->run(pads_.in, DType::kF32, ids, wts, pads_.out, x.rows, ws_.get(),
                                ws_.bytes(), stream_),
                   "MoE layer");
+  EXL3_CUDA_CHECK(cudaMemcpy2DAsync(out.data, row, pads_.out, padded, row, rows,
+                                    cudaMemcpyDeviceToDevice, stream_),
+                  "MoE layer (cut)");
 }
 
 void CudaBackend::add(Act y, Act x) {

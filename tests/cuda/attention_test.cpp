@@ -28,6 +28,7 @@ struct Case {
   int heads, kv_heads, head_dim;
   std::vector<int32_t> positions;  // one decode token per sequence, at this position
   int window = 0;                  // sliding window (0: every earlier position)
+  bool sinks = false;              // a sink logit per head (gpt-oss)
 };
 
 // A random cache of `seqs` sequences with their pages dealt in shuffled order, random q, and the
@@ -51,6 +52,11 @@ class Fixture {
     for (auto& x : v_) x = tr::float_to_half(nd(rng));
     q_.resize(static_cast<size_t>(seqs * c.heads * c.head_dim));
     for (auto& x : q_) x = nd(rng);
+    // Sinks from below to well above the scores (|score| is a few units here).
+    if (c.sinks) {
+      for (int h = 0; h < c.heads; ++h) sinks_.push_back(3.0f * nd(rng));
+      dsinks_ = DeviceBuffer::upload(sinks_, "sinks");
+    }
     for (int i = 0; i < seqs; ++i) {
       tokens_.push_back(i);
       rows_.push_back(i);
@@ -65,7 +71,7 @@ class Fixture {
   }
 
   cu::AttnShape shape() const {
-    return {c_.heads, c_.kv_heads, c_.head_dim, c_.head_dim / 2, c_.window};
+    return {c_.heads, c_.kv_heads, c_.head_dim, c_.head_dim / 2, c_.window, dsinks_.as<float>()};
   }
   cu::PagedKv kv() const {
     return {dk_.as<uint16_t>(), dv_.as<uint16_t>(), dtables_.as<int32_t>(), max_pages_, kPage};
@@ -103,7 +109,9 @@ class Fixture {
     for (int h = 0; h < c_.heads; ++h) {
       const int kvh = h / qpk;
       std::vector<double> sc(static_cast<size_t>(keys), -1e300);
-      double mx = -1e300;
+      // A sink joins the max and the denominator and weighs no value.
+      const double sink = c_.sinks ? sinks_[static_cast<size_t>(h)] : -1e300;
+      double mx = sink;
       for (int j = first; j < keys; ++j) {
         const size_t base =
             slot(i, j) * static_cast<size_t>(c_.kv_heads * hd) + static_cast<size_t>(kvh * hd);
@@ -115,7 +123,7 @@ class Fixture {
         sc[static_cast<size_t>(j)] = d;
         mx = std::max(mx, d);
       }
-      double den = 0;
+      double den = c_.sinks ? std::exp(sink - mx) : 0.0;
       for (auto& s : sc) den += (s = std::exp(s - mx));
       for (int j = first; j < keys; ++j) {
         const size_t base =
@@ -166,8 +174,8 @@ class Fixture {
   int32_t max_pages_ = 0;
   std::vector<int32_t> tables_, tokens_, rows_;
   std::vector<uint16_t> k_, v_;
-  std::vector<float> q_;
-  DeviceBuffer dk_, dv_, dq_, dtables_, dpos_, drows_, dout_;
+  std::vector<float> q_, sinks_;
+  DeviceBuffer dk_, dv_, dq_, dtables_, dpos_, drows_, dout_, dsinks_;
 };
 
 std::vector<float> token_rows(const std::vector<float>& all, size_t per, int i) {
@@ -193,6 +201,10 @@ const std::vector<Case>& cases() {
       {4, 1, 32, {3, 31, 90}, 8},  // head_dim 32 (the small test models), 4 heads per kv head
       {8, 4, 256, {2, 64, 300, 900}, 0},  // head_dim 256 (Gemma 3), G = 2
       {4, 1, 256, {150, 1200}, 512},      // head_dim 256, G = 4, windowed
+      // Sinks (gpt-oss): one block, split contexts, and windows.
+      {8, 2, 64, {0, 31, 700, 2047}, 0, true},
+      {4, 2, 64, {5, 257, 1500}, 128, true},
+      {4, 2, 32, {3, 90}, 8, true},
   };
   return c;
 }

@@ -18,6 +18,7 @@
 #include "exl3/cuda/launch.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/safetensors.hpp"
+#include "exl3/quant/convert.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/generate.hpp"
 #include "require_gpu.hpp"
@@ -153,6 +154,30 @@ TEST(CudaEngine, MiniMaxM2MatchesCpu) {
   for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 256);
   const auto got = expect_matches_cpu(model, ids, 1e-3, "minimax_m2");
   expect_incremental_matches(model, ids, got, "minimax_m2");
+}
+
+// gpt-oss as `exl3 quantize` converts the transformers reference checkpoint (attention sinks, a
+// sliding layer with a window of 8 and a full one, q/k/v/o biases, YaRN, the router's bias,
+// biased experts with the clamped SwiGLU, all through the fused MoE): the CUDA engine against the
+// CPU engine, in one pass (the MoE's prefill path) and one token at a time past the window
+// (decode graphs); then the model cut to 96 hidden and expert channels, whose converted linears
+// and experts are padded to 128 as the released models' 2880 are to 2944.
+TEST(CudaEngine, GptOssMatchesCpu) {
+  EXL3_REQUIRE_GPU();
+  exl3::test::TempDir tmp;
+  quant::ConvertOptions o;
+  o.bits = 4.0;
+  o.head_bits = 6;
+  o.device = quant::Device::kCuda;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 256);
+  quant::convert_model(exl3::test::model_data_dir() / "gpt_oss", tmp / "whole", o);
+  const auto whole = expect_matches_cpu(tmp / "whole", ids, 1e-3, "gpt_oss");
+  expect_incremental_matches(tmp / "whole", ids, whole, "gpt_oss");
+  test::write_gpt_oss_cut(tmp / "cut_hf", 96, 96);
+  quant::convert_model(tmp / "cut_hf", tmp / "cut", o);
+  const auto cut = expect_matches_cpu(tmp / "cut", ids, 1e-3, "gpt_oss cut to 96 (padded)");
+  expect_incremental_matches(tmp / "cut", ids, cut, "gpt_oss cut to 96 (padded)");
 }
 
 // Prefill then one token at a time (decode graphs) equals one pass; graphs off gives the same

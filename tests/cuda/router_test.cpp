@@ -24,6 +24,7 @@ struct Case {
   int experts, top_k, hidden;
   bool grouped;
   int n_group = 1, topk_group = 1;
+  bool logit_bias = false;  // softmax only: the bias joins the logits (gpt-oss's router)
 };
 
 class Router {
@@ -54,6 +55,7 @@ class Router {
     p_.topk_group = c.topk_group;
     p_.routed_scaling_factor = c.grouped ? 2.5f : 1.0f;
     p_.correction_bias = c.grouped ? dbias_.as<float>() : nullptr;
+    p_.logit_bias = c.logit_bias ? dbias_.as<float>() : nullptr;
   }
 
   void poison() {
@@ -90,8 +92,11 @@ class Router {
     return s;
   }
   exl3::moe::TopK cpu_route(const std::vector<float>& logits) const {
-    if (!c_.grouped) {
-      return exl3::moe::route_softmax(logits, m_, c_.experts, {c_.top_k, true});
+    if (!c_.grouped) {  // route_decode's logits leave the bias out; the CPU router adds it
+      std::vector<float> biased = logits;
+      for (size_t i = 0; c_.logit_bias && i < biased.size(); ++i)
+        biased[i] += bias_[i % static_cast<size_t>(c_.experts)];
+      return exl3::moe::route_softmax(biased, m_, c_.experts, {c_.top_k, true});
     }
     exl3::moe::SigmoidGroupedRouting r;
     r.top_k = c_.top_k;
@@ -121,10 +126,11 @@ class Router {
 };
 
 const Case kCases[] = {
-    {128, 8, 2048, false},         // Qwen3-30B-A3B
-    {256, 8, 1024, true, 8, 4},    // DeepSeek-V3-style grouped, smaller H
-    {1024, 32, 512, true, 32, 8},  // the kernel's widest case
-    {64, 2, 4096, false},          // Mixtral-like top-2
+    {128, 8, 2048, false},              // Qwen3-30B-A3B
+    {256, 8, 1024, true, 8, 4},         // DeepSeek-V3-style grouped, smaller H
+    {1024, 32, 512, true, 32, 8},       // the kernel's widest case
+    {64, 2, 4096, false},               // Mixtral-like top-2
+    {128, 4, 2880, false, 1, 1, true},  // gpt-oss-120b: top-4 with the router's bias
 };
 
 TEST(CudaRouter, DecodeMatchesCpuRouting) {

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "../runtime/runtime_test_util.hpp"
 #include "convert_test_util.hpp"
 #include "exl3/cpu/linear.hpp"
 #include "exl3/error.hpp"
@@ -594,60 +595,36 @@ TEST(Convert, GptOssFusedExperts) {
 
 // gpt-oss experts whose width is not a multiple of 128 (the released models have 2880 channels)
 // convert into padded EXL3 linears, which the runtime runs as any padded linear: the gpt_oss
-// fixture cut to 96 expert channels, converted at 4 bits, stays near the same model unquantized on
-// the CPU engine (which the reference test checks against transformers).
+// fixture cut to 96 expert channels (and then 96 hidden channels too), converted at 4 bits, stays
+// near the same model unquantized on the CPU engine (which the reference test checks against
+// transformers).
 TEST(Convert, GptOssUnalignedExpertsArePadded) {
   if (exl3::test::quant_fast_mode()) {
     GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): too slow under instrumentation";
   }
-  const fs::path fixture = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / "gpt_oss";
-  TempDir tmp;
-  const fs::path src = tmp / "hf";
-  fs::create_directories(src);
-  constexpr int64_t kInter = 96;
-  const auto store = exl3::TensorStore::open(fixture / "model.safetensors");
-  exl3::SafetensorsWriter w;
-  for (const auto& n : store.names()) {
-    std::vector<float> v = exl3::read_as_float(store.at(n));
-    std::vector<int64_t> shape = store.at(n).info->shape;
-    if (n.ends_with("experts.gate_up_proj") || n.ends_with("experts.gate_up_proj_bias")) {
-      // Keep the first 2 * kInter interleaved columns of every row.
-      const int64_t cols = shape.back(), rows = static_cast<int64_t>(v.size()) / cols;
-      std::vector<float> cut;
-      for (int64_t r = 0; r < rows; ++r)
-        cut.insert(cut.end(), v.begin() + r * cols, v.begin() + r * cols + 2 * kInter);
-      v = std::move(cut);
-      shape.back() = 2 * kInter;
-    } else if (n.ends_with("experts.down_proj")) {  // [E, I, H]: the first kInter rows of each
-      const int64_t h = shape[2], inter = shape[1];
-      std::vector<float> cut;
-      for (int64_t e = 0; e < shape[0]; ++e)
-        cut.insert(cut.end(), v.begin() + e * inter * h, v.begin() + (e * inter + kInter) * h);
-      v = std::move(cut);
-      shape[1] = kInter;
-    }
-    w.add<float>(n, exl3::DType::kF32, shape, v);
+  for (const int64_t hidden : {128, 96}) {
+    TempDir tmp;
+    const fs::path src = tmp / "hf";
+    exl3::runtime::test::write_gpt_oss_cut(src, hidden, 96);
+    q::ConvertOptions o = fast_options(4.0, exl3::test::test_seed());
+    o.head_bits = 6;
+    q::convert_model(src, tmp / "out", o);
+    const auto ckpt = exl3::Checkpoint::open(tmp / "out");
+    const auto* gate = ckpt.find_linear("model.layers.0.mlp.experts.0.gate_proj");
+    ASSERT_NE(gate, nullptr);
+    const auto info = exl3::Exl3LinearData::load(ckpt, gate->prefix).info();
+    EXPECT_EQ(info.out_features, 128);  // padded
+    EXPECT_EQ(info.in_features, 128);
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 256);
+    auto plain = exl3::runtime::load_engine(src);
+    auto converted = exl3::runtime::load_engine(tmp / "out");
+    const double err = exl3::test::rel_l2(exl3::runtime::forward_logits(*converted, ids),
+                                          exl3::runtime::forward_logits(*plain, ids));
+    std::printf("gpt-oss with %lld hidden and 96 expert channels, K4 vs unquantized: rel-L2 %.3f\n",
+                static_cast<long long>(hidden), err);
+    EXPECT_LE(err, 0.3);
   }
-  w.write(src / "model.safetensors");
-  auto cfg = nlohmann::json::parse(exl3::test::read_file(fixture / "config.json"));
-  cfg["intermediate_size"] = kInter;
-  exl3::test::write_file(src / "config.json", cfg.dump(2));
-
-  q::ConvertOptions o = fast_options(4.0, exl3::test::test_seed());
-  o.head_bits = 6;
-  q::convert_model(src, tmp / "out", o);
-  const auto ckpt = exl3::Checkpoint::open(tmp / "out");
-  const auto* gate = ckpt.find_linear("model.layers.0.mlp.experts.0.gate_proj");
-  ASSERT_NE(gate, nullptr);
-  EXPECT_EQ(exl3::Exl3LinearData::load(ckpt, gate->prefix).info().out_features, 128);  // padded
-  std::vector<int32_t> ids;
-  for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 256);
-  auto plain = exl3::runtime::load_engine(src);
-  auto converted = exl3::runtime::load_engine(tmp / "out");
-  const double err = exl3::test::rel_l2(exl3::runtime::forward_logits(*converted, ids),
-                                        exl3::runtime::forward_logits(*plain, ids));
-  std::printf("gpt-oss with 96 expert channels, K4 vs unquantized: rel-L2 %.3f\n", err);
-  EXPECT_LE(err, 0.3);
 }
 
 // gpt-oss as OpenAI released it: MXFP4 experts are dequantized while they are cut, so the output

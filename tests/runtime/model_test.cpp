@@ -192,6 +192,32 @@ TEST(Engine, SyntheticDeepseekV3LoadsAndDecodes) {
   EXPECT_LE(exl3::test::rel_l2(test::prefill_then_decode(*e, ids, 3), full), 1e-5);
 }
 
+// The synthetic gpt-oss geometry `exl3 bench model --synthetic gpt-oss-120b` writes, small: hidden
+// and expert channels of 200 (stored padded to 256, as 2880 is to 2944), biases, sinks, a
+// sliding and a full layer. The CPU engine loads it and decodes it as one pass.
+TEST(Engine, SyntheticGptOssLoadsAndDecodes) {
+  exl3::test::TempDir tmp;
+  SyntheticSpec s;
+  s.gpt_oss = true;
+  s.hidden_size = 200;
+  s.moe_intermediate_size = 200;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.head_dim = 64;
+  s.num_experts = 4;
+  s.experts_per_tok = 2;
+  s.sliding_window = 4;
+  s.vocab_size = 512;
+  s.seed = exl3::test::test_seed();
+  write_synthetic_checkpoint(tmp.path(), s);
+  auto e = load_engine(tmp.path());
+  EXPECT_EQ(e->spec().architecture, Architecture::kGptOss);
+  const std::vector<int32_t> ids = {5, 17, 99, 3, 250, 8, 41, 77, 12};
+  const auto full = forward_logits(*e, ids);
+  for (const float v : full) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_LE(exl3::test::rel_l2(test::prefill_then_decode(*e, ids, 3), full), 1e-5);
+}
+
 TEST(Engine, ErrorsAreClear) {
   EXL3_REQUIRE_CONFORMANCE(dir);
   const auto model = test::tiny_model(dir);

@@ -217,6 +217,65 @@ inline std::filesystem::path with_exl3_experts(
   return dir;
 }
 
+// The transformers gpt_oss reference checkpoint (tests/model/data/gpt_oss: hidden 128, 128 expert
+// channels) cut to its first `hidden` hidden and `inter` expert channels, written to dir (fp32):
+// released gpt-oss models have 2880 of each, which EXL3 linears pad to 2944, and a cut below 128
+// makes the tiny model padded the same way when it is converted. gate_up_proj interleaves gate
+// and up channels, so its first 2 * inter columns are channels 0 .. inter - 1 of both.
+inline void write_gpt_oss_cut(const std::filesystem::path& dir, int64_t hidden, int64_t inter) {
+  const auto src = exl3::test::model_data_dir() / "gpt_oss";
+  const auto store = TensorStore::open(src / "model.safetensors");
+  // Keeps the first n entries along `axis` of a row-major tensor.
+  const auto cut = [](std::vector<float>& v, std::vector<int64_t>& shape, size_t axis, int64_t n) {
+    int64_t outer = 1, inner = 1;
+    for (size_t i = 0; i < axis; ++i) outer *= shape[i];
+    for (size_t i = axis + 1; i < shape.size(); ++i) inner *= shape[i];
+    std::vector<float> out;
+    for (int64_t o = 0; o < outer; ++o) {
+      const auto first = v.begin() + o * shape[axis] * inner;
+      out.insert(out.end(), first, first + n * inner);
+    }
+    v = std::move(out);
+    shape[axis] = n;
+  };
+  // Per tensor-name suffix: the axes that are hidden channels ('h'), expert channels ('i') or
+  // interleaved gate/up expert channels ('g').
+  const std::pair<const char*, const char*> axes[] = {{"embed_tokens.weight", ".h"},
+                                                      {"lm_head.weight", ".h"},
+                                                      {"layernorm.weight", "h"},
+                                                      {"model.norm.weight", "h"},
+                                                      {"q_proj.weight", ".h"},
+                                                      {"k_proj.weight", ".h"},
+                                                      {"v_proj.weight", ".h"},
+                                                      {"o_proj.weight", "h."},
+                                                      {"o_proj.bias", "h"},
+                                                      {"router.weight", ".h"},
+                                                      {"experts.gate_up_proj", ".hg"},
+                                                      {"experts.gate_up_proj_bias", ".g"},
+                                                      {"experts.down_proj", ".ih"},
+                                                      {"experts.down_proj_bias", ".h"}};
+  SafetensorsWriter w;
+  for (const auto& n : store.names()) {
+    std::vector<float> v = read_as_float(store.at(n));
+    std::vector<int64_t> shape = store.at(n).info->shape;
+    for (const auto& [suffix, kinds] : axes) {
+      if (!n.ends_with(suffix)) continue;
+      for (size_t a = 0; kinds[a] != '\0'; ++a) {
+        if (kinds[a] == 'h') cut(v, shape, a, hidden);
+        if (kinds[a] == 'i') cut(v, shape, a, inter);
+        if (kinds[a] == 'g') cut(v, shape, a, 2 * inter);
+      }
+    }
+    w.add<float>(n, DType::kF32, shape, v);
+  }
+  std::filesystem::create_directories(dir);
+  w.write(dir / "model.safetensors");
+  auto cfg = nlohmann::json::parse(exl3::test::read_file(src / "config.json"));
+  cfg["hidden_size"] = hidden;
+  cfg["intermediate_size"] = inter;
+  exl3::test::write_file(dir / "config.json", cfg.dump(2));
+}
+
 // Writes a synthetic model of `arch` into dir (MoE experts as EXL3 unless `plain_experts`).
 inline void write_model(const std::filesystem::path& dir, HfArch arch, uint64_t seed,
                         const nlohmann::json& config_patch = nlohmann::json::object(),

@@ -59,6 +59,9 @@ struct AttnShape {
   // > 0: a sliding-window layer, where the token at pos attends to the last `window` positions
   // (pos - window + 1 .. pos); 0: to every earlier position.
   int window = 0;
+  // gpt-oss's learned sink logits, one per query head of this launch (device fp32), or null: a
+  // sink joins each softmax's max and denominator but weighs no value.
+  const float* sinks = nullptr;
 };
 
 // For every token t < n: optional per-head RMSNorm of q [n, heads, hd] and k [n, kv, hd] (q_norm /
@@ -73,7 +76,7 @@ cudaError_t qk_norm_rope_store(float* q, const float* k, const float* v, const f
 
 // Causal attention of queries q [n, heads, hd] (after RoPE) over keys/values 0..pos[t] of their
 // sequence (max(0, pos[t] - window + 1)..pos[t] with a sliding window) -> out [n, heads, hd] (fp32;
-// softmax in fp32).
+// softmax in fp32, with shape.sinks in the denominators when set).
 //   decode:  the `count` tokens listed in tokens[] (what a decode step runs). Split-KV
 //            ("flash-decoding"): each (token, group of query heads sharing a kv head) is cut into
 //            up to attention_decode_splits() key ranges run by separate blocks, whose partial
@@ -122,6 +125,9 @@ struct RouterParams {
   int topk_group = 1;
   float routed_scaling_factor = 1.0f;
   const float* correction_bias = nullptr;  // [E] or null
+  // [E] added to every logit before anything else (gpt-oss's router bias), or null; route_decode
+  // writes its logits without it.
+  const float* logit_bias = nullptr;
 };
 cudaError_t route_topk(const float* logits, int64_t m, const RouterParams& p, int32_t* ids,
                        float* weights, cudaStream_t stream);

@@ -6,6 +6,7 @@
 //     a = SiLU(g) * u                          with the intermediate rotations in between
 //     d = down_e(a)
 //   out_t = sum_j weights[t, j] * d           FP32, route order j = 0..k-1
+// (gpt-oss: biases on g, u and d, a clamped SwiGLU and padded experts; MoeExpertExtras.)
 //
 // Paths, chosen by m (MoeLayerCuda::plan, exl3/cuda/plan.hpp; split-K and chunking from (H, I,
 // E, top-k, tiers, capacity) and the SM count):
@@ -49,11 +50,27 @@ namespace detail {
 struct MoeGemvArgs;
 }
 
+// What gpt-oss's experts add to the plain SwiGLU expert; the defaults are the plain expert.
+struct MoeExpertExtras {
+  // Host fp32 biases added to each projection's output: gate / up [E, gate_up_width], down
+  // [E, down_width] (widths at most the layer's I / H: a padded layer's real channels, the rest
+  // taken as zeros); empty = none. Not with shared-H rotations.
+  std::vector<float> gate_bias, up_bias, down_bias;
+  int64_t gate_up_width = 0, down_width = 0;
+  // limit > 0: a = min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + 1)
+  // instead of SiLU(g) * u.
+  float swiglu_alpha = 0.0f, swiglu_limit = 0.0f;
+  // Intermediate channels from here on pad padded expert linears: their activation is zero, as
+  // if the padded linear's output had been cut there. 0 = none.
+  int64_t valid_intermediate = 0;
+};
+
 class MoeLayerCuda {
  public:
   // Uploads the layer (one device slab for all trellises, rotation tables as loaded: shared-H
   // rows stay one [1, H] row). Throws exl3::Error on invalid options or CUDA failures.
-  MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOptions& opts);
+  MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOptions& opts,
+               const MoeExpertExtras& extras = {});
   MoeLayerCuda(const MoeLayerCuda&) = delete;
   MoeLayerCuda& operator=(const MoeLayerCuda&) = delete;
 
@@ -92,6 +109,7 @@ class MoeLayerCuda {
                   float* out, int64_t m, void* arena, size_t arena_size, cudaStream_t stream) const;
 
  private:
+  void upload_extras(const MoeExpertExtras& x, const std::string& where);
   cudaError_t gemv_tiers(detail::MoeGemvArgs& a, int nt, int max_groups, bool per_k_passes,
                          cudaStream_t stream) const;
   cudaError_t run_pass(const void* x, DType in_type, const int32_t* ids, const float* weights,
@@ -115,6 +133,11 @@ class MoeLayerCuda {
   DeviceBuffer up_suh_;        // fp16 [h_rows, H]
   DeviceBuffer down_svh_;      // fp16 [h_rows, H]
   DeviceBuffer intermediate_;  // fp16 [E, 3I]
+  // MoeExpertExtras on the device (empty when absent).
+  DeviceBuffer gate_bias_, up_bias_;  // fp32 [E, I]
+  DeviceBuffer down_bias_;            // fp32 [E, H]
+  float swiglu_alpha_ = 0.0f, swiglu_limit_ = 0.0f;
+  int64_t valid_intermediate_ = 0;
 };
 
 }  // namespace exl3::cuda

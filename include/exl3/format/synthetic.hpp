@@ -34,6 +34,11 @@ struct SyntheticSpec {
   int64_t n_shared_experts = 0;
   int64_t n_group = 1;
   int64_t topk_group = 1;
+  // gpt-oss (GptOssForCausalLM) when set: q/k/v/o biases and a sink per head, sliding (window
+  // sliding_window) and full layers alternating, a biased softmax router, biased experts with
+  // the clamped SwiGLU, every linear padded to 128 on both sides as the converter pads it.
+  bool gpt_oss = false;
+  int64_t sliding_window = 128;
   int bits = 4;
   int head_bits = 6;
   trellis::Codebook codebook = trellis::Codebook::kMul1;
@@ -50,8 +55,8 @@ struct SyntheticResult {
 };
 
 // Writes config.json, model.safetensors and sample_input.safetensors into `dir` (created if
-// needed). Architecture DeepseekV3ForCausalLM when kv_lora_rank > 0, else Qwen3MoeForCausalLM
-// when num_experts > 0, else Qwen3ForCausalLM.
+// needed). Architecture GptOssForCausalLM when gpt_oss, DeepseekV3ForCausalLM when kv_lora_rank
+// > 0, else Qwen3MoeForCausalLM when num_experts > 0, else Qwen3ForCausalLM.
 SyntheticResult write_synthetic_checkpoint(const std::filesystem::path& dir,
                                            const SyntheticSpec& spec);
 

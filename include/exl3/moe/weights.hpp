@@ -105,7 +105,10 @@ MoeLayerWeights load_moe_layer(const Checkpoint& ckpt, int layer, int rank, int 
                                int runtime_experts);
 // The same over a bare tensor store and an already parsed layout: nothing but the local rank's
 // tensors is read (used when per-rank processes open only their shard, and by tests).
+// expert_biases: the model's experts have biases (gpt-oss), so plain experts' `.bias` tensors
+// are expected rather than refused; the caller reads them (they are not part of this struct).
 MoeLayerWeights load_moe_layer(const TensorStore& store, const MoeLayout& layout, int layer,
-                               int rank, int runtime_tp, int runtime_experts);
+                               int rank, int runtime_tp, int runtime_experts,
+                               bool expert_biases = false);
 
 }  // namespace exl3::moe
