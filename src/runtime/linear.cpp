@@ -9,6 +9,7 @@
 #include <tbb/parallel_for.h>
 
 #include "exl3/cpu/dot.hpp"
+#include "exl3/cpu/widen.hpp"
 #include "exl3/error.hpp"
 #include "exl3/trellis/half.hpp"
 
@@ -60,12 +61,12 @@ DenseMatrix DenseMatrix::from_f32(std::vector<float> values, int64_t rows, int64
 void DenseMatrix::row(int64_t r, float* out) const {
   if (r < 0 || r >= rows_) fail("{}: row {} is outside 0..{}", name_, r, rows_ - 1);
   const size_t es = dtype_size(dtype_);
-  float_elements_to_f32(data_ + static_cast<size_t>(r * cols_) * es, dtype_, cols_, out);
+  cpu::widen_to_f32(data_ + static_cast<size_t>(r * cols_) * es, dtype_, cols_, out);
 }
 
 std::vector<float> DenseMatrix::to_f32() const {
   std::vector<float> out(static_cast<size_t>(rows_ * cols_));
-  float_elements_to_f32(data_, dtype_, rows_ * cols_, out.data());
+  cpu::widen_to_f32(data_, dtype_, rows_ * cols_, out.data());
   return out;
 }
 
@@ -84,8 +85,8 @@ void DenseMatrix::matmul_t(const float* x, int64_t m, float* y, std::span<const 
                         if (dtype_ == DType::kF32 && reinterpret_cast<uintptr_t>(data_) % 4 == 0) {
                           wr = reinterpret_cast<const float*>(data_) + r * cols_;
                         } else {
-                          float_elements_to_f32(data_ + static_cast<size_t>(r * cols_) * es, dtype_,
-                                                cols_, w.data());
+                          cpu::widen_to_f32(data_ + static_cast<size_t>(r * cols_) * es, dtype_,
+                                            cols_, w.data());
                         }
                         const float b = bias.empty() ? 0.0f : bias[static_cast<size_t>(r)];
                         for (int64_t i = 0; i < m; ++i)
