@@ -1,11 +1,15 @@
 // `exl3 eval`: perplexity of a model over a text, and against a reference model the mean KL
 // divergence and top-1 agreement (a thin front end over exl3::evaluate_text; progress on stderr).
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include "commands.hpp"
 #include "env_options.hpp"
@@ -17,18 +21,41 @@
 #include "overlay_options.hpp"
 
 namespace exl3::cli {
+namespace {
+
+// Bytes of a model folder's safetensors files.
+uint64_t weight_bytes(const std::filesystem::path& dir) {
+  uint64_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".safetensors") n += e.file_size();
+  return n;
+}
+
+// config.json's quantization_config.bits (an EXL3 checkpoint's target bits per weight), if any.
+std::optional<double> quantized_bits(const std::filesystem::path& dir) {
+  std::ifstream f(dir / "config.json");
+  const auto j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("quantization_config")) return std::nullopt;
+  const auto& q = j["quantization_config"];
+  if (!q.is_object() || !q.contains("bits") || !q["bits"].is_number()) return std::nullopt;
+  return q["bits"].get<double>();
+}
+
+}  // namespace
 
 Runner add_eval(CLI::App& app, Common&) {
   struct Opts {
-    std::string model, text, reference, device = "cpu";
+    std::vector<std::string> models;
+    std::string text, reference, device = "cpu";
     EvalOptions eval;
     OverlayArgs overlay;
     std::string kv_cache = "auto";
     bool json = false, quiet = false;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("MODEL", o->model,
-                 "Model folder: config.json, weights (EXL3 or unquantized), tokenizer.json")
+  app.add_option("MODEL", o->models,
+                 "Model folder: config.json, weights (EXL3 or unquantized), tokenizer.json; "
+                 "several score one after another on the same text, one table line each")
       ->required();
   app.add_option("--text", o->text,
                  "UTF-8 text file to score, or `builtin` for the text bundled with exl3")
@@ -79,7 +106,8 @@ Runner add_eval(CLI::App& app, Common&) {
       "  exl3 eval ./Qwen3-8B-exl3-4bpw --text wiki.txt\n"
       "  exl3 eval ./Qwen3-8B-exl3-4bpw --text builtin --reference ./Qwen3-8B\n"
       "  exl3 eval ./m --text notes.txt --context 512 --stride 256 --max-tokens 4096 --json | jq "
-      ".reference.kl\n\n"
+      ".reference.kl\n"
+      "  exl3 eval ./q2 ./q3 ./q4 --text book.txt --reference ./Qwen3-8B   # one line per model\n\n"
       "  exl3 eval ./Qwen3-8B --text builtin --reference ./Qwen3-8B --overlay linear=mxfp8   # "
       "KL(BF16 || MXFP8)\n"
       "  exl3 eval ./m --text book.txt --reference ./m --kv-cache q4 --context 16384 --device cuda"
@@ -95,36 +123,77 @@ Runner add_eval(CLI::App& app, Common&) {
       "Hugging Face folder (BF16/FP16/FP32 safetensors) of a supported architecture.");
   return [o] {
     const std::string text = load_eval_text(o->text);
-    EvalModels models;
-    models.model = o->model;
-    if (!o->reference.empty()) models.reference = o->reference;
-    models.device = runtime::parse_device(o->device);
-    models.overlay = overlay_policy(o->overlay);
-    models.kv_format = kv_cache_format(o->kv_cache);
-    if (models.device == runtime::Device::kCuda) {  // the CPU engine has no such tunables
-      models.moe = moe_options_from_env();
-      models.mxfp8 = mxfp8_options_from_env();
-    }
-    EvalProgressFn progress;
-    if (!o->quiet) {
-      progress = make_eval_progress_printer(stderr, ::isatty(2) != 0);
-      models.load_progress = runtime::make_load_progress_printer(stderr, ::isatty(2) != 0);
-    }
     const std::string label = o->text == kBuiltinTextName ? std::string("builtin text") : o->text;
-    const EvalResult r = evaluate_text(models, text, o->eval, progress, label);
-
-    if (o->json) {
+    auto evaluate_one = [&](const std::string& model) {
+      EvalModels models;
+      models.model = model;
+      if (!o->reference.empty()) models.reference = o->reference;
+      models.device = runtime::parse_device(o->device);
+      models.overlay = overlay_policy(o->overlay);
+      models.kv_format = kv_cache_format(o->kv_cache);
+      if (models.device == runtime::Device::kCuda) {  // the CPU engine has no such tunables
+        models.moe = moe_options_from_env();
+        models.mxfp8 = mxfp8_options_from_env();
+      }
+      EvalProgressFn progress;
+      if (!o->quiet) {
+        if (o->models.size() > 1) fmt::print(stderr, "exl3 eval: {}\n", model);
+        progress = make_eval_progress_printer(stderr, ::isatty(2) != 0);
+        models.load_progress = runtime::make_load_progress_printer(stderr, ::isatty(2) != 0);
+      }
+      return evaluate_text(models, text, o->eval, progress, label);
+    };
+    auto model_json = [&](const std::string& model, const EvalResult& r) {
       nlohmann::json j = r.to_json();
-      j["model"] = o->model;
+      j["model"] = model;
       j["reference_model"] =
           o->reference.empty() ? nlohmann::json(nullptr) : nlohmann::json(o->reference);
       j["text"] = o->text;
       j["text_bytes"] = text.size();
       j["device"] = o->device;
-      fmt::print("{}\n", j.dump(2));
+      j["weight_bytes"] = weight_bytes(model);
+      const auto bits = quantized_bits(model);
+      j["bits"] = bits ? nlohmann::json(*bits) : nlohmann::json(nullptr);
+      return j;
+    };
+
+    if (o->models.size() > 1) {  // one line per model
+      std::vector<EvalResult> results;
+      for (const auto& m : o->models) results.push_back(evaluate_one(m));
+      if (o->json) {
+        nlohmann::json all = nlohmann::json::array();
+        for (size_t i = 0; i < results.size(); ++i)
+          all.push_back(model_json(o->models[i], results[i]));
+        fmt::print("{}\n", nlohmann::json{{"models", all}}.dump(2));
+        return 0;
+      }
+      const EvalResult& first = results.front();
+      fmt::print("text       {} ({} bytes, {} tokens, {} evaluated, {} predictions scored)\n",
+                 label, text.size(), first.text_tokens, first.tokens, first.scored);
+      if (first.reference) fmt::print("reference  {}\n", o->reference);
+      fmt::print("{:<40} {:>10} {:>6} {:>11} {:>10} {:>7}\n", "model", "MiB", "bits", "perplexity",
+                 first.reference ? "KL" : "", first.reference ? "top-1" : "");
+      for (size_t i = 0; i < results.size(); ++i) {
+        const EvalResult& r = results[i];
+        const auto bits = quantized_bits(o->models[i]);
+        fmt::print("{:<40} {:>10.2f} {:>6} {:>11.4f}", o->models[i],
+                   static_cast<double>(weight_bytes(o->models[i])) / (1024.0 * 1024.0),
+                   bits ? fmt::format("{:.2f}", *bits) : std::string("-"), r.perplexity);
+        if (r.reference) {
+          fmt::print(" {:>10.6f} {:>6.2f}%", r.reference->kl, 100.0 * r.reference->top1_agreement);
+        }
+        fmt::print("\n");
+      }
       return 0;
     }
-    fmt::print("model      {}\n", o->model);
+
+    const std::string& model = o->models.front();
+    const EvalResult r = evaluate_one(model);
+    if (o->json) {
+      fmt::print("{}\n", model_json(model, r).dump(2));
+      return 0;
+    }
+    fmt::print("model      {}\n", model);
     if (r.reference) fmt::print("reference  {}\n", o->reference);
     fmt::print("text       {} ({} bytes, {} tokens, {} evaluated)\n", label, text.size(),
                r.text_tokens, r.tokens);

@@ -51,6 +51,38 @@ TEST(EvalCli, HelpTeaches) {
   }
 }
 
+// Several models against one reference: one table line each (the reference against itself:
+// KL 0, top-1 100%), and with --json one document per model, each equal to a run of that model
+// alone.
+TEST(EvalCli, SeveralModelsOneLineEach) {
+  exl3::test::TempDir tmp;
+  const uint64_t seed = exl3::test::test_seed();
+  const auto a = dense_model(tmp, "a", seed), b = dense_model(tmp, "b", seed + 1);
+  const std::string args =
+      fmt::format("{} {} --text builtin -r {} -c 64 -n 200 --quiet", q(a), q(b), q(a));
+  const auto t = run_cli("eval " + args);
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_THAT(t.out, HasSubstr("perplexity"));
+  EXPECT_THAT(t.out, HasSubstr("top-1"));
+  EXPECT_THAT(t.out, HasSubstr(a.string() + " "));
+  EXPECT_THAT(t.out, HasSubstr("0.000000 100.00%"));  // a against itself
+  EXPECT_THAT(t.out, HasSubstr(b.string() + " "));
+  const auto j = run_cli("eval " + args + " --json", "", false);
+  ASSERT_EQ(j.code, 0) << j.out;
+  const auto docs = json::parse(j.out)["models"];
+  ASSERT_EQ(docs.size(), 2u);
+  EXPECT_EQ(docs[0]["model"].get<std::string>(), a.string());
+  EXPECT_EQ(docs[0]["reference"]["kl"].get<double>(), 0.0);
+  const auto alone = json::parse(
+      run_cli(fmt::format("eval {} --text builtin -r {} -c 64 -n 200 --quiet --json", q(b), q(a)),
+              "", false)
+          .out);
+  EXPECT_DOUBLE_EQ(docs[1]["reference"]["kl"].get<double>(),
+                   alone["reference"]["kl"].get<double>());
+  EXPECT_DOUBLE_EQ(docs[1]["perplexity"].get<double>(), alone["perplexity"].get<double>());
+  EXPECT_GT(docs[1]["weight_bytes"].get<uint64_t>(), 0u);
+}
+
 TEST(EvalCli, JsonEqualsTheLibraryAndTextReports) {
   exl3::test::TempDir tmp;
   const uint64_t seed = exl3::test::test_seed();
