@@ -14,6 +14,7 @@
 #include <openssl/evp.h>
 #include <nlohmann/json.hpp>
 
+#include "exl3/format/byte_alphabet.hpp"
 #include "exl3/text/tokenizer.hpp"
 #include "test_support.hpp"
 #include "tokenizer_test_util.hpp"
@@ -50,24 +51,6 @@ class MixedText {
     for (size_t i = from; i < to; ++i)
       if (s[i] >= 'a' && s[i] <= 'z') s[i] = static_cast<char>(s[i] - 32);
   }
-  static void utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
   void piece(std::string& out) {
     static const char* const kWords[] = {
         "the",      "harbour",  "town",   "woke",         "slowly",      "while",  "fishing",
@@ -105,7 +88,7 @@ class MixedText {
       for (uint64_t i = 0; i < digits; ++i) out += static_cast<char>('0' + next() % 10);
     } else if (r < 93) {
       const auto& b = kBlocks[next() % std::size(kBlocks)];
-      utf8(out, b[0] + static_cast<uint32_t>(next() % (b[1] - b[0] + 1)));
+      out += utf8_of_codepoint(b[0] + static_cast<uint32_t>(next() % (b[1] - b[0] + 1)));
     } else {
       out += pick(kCode);
     }
