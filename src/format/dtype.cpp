@@ -62,7 +62,7 @@ bool is_float_matrix_dtype(DType t) {
 
 void float_elements_to_f32(const std::byte* src, DType t, int64_t n, float* out) {
   if (t == DType::kF32) {
-    std::memcpy(out, src, static_cast<size_t>(n) * 4);
+    if (n > 0) std::memcpy(out, src, static_cast<size_t>(n) * 4);  // n == 0 may come with null
     return;
   }
   // One loop per type, so the bf16 one (a shift) vectorizes.

@@ -18,7 +18,7 @@ namespace {
 
 std::vector<std::byte> bytes_of(const std::vector<uint16_t>& v, size_t offset) {
   std::vector<std::byte> b(offset + 2 * v.size());
-  std::memcpy(b.data() + offset, v.data(), 2 * v.size());
+  if (!v.empty()) std::memcpy(b.data() + offset, v.data(), 2 * v.size());  // empty: data() may be null
   return b;
 }
 
