@@ -21,6 +21,7 @@
 #include "env_options.hpp"
 #include "exl3/error.hpp"
 #include "exl3/format/checkpoint.hpp"
+#include "exl3/model/spec.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/server/http_server.hpp"
 #include "exl3/text/chat_template.hpp"
@@ -205,9 +206,16 @@ Runner add_serve(CLI::App& app, Common&) {
                  "exl3 serve: prefix cache off (not available with --device cuda --tp {})\n",
                  o->tp);
     }
+    const Checkpoint ckpt = Checkpoint::open(dir);
+    if (o->prefix_cache && !o->prefix_cache_given &&
+        model::describe_model(ckpt).has_recurrent_layers()) {
+      o->prefix_cache = false;  // load_engine refuses it when asked for
+      fmt::print(stderr,
+                 "exl3 serve: prefix cache off (the model's gated DeltaNet layers keep a "
+                 "recurrent state the cached pages do not hold)\n");
+    }
     eo.prefix_cache = o->prefix_cache;
     engine_options_from_env(eo);
-    const Checkpoint ckpt = Checkpoint::open(dir);
     auto engine = runtime::load_engine(ckpt, eo);
     const auto draft = load_draft(o->draft, *engine, ckpt, eo);
 

@@ -6,7 +6,7 @@
 namespace exl3 {
 namespace {
 
-constexpr std::array<ArchitectureInfo, 13> kArchitectures = {{
+constexpr std::array<ArchitectureInfo, 14> kArchitectures = {{
     // arch, HF class, model_type, CLI, moe, shared experts, qk_norm, qkv_bias, mla
     {Architecture::kLlama, "LlamaForCausalLM", "llama", "llama", false, false, false, false, false},
     {Architecture::kMistral, "MistralForCausalLM", "mistral", "mistral", false, false, false, false,
@@ -31,6 +31,9 @@ constexpr std::array<ArchitectureInfo, 13> kArchitectures = {{
      false},
     {Architecture::kMiniMaxM2, "MiniMaxM2ForCausalLM", "minimax_m2", "minimax-m2", true, false,
      false, false, false},
+    // Qwen3-Next's shared expert is `shared_expert` (singular, gated), which its family names.
+    {Architecture::kQwen3Next, "Qwen3NextForCausalLM", "qwen3_next", "qwen3-next", true, false,
+     true, false, false},
 }};
 
 }  // namespace

@@ -23,10 +23,12 @@ GqaModules load_gqa(Backend& b, const ModelSpec& model, const GqaAttentionSpec& 
   const int64_t hidden = model.hidden_size, hd = s.head_dim;
   GqaModules m;
   m.head_dim = hd;
+  m.output_gate = s.output_gate;
   if (ap == nullptr) {
     m.q_heads = {0, s.num_heads};
     m.kv_heads = {0, s.num_kv_heads};
-    m.q = b.load_linear(whole(s.prefix + ".q_proj", hidden, s.num_heads * hd));
+    m.q = b.load_linear(
+        whole(s.prefix + ".q_proj", hidden, s.num_heads * hd * (s.output_gate ? 2 : 1)));
     m.k = b.load_linear(whole(s.prefix + ".k_proj", hidden, s.num_kv_heads * hd));
     m.v = b.load_linear(whole(s.prefix + ".v_proj", hidden, s.num_kv_heads * hd));
     m.o = b.load_linear(whole(s.prefix + ".o_proj", s.num_heads * hd, hidden));
@@ -68,6 +70,30 @@ GqaModules load_gqa(Backend& b, const ModelSpec& model, const GqaAttentionSpec& 
   b.reserve(Slot::kAttn, m.q_heads.count * hd);
   b.reserve(Slot::kK, m.kv_heads.count * hd);
   b.reserve(Slot::kV, m.kv_heads.count * hd);
+  if (s.output_gate) {
+    b.reserve(Slot::kQueryGate, 2 * m.q_heads.count * hd);
+    b.reserve(Slot::kOutputGate, m.q_heads.count * hd);
+  }
+  return m;
+}
+
+GatedDeltaNetModules load_delta_net(Backend& b, const ModelSpec& model, const GatedDeltaNetSpec& s,
+                                    int cache_layer, bool sliced) {
+  if (sliced) fail("{}: gated DeltaNet layers have no tensor-parallel slices", s.prefix);
+  const int64_t hidden = model.hidden_size;
+  GatedDeltaNetModules m;
+  m.qkvz_width = s.qkvz_width();
+  m.ba_width = s.ba_width();
+  m.value_dim = s.value_dim();
+  m.qkvz = b.load_linear(whole(s.prefix + ".in_proj_qkvz", hidden, m.qkvz_width));
+  m.ba = b.load_linear(whole(s.prefix + ".in_proj_ba", hidden, m.ba_width));
+  m.out = b.load_linear(whole(s.prefix + ".out_proj", m.value_dim, hidden));
+  m.mixer = b.load_gated_delta_net(s, cache_layer);
+  const Module* in[] = {m.qkvz.get(), m.ba.get()};
+  b.reserve_group(in);
+  b.reserve(Slot::kMixerIn, m.qkvz_width);
+  b.reserve(Slot::kMixerGates, m.ba_width);
+  b.reserve(Slot::kAttn, m.value_dim);
   return m;
 }
 
@@ -151,8 +177,12 @@ void gqa_attention(Backend& b, const GqaModules& a, Act h, Act y) {
   Act q = b.act(Slot::kQ, qw), k = b.act(Slot::kK, kvw);
   const Act v = b.act(Slot::kV, kvw);
   const Module* qkv[] = {a.q.get(), a.k.get(), a.v.get()};
-  const Act outs[] = {q, k, v};
+  // With an output gate q_proj writes [query, gate] per head, split after the projections.
+  const Act q_out = a.output_gate ? b.act(Slot::kQueryGate, 2 * qw) : q;
+  const Act outs[] = {q_out, k, v};
   b.linears(qkv, h, outs);
+  const Act gate = a.output_gate ? b.act(Slot::kOutputGate, qw) : Act{};
+  if (a.output_gate) b.split_query_gate(q_out, a.head_dim, q, gate);
   if (a.q_norm) {
     const Act qn = b.act(Slot::kQNormed, qw), kn = b.act(Slot::kKNormed, kvw);
     b.add_rms_norm(q, nullptr, *a.q_norm, qn);
@@ -162,7 +192,19 @@ void gqa_attention(Backend& b, const GqaModules& a, Act h, Act y) {
   }
   const Act attn = b.act(Slot::kAttn, qw);
   b.attention(*a.attention, q, k, v, attn);
+  if (a.output_gate) b.sigmoid_gate(attn, gate);
   b.linear(*a.o, attn, y);
+}
+
+// y = out_proj(gated norm(delta rule(conv(qkv)), z)) with this layer's recurrent state.
+void delta_net(Backend& b, const GatedDeltaNetModules& a, Act h, Act y) {
+  const Act qkvz = b.act(Slot::kMixerIn, a.qkvz_width), ba = b.act(Slot::kMixerGates, a.ba_width);
+  const Module* in[] = {a.qkvz.get(), a.ba.get()};
+  const Act outs[] = {qkvz, ba};
+  b.linears(in, h, outs);
+  const Act core = b.act(Slot::kAttn, a.value_dim);
+  b.gated_delta_net(*a.mixer, qkvz, ba, core);
+  b.linear(*a.out, core, y);
 }
 
 // y = o(attention over the latent cache of q(h) and kv_a(h)).
@@ -193,6 +235,9 @@ void attention(Backend& b, const GqaModules& a, Act h, Act y) {
 void attention(Backend& b, const MlaModules& a, Act h, Act y) {
   mla_attention(b, a, h, y);
 }
+void attention(Backend& b, const GatedDeltaNetModules& a, Act h, Act y) {
+  delta_net(b, a, h, y);
+}
 
 }  // namespace
 
@@ -211,6 +256,8 @@ LayerModules load_layer(Backend& b, const ModelSpec& model, const LayerSpec& ls,
   }
   if (const auto* a = std::get_if<GqaAttentionSpec>(&ls.attention)) {
     l.attention = load_gqa(b, model, *a, cache_layer, lp ? &lp->attention : nullptr, rank.rank);
+  } else if (const auto* d = std::get_if<GatedDeltaNetSpec>(&ls.attention)) {
+    l.attention = load_delta_net(b, model, *d, cache_layer, lp != nullptr);
   } else {
     l.attention = load_mla(b, model, std::get<MlaAttentionSpec>(ls.attention), cache_layer,
                            lp && lp->mla ? &*lp->mla : nullptr, rank.rank);
@@ -227,6 +274,11 @@ LayerModules load_layer(Backend& b, const ModelSpec& model, const LayerSpec& ls,
       m.shared = load_dense(b, s.shared->prefix, hidden, s.shared->intermediate,
                             mp && mp->shared ? &*mp->shared : nullptr, rank.rank);
       b.reserve(Slot::kShared, hidden);
+      if (!s.shared_gate.empty()) {
+        // Every rank gates its partial sum by the same factor, so the all-reduce sums it right.
+        m.shared_gate = b.load_linear(whole(s.prefix + "." + s.shared_gate, hidden, 1));
+        b.reserve(Slot::kOutputGate, 1);
+      }
     }
     l.mlp = std::move(m);
   }
@@ -267,6 +319,11 @@ Act layer_forward(Backend& b, const LayerModules& l, int64_t hidden, Act x, cons
     if (m.shared) {
       const Act s = b.act(Slot::kShared, hidden);
       dense_mlp(b, *m.shared, h, s);
+      if (m.shared_gate) {
+        const Act g = b.act(Slot::kOutputGate, 1);
+        b.linear(*m.shared_gate, h, g);
+        b.sigmoid_gate(s, g);
+      }
       b.add(y, s);
     }
   }

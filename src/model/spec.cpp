@@ -39,6 +39,12 @@ std::string_view architecture_name(Architecture a) {
   return architecture_info(a).hf_name;
 }
 
+bool ModelSpec::has_recurrent_layers() const {
+  return std::any_of(layers.begin(), layers.end(), [](const LayerSpec& l) {
+    return std::holds_alternative<GatedDeltaNetSpec>(l.attention);
+  });
+}
+
 bool ModelSpec::is_moe() const {
   return std::any_of(layers.begin(), layers.end(),
                      [](const LayerSpec& l) { return std::holds_alternative<MoeSpec>(l.mlp); });
@@ -63,19 +69,21 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
 
   // Gemma3TextConfig's defaults for keys a config may omit differ from the other families'.
   const bool gemma = arch->arch == Architecture::kGemma3;
-  // GptOssConfig's likewise.
+  // GptOssConfig's likewise, and Qwen3NextConfig's.
   const bool gpt_oss = arch->arch == Architecture::kGptOss;
+  const bool qwen3_next = arch->arch == Architecture::kQwen3Next;
   s.hidden_size = k.integer("hidden_size");
   s.vocab_size = k.integer("vocab_size");
   const int64_t num_layers = k.integer("num_hidden_layers");
   const int64_t heads = k.integer("num_attention_heads");
   // transformers' default
-  const int64_t kv_heads = k.integer("num_key_value_heads", gemma ? 4 : (gpt_oss ? 8 : heads));
+  const int64_t kv_heads =
+      k.integer("num_key_value_heads", gemma ? 4 : (gpt_oss ? 8 : (qwen3_next ? 2 : heads)));
   if (kv_heads == 0 || heads % kv_heads != 0) {
     fail("{}: key 'num_key_value_heads': {} does not divide num_attention_heads {}", label,
          kv_heads, heads);
   }
-  int64_t head_dim = k.integer("head_dim", gemma ? 256 : (gpt_oss ? 64 : 0));
+  int64_t head_dim = k.integer("head_dim", gemma || qwen3_next ? 256 : (gpt_oss ? 64 : 0));
   if (head_dim == 0) {
     if (s.hidden_size % heads != 0) {
       fail(
@@ -85,9 +93,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
     }
     head_dim = s.hidden_size / heads;
   }
-  s.rms_norm_eps = gemma     ? k.number("rms_norm_eps", 1e-6)
-                   : gpt_oss ? k.number("rms_norm_eps", 1e-5)
-                             : k.number("rms_norm_eps");
+  s.rms_norm_eps = gemma || qwen3_next ? k.number("rms_norm_eps", 1e-6)
+                   : gpt_oss           ? k.number("rms_norm_eps", 1e-5)
+                                       : k.number("rms_norm_eps");
   s.max_position_embeddings = k.integer("max_position_embeddings", gemma || gpt_oss ? 131072 : 0);
   s.tie_word_embeddings = k.boolean("tie_word_embeddings", gemma);
   s.eos_token_ids = k.ids("eos_token_id");
@@ -109,7 +117,8 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
   }
   // The DSA families name their attention kind in layer_types, Gemma its sliding layers; they
   // check the entries.
-  const bool own_layer_types = gemma || gpt_oss || arch->arch == Architecture::kGlmMoeDsa ||
+  const bool own_layer_types = gemma || gpt_oss || qwen3_next ||
+                               arch->arch == Architecture::kGlmMoeDsa ||
                                arch->arch == Architecture::kDeepseekV32;
   if (const json* lt = own_layer_types ? nullptr : k.get("layer_types")) {
     if (!lt->is_array()) fail("{}: key 'layer_types': expected a list of strings", label);
@@ -133,10 +142,10 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
   attn.head_dim = head_dim;
   attn.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   if (s.architecture != Architecture::kGlm4Moe && s.architecture != Architecture::kMiniMaxM2 &&
-      k.has("partial_rotary_factor") && k.number("partial_rotary_factor") != 1.0) {
+      !qwen3_next && k.has("partial_rotary_factor") && k.number("partial_rotary_factor") != 1.0) {
     fail(
-        "{}: key 'partial_rotary_factor': partial rotary is supported for Glm4MoeForCausalLM "
-        "and MiniMaxM2ForCausalLM only, not {}",
+        "{}: key 'partial_rotary_factor': partial rotary is supported for Glm4MoeForCausalLM, "
+        "MiniMaxM2ForCausalLM and Qwen3NextForCausalLM only, not {}",
         label, config.architecture);
   }
   // Gemma's RoPE differs per layer type; gpt-oss has defaults of its own.
@@ -183,6 +192,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
       break;
     case Architecture::kMiniMaxM2:
       families::describe_minimax_m2(f);
+      break;
+    case Architecture::kQwen3Next:
+      families::describe_qwen3_next(f);
       break;
   }
   s.lm_head_tied = false;
@@ -259,25 +271,39 @@ nlohmann::json spec_summary(const ModelSpec& s) {
                   {"rotary_dim", r.rotary_dim},
                   {"factor", r.factor}};
     };
-    if (const auto* a = std::get_if<GqaAttentionSpec>(&s.layers[0].attention)) {
-      j["attention"] = {{"kind", "gqa"},
-                        {"num_heads", a->num_heads},
-                        {"num_kv_heads", a->num_kv_heads},
-                        {"head_dim", a->head_dim},
-                        {"qk_norm", qk_norm_name(a->qk_norm)},
-                        {"rope", rope(a->rope)}};
-    } else {
-      const auto& m = std::get<MlaAttentionSpec>(s.layers[0].attention);
-      j["attention"] = {{"kind", "mla"},
-                        {"num_heads", m.num_heads},
-                        {"q_lora_rank", m.q_lora_rank},
-                        {"kv_lora_rank", m.kv_lora_rank},
-                        {"qk_nope_head_dim", m.qk_nope_head_dim},
-                        {"qk_rope_head_dim", m.qk_rope_head_dim},
-                        {"v_head_dim", m.v_head_dim},
-                        {"rope_interleave", m.rope_interleave},
-                        {"rope", rope(m.rope)}};
+    // The first softmax-attention layer's kind (a hybrid model's DeltaNet layers are counted).
+    int64_t linear = 0;
+    bool described = false;
+    for (const auto& l : s.layers) {
+      if (const auto* d = std::get_if<GatedDeltaNetSpec>(&l.attention)) {
+        if (++linear == 1) {
+          j["linear_attention"] = {
+              {"kind", "gated_delta_net"},     {"num_k_heads", d->num_k_heads},
+              {"num_v_heads", d->num_v_heads}, {"head_k_dim", d->head_k_dim},
+              {"head_v_dim", d->head_v_dim},   {"conv_kernel", d->conv_kernel}};
+        }
+      } else if (const auto* a = std::get_if<GqaAttentionSpec>(&l.attention); a && !described) {
+        described = true;
+        j["attention"] = {{"kind", "gqa"},
+                          {"num_heads", a->num_heads},
+                          {"num_kv_heads", a->num_kv_heads},
+                          {"head_dim", a->head_dim},
+                          {"qk_norm", qk_norm_name(a->qk_norm)},
+                          {"rope", rope(a->rope)}};
+      } else if (const auto* m = std::get_if<MlaAttentionSpec>(&l.attention); m && !described) {
+        described = true;
+        j["attention"] = {{"kind", "mla"},
+                          {"num_heads", m->num_heads},
+                          {"q_lora_rank", m->q_lora_rank},
+                          {"kv_lora_rank", m->kv_lora_rank},
+                          {"qk_nope_head_dim", m->qk_nope_head_dim},
+                          {"qk_rope_head_dim", m->qk_rope_head_dim},
+                          {"v_head_dim", m->v_head_dim},
+                          {"rope_interleave", m->rope_interleave},
+                          {"rope", rope(m->rope)}};
+      }
     }
+    if (linear > 0) j["linear_attention_layers"] = linear;
     for (const auto& l : s.layers) {
       if (const auto* m = std::get_if<MoeSpec>(&l.mlp)) {
         j["moe"] = {{"num_experts", m->num_experts},

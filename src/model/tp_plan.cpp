@@ -176,7 +176,22 @@ Attempt try_plan(const ModelSpec& spec, int tp, const TpWeightInfo& w) {
   for (const auto& ls : spec.layers) {
     TpLayerPlan lp;
     lp.index = ls.index;
-    if (const auto* gqa = std::get_if<GqaAttentionSpec>(&ls.attention)) {
+    if (const auto* d = std::get_if<GatedDeltaNetSpec>(&ls.attention)) {
+      if (tp > 1) {
+        a.error = fmt::format(
+            "{}: gated DeltaNet layers are not cut for tensor parallelism yet (their recurrent "
+            "state would be sliced by value heads); hint: --tp 1",
+            d->prefix);
+        return a;
+      }
+    } else if (const auto* gqa = std::get_if<GqaAttentionSpec>(&ls.attention)) {
+      if (gqa->output_gate && tp > 1) {
+        a.error = fmt::format(
+            "{}: q_proj holds each head's query and output gate together (Qwen3-Next), which the "
+            "plan does not slice yet; hint: --tp 1",
+            gqa->prefix);
+        return a;
+      }
       if (a.error = plan_attention(*gqa, spec.hidden_size, tp, w, lp.attention); !a.error.empty())
         return a;
     } else {

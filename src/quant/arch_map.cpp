@@ -90,7 +90,7 @@ OrderKey order_key(std::string_view name) {
       int r = 2;
       if (parts[3] == "input_layernorm")
         r = 0;
-      else if (parts[3] == "self_attn")
+      else if (parts[3] == "self_attn" || parts[3] == "linear_attn")
         r = 1;
       else if (parts[3] == "mlp" || parts[3] == "block_sparse_moe")
         r = 3;
@@ -111,10 +111,11 @@ int64_t pad128(int64_t n) {
 // What a recognised linear weight name says about its place in the model.
 struct LinearKey {
   int layer = -1;
-  int expert = -1;      // routed expert index
-  bool shared = false;  // GLM shared expert
-  std::string proj;     // q_proj, ..., down_proj
-  std::string prefix;   // the name without ".weight"
+  int expert = -1;         // routed expert index
+  bool shared = false;     // GLM shared expert
+  bool delta_net = false;  // a gated DeltaNet projection (linear_attn)
+  std::string proj;        // q_proj, ..., down_proj
+  std::string prefix;      // the name without ".weight"
 };
 
 const std::set<std::string_view> kAttnProj = {"q_proj", "k_proj", "v_proj", "o_proj"};
@@ -124,6 +125,9 @@ const std::set<std::string_view> kAttnProj = {"q_proj", "k_proj", "v_proj", "o_p
 const std::set<std::string_view> kMlaProj = {"q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
                                              "o_proj"};
 const std::set<std::string_view> kMlpProj = {"gate_proj", "up_proj", "down_proj"};
+// A gated DeltaNet layer's quantized projections. in_proj_ba (2 values per value head, feeding
+// the decay and the write strength) stays unquantized: it is a few hundred KiB per layer.
+const std::set<std::string_view> kDeltaNetProj = {"in_proj_qkvz", "out_proj"};
 
 class Planner {
  public:
@@ -142,6 +146,8 @@ class Planner {
   std::optional<LinearKey> parse_linear(const std::string& name) const;
   // Layer l's MoE description, or nullptr for a dense layer (or an index past the decoder).
   const model::MoeSpec* moe_of(int l) const;
+  // Layer l's gated DeltaNet description, or nullptr when its attention is softmax attention.
+  const model::GatedDeltaNetSpec* delta_net_of(int l) const;
   void add_linear(const LinearKey& key, const TensorRef& w);
   // transformers' fused experts of MoE layer l (gpt-oss), as one linear per expert and projection.
   void add_fused_experts(int l, const model::MoeSpec& m);
@@ -181,6 +187,12 @@ std::optional<LinearKey> Planner::parse_linear(const std::string& name) const {
     k.proj = std::string(p[4]);
     return k;
   }
+  if (p.size() == 6 && p[3] == "linear_attn" && kDeltaNetProj.contains(p[4]) &&
+      delta_net_of(k.layer) != nullptr) {
+    k.proj = std::string(p[4]);
+    k.delta_net = true;
+    return k;
+  }
   // Routed experts under the family's own names (Mixtral: block_sparse_moe.experts.E.w1/w3/w2),
   // recorded under the canonical gate_proj / up_proj / down_proj.
   if (const model::MoeSpec* m = moe_of(k.layer);
@@ -197,6 +209,15 @@ std::optional<LinearKey> Planner::parse_linear(const std::string& name) const {
   if (p[3] != "mlp") return std::nullopt;
   if (p.size() == 6 && kMlpProj.contains(p[4])) {
     k.proj = std::string(p[4]);
+    return k;
+  }
+  // Qwen3-Next names its one (gated) shared expert `shared_expert`.
+  if (p.size() == 7 && p[4] == "shared_expert" && kMlpProj.contains(p[5])) {
+    const model::MoeSpec* m = moe_of(k.layer);
+    if (m == nullptr || !m->shared || !m->shared->prefix.ends_with(".shared_expert"))
+      return std::nullopt;
+    k.shared = true;
+    k.proj = std::string(p[5]);
     return k;
   }
   if (p.size() == 7 && p[4] == "shared_experts" && kMlpProj.contains(p[5])) {
@@ -261,7 +282,10 @@ void Planner::add_linear(const LinearKey& key, const TensorRef& w) {
     it.role = LinearRole::kDecoder;
     const std::string lp = fmt::format("model.layers.{}.", key.layer);
     const bool gate_up = key.proj == "gate_proj" || key.proj == "up_proj";
-    if (kAttnProj.contains(key.proj) || kMlaProj.contains(key.proj)) {
+    if (key.delta_net) {
+      attn_[key.layer].insert(key.proj);
+      it.group = lp + (key.proj == "out_proj" ? "linear_attn.out" : "linear_attn.in");
+    } else if (kAttnProj.contains(key.proj) || kMlaProj.contains(key.proj)) {
       // MLA: q (or its LoRA pair) and kv_a read the layer input like q/k/v do.
       attn_[key.layer].insert(key.proj);
       it.group = lp + (key.proj == "o_proj" ? "self_attn.o" : "self_attn.qkv");
@@ -400,6 +424,11 @@ const model::MoeSpec* Planner::moe_of(int l) const {
   return std::get_if<model::MoeSpec>(&spec_.layers[static_cast<size_t>(l)].mlp);
 }
 
+const model::GatedDeltaNetSpec* Planner::delta_net_of(int l) const {
+  if (l < 0 || static_cast<size_t>(l) >= spec_.layers.size()) return nullptr;
+  return std::get_if<model::GatedDeltaNetSpec>(&spec_.layers[static_cast<size_t>(l)].attention);
+}
+
 bool Planner::layer_is_moe(int l) const {
   return std::holds_alternative<model::MoeSpec>(spec_.layers.at(static_cast<size_t>(l)).mlp);
 }
@@ -413,8 +442,15 @@ void Planner::check_structure() const {
   for (int l = 0; l < cfg_.num_hidden_layers; ++l) {
     const std::string lp = fmt::format("model.layers.{}.", l);
     std::vector<std::string_view> projections(kAttnProj.begin(), kAttnProj.end());
-    if (const auto* mla = std::get_if<model::MlaAttentionSpec>(
-            &spec_.layers.at(static_cast<size_t>(l)).attention)) {
+    std::string attn_part = "self_attn.";
+    if (const model::GatedDeltaNetSpec* d = delta_net_of(l)) {
+      projections.assign(kDeltaNetProj.begin(), kDeltaNetProj.end());
+      attn_part = "linear_attn.";
+      for (const char* t :
+           {"in_proj_ba.weight", "conv1d.weight", "A_log", "dt_bias", "norm.weight"})
+        if (!store_.contains(d->prefix + "." + t)) missing(d->prefix + "." + t);
+    } else if (const auto* mla = std::get_if<model::MlaAttentionSpec>(
+                   &spec_.layers.at(static_cast<size_t>(l)).attention)) {
       projections = {"kv_a_proj_with_mqa", "o_proj"};
       if (mla->q_lora_rank > 0) {
         projections.insert(projections.end(), {"q_a_proj", "q_b_proj"});
@@ -426,7 +462,7 @@ void Planner::check_structure() const {
     }
     for (const auto& p : projections) {
       if (!attn_.contains(l) || !attn_.at(l).contains(std::string(p))) {
-        missing(lp + "self_attn." + std::string(p) + ".weight");
+        missing(lp + attn_part + std::string(p) + ".weight");
       }
     }
     const bool moe = arch_.moe && layer_is_moe(l);
@@ -463,10 +499,10 @@ void Planner::check_structure() const {
       fail("{}: layer {}: expert {} found but config.json declares {} experts", lbl, l,
            experts_.at(l).rbegin()->first, cfg_.num_experts);
     }
-    if (std::get<model::MoeSpec>(spec_.layers.at(static_cast<size_t>(l)).mlp).shared) {
+    if (const auto& sh = ms.shared) {
       for (const auto& p : kMlpProj) {
         if (!shared_.contains(l) || !shared_.at(l).contains(std::string(p))) {
-          missing(lp + "mlp.shared_experts." + std::string(p) + ".weight");
+          missing(sh->prefix + "." + std::string(p) + ".weight");
         }
       }
     }
@@ -503,14 +539,11 @@ void Planner::add_head(int head_bits) {
 void Planner::allocate(double bits, int head_bits, ConversionPlan& plan) {
   std::vector<AllocGroup> groups;
   std::map<std::string, size_t> index;
-  static const std::map<std::string_view, int> kRank = {{"self_attn.qkv", 0},
-                                                        {"self_attn.o", 1},
-                                                        {"mlp.gate_up", 2},
-                                                        {"mlp.down", 3},
-                                                        {"mlp.experts.gate_up", 4},
-                                                        {"mlp.experts.down", 5},
-                                                        {"mlp.shared_experts.gate_up", 6},
-                                                        {"mlp.shared_experts.down", 7}};
+  static const std::map<std::string_view, int> kRank = {
+      {"self_attn.qkv", 0},          {"self_attn.o", 1},      {"linear_attn.in", 0},
+      {"linear_attn.out", 1},        {"mlp.gate_up", 2},      {"mlp.down", 3},
+      {"mlp.experts.gate_up", 4},    {"mlp.experts.down", 5}, {"mlp.shared_experts.gate_up", 6},
+      {"mlp.shared_experts.down", 7}};
   for (const auto& it : items_) {
     if (it.kind != PlanItem::Kind::kExl3Linear || it.role != LinearRole::kDecoder) continue;
     auto [pos, fresh] = index.try_emplace(it.group, groups.size());

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <string>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -16,6 +18,7 @@
 #include "exl3/moe/reference.hpp"
 #include "exl3/moe/weights.hpp"
 #include "exl3/runtime/cpu_ops.hpp"
+#include "exl3/runtime/delta_net.hpp"
 #include "exl3/runtime/tp_linear.hpp"
 #include "moe_routing.hpp"
 
@@ -86,6 +89,18 @@ struct CpuMla final : Module {
   // A full DSA indexer (the cache slot holds its key after the latent and the roped key part).
   std::optional<Linear> wq_b, wk, weights_proj;
   std::vector<float> k_norm_w, k_norm_b;  // LayerNorm over index_head_dim
+};
+
+// A gated DeltaNet layer: its weights, and per sequence the recurrent state with the cache
+// generation and token count it was computed for (a step must continue exactly there).
+struct CpuDeltaNet final : Module {
+  DeltaNetWeights w;
+  struct Seq {
+    uint64_t generation = 0;
+    int64_t length = 0;
+    DeltaNetState state;
+  };
+  mutable std::unordered_map<PagedKvCache::SeqId, Seq> seqs;
 };
 
 // RoPE on the first 2 * half channels of x: pairs (i, i + half), or with `interleave` pairs
@@ -293,6 +308,21 @@ ModulePtr CpuBackend::load_gqa(const GqaAttentionSpec& s, Extent q_heads, Extent
   const int64_t width = kv_heads.count * s.head_dim;
   kv_.push_back({width, width});
   return a;
+}
+
+ModulePtr CpuBackend::load_gated_delta_net(const model::GatedDeltaNetSpec& s, int cache_layer) {
+  (void)cache_layer;
+  auto d = std::make_unique<CpuDeltaNet>();
+  const TensorStore& store = ckpt_.store();
+  d->w.spec = s;
+  const int64_t conv_shape[] = {s.conv_dim(), 1, s.conv_kernel};  // depthwise: one input each
+  d->w.conv = load_float_tensor(store, s.prefix + ".conv1d.weight", conv_shape);
+  d->w.a = load_vector(store, s.prefix + ".A_log", s.num_v_heads);
+  for (float& a : d->w.a) a = std::exp(a);
+  d->w.dt_bias = load_vector(store, s.prefix + ".dt_bias", s.num_v_heads);
+  d->w.norm = load_vector(store, s.prefix + ".norm.weight", s.head_v_dim);  // not (1 + w)
+  kv_.push_back({0, 0});  // a cache layer index like any layer's, holding nothing per token
+  return d;
 }
 
 ModulePtr CpuBackend::load_mla(const MlaAttentionSpec& s, int cache_layer,
@@ -658,6 +688,49 @@ void CpuBackend::mla_attention(const Module& attn, Act h, Act q_resid, Act q, Ac
       for (int64_t d = 0; d < vd; ++d) o[d] += w * vv[d];
     }
   });
+}
+
+void CpuBackend::gated_delta_net(const Module& mixer, Act qkvz, Act ba, Act out) {
+  const auto& d = static_cast<const CpuDeltaNet&>(mixer);
+  const uint64_t generation = step_.cache->generation(step_.seq);
+  auto it = d.seqs.find(step_.seq);
+  if (step_.start == 0) {  // a sequence (re)starting: a fresh state
+    if (it != d.seqs.end()) d.seqs.erase(it);
+    it = d.seqs.emplace(step_.seq, CpuDeltaNet::Seq{generation, 0, DeltaNetState(d.w.spec)}).first;
+  }
+  if (it == d.seqs.end() || it->second.generation != generation ||
+      it->second.length != step_.start) {
+    fail(
+        "{}: sequence {} continues at position {}, but this layer's recurrent state {}; a gated "
+        "DeltaNet layer cannot rewind or start from cached pages (hint: prefix caching and "
+        "speculative decoding are off for such models; restart the sequence from position 0)",
+        d.w.spec.prefix, step_.seq, step_.start,
+        it == d.seqs.end() || it->second.generation != generation
+            ? std::string("belongs to other tokens")
+            : fmt::format("holds {} tokens", it->second.length));
+  }
+  delta_net_forward(d.w, it->second.state, qkvz.data, ba.data, qkvz.rows, out.data);
+  it->second.length += qkvz.rows;
+}
+
+void CpuBackend::split_query_gate(Act qg, int64_t head_dim, Act q, Act gate) {
+  const int64_t heads = q.width / head_dim;
+  for (int64_t t = 0; t < qg.rows; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* src = qg.data + t * qg.width + h * 2 * head_dim;
+      std::copy_n(src, head_dim, q.data + t * q.width + h * head_dim);
+      std::copy_n(src + head_dim, head_dim, gate.data + t * gate.width + h * head_dim);
+    }
+  }
+}
+
+void CpuBackend::sigmoid_gate(Act y, Act gate) {
+  for (int64_t t = 0; t < y.rows; ++t) {
+    for (int64_t i = 0; i < y.width; ++i) {
+      const float g = gate.data[t * gate.width + (gate.width == 1 ? 0 : i)];
+      y.data[t * y.width + i] *= 1.0f / (1.0f + std::exp(-g));
+    }
+  }
 }
 
 void CpuBackend::glu(Act gate, Act up, model::Activation act) {

@@ -86,6 +86,8 @@ class CpuBackend final : public model::Backend {
                             model::Extent kv_heads, int cache_layer) override;
   model::ModulePtr load_mla(const MlaAttentionSpec& spec, int cache_layer,
                             const model::LinearSource& kv_b) override;
+  model::ModulePtr load_gated_delta_net(const model::GatedDeltaNetSpec& spec,
+                                        int cache_layer) override;
   model::ModulePtr load_moe(const MoeSpec& spec, int layer, const model::TpMoePlan* plan,
                             int rank) override;
   void reserve(model::Slot, int64_t) override {}
@@ -101,6 +103,10 @@ class CpuBackend final : public model::Backend {
                  model::Act out) override;
   void mla_attention(const model::Module& attn, model::Act h, model::Act q_resid, model::Act q,
                      model::Act kv_a, model::Act out) override;
+  void gated_delta_net(const model::Module& mixer, model::Act qkvz, model::Act ba,
+                       model::Act out) override;
+  void split_query_gate(model::Act qg, int64_t head_dim, model::Act q, model::Act gate) override;
+  void sigmoid_gate(model::Act y, model::Act gate) override;
   void glu(model::Act gate, model::Act up, model::Activation act) override;
   void moe(const model::Module& moe, model::Act x, model::Act out) override;
   void add(model::Act y, model::Act x) override;

@@ -41,6 +41,7 @@ std::span<const float> Engine::hidden_state(SeqId seq, int64_t pos) const {
 void check_kv_format(const ModelSpec& spec, KvFormat format) {
   if (!cpu::kv_quantized(format)) return;
   for (const model::LayerSpec& l : spec.layers) {
+    if (std::holds_alternative<model::GatedDeltaNetSpec>(l.attention)) continue;  // no KV
     if (std::holds_alternative<model::MlaAttentionSpec>(l.attention)) {
       fail(
           "{}: --kv-cache {}: layer {} uses multi-head latent attention, whose latent cache is "
@@ -69,6 +70,21 @@ std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions&
         "--overlay (MXFP8) runs on single-rank engines so far; tensor parallelism loads "
         "unquantized linears as "
         "BF16 (hint: drop --overlay, or use --tp 1)");
+  }
+  if (spec.has_recurrent_layers()) {
+    // Prefix pages hold keys and values, not the recurrent state of the layers between them.
+    if (opts.prefix_cache) {
+      fail(
+          "{}: prefix caching cannot serve a model with gated DeltaNet layers (their state is not "
+          "in the cached pages); hint: drop --prefix-cache",
+          spec.label);
+    }
+    if (opts.device == Device::kCuda) {
+      fail(
+          "{}: gated DeltaNet (linear attention) layers run on the CPU backend only so far; hint: "
+          "--device cpu",
+          spec.label);
+    }
   }
   if (opts.device == Device::kCuda) {
 #if defined(EXL3_HAVE_CUDA)

@@ -131,6 +131,7 @@ int64_t PagedKvCache::adopt_prefix(SeqId seq, std::span<const int32_t> prompt) {
   s.length = static_cast<int64_t>(s.pages.size()) * page_size_;
   s.tokens.assign(prompt.begin(), prompt.begin() + s.length);
   hit_tokens_ += s.length;
+  if (s.length > 0) s.generation = ++generations_;
   return s.length;
 }
 
@@ -139,11 +140,13 @@ PagedKvCache::SeqId PagedKvCache::add_sequence() {
     if (!seqs_[i].live) {
       seqs_[i] = Seq{};
       seqs_[i].live = true;
+      seqs_[i].generation = ++generations_;
       return static_cast<SeqId>(i);
     }
   }
   seqs_.push_back(Seq{});
   seqs_.back().live = true;
+  seqs_.back().generation = ++generations_;
   return static_cast<SeqId>(seqs_.size() - 1);
 }
 
@@ -166,6 +169,7 @@ void PagedKvCache::clear(SeqId seq) {
   s.tokens.clear();
   s.hashes.clear();
   s.length = 0;
+  s.generation = ++generations_;
 }
 
 void PagedKvCache::truncate(SeqId seq, int64_t length) {
@@ -192,6 +196,7 @@ void PagedKvCache::truncate(SeqId seq, int64_t length) {
     s.pages.pop_back();
   }
   s.length = length;
+  s.generation = ++generations_;
   if (prefix_cache_) {
     s.tokens.resize(static_cast<size_t>(length));
     s.hashes.resize(std::min(s.hashes.size(), static_cast<size_t>(length / page_size_)));
@@ -205,6 +210,10 @@ void PagedKvCache::remove_sequence(SeqId seq) {
 
 int64_t PagedKvCache::length(SeqId seq) const {
   return seq_at(seq).length;
+}
+
+uint64_t PagedKvCache::generation(SeqId seq) const {
+  return seq_at(seq).generation;
 }
 
 int64_t PagedKvCache::pages_needed(SeqId seq, int64_t new_tokens) const {

@@ -95,19 +95,27 @@ void DenseMatrix::matmul_t(const float* x, int64_t m, float* y, std::span<const 
                     });
 }
 
-std::vector<float> load_vector(const TensorStore& store, const std::string& name, int64_t len) {
+std::vector<float> load_float_tensor(const TensorStore& store, const std::string& name,
+                                     std::span<const int64_t> shape) {
   const TensorRef* ref = store.find(name);
   if (ref == nullptr) fail("{}: tensor '{}' is missing", store.root().string(), name);
   const TensorInfo& t = *ref->info;
   if (!is_float_matrix_dtype(t.dtype) && t.dtype != DType::kF64) {
-    fail("{}: tensor '{}' is {}; expected a float vector", ref->path().string(), name,
+    fail("{}: tensor '{}' is {}; expected float values", ref->path().string(), name,
          dtype_name(t.dtype));
   }
-  if (t.rank() != 1 || (len > 0 && t.shape[0] != len)) {
+  bool same = t.shape.size() == shape.size();
+  for (size_t i = 0; same && i < shape.size(); ++i) same = shape[i] <= 0 || t.shape[i] == shape[i];
+  if (!same) {
     fail("{}: tensor '{}' has shape [{}], expected [{}]", ref->path().string(), name,
-         fmt::join(t.shape, ", "), len);
+         fmt::join(t.shape, ", "), fmt::join(shape, ", "));
   }
   return read_as_float(*ref);
+}
+
+std::vector<float> load_vector(const TensorStore& store, const std::string& name, int64_t len) {
+  const int64_t shape[] = {len};
+  return load_float_tensor(store, name, shape);
 }
 
 std::vector<float> load_norm_vector(const TensorStore& store, const std::string& name, int64_t len,

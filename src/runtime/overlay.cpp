@@ -254,6 +254,9 @@ OverlayPlan OverlayPlan::build(const OverlayPolicy& policy, const Checkpoint& ck
     if (const auto* a = std::get_if<GqaAttentionSpec>(&layer.attention)) {
       pl.group(a->prefix, {"q_proj", "k_proj", "v_proj"}, hidden, LinearRole::kLinear);
       pl.group(a->prefix, {"o_proj"}, a->num_heads * a->head_dim, LinearRole::kLinear);
+    } else if (const auto* d = std::get_if<model::GatedDeltaNetSpec>(&layer.attention)) {
+      pl.group(d->prefix, {"in_proj_qkvz", "in_proj_ba"}, hidden, LinearRole::kLinear);
+      pl.group(d->prefix, {"out_proj"}, d->value_dim(), LinearRole::kLinear);
     } else {
       const auto& m = std::get<MlaAttentionSpec>(layer.attention);
       if (m.q_lora_rank > 0) {

@@ -72,6 +72,16 @@ SpeculativeDecoder::SpeculativeDecoder(Engine& target, Engine& draft,
         "the draft must share the target's tokenizer",
         draft.spec().vocab_size, target.spec().vocab_size);
   }
+  // Rejected draft tokens are dropped by truncating both sequences, which a recurrent state
+  // cannot follow.
+  for (const Engine* e : {&target, &draft}) {
+    if (e->spec().has_recurrent_layers()) {
+      fail(
+          "speculative decoding: {} ({}) has gated DeltaNet layers, whose recurrent state cannot "
+          "be rewound to drop rejected draft tokens; hint: decode without --draft / --mtp",
+          e == &target ? "the target" : "the draft", e->spec().label);
+    }
+  }
 }
 
 SpeculativeDecoder::~SpeculativeDecoder() {

@@ -26,6 +26,11 @@
 //   minimax_m2         MiniMaxM2ForCausalLM: q/k norms across all 4 heads, RoPE on half of each
 //                      head, a sigmoid router (top 2 of 8) whose e_score_correction_bias changes
 //                      the choice, Mixtral's expert names (made on the device, transformers 5.17)
+//   qwen3_next         Qwen3NextForCausalLM: three gated DeltaNet layers (2 key heads serving 4
+//                      value heads, conv width 4) around one gated full-attention layer (partial
+//                      rotary, (1 + w) q/k norms), experts with a sigmoid-gated shared expert and
+//                      one dense layer, 80 positions (more than one 64-token chunk of transformers'
+//                      chunked delta rule; transformers 5.25, CPU torch)
 // The first two were made on the device, the others with CPU torch (same transformers 5.17).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -44,6 +49,7 @@
 #include "exl3/model/tp_plan.hpp"
 #include "exl3/moe/layout.hpp"
 #include "exl3/runtime/engine.hpp"
+#include "exl3/runtime/speculative.hpp"
 #include "runtime_test_util.hpp"
 #include "test_support.hpp"
 
@@ -464,6 +470,146 @@ TEST(MiniMaxM2, DescribedAndEveryTraitChangesTheResult) {
   Json agreeing = cfg;
   agreeing["rotary_dim"] = 16;  // the release's key, consistent with the factor
   EXPECT_NO_THROW((void)describe_model(rt::test::config_of(agreeing), "m/config.json"));
+}
+
+// Qwen3-Next: the hybrid stack against transformers, the recurrent state carried through
+// chunked prefill and decode, and what it cannot do (rewind, cached prefixes, TP) refused.
+TEST(Qwen3Next, MatchesTransformersAndCarriesItsState) {
+  const auto dir = data_dir("qwen3_next");
+  const auto ref = load_reference(dir);
+  auto engine = rt::load_engine(dir);
+  const auto got = rt::forward_logits(*engine, ref.ids);
+  ASSERT_EQ(got.size(), ref.logits.size());
+  const double err = exl3::test::rel_l2(got, ref.logits);
+  std::printf("qwen3_next: fp32 CPU engine vs transformers rel-L2 %.3e\n", err);
+  EXPECT_LE(err, 1e-5);
+  for (size_t t = 0; t < ref.ids.size(); ++t) {
+    const std::vector<double> g(got.begin() + static_cast<std::ptrdiff_t>(t * ref.vocab),
+                                got.begin() + static_cast<std::ptrdiff_t>((t + 1) * ref.vocab));
+    EXPECT_EQ(argmax_of(g),
+              argmax_of(std::span<const double>(ref.logits).subspan(t * ref.vocab, ref.vocab)))
+        << "position " << t;
+  }
+  // The state after a prefill of 25 feeds 55 single-token steps; chunks of 7 likewise.
+  EXPECT_LE(exl3::test::rel_l2(rt::test::prefill_then_decode(*engine, ref.ids, 25), got), 1e-6);
+  const std::span<const int32_t> ids(ref.ids);
+  const auto seq = engine->new_sequence();
+  std::vector<float> chunked;
+  for (size_t at = 0; at < ids.size(); at += 7) {
+    const auto part = engine->forward(seq, ids.subspan(at, std::min<size_t>(7, ids.size() - at)));
+    chunked.insert(chunked.end(), part.begin(), part.end());
+  }
+  EXPECT_LE(exl3::test::rel_l2(chunked, got), 1e-6);
+  // Two sequences interleaved keep their own states.
+  const auto a = engine->new_sequence(), b = engine->new_sequence();
+  (void)engine->forward(a, ids.first(30));
+  (void)engine->forward(b, ids.subspan(40, 10));
+  const auto rest = engine->forward(a, ids.subspan(30));
+  EXPECT_LE(exl3::test::rel_l2(rest, std::vector<float>(got.begin() + 30 * ref.vocab, got.end())),
+            1e-6);
+  // A rewound sequence would continue from a state holding the dropped tokens: refused.
+  engine->truncate_sequence(a, 20);
+  EXPECT_THAT(rt::test::error_of([&] { (void)engine->forward(a, ids.subspan(20, 1)); }),
+              HasSubstr("model.layers.0.linear_attn: sequence"));
+  // Starting over from position 0 is always possible.
+  engine->truncate_sequence(a, 0);
+  EXPECT_LE(exl3::test::rel_l2(engine->forward(a, ids), got), 1e-6);
+  rt::EngineOptions tp2;
+  tp2.tp = 2;
+  EXPECT_THAT(rt::test::error_of([&] { (void)rt::load_engine(dir, tp2); }),
+              HasSubstr("gated DeltaNet layers are not cut for tensor parallelism"));
+  EXPECT_THAT(
+      rt::test::error_of(
+          [&] { (void)rt::SpeculativeDecoder(*engine, *engine, rt::SpeculativeOptions{}); }),
+      HasSubstr("the target (" + (dir / "config.json").string() + ") has gated DeltaNet layers"));
+  rt::EngineOptions cached;
+  cached.prefix_cache = true;
+  EXPECT_THAT(rt::test::error_of([&] { (void)rt::load_engine(dir, cached); }),
+              HasSubstr("prefix caching cannot serve a model with gated DeltaNet layers"));
+}
+
+TEST(Qwen3Next, DescribedAndEveryTraitChangesTheResult) {
+  using Json = nlohmann::json;
+  const auto src = data_dir("qwen3_next");
+  const ModelSpec s = describe_model(Checkpoint::open(src));
+  EXPECT_EQ(s.architecture, Architecture::kQwen3Next);
+  EXPECT_TRUE(s.norm_unit_offset);
+  EXPECT_TRUE(s.has_recurrent_layers());
+  ASSERT_EQ(s.layers.size(), 4u);
+  for (const int l : {0, 2, 3}) {
+    const auto& d = std::get<GatedDeltaNetSpec>(s.layers[static_cast<size_t>(l)].attention);
+    EXPECT_EQ(d.prefix, "model.layers." + std::to_string(l) + ".linear_attn");
+    EXPECT_EQ(d.v_per_k(), 2);
+    EXPECT_EQ(d.conv_dim(), 256);
+    EXPECT_EQ(d.qkvz_width(), 384);
+  }
+  const auto& a = std::get<GqaAttentionSpec>(s.layers[1].attention);
+  EXPECT_TRUE(a.output_gate);
+  EXPECT_EQ(a.qk_norm, QkNorm::kPerHead);
+  EXPECT_EQ(a.rope.rotary_dim, 8);  // head_dim 32 x partial_rotary_factor 0.25
+  EXPECT_TRUE(std::holds_alternative<DenseMlpSpec>(s.layers[2].mlp));
+  const auto& m = std::get<MoeSpec>(s.layers[3].mlp);
+  ASSERT_TRUE(m.shared.has_value());
+  EXPECT_EQ(m.shared->prefix, "model.layers.3.mlp.shared_expert");
+  EXPECT_EQ(m.shared->intermediate, 96);
+  EXPECT_EQ(m.shared_gate, "shared_expert_gate");
+  EXPECT_EQ(spec_summary(s)["linear_attention_layers"], 3);
+  // Without layer_types every 4th layer is full attention (full_attention_interval).
+  auto cfg = Json::parse(exl3::test::read_file(src / "config.json"));
+  cfg.erase("layer_types");
+  const ModelSpec pattern = describe_model(rt::test::config_of(cfg), "m/config.json");
+  for (int l = 0; l < 4; ++l) {
+    EXPECT_EQ(
+        std::holds_alternative<GqaAttentionSpec>(pattern.layers[static_cast<size_t>(l)].attention),
+        l == 3)
+        << "layer " << l;
+  }
+  cfg["layer_types"] = {"linear_attention", "sliding_attention", "full_attention",
+                        "full_attention"};
+  EXPECT_THAT(
+      rt::test::error_of([&] { (void)describe_model(rt::test::config_of(cfg), "m/config.json"); }),
+      HasSubstr("entry 1 (\"sliding_attention\") is neither"));
+  cfg["layer_types"] = {"linear_attention", "full_attention", "linear_attention",
+                        "linear_attention"};
+  cfg["linear_num_value_heads"] = 3;
+  EXPECT_THAT(
+      rt::test::error_of([&] { (void)describe_model(rt::test::config_of(cfg), "m/config.json"); }),
+      HasSubstr("key 'linear_num_value_heads': 3 is not a multiple of linear_num_key_heads 2"));
+  const std::pair<const char*, ConfigEdit> edits[] = {
+      {"full rotary", [](Json& c) { c["rope_parameters"]["partial_rotary_factor"] = 1.0; }},
+      {"top 1", [](Json& c) { c["num_experts_per_tok"] = 1; }},
+  };
+  expect_each_edit_moves("qwen3_next", edits);
+  const std::pair<const char*, std::function<void(const std::string&, std::vector<float>&)>>
+      tensor_edits[] = {
+          {"no convolution history",  // only the current token's tap
+           [](const std::string& n, std::vector<float>& v) {
+             if (!n.ends_with("conv1d.weight")) return;
+             for (size_t i = 0; i < v.size(); ++i)
+               if (i % 4 != 3) v[i] = 0.0f;
+           }},
+          {"no decay",
+           [](const std::string& n, std::vector<float>& v) {
+             if (n.ends_with("A_log")) std::fill(v.begin(), v.end(), -30.0f);
+           }},
+          {"an open shared-expert gate",
+           [](const std::string& n, std::vector<float>& v) {
+             if (n.ends_with("shared_expert_gate.weight")) std::fill(v.begin(), v.end(), 0.0f);
+           }},
+          {"an open attention output gate",  // the gate halves of q_proj zeroed: sigmoid 0.5
+           [](const std::string& n, std::vector<float>& v) {
+             if (!n.ends_with("self_attn.q_proj.weight")) return;
+             const size_t row = 128, per_head = 2 * 32 * row;
+             for (size_t i = 0; i < v.size(); ++i)
+               if (i % per_head >= 32 * row) v[i] = 0.0f;
+           }},
+      };
+  for (const auto& [what, edit] : tensor_edits) {
+    const double err = moved_from_reference(
+        "qwen3_next", [](Json&) {}, edit);
+    std::printf("qwen3_next with %s: rel-L2 %.3e from the reference\n", what, err);
+    EXPECT_GT(err, 1e-3) << what;
+  }
 }
 
 // The sparsity matters: with every position kept, the GLM-5 model is far from its reference.

@@ -593,6 +593,51 @@ TEST(Convert, GptOssFusedExperts) {
   EXPECT_LE(err, 0.3);  // measured 0.11-0.15 over six seeds
 }
 
+// Qwen3-Next: the gated DeltaNet layers' in_proj_qkvz and out_proj become EXL3 linears, in_proj_ba
+// and the layer's convolution, decay parameters and gated norm are copied through; the gated
+// attention's double-width q_proj and the singular, gated shared expert convert like any linear.
+// The result runs on the CPU engine near transformers' logits of the source. The random fixture is
+// chaotic (its DeltaNet layers amplify weight errors): Gaussian noise of 0.5% / 8% of each weight's
+// std on the quantized linears, put into transformers' own fp64 model, moves its logits by
+// rel-L2 0.089 / 0.68, which is what K8 / K4 conversions give (0.054 / 0.65), so the end-to-end
+// check runs at 6 bits (measured 0.22-0.25 over seeds 1-4).
+TEST(Convert, Qwen3NextHybrid) {
+  if (exl3::test::quant_fast_mode()) {
+    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): too slow under instrumentation";
+  }
+  const fs::path src = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / "qwen3_next";
+  TempDir tmp;
+  q::ConvertOptions o = fast_options(6.0, exl3::test::test_seed());
+  o.head_bits = 6;
+  const auto r = q::convert_model(src, tmp / "out", o);
+  EXPECT_EQ(r.architecture, "Qwen3NextForCausalLM");
+  const auto ckpt = exl3::Checkpoint::open(tmp / "out");
+  for (const int l : {0, 2, 3}) {
+    const std::string p = fmt::format("model.layers.{}.linear_attn.", l);
+    for (const char* proj : {"in_proj_qkvz", "out_proj"}) {
+      ASSERT_NE(ckpt.find_linear(p + proj), nullptr) << p + proj;
+      EXPECT_LT(rel_rms(ckpt, p + proj, src, p + proj + ".weight"), 0.04) << p + proj;
+    }
+    for (const char* kept :
+         {"in_proj_ba.weight", "conv1d.weight", "A_log", "dt_bias", "norm.weight"}) {
+      EXPECT_NE(ckpt.store().find(p + kept), nullptr) << p + kept;
+    }
+    EXPECT_EQ(ckpt.find_linear(p + "in_proj_ba"), nullptr);
+  }
+  const std::string a = "model.layers.1.self_attn.q_proj";
+  ASSERT_NE(ckpt.find_linear(a), nullptr);
+  EXPECT_LT(rel_rms(ckpt, a, src, a + ".weight"), 0.04);
+  for (const int l : {0, 1, 3}) {
+    const std::string m = fmt::format("model.layers.{}.mlp.", l);
+    for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
+      EXPECT_NE(ckpt.find_linear(m + "shared_expert." + proj), nullptr) << m << proj;
+    EXPECT_NE(ckpt.store().find(m + "shared_expert_gate.weight"), nullptr) << m;
+  }
+  const double err = rel_l2_to_reference(tmp / "out", src);
+  std::printf("qwen3-next K6 vs transformers: rel-L2 %.3f\n", err);
+  EXPECT_LE(err, 0.45);
+}
+
 // gpt-oss experts whose width is not a multiple of 128 (the released models have 2880 channels)
 // convert into padded EXL3 linears, which the runtime runs as any padded linear: the gpt_oss
 // fixture cut to 96 expert channels (and then 96 hidden channels too), converted at 4 bits, stays

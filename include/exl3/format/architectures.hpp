@@ -24,7 +24,8 @@ enum class Architecture : uint8_t {
   kGlmMoeDsa,
   kGemma3,
   kGptOss,
-  kMiniMaxM2
+  kMiniMaxM2,
+  kQwen3Next
 };
 
 struct ArchitectureInfo {

@@ -1,11 +1,12 @@
 // The decoder-only transformer, written once over the backend op layer (exl3/model/ops.hpp):
-// every supported family (Llama, Qwen2, Qwen3, Qwen3-MoE, GLM-4.5-MoE) is this module tree with
-// the traits its ModelSpec gives (q/k norm, partial rotary, router kind, shared experts, dense
+// every supported family (Llama, Qwen2, Qwen3, Qwen3-MoE, GLM-4.5-MoE, ...) is this module tree
+// with the traits its ModelSpec gives (q/k norm, partial rotary, router kind, shared experts, dense
 // layers), run on any backend, whole or as one tensor-parallel rank.
 //
 //   x = embed(tokens)
 //   per layer:  h = rms_norm(x += pending)
-//               y = all_reduce(o(attention(q(h), k(h), v(h))))       GQA, or MLA (latent KV)
+//               y = all_reduce(o(attention(q(h), k(h), v(h))))       GQA, or MLA (latent KV),
+//                                                  or a gated DeltaNet (recurrent state)
 //               h = rms_norm(x += y)
 //               y = all_reduce(mlp(h))         gated MLP, or routed experts (+ shared experts)
 //               pending = y
@@ -35,6 +36,7 @@ struct GqaModules {
   // QkNorm::kAcrossHeads: RMSNorms over each token's whole q and k projection, run as ordinary
   // norms before attention (the backends' attention only knows per-head norms).
   ModulePtr q_norm, k_norm;
+  bool output_gate = false;  // q_proj gives [query, gate] per head (Qwen3-Next)
 };
 
 struct MlaModules {
@@ -42,6 +44,11 @@ struct MlaModules {
   ModulePtr q_a, q_a_norm;  // the q LoRA (null with a plain q_proj)
   ModulePtr q;              // q_proj, or q_b_proj after the LoRA
   ModulePtr kv_a, o, attention;
+};
+
+struct GatedDeltaNetModules {
+  int64_t qkvz_width = 0, ba_width = 0, value_dim = 0;
+  ModulePtr qkvz, ba, mixer, out;
 };
 
 struct DenseMlpModules {
@@ -53,12 +60,13 @@ struct DenseMlpModules {
 struct MoeModules {
   ModulePtr routed;                       // router + routed experts
   std::optional<DenseMlpModules> shared;  // shared experts, added to the routed sum
+  ModulePtr shared_gate;                  // a linear hidden -> 1 gating them (null: ungated)
 };
 
 struct LayerModules {
   ModulePtr input_norm, post_norm;
   ModulePtr attention_output_norm, mlp_output_norm;  // sandwich norms (null without)
-  std::variant<GqaModules, MlaModules> attention;
+  std::variant<GqaModules, MlaModules, GatedDeltaNetModules> attention;
   std::variant<DenseMlpModules, MoeModules> mlp;
 };
 

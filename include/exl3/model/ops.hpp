@@ -70,7 +70,11 @@ enum class Slot : uint8_t {
   kLatentKv,  // MLA: q_a_proj output, its norm, kv_a_proj_with_mqa output
   kNormedY,   // a sandwich norm's output (the normed attention or MLP output)
   kQNormed,
-  kKNormed,  // q and k after a q/k norm across all heads (QkNorm::kAcrossHeads)
+  kKNormed,     // q and k after a q/k norm across all heads (QkNorm::kAcrossHeads)
+  kQueryGate,   // q_proj's output with an output gate: [query, gate] per head
+  kOutputGate,  // that gate, de-interleaved; the shared expert's gate logit
+  kMixerIn,     // gated DeltaNet: in_proj_qkvz's output
+  kMixerGates,  // in_proj_ba's output
   kCount
 };
 
@@ -98,6 +102,10 @@ class Backend {
   // latent KV cache (kv_lora_rank + qk_rope_head_dim floats per token, plus the indexer's key).
   virtual ModulePtr load_mla(const MlaAttentionSpec& spec, int cache_layer,
                              const LinearSource& kv_b) = 0;
+  // A gated DeltaNet layer's mixer (GatedDeltaNetSpec): the convolution, decay parameters, gated
+  // norm and the per-sequence recurrent state. `cache_layer` as load_gqa's (the layer holds no
+  // keys or values). A backend without it fails naming the layer (the default).
+  virtual ModulePtr load_gated_delta_net(const GatedDeltaNetSpec& spec, int cache_layer);
   // The router and routed experts of MoE layer `layer` (shared experts are the model's dense
   // MLP): the whole layer, or rank `rank`'s intermediate channels when `plan` is given.
   virtual ModulePtr load_moe(const MoeSpec& spec, int layer, const TpMoePlan* plan, int rank) = 0;
@@ -132,6 +140,14 @@ class Backend {
   // layer's input h and the normed q LoRA latent q_resid feed the indexer, and attention reads only
   // the positions it selects (a shared layer: the last selection of this step).
   virtual void mla_attention(const Module& attn, Act h, Act q_resid, Act q, Act kv_a, Act out) = 0;
+  // Gated DeltaNet: qkvz and ba (in_proj_qkvz / in_proj_ba outputs) -> out [n, value_dim] (the
+  // gated norm's output, before out_proj), advancing the step's sequence's recurrent state.
+  virtual void gated_delta_net(const Module& mixer, Act qkvz, Act ba, Act out);
+  // q and gate from q_proj's output with an output gate: qg [n, heads * 2 * head_dim], per head
+  // [query, gate] -> q, gate [n, heads * head_dim].
+  virtual void split_query_gate(Act qg, int64_t head_dim, Act q, Act gate);
+  // y *= sigmoid(gate), elementwise (gate as wide as y) or per row (gate of width 1).
+  virtual void sigmoid_gate(Act y, Act gate);
   // gate = act(gate) * up (SwiGLU, GeGLU).
   virtual void glu(Act gate, Act up, Activation act) = 0;
   // out = the routed experts' top-k weighted sum for x (router included).

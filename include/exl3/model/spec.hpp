@@ -29,6 +29,9 @@
 //   MiniMaxM2ForCausalLM Mixtral's layer with q/k norms across all heads (QkNorm::kAcrossHeads),
 //                        partial rotary, a sigmoid router whose e_score_correction_bias picks
 //                        the top k (renormalised sigmoid weights)
+//   Qwen3NextForCausalLM hybrid: gated DeltaNet layers (linear_attention, a recurrent state per
+//                        sequence) and gated full-attention layers (layer_types), (1 + w)
+//                        RMSNorms, Qwen3-MoE's router with a sigmoid-gated shared expert
 //
 // Anything else fails with an exl3::Error that names config.json and the key at fault: the
 // runtime never runs a model it would compute differently from its reference.
@@ -82,6 +85,9 @@ struct GqaAttentionSpec {
   // gpt-oss: a learned logit per q head (`sinks` [num_heads]) joins each softmax's denominator,
   // so a head may give less than all of its weight to the positions it sees.
   bool sinks = false;
+  // Qwen3-Next: q_proj gives each head [query, gate] (2 * head_dim outputs per head, query
+  // first), and the attention output is multiplied by sigmoid(gate) before o_proj.
+  bool output_gate = false;
   double scale = 0.0;  // softmax scale, head_dim^-0.5
   RopeSpec rope;
 
@@ -121,8 +127,37 @@ struct MlaAttentionSpec {
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
 };
-// Every backend visits the kind: GQA, or MLA (on the CPU backend so far).
-using AttentionSpec = std::variant<GqaAttentionSpec, MlaAttentionSpec>;
+// Gated DeltaNet (Qwen3-Next's linear_attention layers): no KV cache, a fixed-size state per
+// sequence instead. in_proj_qkvz gives, per key head g, [q_g (dk), k_g (dk), v (r * dv), z (r *
+// dv)] with r = num_v_heads / num_k_heads value heads per key head; in_proj_ba gives per key head
+// [b (r), a (r)]. The concatenation [q | k | v] (conv_dim channels) goes through a causal depthwise
+// convolution of conv_kernel taps (bias-free) and SiLU; value head h reads q/k head h / r. With q
+// and k L2-normed (eps 1e-6) and q scaled by dk^-0.5, per value head and token:
+//   decay = exp(-exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b)
+//   S = decay * S;  S += k (beta * (v - S^T k))^T;  o = S^T q          (S: [dk, dv])
+// then o is RMS-normed over dv (eps rms_norm_eps, weight `norm`, not offset), times silu(z), and
+// out_proj maps the value heads back to hidden. The state per sequence is S for every value head
+// plus the last conv_kernel - 1 inputs of the convolution.
+struct GatedDeltaNetSpec {
+  std::string prefix;  // "model.layers.0.linear_attn"
+  int64_t num_k_heads = 0, num_v_heads = 0;
+  int64_t head_k_dim = 0, head_v_dim = 0;
+  int64_t conv_kernel = 0;
+  double norm_eps = 0.0;
+
+  int64_t key_dim() const { return num_k_heads * head_k_dim; }
+  int64_t value_dim() const { return num_v_heads * head_v_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+  int64_t qkvz_width() const { return 2 * key_dim() + 2 * value_dim(); }
+  int64_t ba_width() const { return 2 * num_v_heads; }
+  int64_t v_per_k() const { return num_v_heads / num_k_heads; }
+  // floats of one sequence's state: S of every value head, then the convolution's window
+  int64_t state_floats() const {
+    return num_v_heads * head_k_dim * head_v_dim + conv_dim() * (conv_kernel - 1);
+  }
+};
+// Every backend visits the kind: GQA, MLA (on the CPU backend so far) or gated DeltaNet (CPU).
+using AttentionSpec = std::variant<GqaAttentionSpec, MlaAttentionSpec, GatedDeltaNetSpec>;
 
 // The activation of a gated MLP's gate: SiLU (SwiGLU), or GELU's tanh approximation (GeGLU,
 // transformers' gelu_pytorch_tanh), or gpt-oss's clamped SwiGLU: with g = min(gate, limit) and
@@ -157,6 +192,9 @@ struct MoeSpec {
   // Its tensor under the prefix: the router's (DeepSeek, GLM) or the block's (MiniMax-M2).
   std::string correction_bias_name = "gate.e_score_correction_bias";
   std::optional<DenseMlpSpec> shared;  // `shared_experts`, added to the routed output
+  // Qwen3-Next: the shared expert's output is multiplied by sigmoid(shared_gate(x)), a linear
+  // hidden -> 1 named here under the prefix ("shared_expert_gate"); empty: ungated.
+  std::string shared_gate;
   // gpt-oss: the router is `router` (weight and bias), every expert linear has a bias, the
   // activation is the clamped SwiGLU, and transformers stores the experts fused:
   // experts.gate_up_proj [E, hidden, 2 * intermediate] (gate and up channels interleaved, gate
@@ -239,6 +277,9 @@ struct ModelSpec {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
   bool is_moe() const;
+  // Whether some layer keeps a recurrent state instead of a KV cache (gated DeltaNet): such a
+  // sequence cannot be rewound or continued from cached pages.
+  bool has_recurrent_layers() const;
 };
 
 // The description from config.json alone (lm_head assumed untied unless tie_word_embeddings).

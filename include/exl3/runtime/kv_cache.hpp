@@ -73,6 +73,10 @@ class PagedKvCache {
   int64_t prefix_hit_tokens() const { return hit_tokens_; }
 
   int64_t length(SeqId seq) const;  // committed tokens
+  // Changes whenever the sequence's tokens change other than by appending (a new sequence,
+  // clear, truncate, an adopted prefix): state kept beside the cache (a gated DeltaNet layer's)
+  // is valid only for the generation it was computed in.
+  uint64_t generation(SeqId seq) const;
   // Backs positions [0, length + new_tokens) with pages. Throws exl3::Error when the pool has
   // too few free pages (nothing is taken then).
   void reserve(SeqId seq, int64_t new_tokens);
@@ -116,6 +120,7 @@ class PagedKvCache {
     std::vector<int32_t> pages;
     std::vector<int32_t> tokens;   // prefix caching: the committed ids
     std::vector<uint64_t> hashes;  // prefix caching: the chain hash of each full page
+    uint64_t generation = 0;
   };
   // A published page: its chain hash, its parent's, and its tokens (checked on a lookup).
   struct Published {
@@ -153,6 +158,7 @@ class PagedKvCache {
   std::list<int32_t> idle_;  // published pages no sequence holds, least recently released first
   std::vector<std::list<int32_t>::iterator> idle_pos_;  // per page, valid while in idle_
   int64_t hit_tokens_ = 0;
+  uint64_t generations_ = 0;  // the last generation handed out
 };
 
 }  // namespace exl3::runtime

@@ -50,6 +50,10 @@ class DenseMatrix {
   std::vector<std::byte> owned_;
 };
 
+// A float tensor of exactly `shape` (an entry <= 0 takes any size there) read as fp32. Throws
+// exl3::Error naming the tensor.
+std::vector<float> load_float_tensor(const TensorStore& store, const std::string& name,
+                                     std::span<const int64_t> shape);
 // A vector tensor read as fp32 (norm weights, biases, router correction bias). `len` > 0 must
 // match. Throws exl3::Error naming the tensor.
 std::vector<float> load_vector(const TensorStore& store, const std::string& name, int64_t len);

@@ -63,8 +63,8 @@ enum class LinearRole : uint8_t { kLinear, kSharedExpert, kLmHead };
 
 // What the loader does with one linear prefix.
 enum class OverlayAction : uint8_t {
-  kKeep,        // as stored (EXL3, unquantized, or already MXFP8 in the checkpoint)
-  kMxfp8,       // convert the unquantized weight to MXFP8 at load
+  kKeep,   // as stored (EXL3, unquantized, or already MXFP8 in the checkpoint)
+  kMxfp8,  // convert the unquantized weight to MXFP8 at load
 };
 
 struct OverlayDecision {
@@ -75,7 +75,8 @@ struct OverlayDecision {
 // Every linear of `spec` with its decision. Throws on fused groups that disagree.
 class OverlayPlan {
  public:
-  static OverlayPlan build(const OverlayPolicy& policy, const Checkpoint& ckpt, const ModelSpec& spec);
+  static OverlayPlan build(const OverlayPolicy& policy, const Checkpoint& ckpt,
+                           const ModelSpec& spec);
 
   // The decision for `prefix` (kKeep for prefixes the plan does not list).
   OverlayDecision decision(const std::string& prefix) const;
@@ -94,7 +95,7 @@ struct OverlayLayerReport {
   int64_t out = 0, in = 0;
   DType source = DType::kBF16;
   size_t source_bytes = 0, mxfp8_bytes = 0;
-  double rel_l2 = 0.0;   // vs the source (0 when loaded already MXFP8 from the checkpoint)
+  double rel_l2 = 0.0;  // vs the source (0 when loaded already MXFP8 from the checkpoint)
   double max_abs = 0.0;
   bool from_checkpoint = false;
 };

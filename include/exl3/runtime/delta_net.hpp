@@ -1,0 +1,35 @@
+// The gated delta rule of a Gated DeltaNet layer (model::GatedDeltaNetSpec) on the host, in fp32:
+// the reference a device kernel is checked against. One call advances one sequence by n tokens
+// in order, so prefill in chunks and token-by-token decode give the same state as one pass.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "exl3/model/spec.hpp"
+
+namespace exl3::runtime {
+
+// A layer's weights besides its linears, as fp32.
+struct DeltaNetWeights {
+  model::GatedDeltaNetSpec spec;
+  std::vector<float> conv;     // [conv_dim, conv_kernel] (conv1d.weight without its unit dim)
+  std::vector<float> a;        // exp(A_log) [num_v_heads]
+  std::vector<float> dt_bias;  // [num_v_heads]
+  std::vector<float> norm;     // the gated RMSNorm's weight [head_v_dim]
+};
+
+// One sequence's state: S of every value head [num_v_heads, head_k_dim, head_v_dim] and the last
+// conv_kernel - 1 convolution inputs [conv_kernel - 1, conv_dim], oldest first; zero before the
+// first token.
+struct DeltaNetState {
+  std::vector<float> s, conv;
+  explicit DeltaNetState(const model::GatedDeltaNetSpec& spec);
+};
+
+// qkvz [n, qkvz_width] and ba [n, ba_width] (the in_proj outputs) -> out [n, value_dim] (the gated
+// norm's output, before out_proj); `state` advances by the n tokens.
+void delta_net_forward(const DeltaNetWeights& w, DeltaNetState& state, const float* qkvz,
+                       const float* ba, int64_t n, float* out);
+
+}  // namespace exl3::runtime

@@ -1,0 +1,115 @@
+// delta_net_forward (exl3/runtime/delta_net.hpp): transformers' recurrent form of the gated delta
+// rule, token by token; its chunked form is the same sum in another order.
+#include "exl3/runtime/delta_net.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <tbb/parallel_for.h>
+
+namespace exl3::runtime {
+namespace {
+
+float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+float silu(float x) {
+  return x * sigmoid(x);
+}
+// torch.nn.functional.softplus (beta 1, threshold 20).
+float softplus(float x) {
+  return x > 20.0f ? x : std::log1p(std::exp(x));
+}
+// x / sqrt(sum(x^2) + 1e-6), as transformers' l2norm (the FLA library's epsilon).
+void l2norm(float* x, int64_t d) {
+  double ss = 0.0;
+  for (int64_t i = 0; i < d; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const auto inv = static_cast<float>(1.0 / std::sqrt(ss + 1e-6));
+  for (int64_t i = 0; i < d; ++i) x[i] *= inv;
+}
+
+}  // namespace
+
+DeltaNetState::DeltaNetState(const model::GatedDeltaNetSpec& spec)
+    : s(static_cast<size_t>(spec.num_v_heads * spec.head_k_dim * spec.head_v_dim), 0.0f),
+      conv(static_cast<size_t>((spec.conv_kernel - 1) * spec.conv_dim()), 0.0f) {}
+
+void delta_net_forward(const DeltaNetWeights& w, DeltaNetState& state, const float* qkvz,
+                       const float* ba, int64_t n, float* out) {
+  const auto& sp = w.spec;
+  const int64_t nk = sp.num_k_heads, nv = sp.num_v_heads, dk = sp.head_k_dim, dv = sp.head_v_dim;
+  const int64_t r = sp.v_per_k(), kd = sp.key_dim(), cd = sp.conv_dim(), taps = sp.conv_kernel;
+  const int64_t group = 2 * dk + 2 * r * dv;  // one key head's part of in_proj_qkvz
+  std::vector<float> mixed(static_cast<size_t>(cd)), conv_out(static_cast<size_t>(cd));
+  std::vector<float> z(static_cast<size_t>(nv * dv)), beta(static_cast<size_t>(nv)),
+      decay(static_cast<size_t>(nv));
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  for (int64_t t = 0; t < n; ++t) {
+    // [q | k | v] for the convolution, and z, b, a, from the per-key-head interleaved layout.
+    const float* row = qkvz + t * sp.qkvz_width();
+    for (int64_t g = 0; g < nk; ++g) {
+      const float* src = row + g * group;
+      std::copy_n(src, dk, mixed.data() + g * dk);
+      std::copy_n(src + dk, dk, mixed.data() + kd + g * dk);
+      std::copy_n(src + 2 * dk, r * dv, mixed.data() + 2 * kd + g * r * dv);
+      std::copy_n(src + 2 * dk + r * dv, r * dv, z.data() + g * r * dv);
+      for (int64_t j = 0; j < r; ++j) {
+        const int64_t h = g * r + j;
+        const float b = ba[t * sp.ba_width() + g * 2 * r + j];
+        const float a = ba[t * sp.ba_width() + g * 2 * r + r + j];
+        beta[static_cast<size_t>(h)] = sigmoid(b);
+        decay[static_cast<size_t>(h)] = std::exp(-w.a[static_cast<size_t>(h)] *
+                                                 softplus(a + w.dt_bias[static_cast<size_t>(h)]));
+      }
+    }
+    // Causal depthwise convolution over the kept inputs and this one, then SiLU.
+    for (int64_t c = 0; c < cd; ++c) {
+      const float* wc = w.conv.data() + c * taps;
+      float acc = wc[taps - 1] * mixed[static_cast<size_t>(c)];
+      for (int64_t j = 0; j + 1 < taps; ++j)
+        acc += wc[j] * state.conv[static_cast<size_t>(j * cd + c)];
+      conv_out[static_cast<size_t>(c)] = silu(acc);
+    }
+    if (taps > 1) {
+      std::copy(state.conv.begin() + cd, state.conv.end(), state.conv.begin());
+      std::copy(mixed.begin(), mixed.end(), state.conv.end() - cd);
+    }
+    for (int64_t g = 0; g < nk; ++g) {
+      l2norm(conv_out.data() + g * dk, dk);
+      l2norm(conv_out.data() + kd + g * dk, dk);
+      for (int64_t i = 0; i < dk; ++i) conv_out[static_cast<size_t>(g * dk + i)] *= q_scale;
+    }
+    float* o = out + t * nv * dv;
+    tbb::parallel_for(int64_t{0}, nv, [&](int64_t h) {
+      const float* q = conv_out.data() + (h / r) * dk;
+      const float* k = conv_out.data() + kd + (h / r) * dk;
+      const float* v = conv_out.data() + 2 * kd + h * dv;
+      float* s = state.s.data() + h * dk * dv;
+      float* oh = o + h * dv;
+      const float d = decay[static_cast<size_t>(h)], bt = beta[static_cast<size_t>(h)];
+      std::vector<float> delta(static_cast<size_t>(dv), 0.0f);
+      for (int64_t i = 0; i < dk * dv; ++i) s[i] *= d;
+      for (int64_t i = 0; i < dk; ++i)  // S^T k
+        for (int64_t j = 0; j < dv; ++j) delta[static_cast<size_t>(j)] += s[i * dv + j] * k[i];
+      for (int64_t j = 0; j < dv; ++j)
+        delta[static_cast<size_t>(j)] = (v[j] - delta[static_cast<size_t>(j)]) * bt;
+      std::fill_n(oh, dv, 0.0f);
+      for (int64_t i = 0; i < dk; ++i) {
+        for (int64_t j = 0; j < dv; ++j) {
+          s[i * dv + j] += k[i] * delta[static_cast<size_t>(j)];
+          oh[j] += s[i * dv + j] * q[i];
+        }
+      }
+      // The gated RMSNorm over the head: norm first, then the weight, then silu(z).
+      double ms = 0.0;
+      for (int64_t j = 0; j < dv; ++j) ms += static_cast<double>(oh[j]) * oh[j];
+      const auto inv =
+          static_cast<float>(1.0 / std::sqrt(ms / static_cast<double>(dv) + sp.norm_eps));
+      const float* zh = z.data() + h * dv;
+      for (int64_t j = 0; j < dv; ++j)
+        oh[j] = oh[j] * inv * w.norm[static_cast<size_t>(j)] * silu(zh[j]);
+    });
+  }
+}
+
+}  // namespace exl3::runtime
