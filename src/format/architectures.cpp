@@ -6,7 +6,7 @@
 namespace exl3 {
 namespace {
 
-constexpr std::array<ArchitectureInfo, 14> kArchitectures = {{
+constexpr std::array<ArchitectureInfo, 16> kArchitectures = {{
     // arch, HF class, model_type, CLI, moe, shared experts, qk_norm, qkv_bias, mla
     {Architecture::kLlama, "LlamaForCausalLM", "llama", "llama", false, false, false, false, false},
     {Architecture::kMistral, "MistralForCausalLM", "mistral", "mistral", false, false, false, false,
@@ -34,6 +34,11 @@ constexpr std::array<ArchitectureInfo, 14> kArchitectures = {{
     // Qwen3-Next's shared expert is `shared_expert` (singular, gated), which its family names.
     {Architecture::kQwen3Next, "Qwen3NextForCausalLM", "qwen3_next", "qwen3-next", true, false,
      true, false, false},
+    // Qwen3.5 text models: Qwen3-Next's layers with the DeltaNet's input projections split.
+    {Architecture::kQwen3_5, "Qwen3_5ForCausalLM", "qwen3_5_text", "qwen3.5", false, false, true,
+     false, false},
+    {Architecture::kQwen3_5Moe, "Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", "qwen3.5-moe", true,
+     false, true, false, false},
 }};
 
 }  // namespace

@@ -82,17 +82,27 @@ GatedDeltaNetModules load_delta_net(Backend& b, const ModelSpec& model, const Ga
   if (sliced) fail("{}: gated DeltaNet layers have no tensor-parallel slices", s.prefix);
   const int64_t hidden = model.hidden_size;
   GatedDeltaNetModules m;
-  m.qkvz_width = s.qkvz_width();
-  m.ba_width = s.ba_width();
   m.value_dim = s.value_dim();
-  m.qkvz = b.load_linear(whole(s.prefix + ".in_proj_qkvz", hidden, m.qkvz_width));
-  m.ba = b.load_linear(whole(s.prefix + ".in_proj_ba", hidden, m.ba_width));
+  const auto input = [&](const char* name, Slot slot, int64_t width) {
+    m.in.push_back(b.load_linear(whole(s.prefix + "." + name, hidden, width)));
+    m.slots.push_back(slot);
+    m.widths.push_back(width);
+    b.reserve(slot, width);
+  };
+  if (s.split_inputs) {
+    input("in_proj_qkv", Slot::kMixerIn, s.qkv_width());
+    input("in_proj_z", Slot::kMixerZ, s.value_dim());
+    input("in_proj_b", Slot::kMixerGates, s.num_v_heads);
+    input("in_proj_a", Slot::kMixerA, s.num_v_heads);
+  } else {
+    input("in_proj_qkvz", Slot::kMixerIn, s.qkvz_width());
+    input("in_proj_ba", Slot::kMixerGates, s.ba_width());
+  }
   m.out = b.load_linear(whole(s.prefix + ".out_proj", m.value_dim, hidden));
   m.mixer = b.load_gated_delta_net(s, cache_layer);
-  const Module* in[] = {m.qkvz.get(), m.ba.get()};
+  std::vector<const Module*> in;
+  for (const auto& l : m.in) in.push_back(l.get());
   b.reserve_group(in);
-  b.reserve(Slot::kMixerIn, m.qkvz_width);
-  b.reserve(Slot::kMixerGates, m.ba_width);
   b.reserve(Slot::kAttn, m.value_dim);
   return m;
 }
@@ -198,12 +208,15 @@ void gqa_attention(Backend& b, const GqaModules& a, Act h, Act y) {
 
 // y = out_proj(gated norm(delta rule(conv(qkv)), z)) with this layer's recurrent state.
 void delta_net(Backend& b, const GatedDeltaNetModules& a, Act h, Act y) {
-  const Act qkvz = b.act(Slot::kMixerIn, a.qkvz_width), ba = b.act(Slot::kMixerGates, a.ba_width);
-  const Module* in[] = {a.qkvz.get(), a.ba.get()};
-  const Act outs[] = {qkvz, ba};
+  std::vector<const Module*> in;
+  std::vector<Act> outs;
+  for (size_t i = 0; i < a.in.size(); ++i) {
+    in.push_back(a.in[i].get());
+    outs.push_back(b.act(a.slots[i], a.widths[i]));
+  }
   b.linears(in, h, outs);
   const Act core = b.act(Slot::kAttn, a.value_dim);
-  b.gated_delta_net(*a.mixer, qkvz, ba, core);
+  b.gated_delta_net(*a.mixer, outs, core);
   b.linear(*a.out, core, y);
 }
 

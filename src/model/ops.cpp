@@ -13,7 +13,7 @@ ModulePtr Backend::load_gated_delta_net(const GatedDeltaNetSpec& spec, int) {
       spec.prefix);
 }
 
-void Backend::gated_delta_net(const Module&, Act, Act, Act) {
+void Backend::gated_delta_net(const Module&, std::span<const Act>, Act) {
   fail("gated DeltaNet: this backend has no such op");
 }
 

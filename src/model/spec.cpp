@@ -71,7 +71,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
   const bool gemma = arch->arch == Architecture::kGemma3;
   // GptOssConfig's likewise, and Qwen3NextConfig's.
   const bool gpt_oss = arch->arch == Architecture::kGptOss;
-  const bool qwen3_next = arch->arch == Architecture::kQwen3Next;
+  const bool qwen3_next = arch->arch == Architecture::kQwen3Next ||
+                          arch->arch == Architecture::kQwen3_5 ||
+                          arch->arch == Architecture::kQwen3_5Moe;
   s.hidden_size = k.integer("hidden_size");
   s.vocab_size = k.integer("vocab_size");
   const int64_t num_layers = k.integer("num_hidden_layers");
@@ -195,6 +197,12 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
       break;
     case Architecture::kQwen3Next:
       families::describe_qwen3_next(f);
+      break;
+    case Architecture::kQwen3_5:
+      families::describe_qwen3_5(f, false);
+      break;
+    case Architecture::kQwen3_5Moe:
+      families::describe_qwen3_5(f, true);
       break;
   }
   s.lm_head_tied = false;

@@ -125,9 +125,14 @@ const std::set<std::string_view> kAttnProj = {"q_proj", "k_proj", "v_proj", "o_p
 const std::set<std::string_view> kMlaProj = {"q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
                                              "o_proj"};
 const std::set<std::string_view> kMlpProj = {"gate_proj", "up_proj", "down_proj"};
-// A gated DeltaNet layer's quantized projections. in_proj_ba (2 values per value head, feeding
-// the decay and the write strength) stays unquantized: it is a few hundred KiB per layer.
+// A gated DeltaNet layer's quantized projections (Qwen3-Next's; Qwen3.5's split ones). in_proj_ba
+// (Qwen3.5: in_proj_b, in_proj_a), one or two values per value head feeding the decay and the
+// write strength, stays unquantized: a few hundred KiB per layer.
 const std::set<std::string_view> kDeltaNetProj = {"in_proj_qkvz", "out_proj"};
+const std::set<std::string_view> kSplitDeltaNetProj = {"in_proj_qkv", "in_proj_z", "out_proj"};
+const std::set<std::string_view>& delta_net_projections(const model::GatedDeltaNetSpec& d) {
+  return d.split_inputs ? kSplitDeltaNetProj : kDeltaNetProj;
+}
 
 class Planner {
  public:
@@ -187,8 +192,9 @@ std::optional<LinearKey> Planner::parse_linear(const std::string& name) const {
     k.proj = std::string(p[4]);
     return k;
   }
-  if (p.size() == 6 && p[3] == "linear_attn" && kDeltaNetProj.contains(p[4]) &&
-      delta_net_of(k.layer) != nullptr) {
+  if (const model::GatedDeltaNetSpec* d = delta_net_of(k.layer);
+      d != nullptr && p.size() == 6 && p[3] == "linear_attn" &&
+      delta_net_projections(*d).contains(p[4])) {
     k.proj = std::string(p[4]);
     k.delta_net = true;
     return k;
@@ -444,10 +450,15 @@ void Planner::check_structure() const {
     std::vector<std::string_view> projections(kAttnProj.begin(), kAttnProj.end());
     std::string attn_part = "self_attn.";
     if (const model::GatedDeltaNetSpec* d = delta_net_of(l)) {
-      projections.assign(kDeltaNetProj.begin(), kDeltaNetProj.end());
+      projections.assign(delta_net_projections(*d).begin(), delta_net_projections(*d).end());
       attn_part = "linear_attn.";
-      for (const char* t :
-           {"in_proj_ba.weight", "conv1d.weight", "A_log", "dt_bias", "norm.weight"})
+      std::vector<std::string> kept = {"conv1d.weight", "A_log", "dt_bias", "norm.weight"};
+      if (d->split_inputs) {
+        kept.insert(kept.end(), {"in_proj_b.weight", "in_proj_a.weight"});
+      } else {
+        kept.push_back("in_proj_ba.weight");
+      }
+      for (const auto& t : kept)
         if (!store_.contains(d->prefix + "." + t)) missing(d->prefix + "." + t);
     } else if (const auto* mla = std::get_if<model::MlaAttentionSpec>(
                    &spec_.layers.at(static_cast<size_t>(l)).attention)) {

@@ -690,7 +690,7 @@ void CpuBackend::mla_attention(const Module& attn, Act h, Act q_resid, Act q, Ac
   });
 }
 
-void CpuBackend::gated_delta_net(const Module& mixer, Act qkvz, Act ba, Act out) {
+void CpuBackend::gated_delta_net(const Module& mixer, std::span<const Act> in, Act out) {
   const auto& d = static_cast<const CpuDeltaNet&>(mixer);
   const uint64_t generation = step_.cache->generation(step_.seq);
   auto it = d.seqs.find(step_.seq);
@@ -709,8 +709,15 @@ void CpuBackend::gated_delta_net(const Module& mixer, Act qkvz, Act ba, Act out)
             ? std::string("belongs to other tokens")
             : fmt::format("holds {} tokens", it->second.length));
   }
-  delta_net_forward(d.w, it->second.state, qkvz.data, ba.data, qkvz.rows, out.data);
-  it->second.length += qkvz.rows;
+  const size_t want = d.w.spec.split_inputs ? 4 : 2;
+  if (in.size() != want) {
+    fail("{}: {} input projections, expected {}", d.w.spec.prefix, in.size(), want);
+  }
+  DeltaNetInputs x;
+  x.n = out.rows;
+  for (size_t i = 0; i < want; ++i) x.p[i] = in[i].data;
+  delta_net_forward(d.w, it->second.state, x, out.data);
+  it->second.length += out.rows;
 }
 
 void CpuBackend::split_query_gate(Act qg, int64_t head_dim, Act q, Act gate) {

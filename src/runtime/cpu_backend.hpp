@@ -103,7 +103,7 @@ class CpuBackend final : public model::Backend {
                  model::Act out) override;
   void mla_attention(const model::Module& attn, model::Act h, model::Act q_resid, model::Act q,
                      model::Act kv_a, model::Act out) override;
-  void gated_delta_net(const model::Module& mixer, model::Act qkvz, model::Act ba,
+  void gated_delta_net(const model::Module& mixer, std::span<const model::Act> in,
                        model::Act out) override;
   void split_query_gate(model::Act qg, int64_t head_dim, model::Act q, model::Act gate) override;
   void sigmoid_gate(model::Act y, model::Act gate) override;

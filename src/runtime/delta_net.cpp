@@ -34,8 +34,9 @@ DeltaNetState::DeltaNetState(const model::GatedDeltaNetSpec& spec)
     : s(static_cast<size_t>(spec.num_v_heads * spec.head_k_dim * spec.head_v_dim), 0.0f),
       conv(static_cast<size_t>((spec.conv_kernel - 1) * spec.conv_dim()), 0.0f) {}
 
-void delta_net_forward(const DeltaNetWeights& w, DeltaNetState& state, const float* qkvz,
-                       const float* ba, int64_t n, float* out) {
+void delta_net_forward(const DeltaNetWeights& w, DeltaNetState& state, const DeltaNetInputs& in,
+                       float* out) {
+  const int64_t n = in.n;
   const auto& sp = w.spec;
   const int64_t nk = sp.num_k_heads, nv = sp.num_v_heads, dk = sp.head_k_dim, dv = sp.head_v_dim;
   const int64_t r = sp.v_per_k(), kd = sp.key_dim(), cd = sp.conv_dim(), taps = sp.conv_kernel;
@@ -45,9 +46,20 @@ void delta_net_forward(const DeltaNetWeights& w, DeltaNetState& state, const flo
       decay(static_cast<size_t>(nv));
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   for (int64_t t = 0; t < n; ++t) {
-    // [q | k | v] for the convolution, and z, b, a, from the per-key-head interleaved layout.
-    const float* row = qkvz + t * sp.qkvz_width();
-    for (int64_t g = 0; g < nk; ++g) {
+    // [q | k | v] for the convolution, and z, b, a: as projected (split_inputs), or from the
+    // per-key-head interleaved layout.
+    if (sp.split_inputs) {
+      std::copy_n(in.p[0] + t * cd, cd, mixed.data());
+      std::copy_n(in.p[1] + t * nv * dv, nv * dv, z.data());
+      for (int64_t h = 0; h < nv; ++h) {
+        const auto hs = static_cast<size_t>(h);
+        beta[hs] = sigmoid(in.p[2][t * nv + h]);
+        decay[hs] = std::exp(-w.a[hs] * softplus(in.p[3][t * nv + h] + w.dt_bias[hs]));
+      }
+    }
+    const float* row = in.p[0] + t * sp.qkvz_width();
+    const float* ba = in.p[1];
+    for (int64_t g = 0; !sp.split_inputs && g < nk; ++g) {
       const float* src = row + g * group;
       std::copy_n(src, dk, mixed.data() + g * dk);
       std::copy_n(src + dk, dk, mixed.data() + kd + g * dk);

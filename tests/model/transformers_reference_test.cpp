@@ -31,6 +31,9 @@
 //                      rotary, (1 + w) q/k norms), experts with a sigmoid-gated shared expert and
 //                      one dense layer, 80 positions (more than one 64-token chunk of transformers'
 //                      chunked delta rule; transformers 5.25, CPU torch)
+//   qwen3_5_moe        Qwen3_5MoeForCausalLM: the same layers with the DeltaNet's four split input
+//   qwen3_5            projections, Qwen3-VL's multimodal RoPE sections (plain RoPE for text); MoE
+//                      in every layer / Qwen3_5ForCausalLM's dense MLPs (same script)
 // The first two were made on the device, the others with CPU torch (same transformers 5.17).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -474,14 +477,16 @@ TEST(MiniMaxM2, DescribedAndEveryTraitChangesTheResult) {
 
 // Qwen3-Next: the hybrid stack against transformers, the recurrent state carried through
 // chunked prefill and decode, and what it cannot do (rewind, cached prefixes, TP) refused.
-TEST(Qwen3Next, MatchesTransformersAndCarriesItsState) {
-  const auto dir = data_dir("qwen3_next");
+class Hybrid : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Hybrid, MatchesTransformersAndCarriesItsState) {
+  const auto dir = data_dir(GetParam());
   const auto ref = load_reference(dir);
   auto engine = rt::load_engine(dir);
   const auto got = rt::forward_logits(*engine, ref.ids);
   ASSERT_EQ(got.size(), ref.logits.size());
   const double err = exl3::test::rel_l2(got, ref.logits);
-  std::printf("qwen3_next: fp32 CPU engine vs transformers rel-L2 %.3e\n", err);
+  std::printf("%s: fp32 CPU engine vs transformers rel-L2 %.3e\n", GetParam(), err);
   EXPECT_LE(err, 1e-5);
   for (size_t t = 0; t < ref.ids.size(); ++t) {
     const std::vector<double> g(got.begin() + static_cast<std::ptrdiff_t>(t * ref.vocab),
@@ -526,6 +531,50 @@ TEST(Qwen3Next, MatchesTransformersAndCarriesItsState) {
   cached.prefix_cache = true;
   EXPECT_THAT(rt::test::error_of([&] { (void)rt::load_engine(dir, cached); }),
               HasSubstr("prefix caching cannot serve a model with gated DeltaNet layers"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Model, Hybrid, ::testing::Values("qwen3_next", "qwen3_5_moe", "qwen3_5"));
+
+// Qwen3.5: the DeltaNet's split projections, MoE in every layer (or dense MLPs), the multimodal
+// RoPE's sections read as the plain RoPE they are for text.
+TEST(Qwen3_5, DescribedWithSplitProjections) {
+  for (const char* name : {"qwen3_5_moe", "qwen3_5"}) {
+    const ModelSpec s = describe_model(Checkpoint::open(data_dir(name)));
+    const bool moe = std::string(name) == "qwen3_5_moe";
+    EXPECT_EQ(s.architecture, moe ? Architecture::kQwen3_5Moe : Architecture::kQwen3_5);
+    EXPECT_TRUE(s.norm_unit_offset);
+    for (const auto& l : s.layers) {
+      if (const auto* d = std::get_if<GatedDeltaNetSpec>(&l.attention)) {
+        EXPECT_TRUE(d->split_inputs);
+        EXPECT_EQ(d->qkv_width(), 256);
+      } else {
+        const auto& a = std::get<GqaAttentionSpec>(l.attention);
+        EXPECT_TRUE(a.output_gate);
+        EXPECT_EQ(a.rope.rotary_dim, 8);
+      }
+      if (moe) {
+        const auto& m = std::get<MoeSpec>(l.mlp);
+        EXPECT_TRUE(m.renormalize);
+        EXPECT_EQ(m.shared_gate, "shared_expert_gate");
+      } else {
+        EXPECT_EQ(std::get<DenseMlpSpec>(l.mlp).intermediate, 192);
+      }
+    }
+  }
+  const std::pair<const char*, std::function<void(const std::string&, std::vector<float>&)>>
+      tensor_edits[] = {
+          {"b and a negated",  // read by name from their own projections
+           [](const std::string& n, std::vector<float>& v) {
+             if (n.ends_with("in_proj_b.weight") || n.ends_with("in_proj_a.weight"))
+               for (float& x : v) x = -x;
+           }},
+      };
+  for (const auto& [what, edit] : tensor_edits) {
+    const double err = moved_from_reference(
+        "qwen3_5_moe", [](nlohmann::json&) {}, edit);
+    std::printf("qwen3_5_moe with %s: rel-L2 %.3e from the reference\n", what, err);
+    EXPECT_GT(err, 1e-3) << what;
+  }
 }
 
 TEST(Qwen3Next, DescribedAndEveryTraitChangesTheResult) {

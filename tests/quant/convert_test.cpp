@@ -638,6 +638,33 @@ TEST(Convert, Qwen3NextHybrid) {
   EXPECT_LE(err, 0.45);
 }
 
+// Qwen3.5: the split DeltaNet projections in_proj_qkv / in_proj_z become EXL3 linears, in_proj_b
+// and in_proj_a are copied through.
+TEST(Convert, Qwen3_5MoeSplitProjections) {
+  if (exl3::test::quant_fast_mode()) {
+    GTEST_SKIP() << "fast mode (sanitizers / EXL3_TEST_FAST): too slow under instrumentation";
+  }
+  const fs::path src = fs::path(EXL3_SOURCE_DIR) / "tests" / "model" / "data" / "qwen3_5_moe";
+  TempDir tmp;
+  q::ConvertOptions o = fast_options(6.0, exl3::test::test_seed());
+  o.head_bits = 6;
+  const auto r = q::convert_model(src, tmp / "out", o);
+  EXPECT_EQ(r.architecture, "Qwen3_5MoeForCausalLM");
+  const auto ckpt = exl3::Checkpoint::open(tmp / "out");
+  for (const int l : {0, 2, 3}) {
+    const std::string p = fmt::format("model.layers.{}.linear_attn.", l);
+    for (const char* proj : {"in_proj_qkv", "in_proj_z", "out_proj"}) {
+      ASSERT_NE(ckpt.find_linear(p + proj), nullptr) << p + proj;
+      EXPECT_LT(rel_rms(ckpt, p + proj, src, p + proj + ".weight"), 0.04) << p + proj;
+    }
+    for (const char* kept : {"in_proj_b.weight", "in_proj_a.weight", "conv1d.weight"})
+      EXPECT_NE(ckpt.store().find(p + kept), nullptr) << p + kept;
+  }
+  const double err = rel_l2_to_reference(tmp / "out", src);
+  std::printf("qwen3.5-moe K6 vs transformers: rel-L2 %.3f\n", err);
+  EXPECT_LE(err, 0.45);
+}
+
 // gpt-oss experts whose width is not a multiple of 128 (the released models have 2880 channels)
 // convert into padded EXL3 linears, which the runtime runs as any padded linear: the gpt_oss
 // fixture cut to 96 expert channels (and then 96 hidden channels too), converted at 4 bits, stays

@@ -25,7 +25,9 @@ enum class Architecture : uint8_t {
   kGemma3,
   kGptOss,
   kMiniMaxM2,
-  kQwen3Next
+  kQwen3Next,
+  kQwen3_5,
+  kQwen3_5Moe
 };
 
 struct ArchitectureInfo {

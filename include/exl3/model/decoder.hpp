@@ -47,8 +47,12 @@ struct MlaModules {
 };
 
 struct GatedDeltaNetModules {
-  int64_t qkvz_width = 0, ba_width = 0, value_dim = 0;
-  ModulePtr qkvz, ba, mixer, out;
+  int64_t value_dim = 0;
+  // The input projections (qkvz, ba; or Qwen3.5's qkv, z, b, a), their slots and widths.
+  std::vector<ModulePtr> in;
+  std::vector<Slot> slots;
+  std::vector<int64_t> widths;
+  ModulePtr mixer, out;
 };
 
 struct DenseMlpModules {

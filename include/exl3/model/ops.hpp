@@ -73,8 +73,10 @@ enum class Slot : uint8_t {
   kKNormed,     // q and k after a q/k norm across all heads (QkNorm::kAcrossHeads)
   kQueryGate,   // q_proj's output with an output gate: [query, gate] per head
   kOutputGate,  // that gate, de-interleaved; the shared expert's gate logit
-  kMixerIn,     // gated DeltaNet: in_proj_qkvz's output
-  kMixerGates,  // in_proj_ba's output
+  kMixerIn,     // gated DeltaNet: in_proj_qkvz's output (Qwen3.5: in_proj_qkv's)
+  kMixerGates,  // in_proj_ba's output (Qwen3.5: in_proj_b's)
+  kMixerZ,      // Qwen3.5: in_proj_z's output
+  kMixerA,      // Qwen3.5: in_proj_a's output
   kCount
 };
 
@@ -140,9 +142,10 @@ class Backend {
   // layer's input h and the normed q LoRA latent q_resid feed the indexer, and attention reads only
   // the positions it selects (a shared layer: the last selection of this step).
   virtual void mla_attention(const Module& attn, Act h, Act q_resid, Act q, Act kv_a, Act out) = 0;
-  // Gated DeltaNet: qkvz and ba (in_proj_qkvz / in_proj_ba outputs) -> out [n, value_dim] (the
-  // gated norm's output, before out_proj), advancing the step's sequence's recurrent state.
-  virtual void gated_delta_net(const Module& mixer, Act qkvz, Act ba, Act out);
+  // Gated DeltaNet: the input projections' outputs (in_proj_qkvz, in_proj_ba; or Qwen3.5's
+  // in_proj_qkv, _z, _b, _a) -> out [n, value_dim] (the gated norm's output, before out_proj),
+  // advancing the step's sequence's recurrent state.
+  virtual void gated_delta_net(const Module& mixer, std::span<const Act> in, Act out);
   // q and gate from q_proj's output with an output gate: qg [n, heads * 2 * head_dim], per head
   // [query, gate] -> q, gate [n, heads * head_dim].
   virtual void split_query_gate(Act qg, int64_t head_dim, Act q, Act gate);

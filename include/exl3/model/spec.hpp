@@ -32,6 +32,8 @@
 //   Qwen3NextForCausalLM hybrid: gated DeltaNet layers (linear_attention, a recurrent state per
 //                        sequence) and gated full-attention layers (layer_types), (1 + w)
 //                        RMSNorms, Qwen3-MoE's router with a sigmoid-gated shared expert
+//   Qwen3_5ForCausalLM   Qwen3.5 text: Qwen3-Next's layers with the DeltaNet's inputs from four
+//   Qwen3_5MoeForCausalLM  projections (in_proj_qkv, _z, _b, _a); dense MLPs, or MoE in every layer
 //
 // Anything else fails with an exl3::Error that names config.json and the key at fault: the
 // runtime never runs a model it would compute differently from its reference.
@@ -136,7 +138,9 @@ struct MlaAttentionSpec {
 //   decay = exp(-exp(A_log) * softplus(a + dt_bias)), beta = sigmoid(b)
 //   S = decay * S;  S += k (beta * (v - S^T k))^T;  o = S^T q          (S: [dk, dv])
 // then o is RMS-normed over dv (eps rms_norm_eps, weight `norm`, not offset), times silu(z), and
-// out_proj maps the value heads back to hidden. The state per sequence is S for every value head
+// out_proj maps the value heads back to hidden. Qwen3.5 (split_inputs) computes the same from four
+// projections: in_proj_qkv ([all q | all k | all v]), in_proj_z, in_proj_b and in_proj_a (one value
+// per value head each). The state per sequence is S for every value head
 // plus the last conv_kernel - 1 inputs of the convolution.
 struct GatedDeltaNetSpec {
   std::string prefix;  // "model.layers.0.linear_attn"
@@ -144,12 +148,14 @@ struct GatedDeltaNetSpec {
   int64_t head_k_dim = 0, head_v_dim = 0;
   int64_t conv_kernel = 0;
   double norm_eps = 0.0;
+  bool split_inputs = false;  // Qwen3.5's four input projections instead of qkvz / ba
 
   int64_t key_dim() const { return num_k_heads * head_k_dim; }
   int64_t value_dim() const { return num_v_heads * head_v_dim; }
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
   int64_t qkvz_width() const { return 2 * key_dim() + 2 * value_dim(); }
   int64_t ba_width() const { return 2 * num_v_heads; }
+  int64_t qkv_width() const { return conv_dim(); }  // split_inputs: in_proj_qkv's outputs
   int64_t v_per_k() const { return num_v_heads / num_k_heads; }
   // floats of one sequence's state: S of every value head, then the convolution's window
   int64_t state_floats() const {

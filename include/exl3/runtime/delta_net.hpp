@@ -27,9 +27,16 @@ struct DeltaNetState {
   explicit DeltaNetState(const model::GatedDeltaNetSpec& spec);
 };
 
-// qkvz [n, qkvz_width] and ba [n, ba_width] (the in_proj outputs) -> out [n, value_dim] (the gated
-// norm's output, before out_proj); `state` advances by the n tokens.
-void delta_net_forward(const DeltaNetWeights& w, DeltaNetState& state, const float* qkvz,
-                       const float* ba, int64_t n, float* out);
+// The input projections' outputs for n tokens: qkvz [n, qkvz_width] and ba [n, ba_width]; or with
+// split_inputs qkv [n, conv_dim], z [n, value_dim], b [n, num_v_heads] and a [n, num_v_heads].
+struct DeltaNetInputs {
+  int64_t n = 0;
+  const float* p[4] = {};  // qkvz, ba; or qkv, z, b, a
+};
+
+// -> out [n, value_dim] (the gated norm's output, before out_proj); `state` advances by the n
+// tokens.
+void delta_net_forward(const DeltaNetWeights& w, DeltaNetState& state, const DeltaNetInputs& in,
+                       float* out);
 
 }  // namespace exl3::runtime

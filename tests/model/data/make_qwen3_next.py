@@ -1,10 +1,10 @@
-"""A tiny random Qwen3-Next checkpoint and transformers' logits.
+"""Tiny random Qwen3-Next and Qwen3.5 text checkpoints and transformers' logits.
 
 Run where torch and transformers are installed (transformers 5.25, CPU torch):
     python3 make_qwen3_next.py OUT
-Writes OUT/qwen3_next/: config.json, model.safetensors (bf16, from save_pretrained) and
-reference_logits.safetensors (`ids`, `logits` float64 from Qwen3NextForCausalLM loaded in float64
-with eager attention and experts).
+Writes OUT/qwen3_next/, OUT/qwen3_5_moe/ and OUT/qwen3_5/: config.json, model.safetensors (bf16,
+from save_pretrained) and reference_logits.safetensors (`ids`, `logits` float64 from the model
+loaded in float64 with eager attention and experts).
 
 The config exercises every Qwen3-Next trait: gated DeltaNet layers (linear_attention) around one
 gated full-attention layer; 2 key heads serving 4 value heads (each q/k head feeds two value heads);
@@ -15,6 +15,11 @@ so `exl3 quantize` converts it (EXL3 experts are stored unpadded). The 80 refere
 positions are more than one 64-token chunk of transformers' chunked delta rule. Decays are drawn
 so the recurrent state keeps a memory over tens of tokens (A = exp(A_log) in [0.02, 0.5]).
 
+Qwen3.5 (Qwen3_5MoeForCausalLM, Qwen3_5ForCausalLM) is the same stack with the DeltaNet's inputs
+from four projections (in_proj_qkv, _z, _b, _a) and Qwen3-VL's interleaved multimodal RoPE
+(mrope_section), which for text is plain RoPE; the MoE model has experts in every layer, the dense
+one SwiGLU MLPs.
+
 transformers computes the delta rule itself in float32 whatever the model's dtype, so the
 reference is float32-exact there and float64 elsewhere.
 """
@@ -23,7 +28,8 @@ import sys
 
 import torch
 from safetensors.numpy import save_file
-from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+from transformers import (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig,
+                          Qwen3_5TextConfig, Qwen3NextConfig, Qwen3NextForCausalLM)
 
 
 def randomize(model):
@@ -47,28 +53,29 @@ def randomize(model):
             p.copy_(p.to(torch.bfloat16).to(p.dtype))
 
 
-def main():
-    d = os.path.join(sys.argv[1], "qwen3_next")
-    cfg = Qwen3NextConfig(
-        vocab_size=256, hidden_size=128, intermediate_size=192, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        layer_types=["linear_attention", "full_attention", "linear_attention",
-                     "linear_attention"],
-        linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
-        linear_num_key_heads=2, linear_num_value_heads=4, num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=128, shared_expert_intermediate_size=96, decoder_sparse_step=1,
-        mlp_only_layers=[2], norm_topk_prob=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "partial_rotary_factor": 0.25},
-        max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    cfg.architectures = ["Qwen3NextForCausalLM"]
-    torch.manual_seed(6000)
-    model = Qwen3NextForCausalLM(cfg)
+LAYERS = dict(
+    vocab_size=256, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+    linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
+    linear_num_key_heads=2, linear_num_value_heads=4, max_position_embeddings=256,
+    rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
+           shared_expert_intermediate_size=96)
+MROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+         "mrope_section": [2, 1, 1], "mrope_interleaved": True}
+
+
+def make(out, name, config_cls, model_cls, seed, **extra):
+    d = os.path.join(out, name)
+    cfg = config_cls(**{**LAYERS, **extra})
+    cfg.architectures = [model_cls.__name__]
+    torch.manual_seed(seed)  # before the model: its init draws from the same stream
+    model = model_cls(cfg)
     randomize(model)
     model.to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
 
-    ref, info = Qwen3NextForCausalLM.from_pretrained(
+    ref, info = model_cls.from_pretrained(
         d, dtype=torch.float64, output_loading_info=True, attn_implementation="eager",
         experts_implementation="eager")
     bad = {key: val for key, val in info.items() if val}
@@ -80,6 +87,18 @@ def main():
     save_file({"ids": ids.numpy(), "logits": logits},
               os.path.join(d, "reference_logits.safetensors"))
     print(d, "logits", logits.shape, "argmax", logits.argmax(-1)[:8].tolist())
+
+
+def main():
+    out = sys.argv[1]
+    make(out, "qwen3_next", Qwen3NextConfig, Qwen3NextForCausalLM, 6000, **MOE,
+         intermediate_size=192, decoder_sparse_step=1, mlp_only_layers=[2], norm_topk_prob=True,
+         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                          "partial_rotary_factor": 0.25})
+    make(out, "qwen3_5_moe", Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM, 6001, **MOE,
+         rope_parameters=MROPE)
+    make(out, "qwen3_5", Qwen3_5TextConfig, Qwen3_5ForCausalLM, 6002, intermediate_size=192,
+         rope_parameters=MROPE)
 
 
 if __name__ == "__main__":
