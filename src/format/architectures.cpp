@@ -6,7 +6,7 @@
 namespace exl3 {
 namespace {
 
-constexpr std::array<ArchitectureInfo, 16> kArchitectures = {{
+constexpr std::array<ArchitectureInfo, 17> kArchitectures = {{
     // arch, HF class, model_type, CLI, moe, shared experts, qk_norm, qkv_bias, mla
     {Architecture::kLlama, "LlamaForCausalLM", "llama", "llama", false, false, false, false, false},
     {Architecture::kMistral, "MistralForCausalLM", "mistral", "mistral", false, false, false, false,
@@ -39,6 +39,10 @@ constexpr std::array<ArchitectureInfo, 16> kArchitectures = {{
      false, false},
     {Architecture::kQwen3_5Moe, "Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", "qwen3.5-moe", true,
      false, true, false, false},
+    // Kimi-Linear: MLA in its full-attention layers only, so `mla` (every layer) is false; its
+    // family names the MLP block (block_sparse_moe) and the per-layer attention kinds.
+    {Architecture::kKimiLinear, "KimiLinearForCausalLM", "kimi_linear", "kimi-linear", true, true,
+     false, false, false},
 }};
 
 }  // namespace

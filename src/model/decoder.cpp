@@ -89,7 +89,20 @@ GatedDeltaNetModules load_delta_net(Backend& b, const ModelSpec& model, const Ga
     m.widths.push_back(width);
     b.reserve(slot, width);
   };
-  if (s.split_inputs) {
+  if (s.kimi) {
+    // q, k, v, b read h; f and g are two-step (f_a -> f_b, g_a -> g_b), their first steps here.
+    input("q_proj", Slot::kQ, s.key_dim());
+    input("k_proj", Slot::kK, s.key_dim());
+    input("v_proj", Slot::kV, s.value_dim());
+    input("b_proj", Slot::kMixerGates, s.num_v_heads);
+    input("f_a_proj", Slot::kLatentQ, s.head_k_dim);
+    input("g_a_proj", Slot::kLatentKv, s.head_k_dim);
+    m.f_b = b.load_linear(whole(s.prefix + ".f_b_proj", s.head_k_dim, s.key_dim()));
+    m.f_b_width = s.key_dim();
+    m.g_b = b.load_linear(whole(s.prefix + ".g_b_proj", s.head_k_dim, s.value_dim()));
+    b.reserve(Slot::kMixerA, s.key_dim());
+    b.reserve(Slot::kMixerZ, s.value_dim());
+  } else if (s.split_inputs) {
     input("in_proj_qkv", Slot::kMixerIn, s.qkv_width());
     input("in_proj_z", Slot::kMixerZ, s.value_dim());
     input("in_proj_b", Slot::kMixerGates, s.num_v_heads);
@@ -98,7 +111,7 @@ GatedDeltaNetModules load_delta_net(Backend& b, const ModelSpec& model, const Ga
     input("in_proj_qkvz", Slot::kMixerIn, s.qkvz_width());
     input("in_proj_ba", Slot::kMixerGates, s.ba_width());
   }
-  m.out = b.load_linear(whole(s.prefix + ".out_proj", m.value_dim, hidden));
+  m.out = b.load_linear(whole(s.prefix + (s.kimi ? ".o_proj" : ".out_proj"), m.value_dim, hidden));
   m.mixer = b.load_gated_delta_net(s, cache_layer);
   std::vector<const Module*> in;
   for (const auto& l : m.in) in.push_back(l.get());
@@ -215,6 +228,13 @@ void delta_net(Backend& b, const GatedDeltaNetModules& a, Act h, Act y) {
     outs.push_back(b.act(a.slots[i], a.widths[i]));
   }
   b.linears(in, h, outs);
+  if (a.f_b) {  // KDA: [q, k, v, b, f_a(h), g_a(h)] -> [q, k, v, b, f, g]
+    const Act f = b.act(Slot::kMixerA, a.f_b_width), g = b.act(Slot::kMixerZ, a.value_dim);
+    b.linear(*a.f_b, outs[4], f);
+    b.linear(*a.g_b, outs[5], g);
+    outs[4] = f;
+    outs[5] = g;
+  }
   const Act core = b.act(Slot::kAttn, a.value_dim);
   b.gated_delta_net(*a.mixer, outs, core);
   b.linear(*a.out, core, y);

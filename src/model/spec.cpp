@@ -119,9 +119,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
   }
   // The DSA families name their attention kind in layer_types, Gemma its sliding layers; they
   // check the entries.
-  const bool own_layer_types = gemma || gpt_oss || qwen3_next ||
-                               arch->arch == Architecture::kGlmMoeDsa ||
-                               arch->arch == Architecture::kDeepseekV32;
+  const bool own_layer_types =
+      gemma || gpt_oss || qwen3_next || arch->arch == Architecture::kKimiLinear ||
+      arch->arch == Architecture::kGlmMoeDsa || arch->arch == Architecture::kDeepseekV32;
   if (const json* lt = own_layer_types ? nullptr : k.get("layer_types")) {
     if (!lt->is_array()) fail("{}: key 'layer_types': expected a list of strings", label);
     for (const auto& t : *lt) {
@@ -203,6 +203,9 @@ ModelSpec describe_model(const ModelConfig& config, const std::string& label) {
       break;
     case Architecture::kQwen3_5Moe:
       families::describe_qwen3_5(f, true);
+      break;
+    case Architecture::kKimiLinear:
+      families::describe_kimi_linear(f);
       break;
   }
   s.lm_head_tied = false;

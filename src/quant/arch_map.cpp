@@ -153,6 +153,10 @@ class Planner {
   const model::MoeSpec* moe_of(int l) const;
   // Layer l's gated DeltaNet description, or nullptr when its attention is softmax attention.
   const model::GatedDeltaNetSpec* delta_net_of(int l) const;
+  // Whether layer l's attention is MLA (the architecture's flag past the decoder: MTP layers).
+  bool layer_is_mla(int l) const;
+  // The name of layer l's MLP block under model.layers.l ("mlp", "block_sparse_moe").
+  std::string_view mlp_block(int l) const;
   void add_linear(const LinearKey& key, const TensorRef& w);
   // transformers' fused experts of MoE layer l (gpt-oss), as one linear per expert and projection.
   void add_fused_experts(int l, const model::MoeSpec& m);
@@ -188,7 +192,7 @@ std::optional<LinearKey> Planner::parse_linear(const std::string& name) const {
   k.layer = parse_index(p[2]);
   if (k.layer < 0) return std::nullopt;
   if (p.size() == 6 && p[3] == "self_attn" &&
-      (arch_.mla ? kMlaProj.contains(p[4]) : kAttnProj.contains(p[4]))) {
+      (layer_is_mla(k.layer) ? kMlaProj.contains(p[4]) : kAttnProj.contains(p[4]))) {
     k.proj = std::string(p[4]);
     return k;
   }
@@ -212,7 +216,7 @@ std::optional<LinearKey> Planner::parse_linear(const std::string& name) const {
     }
     return std::nullopt;
   }
-  if (p[3] != "mlp") return std::nullopt;
+  if (p[3] != mlp_block(k.layer)) return std::nullopt;
   if (p.size() == 6 && kMlpProj.contains(p[4])) {
     k.proj = std::string(p[4]);
     return k;
@@ -430,6 +434,20 @@ const model::MoeSpec* Planner::moe_of(int l) const {
   return std::get_if<model::MoeSpec>(&spec_.layers[static_cast<size_t>(l)].mlp);
 }
 
+bool Planner::layer_is_mla(int l) const {
+  if (l < 0 || static_cast<size_t>(l) >= spec_.layers.size()) return arch_.mla;
+  return std::holds_alternative<model::MlaAttentionSpec>(
+      spec_.layers[static_cast<size_t>(l)].attention);
+}
+
+std::string_view Planner::mlp_block(int l) const {
+  if (l < 0 || static_cast<size_t>(l) >= spec_.layers.size()) return "mlp";
+  const auto& layer = spec_.layers[static_cast<size_t>(l)];
+  if (const auto* m = std::get_if<model::MoeSpec>(&layer.mlp)) return m->block;
+  const std::string& prefix = std::get<model::DenseMlpSpec>(layer.mlp).prefix;
+  return std::string_view(prefix).substr(layer.prefix.size() + 1);
+}
+
 const model::GatedDeltaNetSpec* Planner::delta_net_of(int l) const {
   if (l < 0 || static_cast<size_t>(l) >= spec_.layers.size()) return nullptr;
   return std::get_if<model::GatedDeltaNetSpec>(&spec_.layers[static_cast<size_t>(l)].attention);
@@ -449,7 +467,14 @@ void Planner::check_structure() const {
     const std::string lp = fmt::format("model.layers.{}.", l);
     std::vector<std::string_view> projections(kAttnProj.begin(), kAttnProj.end());
     std::string attn_part = "self_attn.";
-    if (const model::GatedDeltaNetSpec* d = delta_net_of(l)) {
+    if (const model::GatedDeltaNetSpec* d = delta_net_of(l); d != nullptr && d->kimi) {
+      // KDA: q/k/v/o_proj quantized like attention's; its convolutions, gates and norm kept.
+      for (const char* t : {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight", "A_log",
+                            "dt_bias", "b_proj.weight", "f_a_proj.weight", "f_b_proj.weight",
+                            "g_a_proj.weight", "g_b_proj.weight", "o_norm.weight"}) {
+        if (!store_.contains(d->prefix + "." + t)) missing(d->prefix + "." + t);
+      }
+    } else if (d != nullptr) {
       projections.assign(delta_net_projections(*d).begin(), delta_net_projections(*d).end());
       attn_part = "linear_attn.";
       std::vector<std::string> kept = {"conv1d.weight", "A_log", "dt_bias", "norm.weight"};
@@ -484,7 +509,7 @@ void Planner::check_structure() const {
       }
       for (const auto& p : kMlpProj) {
         if (!dense_.contains(l) || !dense_.at(l).contains(std::string(p))) {
-          missing(lp + "mlp." + std::string(p) + ".weight");
+          missing(lp + std::string(mlp_block(l)) + "." + std::string(p) + ".weight");
         }
       }
       continue;

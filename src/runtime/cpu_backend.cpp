@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -315,12 +316,25 @@ ModulePtr CpuBackend::load_gated_delta_net(const model::GatedDeltaNetSpec& s, in
   auto d = std::make_unique<CpuDeltaNet>();
   const TensorStore& store = ckpt_.store();
   d->w.spec = s;
-  const int64_t conv_shape[] = {s.conv_dim(), 1, s.conv_kernel};  // depthwise: one input each
-  d->w.conv = load_float_tensor(store, s.prefix + ".conv1d.weight", conv_shape);
-  d->w.a = load_vector(store, s.prefix + ".A_log", s.num_v_heads);
+  if (s.kimi) {  // three convolutions, one per input; A_log [1, 1, heads, 1]
+    for (const char* part : {"q", "k", "v"}) {
+      const int64_t shape[] = {std::string_view(part) == "v" ? s.value_dim() : s.key_dim(), 1,
+                               s.conv_kernel};
+      const auto w = load_float_tensor(store, s.prefix + "." + part + "_conv1d.weight", shape);
+      d->w.conv.insert(d->w.conv.end(), w.begin(), w.end());
+    }
+    const int64_t a_shape[] = {1, 1, s.num_v_heads, 1};
+    d->w.a = load_float_tensor(store, s.prefix + ".A_log", a_shape);
+    d->w.dt_bias = load_vector(store, s.prefix + ".dt_bias", s.key_dim());
+    d->w.norm = load_vector(store, s.prefix + ".o_norm.weight", s.head_v_dim);
+  } else {
+    const int64_t conv_shape[] = {s.conv_dim(), 1, s.conv_kernel};  // depthwise: one input each
+    d->w.conv = load_float_tensor(store, s.prefix + ".conv1d.weight", conv_shape);
+    d->w.a = load_vector(store, s.prefix + ".A_log", s.num_v_heads);
+    d->w.dt_bias = load_vector(store, s.prefix + ".dt_bias", s.num_v_heads);
+    d->w.norm = load_vector(store, s.prefix + ".norm.weight", s.head_v_dim);  // not (1 + w)
+  }
   for (float& a : d->w.a) a = std::exp(a);
-  d->w.dt_bias = load_vector(store, s.prefix + ".dt_bias", s.num_v_heads);
-  d->w.norm = load_vector(store, s.prefix + ".norm.weight", s.head_v_dim);  // not (1 + w)
   kv_.push_back({0, 0});  // a cache layer index like any layer's, holding nothing per token
   return d;
 }
@@ -709,7 +723,7 @@ void CpuBackend::gated_delta_net(const Module& mixer, std::span<const Act> in, A
             ? std::string("belongs to other tokens")
             : fmt::format("holds {} tokens", it->second.length));
   }
-  const size_t want = d.w.spec.split_inputs ? 4 : 2;
+  const size_t want = d.w.spec.kimi ? 6 : (d.w.spec.split_inputs ? 4 : 2);
   if (in.size() != want) {
     fail("{}: {} input projections, expected {}", d.w.spec.prefix, in.size(), want);
   }

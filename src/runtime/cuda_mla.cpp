@@ -116,6 +116,12 @@ DeviceBuffer upload_weight(const HostWeight& h, cuda::DType& type, const std::st
 }  // namespace
 
 ModulePtr CudaBackend::load_mla(const MlaAttentionSpec& s, int, const model::LinearSource& kv_b) {
+  if (s.rope.rotary_dim != s.qk_rope_head_dim) {
+    fail(
+        "{}: the CUDA MLA kernels rotate all {} rope channels; this layer rotates {}; hint: "
+        "--device cpu",
+        s.prefix, s.qk_rope_head_dim, s.rope.rotary_dim);
+  }
   auto a = std::make_unique<Mla>();
   a->spec = s;
   a->shape = {static_cast<int>(s.num_heads), static_cast<int>(s.qk_nope_head_dim),

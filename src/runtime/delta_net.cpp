@@ -44,11 +44,26 @@ void delta_net_forward(const DeltaNetWeights& w, DeltaNetState& state, const Del
   std::vector<float> mixed(static_cast<size_t>(cd)), conv_out(static_cast<size_t>(cd));
   std::vector<float> z(static_cast<size_t>(nv * dv)), beta(static_cast<size_t>(nv)),
       decay(static_cast<size_t>(nv));
+  // KDA: a decay per key channel of every head.
+  std::vector<float> channel_decay(static_cast<size_t>(sp.kimi ? nv * dk : 0));
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   for (int64_t t = 0; t < n; ++t) {
     // [q | k | v] for the convolution, and z, b, a: as projected (split_inputs), or from the
     // per-key-head interleaved layout.
-    if (sp.split_inputs) {
+    if (sp.kimi) {  // q, k, v, b, f, g
+      std::copy_n(in.p[0] + t * kd, kd, mixed.data());
+      std::copy_n(in.p[1] + t * kd, kd, mixed.data() + kd);
+      std::copy_n(in.p[2] + t * nv * dv, nv * dv, mixed.data() + 2 * kd);
+      std::copy_n(in.p[5] + t * nv * dv, nv * dv, z.data());
+      for (int64_t h = 0; h < nv; ++h) {
+        beta[static_cast<size_t>(h)] = sigmoid(in.p[3][t * nv + h]);
+        for (int64_t i = 0; i < dk; ++i) {
+          const auto c = static_cast<size_t>(h * dk + i);
+          channel_decay[c] = std::exp(-w.a[static_cast<size_t>(h)] *
+                                      softplus(in.p[4][t * kd + h * dk + i] + w.dt_bias[c]));
+        }
+      }
+    } else if (sp.split_inputs) {
       std::copy_n(in.p[0] + t * cd, cd, mixed.data());
       std::copy_n(in.p[1] + t * nv * dv, nv * dv, z.data());
       for (int64_t h = 0; h < nv; ++h) {
@@ -59,7 +74,7 @@ void delta_net_forward(const DeltaNetWeights& w, DeltaNetState& state, const Del
     }
     const float* row = in.p[0] + t * sp.qkvz_width();
     const float* ba = in.p[1];
-    for (int64_t g = 0; !sp.split_inputs && g < nk; ++g) {
+    for (int64_t g = 0; !sp.split_inputs && !sp.kimi && g < nk; ++g) {
       const float* src = row + g * group;
       std::copy_n(src, dk, mixed.data() + g * dk);
       std::copy_n(src + dk, dk, mixed.data() + kd + g * dk);
@@ -100,7 +115,13 @@ void delta_net_forward(const DeltaNetWeights& w, DeltaNetState& state, const Del
       float* oh = o + h * dv;
       const float d = decay[static_cast<size_t>(h)], bt = beta[static_cast<size_t>(h)];
       std::vector<float> delta(static_cast<size_t>(dv), 0.0f);
-      for (int64_t i = 0; i < dk * dv; ++i) s[i] *= d;
+      if (sp.kimi) {  // row i of S decays by its key channel's factor
+        const float* cdh = channel_decay.data() + h * dk;
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) s[i * dv + j] *= cdh[i];
+      } else {
+        for (int64_t i = 0; i < dk * dv; ++i) s[i] *= d;
+      }
       for (int64_t i = 0; i < dk; ++i)  // S^T k
         for (int64_t j = 0; j < dv; ++j) delta[static_cast<size_t>(j)] += s[i * dv + j] * k[i];
       for (int64_t j = 0; j < dv; ++j)
@@ -112,14 +133,17 @@ void delta_net_forward(const DeltaNetWeights& w, DeltaNetState& state, const Del
           oh[j] += s[i * dv + j] * q[i];
         }
       }
-      // The gated RMSNorm over the head: norm first, then the weight, then silu(z).
+      // The gated RMSNorm over the head: norm first, then the weight, then silu(z) (KDA:
+      // sigmoid(g)).
       double ms = 0.0;
       for (int64_t j = 0; j < dv; ++j) ms += static_cast<double>(oh[j]) * oh[j];
       const auto inv =
           static_cast<float>(1.0 / std::sqrt(ms / static_cast<double>(dv) + sp.norm_eps));
       const float* zh = z.data() + h * dv;
-      for (int64_t j = 0; j < dv; ++j)
-        oh[j] = oh[j] * inv * w.norm[static_cast<size_t>(j)] * silu(zh[j]);
+      for (int64_t j = 0; j < dv; ++j) {
+        const float gate = sp.kimi ? sigmoid(zh[j]) : silu(zh[j]);
+        oh[j] = oh[j] * inv * w.norm[static_cast<size_t>(j)] * gate;
+      }
     });
   }
 }

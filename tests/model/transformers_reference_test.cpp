@@ -34,6 +34,11 @@
 //   qwen3_5_moe        Qwen3_5MoeForCausalLM: the same layers with the DeltaNet's four split input
 //   qwen3_5            projections, Qwen3-VL's multimodal RoPE sections (plain RoPE for text); MoE
 //                      in every layer / Qwen3_5ForCausalLM's dense MLPs (same script)
+//   kimi_linear        KimiLinearForCausalLM: three Kimi delta attention layers (per-channel
+//                      decay, sigmoid output gate, separate q/k/v convolutions) around one MLA
+//                      layer without RoPE, a dense first layer, grouped sigmoid routing (2 of 8
+//                      experts in the best of 2 groups) with shared experts, config keys by their
+//                      aliases
 // The first two were made on the device, the others with CPU torch (same transformers 5.17).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -515,7 +520,7 @@ TEST_P(Hybrid, MatchesTransformersAndCarriesItsState) {
   // A rewound sequence would continue from a state holding the dropped tokens: refused.
   engine->truncate_sequence(a, 20);
   EXPECT_THAT(rt::test::error_of([&] { (void)engine->forward(a, ids.subspan(20, 1)); }),
-              HasSubstr("model.layers.0.linear_attn: sequence"));
+              HasSubstr("continues at position 20, but this layer's recurrent state"));
   // Starting over from position 0 is always possible.
   engine->truncate_sequence(a, 0);
   EXPECT_LE(exl3::test::rel_l2(engine->forward(a, ids), got), 1e-6);
@@ -533,7 +538,8 @@ TEST_P(Hybrid, MatchesTransformersAndCarriesItsState) {
               HasSubstr("prefix caching cannot serve a model with gated DeltaNet layers"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Model, Hybrid, ::testing::Values("qwen3_next", "qwen3_5_moe", "qwen3_5"));
+INSTANTIATE_TEST_SUITE_P(Model, Hybrid,
+                         ::testing::Values("qwen3_next", "qwen3_5_moe", "qwen3_5", "kimi_linear"));
 
 // Qwen3.5: the DeltaNet's split projections, MoE in every layer (or dense MLPs), the multimodal
 // RoPE's sections read as the plain RoPE they are for text.
@@ -575,6 +581,94 @@ TEST(Qwen3_5, DescribedWithSplitProjections) {
     std::printf("qwen3_5_moe with %s: rel-L2 %.3e from the reference\n", what, err);
     EXPECT_GT(err, 1e-3) << what;
   }
+}
+
+// Kimi-Linear: KDA and RoPE-free MLA layers, each trait moving the logits when taken away, and
+// its config read under either spelling of the keys KimiLinearConfig aliases.
+TEST(KimiLinear, DescribedAndEveryTraitChangesTheResult) {
+  using Json = nlohmann::json;
+  const auto src = data_dir("kimi_linear");
+  const ModelSpec s = describe_model(Checkpoint::open(src));
+  EXPECT_EQ(s.architecture, Architecture::kKimiLinear);
+  EXPECT_FALSE(s.norm_unit_offset);
+  const auto& mla = std::get<MlaAttentionSpec>(s.layers[1].attention);
+  EXPECT_EQ(mla.rope.rotary_dim, 0);
+  EXPECT_EQ(mla.q_lora_rank, 0);
+  for (const int l : {0, 2, 3}) {
+    const auto& d = std::get<GatedDeltaNetSpec>(s.layers[static_cast<size_t>(l)].attention);
+    EXPECT_TRUE(d.kimi);
+    EXPECT_EQ(d.prefix, "model.layers." + std::to_string(l) + ".self_attn");
+  }
+  EXPECT_EQ(std::get<DenseMlpSpec>(s.layers[0].mlp).prefix, "model.layers.0.block_sparse_moe");
+  const auto& m = std::get<MoeSpec>(s.layers[1].mlp);
+  EXPECT_EQ(m.n_group, 2);
+  EXPECT_EQ(m.top_k, 2);
+  EXPECT_TRUE(m.renormalize);
+  EXPECT_DOUBLE_EQ(m.routed_scaling_factor, 2.446);
+  ASSERT_TRUE(m.shared.has_value());
+  EXPECT_EQ(m.shared->prefix, "model.layers.1.block_sparse_moe.shared_experts");
+  const std::pair<const char*, std::function<void(const std::string&, std::vector<float>&)>>
+      tensor_edits[] = {
+          {"one decay per head (f_b_proj and dt_bias zeroed)",
+           [](const std::string& n, std::vector<float>& v) {
+             if (n.ends_with("f_b_proj.weight") || n.ends_with("dt_bias"))
+               std::fill(v.begin(), v.end(), 0.0f);
+           }},
+          {"an open output gate",
+           [](const std::string& n, std::vector<float>& v) {
+             if (n.ends_with("g_b_proj.weight")) std::fill(v.begin(), v.end(), 0.0f);
+           }},
+          {"no convolution history",
+           [](const std::string& n, std::vector<float>& v) {
+             if (!n.ends_with("conv1d.weight")) return;
+             for (size_t i = 0; i < v.size(); ++i)
+               if (i % 4 != 3) v[i] = 0.0f;
+           }},
+          {"no routing bias",
+           [](const std::string& n, std::vector<float>& v) {
+             if (n.ends_with("e_score_correction_bias")) std::fill(v.begin(), v.end(), 0.0f);
+           }},
+      };
+  for (const auto& [what, edit] : tensor_edits) {
+    const double err = moved_from_reference(
+        "kimi_linear", [](Json&) {}, edit);
+    std::printf("kimi_linear with %s: rel-L2 %.3e from the reference\n", what, err);
+    EXPECT_GT(err, 1e-3) << what;
+  }
+  // The same config under transformers' canonical names, and the released nested form of the
+  // layer kinds (layers numbered from 1), describe the same model.
+  const std::pair<const char*, ConfigEdit> same[] = {
+      {"canonical names",
+       [](Json& c) {
+         for (const auto& [alias, key] : {std::pair{"num_experts_per_token", "num_experts_per_tok"},
+                                          std::pair{"num_expert_group", "n_group"},
+                                          std::pair{"num_shared_experts", "n_shared_experts"},
+                                          std::pair{"moe_renormalize", "norm_topk_prob"}}) {
+           c[key] = c[alias];
+           c.erase(alias);
+         }
+       }},
+      {"linear_attn_config",
+       [](Json& c) {
+         c.erase("layer_types");
+         c.erase("linear_head_dim");
+         c["linear_attn_config"] = {{"full_attn_layers", {2}},
+                                    {"kda_layers", {1, 3, 4}},
+                                    {"head_dim", 32},
+                                    {"num_heads", 4},
+                                    {"short_conv_kernel_size", 4}};
+       }},
+  };
+  for (const auto& [what, edit] : same) {
+    const double err = moved_from_reference("kimi_linear", edit);
+    std::printf("kimi_linear with %s: rel-L2 %.3e from the reference\n", what, err);
+    EXPECT_LE(err, 1e-5) << what;
+  }
+  auto cfg = Json::parse(exl3::test::read_file(src / "config.json"));
+  cfg["num_experts_per_tok"] = 3;  // beside num_experts_per_token 2
+  EXPECT_THAT(
+      rt::test::error_of([&] { (void)describe_model(rt::test::config_of(cfg), "m/config.json"); }),
+      HasSubstr("keys 'num_experts_per_token' (2) and 'num_experts_per_tok' (3)"));
 }
 
 TEST(Qwen3Next, DescribedAndEveryTraitChangesTheResult) {

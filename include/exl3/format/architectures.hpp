@@ -27,7 +27,8 @@ enum class Architecture : uint8_t {
   kMiniMaxM2,
   kQwen3Next,
   kQwen3_5,
-  kQwen3_5Moe
+  kQwen3_5Moe,
+  kKimiLinear
 };
 
 struct ArchitectureInfo {

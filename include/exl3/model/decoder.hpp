@@ -53,6 +53,9 @@ struct GatedDeltaNetModules {
   std::vector<Slot> slots;
   std::vector<int64_t> widths;
   ModulePtr mixer, out;
+  // Kimi delta attention: the second steps of its forget and output gates (null otherwise).
+  ModulePtr f_b, g_b;
+  int64_t f_b_width = 0;
 };
 
 struct DenseMlpModules {

@@ -34,6 +34,8 @@
 //                        RMSNorms, Qwen3-MoE's router with a sigmoid-gated shared expert
 //   Qwen3_5ForCausalLM   Qwen3.5 text: Qwen3-Next's layers with the DeltaNet's inputs from four
 //   Qwen3_5MoeForCausalLM  projections (in_proj_qkv, _z, _b, _a); dense MLPs, or MoE in every layer
+//   KimiLinearForCausalLM  hybrid: Kimi delta attention layers (per-channel decay) and MLA layers
+//                        without RoPE, DeepSeek-V3's grouped sigmoid router and shared experts
 //
 // Anything else fails with an exl3::Error that names config.json and the key at fault: the
 // runtime never runs a model it would compute differently from its reference.
@@ -124,7 +126,8 @@ struct MlaAttentionSpec {
   bool rope_interleave = false;   // RoPE pairs (2i, 2i + 1) instead of (i, i + half)
   double scale = 0.0;             // qk_head_dim^-0.5, times mscale^2 under DeepSeek's yarn
   double latent_norm_eps = 1e-6;  // q_a_layernorm / kv_a_layernorm (transformers' default eps)
-  RopeSpec rope;                  // over qk_rope_head_dim
+  RopeSpec rope;  // over qk_rope_head_dim; rotary_dim 0: no RoPE (Kimi-Linear's MLA, whose
+                  // shared "rope" key part is never rotated)
   std::optional<DsaIndexerSpec> indexer;  // sparse attention (needs the q LoRA)
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
@@ -142,6 +145,12 @@ struct MlaAttentionSpec {
 // projections: in_proj_qkv ([all q | all k | all v]), in_proj_z, in_proj_b and in_proj_a (one value
 // per value head each). The state per sequence is S for every value head
 // plus the last conv_kernel - 1 inputs of the convolution.
+// Kimi delta attention (KDA, `kimi`) is the same rule with num_k_heads == num_v_heads and
+// head_k_dim == head_v_dim, inputs q_proj, k_proj, v_proj (each through its own q/k/v_conv1d of
+// the same width), b_proj, and two chained pairs: f = f_b_proj(f_a_proj(x)) and g =
+// g_b_proj(g_a_proj(x)). Its decay is per key channel, exp(-exp(A_log[head]) * softplus(f +
+// dt_bias)) ([num_heads * head_dim]), multiplying row i of S; the output is normed by `o_norm` and
+// multiplied by sigmoid(g) (not silu), then o_proj.
 struct GatedDeltaNetSpec {
   std::string prefix;  // "model.layers.0.linear_attn"
   int64_t num_k_heads = 0, num_v_heads = 0;
@@ -149,6 +158,7 @@ struct GatedDeltaNetSpec {
   int64_t conv_kernel = 0;
   double norm_eps = 0.0;
   bool split_inputs = false;  // Qwen3.5's four input projections instead of qkvz / ba
+  bool kimi = false;          // Kimi delta attention (above)
 
   int64_t key_dim() const { return num_k_heads * head_k_dim; }
   int64_t value_dim() const { return num_v_heads * head_v_dim; }

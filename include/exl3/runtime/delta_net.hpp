@@ -13,10 +13,11 @@ namespace exl3::runtime {
 // A layer's weights besides its linears, as fp32.
 struct DeltaNetWeights {
   model::GatedDeltaNetSpec spec;
-  std::vector<float> conv;     // [conv_dim, conv_kernel] (conv1d.weight without its unit dim)
+  std::vector<float> conv;     // [conv_dim, conv_kernel] (conv1d.weight without its unit dim; KDA:
+                               // q_conv1d, k_conv1d, v_conv1d one after another)
   std::vector<float> a;        // exp(A_log) [num_v_heads]
-  std::vector<float> dt_bias;  // [num_v_heads]
-  std::vector<float> norm;     // the gated RMSNorm's weight [head_v_dim]
+  std::vector<float> dt_bias;  // [num_v_heads] (KDA: [key_dim], per channel)
+  std::vector<float> norm;     // the gated RMSNorm's weight [head_v_dim] (KDA: o_norm)
 };
 
 // One sequence's state: S of every value head [num_v_heads, head_k_dim, head_v_dim] and the last
@@ -28,10 +29,12 @@ struct DeltaNetState {
 };
 
 // The input projections' outputs for n tokens: qkvz [n, qkvz_width] and ba [n, ba_width]; or with
-// split_inputs qkv [n, conv_dim], z [n, value_dim], b [n, num_v_heads] and a [n, num_v_heads].
+// split_inputs qkv [n, conv_dim], z [n, value_dim], b [n, num_v_heads] and a [n, num_v_heads];
+// or for KDA q, k [n, key_dim], v [n, value_dim], b [n, num_v_heads], f [n, key_dim] (f_b_proj's
+// output) and g [n, value_dim] (g_b_proj's).
 struct DeltaNetInputs {
   int64_t n = 0;
-  const float* p[4] = {};  // qkvz, ba; or qkv, z, b, a
+  const float* p[6] = {};  // qkvz, ba; or qkv, z, b, a; or KDA's q, k, v, b, f, g
 };
 
 // -> out [n, value_dim] (the gated norm's output, before out_proj); `state` advances by the n

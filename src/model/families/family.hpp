@@ -64,6 +64,7 @@ void describe_minimax_m2(Family& f);
 void describe_qwen3_next(Family& f);
 // Qwen3.5 text (`moe`: Qwen3_5MoeForCausalLM, else Qwen3_5ForCausalLM).
 void describe_qwen3_5(Family& f, bool moe);
+void describe_kimi_linear(Family& f);
 // DeepSeek sparse attention over DeepSeek-V3's MLA and MoE (GLM-5, DeepSeek-V3.2): the indexer's
 // RoPE layout, and whether indexer_types may make layers reuse an earlier selection.
 void describe_dsa(Family& f, bool indexer_rope_interleave, bool shared_layers);
