@@ -72,10 +72,10 @@ void delta_net_forward(const DeltaNetWeights& w, DeltaNetState& state, const Del
         decay[hs] = std::exp(-w.a[hs] * softplus(in.p[3][t * nv + h] + w.dt_bias[hs]));
       }
     }
-    const float* row = in.p[0] + t * sp.qkvz_width();
+    const bool interleaved = !sp.split_inputs && !sp.kimi;
     const float* ba = in.p[1];
-    for (int64_t g = 0; !sp.split_inputs && !sp.kimi && g < nk; ++g) {
-      const float* src = row + g * group;
+    for (int64_t g = 0; interleaved && g < nk; ++g) {
+      const float* src = in.p[0] + t * sp.qkvz_width() + g * group;
       std::copy_n(src, dk, mixed.data() + g * dk);
       std::copy_n(src + dk, dk, mixed.data() + kd + g * dk);
       std::copy_n(src + 2 * dk, r * dv, mixed.data() + 2 * kd + g * r * dv);
