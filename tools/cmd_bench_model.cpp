@@ -82,10 +82,24 @@ SyntheticSpec synthetic_geometry(const std::string& name) {
     s.sliding_window = 128;
     s.vocab_size = 201088;
     s.max_position_embeddings = 40960;
+  } else if (name == "qwen3-next-80b-a3b") {  // 48 layers: 3 gated DeltaNet, then 1 attention
+    s.hidden_size = 2048;
+    s.num_layers = 48;
+    s.num_heads = 16;
+    s.num_kv_heads = 2;
+    s.head_dim = 256;
+    s.linear_num_key_heads = 16;
+    s.linear_num_value_heads = 32;
+    s.num_experts = 512;
+    s.experts_per_tok = 10;
+    s.moe_intermediate_size = 512;
+    s.shared_expert_intermediate_size = 512;
+    s.vocab_size = 151936;
+    s.max_position_embeddings = 40960;
   } else if (name != "tiny") {
     fail(
         "--synthetic '{}' is unknown; choose qwen3-30b-a3b, deepseek-v3, gpt-oss-120b, "
-        "gpt-oss-20b or tiny",
+        "gpt-oss-20b, qwen3-next-80b-a3b or tiny",
         name);
   }
   return s;
@@ -110,7 +124,8 @@ Runner add_bench_model(CLI::App& app, Common&) {
       "--synthetic", o->synthetic,
       "Write and time a synthetic EXL3 model of this geometry: qwen3-30b-a3b, deepseek-v3 "
       "(61 layers; use --layers to keep the first N: 3 dense, then MoE), gpt-oss-120b, "
-      "gpt-oss-20b or tiny (random valid trellis bits: a speed benchmark, never a quality one)");
+      "gpt-oss-20b, qwen3-next-80b-a3b (48 layers: 3 gated DeltaNet, then full attention) or tiny "
+      "(random valid trellis bits: a speed benchmark, never a quality one)");
   app.add_option("--bits", o->bits, "--synthetic: K of the decoder linears and experts")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();
@@ -256,6 +271,8 @@ Runner add_bench_model(CLI::App& app, Common&) {
                                   (o->bench.context + o->bench.decode_steps + o->draft_tokens + 64)
                             : 0,
                         biggest * (o->bench.context + o->bench.decode_steps + o->mtp + 64)});
+    // Gated DeltaNet models: a state slot per sequence of the biggest batch.
+    eo.recurrent_slots = std::max(eo.recurrent_slots, biggest);
     std::fprintf(stderr, "loading %s on %s ...\n", dir.string().c_str(), o->device.c_str());
     const auto load_start = std::chrono::steady_clock::now();
     auto engine = runtime::load_engine(ckpt, eo);

@@ -1,6 +1,7 @@
 // `exl3 serve`: the OpenAI-compatible HTTP server (src/server) over one loaded model.
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -215,6 +216,8 @@ Runner add_serve(CLI::App& app, Common&) {
                  "recurrent state the cached pages do not hold)\n");
     }
     eo.prefix_cache = o->prefix_cache;
+    // Gated DeltaNet models keep a state slot per running sequence (preempted ones are dropped).
+    eo.recurrent_slots = std::max<int64_t>(eo.recurrent_slots, o->max_seqs);
     engine_options_from_env(eo);
     auto engine = runtime::load_engine(ckpt, eo);
     const auto draft = load_draft(o->draft, *engine, ckpt, eo);

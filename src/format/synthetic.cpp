@@ -120,6 +120,39 @@ void add_gpt_oss_config(const SyntheticSpec& s, nlohmann::json& c) {
   c["layer_types"] = types;
 }
 
+bool is_qwen3_next(const SyntheticSpec& s) {
+  return s.linear_num_value_heads > 0;
+}
+bool is_linear_layer(const SyntheticSpec& s, int64_t l) {
+  return is_qwen3_next(s) && (l + 1) % s.full_attention_interval != 0;
+}
+
+// The Qwen3-Next keys transformers' Qwen3NextConfig reads.
+void add_qwen3_next_config(const SyntheticSpec& s, nlohmann::json& c) {
+  c["architectures"] = {"Qwen3NextForCausalLM"};
+  c["model_type"] = "qwen3_next";
+  c["num_experts"] = s.num_experts;
+  c["num_experts_per_tok"] = s.experts_per_tok;
+  c["moe_intermediate_size"] = s.moe_intermediate_size;
+  c["shared_expert_intermediate_size"] = s.shared_expert_intermediate_size;
+  c["norm_topk_prob"] = true;
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = nlohmann::json::array();
+  c["linear_num_key_heads"] = s.linear_num_key_heads;
+  c["linear_num_value_heads"] = s.linear_num_value_heads;
+  c["linear_key_head_dim"] = s.linear_key_head_dim;
+  c["linear_value_head_dim"] = s.linear_value_head_dim;
+  c["linear_conv_kernel_dim"] = s.linear_conv_kernel;
+  nlohmann::json types = nlohmann::json::array();
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    types.push_back(is_linear_layer(s, l) ? "linear_attention" : "full_attention");
+  c["layer_types"] = types;
+  c.erase("rope_theta");
+  c["rope_parameters"] = {{"rope_type", "default"},
+                          {"rope_theta", 10000000.0},
+                          {"partial_rotary_factor", s.partial_rotary_factor}};
+}
+
 // The DeepSeek-V3 keys transformers' DeepseekV3Config reads.
 void add_deepseek_config(const SyntheticSpec& s, nlohmann::json& c) {
   c["architectures"] = {"DeepseekV3ForCausalLM"};
@@ -165,6 +198,8 @@ nlohmann::json make_config(const SyntheticSpec& s, int64_t padded_vocab) {
                       {"torch_dtype", "bfloat16"}};
   if (s.gpt_oss) {
     add_gpt_oss_config(s, c);
+  } else if (is_qwen3_next(s)) {
+    add_qwen3_next_config(s, c);
   } else if (is_mla(s)) {
     add_deepseek_config(s, c);
   } else if (moe) {
@@ -201,11 +236,32 @@ SyntheticResult write_synthetic_checkpoint(const std::filesystem::path& dir,
     b.exl3_linear(p + "up_proj", h, inter, s.bits, biased);
     b.exl3_linear(p + "down_proj", inter, h, s.bits, biased);
   };
+  // Qwen3-Next's RMSNorms scale by (1 + w): weights around 0 give the same scale as others' 1.
+  const double norm_center = is_qwen3_next(s) ? 0.0 : 1.0;
   for (int64_t l = 0; l < s.num_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
-    b.bf16_tensor(p + "input_layernorm.weight", {h}, 0.02, 1.0);
-    b.bf16_tensor(p + "post_attention_layernorm.weight", {h}, 0.02, 1.0);
-    if (is_mla(s)) {
+    b.bf16_tensor(p + "input_layernorm.weight", {h}, 0.02, norm_center);
+    b.bf16_tensor(p + "post_attention_layernorm.weight", {h}, 0.02, norm_center);
+    if (is_linear_layer(s, l)) {
+      const std::string a = p + "linear_attn.";
+      const int64_t kd = s.linear_num_key_heads * s.linear_key_head_dim,
+                    vd = s.linear_num_value_heads * s.linear_value_head_dim,
+                    nv = s.linear_num_value_heads;
+      b.exl3_linear(a + "in_proj_qkvz", h, 2 * kd + 2 * vd, s.bits);
+      b.bf16_tensor(a + "in_proj_ba.weight", {2 * nv, h}, 1.0 / std::sqrt(static_cast<double>(h)));
+      b.bf16_tensor(a + "conv1d.weight", {2 * kd + vd, 1, s.linear_conv_kernel}, 0.3);
+      b.bf16_tensor(a + "A_log", {nv}, 0.5);
+      b.bf16_tensor(a + "dt_bias", {nv}, 0.5, 1.0);
+      b.bf16_tensor(a + "norm.weight", {s.linear_value_head_dim}, 0.02, 1.0);
+      b.exl3_linear(a + "out_proj", vd, h, s.bits);
+    } else if (is_qwen3_next(s)) {  // gated attention: q_proj writes [query, gate] per head
+      b.bf16_tensor(p + "self_attn.q_norm.weight", {s.head_dim}, 0.02, 0.0);
+      b.bf16_tensor(p + "self_attn.k_norm.weight", {s.head_dim}, 0.02, 0.0);
+      b.exl3_linear(p + "self_attn.q_proj", h, 2 * q, s.bits);
+      b.exl3_linear(p + "self_attn.k_proj", h, kv, s.bits);
+      b.exl3_linear(p + "self_attn.v_proj", h, kv, s.bits);
+      b.exl3_linear(p + "self_attn.o_proj", q, h, s.bits);
+    } else if (is_mla(s)) {
       const int64_t qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
       b.exl3_linear(p + "self_attn.q_a_proj", h, s.q_lora_rank, s.bits);
       b.bf16_tensor(p + "self_attn.q_a_layernorm.weight", {s.q_lora_rank}, 0.02, 1.0);
@@ -241,11 +297,15 @@ SyntheticResult write_synthetic_checkpoint(const std::filesystem::path& dir,
         mlp(fmt::format("{}mlp.experts.{}.", p, e), s.moe_intermediate_size);
       if (s.n_shared_experts > 0)
         mlp(p + "mlp.shared_experts.", s.moe_intermediate_size * s.n_shared_experts);
+      if (is_qwen3_next(s) && s.shared_expert_intermediate_size > 0) {
+        mlp(p + "mlp.shared_expert.", s.shared_expert_intermediate_size);
+        b.bf16_tensor(p + "mlp.shared_expert_gate.weight", {1, h}, 0.05);
+      }
     } else {
       mlp(p + "mlp.", s.intermediate_size);
     }
   }
-  b.bf16_tensor("model.norm.weight", {h}, 0.02, 1.0);
+  b.bf16_tensor("model.norm.weight", {h}, 0.02, norm_center);
   b.exl3_linear("lm_head", h, vocab, s.head_bits);
   b.writer().set_metadata("format", "pt");
   b.writer().set_metadata("producer", "exl3 synthetic (random valid trellis; not a trained model)");

@@ -8,8 +8,8 @@ namespace exl3::model {
 
 ModulePtr Backend::load_gated_delta_net(const GatedDeltaNetSpec& spec, int) {
   fail(
-      "{}: gated DeltaNet (linear attention) layers run on the CPU backend only so far; hint: "
-      "--device cpu",
+      "{}: this backend does not run gated DeltaNet (linear attention) layers; hint: --device "
+      "cpu",
       spec.prefix);
 }
 

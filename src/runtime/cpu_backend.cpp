@@ -314,27 +314,7 @@ ModulePtr CpuBackend::load_gqa(const GqaAttentionSpec& s, Extent q_heads, Extent
 ModulePtr CpuBackend::load_gated_delta_net(const model::GatedDeltaNetSpec& s, int cache_layer) {
   (void)cache_layer;
   auto d = std::make_unique<CpuDeltaNet>();
-  const TensorStore& store = ckpt_.store();
-  d->w.spec = s;
-  if (s.kimi) {  // three convolutions, one per input; A_log [1, 1, heads, 1]
-    for (const char* part : {"q", "k", "v"}) {
-      const int64_t shape[] = {std::string_view(part) == "v" ? s.value_dim() : s.key_dim(), 1,
-                               s.conv_kernel};
-      const auto w = load_float_tensor(store, s.prefix + "." + part + "_conv1d.weight", shape);
-      d->w.conv.insert(d->w.conv.end(), w.begin(), w.end());
-    }
-    const int64_t a_shape[] = {1, 1, s.num_v_heads, 1};
-    d->w.a = load_float_tensor(store, s.prefix + ".A_log", a_shape);
-    d->w.dt_bias = load_vector(store, s.prefix + ".dt_bias", s.key_dim());
-    d->w.norm = load_vector(store, s.prefix + ".o_norm.weight", s.head_v_dim);
-  } else {
-    const int64_t conv_shape[] = {s.conv_dim(), 1, s.conv_kernel};  // depthwise: one input each
-    d->w.conv = load_float_tensor(store, s.prefix + ".conv1d.weight", conv_shape);
-    d->w.a = load_vector(store, s.prefix + ".A_log", s.num_v_heads);
-    d->w.dt_bias = load_vector(store, s.prefix + ".dt_bias", s.num_v_heads);
-    d->w.norm = load_vector(store, s.prefix + ".norm.weight", s.head_v_dim);  // not (1 + w)
-  }
-  for (float& a : d->w.a) a = std::exp(a);
+  d->w = load_delta_net_weights(ckpt_.store(), s);
   kv_.push_back({0, 0});  // a cache layer index like any layer's, holding nothing per token
   return d;
 }

@@ -526,6 +526,10 @@ std::vector<KvLayerShape> CudaBackend::kv_shapes() const {
       kv.push_back(mla_kv_shape(*c.mla));
       continue;
     }
+    if (c.delta != nullptr) {  // nothing per token
+      kv.push_back({0, 0});
+      continue;
+    }
     const int64_t w = c.gqa->spec.num_kv_heads * c.gqa->spec.head_dim;
     kv.push_back({w, w});
   }
@@ -590,7 +594,8 @@ void CudaBackend::allocate(int64_t pages, int64_t page_size, int64_t max_pages,
   if (attn_bytes > 0) {
     EXL3_CUDA_CHECK(cudaMemset(attn_ws_.get(), 0, attn_bytes), "zeroing the attention workspace");
   }
-  meta_capacity_ = 7 * cap + cap * max_pages;  // the largest MetaLayout::total()
+  allocate_delta_net();
+  meta_capacity_ = 10 * cap + cap * max_pages;  // the largest MetaLayout::total()
   meta_ = DeviceBuffer(static_cast<size_t>(meta_capacity_) * 4, "step metadata");
   pads_ = {pad_in_.as<float>(), pad_out_.as<float>()};
 }

@@ -55,7 +55,12 @@ struct MetaLayout {
   int64_t tile_len() const { return 3 * n + decode + tiles; }
   int64_t row_index() const { return 3 * n + decode + 2 * tiles; }
   int64_t page_tables() const { return 3 * n + decode + 2 * tiles + rows; }
-  int64_t total() const { return page_tables() + seqs * max_pages; }
+  // Per run (sequence) of the step: its first token, token count and recurrent-state slot (the
+  // gated DeltaNet layers' state pool; 0 for models without them).
+  int64_t run_first() const { return page_tables() + seqs * max_pages; }
+  int64_t run_len() const { return run_first() + seqs; }
+  int64_t run_slot() const { return run_first() + 2 * seqs; }
+  int64_t total() const { return run_first() + 3 * seqs; }
 };
 
 class CudaBackend final : public model::Backend {
@@ -75,6 +80,8 @@ class CudaBackend final : public model::Backend {
     const model::TpPlan* plan = nullptr;
     int rank = 0;
     NcclCommunicator* comm = nullptr;
+    // Gated DeltaNet models: sequences that hold a recurrent state at once (slots of the pool).
+    int64_t recurrent_slots = 0;
   };
 
   // Makes the backend's context (stream, cuBLAS handle and workspace) on the current device.
@@ -120,6 +127,11 @@ class CudaBackend final : public model::Backend {
   int64_t rank_vocab() const { return rank_vocab_; }  // TP: the widest rank's vocabulary
   int64_t head_out() const { return head_out_; }      // TP 1: the head's outputs (>= vocab)
 
+  // Gated DeltaNet layers: floats of one slot of the state pool (every such layer's state of one
+  // sequence; 0 without such layers), and the slot zeroed on the stream (a sequence starting).
+  int64_t recurrent_slot_floats() const { return dn_slot_floats_; }
+  void clear_recurrent_slot(int64_t slot);
+
   OverlayReport overlay_report() const { return overlay_report_; }
   size_t weight_bytes() const { return weight_bytes_; }
   size_t kv_bytes() const { return kv_bytes_; }
@@ -134,6 +146,8 @@ class CudaBackend final : public model::Backend {
                             model::Extent kv_heads, int cache_layer) override;
   model::ModulePtr load_mla(const MlaAttentionSpec& spec, int cache_layer,
                             const model::LinearSource& kv_b) override;
+  model::ModulePtr load_gated_delta_net(const model::GatedDeltaNetSpec& spec,
+                                        int cache_layer) override;
   model::ModulePtr load_moe(const MoeSpec& spec, int layer, const model::TpMoePlan* plan,
                             int rank) override;
   void reserve(model::Slot slot, int64_t width) override;
@@ -149,6 +163,10 @@ class CudaBackend final : public model::Backend {
                  model::Act out) override;
   void mla_attention(const model::Module& attn, model::Act h, model::Act q_resid, model::Act q,
                      model::Act kv_a, model::Act out) override;
+  void gated_delta_net(const model::Module& mixer, std::span<const model::Act> in,
+                       model::Act out) override;
+  void split_query_gate(model::Act qg, int64_t head_dim, model::Act q, model::Act gate) override;
+  void sigmoid_gate(model::Act y, model::Act gate) override;
   void glu(model::Act gate, model::Act up, model::Activation act) override;
   void moe(const model::Module& moe, model::Act x, model::Act out) override;
   void add(model::Act y, model::Act x) override;
@@ -160,10 +178,13 @@ class CudaBackend final : public model::Backend {
   struct Rope;
   struct Gqa;
   struct Mla;
-  // The layers that own a KV cache, in load order (kv_shapes' order): one of the two is set.
+  struct DeltaNet;
+  // The layers with a cache layer index, in load order (kv_shapes' order): one of the three is
+  // set (a DeltaNet layer keeps nothing per token; its state lives in the state pool).
   struct CacheLayer {
     Gqa* gqa = nullptr;
     Mla* mla = nullptr;
+    DeltaNet* delta = nullptr;
   };
   GpuLinear whole_linear(const std::string& prefix, int64_t in, int64_t out);
   // An RMSNorm weight as the kernels multiply by it (Gemma's 1 + w folded in).
@@ -175,6 +196,8 @@ class CudaBackend final : public model::Backend {
   // indexer caches of every MLA layer plus the MLA / DSA workspaces, at allocate().
   static KvLayerShape mla_kv_shape(const Mla& a);
   void allocate_mla(int64_t slots, int64_t max_pages, int64_t page_size);
+  // Gated DeltaNet layers (cuda_delta_net.cpp): the state pool and convolution workspace.
+  void allocate_delta_net();
   int tp_size() const;
 
   // Declared before everything that keeps a pointer to it (the linears), so destroyed after.
@@ -204,6 +227,10 @@ class CudaBackend final : public model::Backend {
   // (kept from a full indexer layer for the shared layers after it).
   DeviceBuffer mla_q_lat_, mla_o_lat_, mla_split_, dsa_q_, dsa_w_, dsa_k_, dsa_scores_, dsa_sel_,
       dsa_count_;
+  // Gated DeltaNet: the state pool [recurrent_slots, dn_slot_floats_] and the convolution
+  // outputs of a step [capacity, widest conv_dim].
+  DeviceBuffer dn_state_, dn_conv_;
+  int64_t dn_slot_floats_ = 0, dn_widest_conv_ = 0;
   int64_t mla_lat_width_ = 0, dsa_q_width_ = 0, dsa_heads_ = 0, dsa_head_dim_ = 0, dsa_topk_ = 0;
   GpuLinear::Pads pads_;
   MetaLayout ml_;

@@ -16,7 +16,10 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <string>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 #include <tbb/parallel_for.h>
@@ -125,6 +128,12 @@ class CudaEngine final : public PagedEngine {
     bo.mxfp8 = opts.mxfp8;
     bo.linear = opts.linear;
     bo.kv_format = opts.kv_format;
+    if (spec_.has_recurrent_layers()) {
+      if (opts.recurrent_slots <= 0)
+        fail("engine: {} recurrent-state slots; at least 1 is needed", opts.recurrent_slots);
+      bo.recurrent_slots = opts.recurrent_slots;
+      for (int64_t s = opts.recurrent_slots - 1; s >= 0; --s) free_slots_.push_back(s);
+    }
     if (tp_) {
       bo.plan = tp_->plan;
       bo.rank = tp_->rank;
@@ -168,6 +177,15 @@ class CudaEngine final : public PagedEngine {
   std::optional<int64_t> decode_step_kernels(int64_t batch) const override {
     const auto key = CudaBackend::decode_graph_key(batch);
     return key ? backend_->graph_kernels(*key) : std::nullopt;
+  }
+
+  void drop_sequence(SeqId seq) override {
+    PagedEngine::drop_sequence(seq);
+    const auto it = recurrent_.find(seq);
+    if (it != recurrent_.end()) {
+      free_slots_.push_back(it->second.slot);
+      recurrent_.erase(it);
+    }
   }
 
   std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
@@ -296,12 +314,26 @@ class CudaEngine final : public PagedEngine {
       ml.rows += r.want_all ? static_cast<int64_t>(r.len) : (r.want_last ? 1 : 0);
       small = small && static_cast<int64_t>(r.len) <= kGraphRunTokens;
     }
+    // Gated DeltaNet layers: each run continues its sequence's state slot (a new one, zeroed, at
+    // position 0). Slots are checked before anything is reserved or enqueued.
+    std::vector<RecurrentSeq*> states;
+    if (backend_->recurrent_slot_floats() > 0) {
+      for (const auto& r : runs) states.push_back(&recurrent_state(r.seq, r.start));
+    }
     for (const auto& r : runs) cache_->reserve(r.seq, static_cast<int64_t>(r.len));
+    for (RecurrentSeq* st : states) {
+      if (st->length == 0) backend_->clear_recurrent_slot(st->slot);
+      st->length = -1;  // until the step has run: a failed step leaves the state unusable
+    }
     int32_t* h = meta_host_.get();
     int64_t t = 0, d = 0, ti = 0, row = 0;
     for (size_t i = 0; i < runs.size(); ++i) {
       const Run& r = runs[i];
       const auto& tokens = batch[r.entry].tokens;
+      h[ml.run_first() + static_cast<int64_t>(i)] = static_cast<int32_t>(t);
+      h[ml.run_len() + static_cast<int64_t>(i)] = static_cast<int32_t>(r.len);
+      h[ml.run_slot() + static_cast<int64_t>(i)] =
+          states.empty() ? 0 : static_cast<int32_t>(states[i]->slot);
       if (r.len > 1) {
         for (size_t f = 0; f < r.len; f += 32) {
           h[ml.tile_first() + ti] = static_cast<int32_t>(t + static_cast<int64_t>(f));
@@ -373,6 +405,9 @@ class CudaEngine final : public PagedEngine {
     const int64_t vocab = spec_.vocab_size, rank_vocab = backend_->rank_vocab();
     std::vector<std::pair<float*, int64_t>> rows_out;  // destination, source row
     int64_t r_at = 0;
+    for (size_t i = 0; i < states.size(); ++i) {
+      states[i]->length = runs[i].start + static_cast<int64_t>(runs[i].len);
+    }
     for (const Run& r : runs) {
       cache_->advance(r.seq, batch[r.entry].tokens.subspan(r.first, r.len));
       if (!returns_logits) continue;
@@ -407,6 +442,51 @@ class CudaEngine final : public PagedEngine {
     return tp_ ? tp_->plan->tp : 1;
   }
 
+  // A sequence's slot of the DeltaNet state pool: the cache generation and token count its
+  // state was computed for (-1 while a step runs on it).
+  struct RecurrentSeq {
+    int64_t slot = 0;
+    uint64_t generation = 0;
+    int64_t length = 0;
+  };
+
+  // The slot a run of `seq` from position `start` continues: at position 0 the sequence's own
+  // slot or a free one, reset (length 0: zeroed before the step); later exactly the state of
+  // the tokens before `start` in this cache generation, or an error.
+  RecurrentSeq& recurrent_state(SeqId seq, int64_t start) {
+    const uint64_t generation = cache_->generation(seq);
+    auto it = recurrent_.find(seq);
+    if (start == 0) {
+      if (it == recurrent_.end()) {
+        if (free_slots_.empty()) {
+          fail(
+              "{}: all {} recurrent-state slots are held by live sequences (each sequence of a "
+              "model with gated DeltaNet layers keeps one); hint: drop finished sequences, or "
+              "raise EngineOptions::recurrent_slots",
+              spec_.label, opts_.recurrent_slots);
+        }
+        it = recurrent_.emplace(seq, RecurrentSeq{free_slots_.back(), 0, 0}).first;
+        free_slots_.pop_back();
+      }
+      it->second.generation = generation;
+      it->second.length = 0;
+      return it->second;
+    }
+    if (it == recurrent_.end() || it->second.generation != generation ||
+        it->second.length != start) {
+      fail(
+          "{}: sequence {} continues at position {}, but its gated DeltaNet state {}; these "
+          "layers cannot rewind or start from cached pages (hint: prefix caching and "
+          "speculative decoding are off for such models; restart the sequence from position 0)",
+          spec_.label, seq, start,
+          it == recurrent_.end() || it->second.generation != generation
+              ? std::string("belongs to other tokens")
+          : it->second.length < 0 ? std::string("was lost with a failed step")
+                                  : fmt::format("holds {} tokens", it->second.length));
+    }
+    return it->second;
+  }
+
   Checkpoint ckpt_;
   ModelSpec spec_;
   EngineOptions opts_;
@@ -423,6 +503,8 @@ class CudaEngine final : public PagedEngine {
   cuda::DeviceBuffer keys_;  // argmax_rows' packed winners, one per logits row
   Pinned<uint64_t> keys_host_;
   cuda::ArgmaxLayout argmax_layout_;
+  std::unordered_map<SeqId, RecurrentSeq> recurrent_;  // gated DeltaNet models only
+  std::vector<int64_t> free_slots_;
 };
 
 }  // namespace

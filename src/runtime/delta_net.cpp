@@ -4,22 +4,22 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <string_view>
 
 #include <tbb/parallel_for.h>
+
+#include "exl3/cpu/activation.hpp"
+#include "exl3/format/safetensors.hpp"
+#include "exl3/runtime/linear.hpp"
 
 namespace exl3::runtime {
 namespace {
 
-float sigmoid(float x) {
-  return 1.0f / (1.0f + std::exp(-x));
-}
-float silu(float x) {
-  return x * sigmoid(x);
-}
-// torch.nn.functional.softplus (beta 1, threshold 20).
-float softplus(float x) {
-  return x > 20.0f ? x : std::log1p(std::exp(x));
-}
+using cpu::sigmoid;
+using cpu::silu;
+using cpu::softplus;
+
 // x / sqrt(sum(x^2) + 1e-6), as transformers' l2norm (the FLA library's epsilon).
 void l2norm(float* x, int64_t d) {
   double ss = 0.0;
@@ -29,6 +29,32 @@ void l2norm(float* x, int64_t d) {
 }
 
 }  // namespace
+
+DeltaNetWeights load_delta_net_weights(const TensorStore& store,
+                                       const model::GatedDeltaNetSpec& s) {
+  DeltaNetWeights w;
+  w.spec = s;
+  if (s.kimi) {  // three convolutions, one per input; A_log [1, 1, heads, 1]
+    for (const char* part : {"q", "k", "v"}) {
+      const int64_t shape[] = {std::string_view(part) == "v" ? s.value_dim() : s.key_dim(), 1,
+                               s.conv_kernel};
+      const auto c = load_float_tensor(store, s.prefix + "." + part + "_conv1d.weight", shape);
+      w.conv.insert(w.conv.end(), c.begin(), c.end());
+    }
+    const int64_t a_shape[] = {1, 1, s.num_v_heads, 1};
+    w.a = load_float_tensor(store, s.prefix + ".A_log", a_shape);
+    w.dt_bias = load_vector(store, s.prefix + ".dt_bias", s.key_dim());
+    w.norm = load_vector(store, s.prefix + ".o_norm.weight", s.head_v_dim);
+  } else {
+    const int64_t conv_shape[] = {s.conv_dim(), 1, s.conv_kernel};  // depthwise: one input each
+    w.conv = load_float_tensor(store, s.prefix + ".conv1d.weight", conv_shape);
+    w.a = load_vector(store, s.prefix + ".A_log", s.num_v_heads);
+    w.dt_bias = load_vector(store, s.prefix + ".dt_bias", s.num_v_heads);
+    w.norm = load_vector(store, s.prefix + ".norm.weight", s.head_v_dim);  // not (1 + w)
+  }
+  for (float& a : w.a) a = std::exp(a);
+  return w;
+}
 
 DeltaNetState::DeltaNetState(const model::GatedDeltaNetSpec& spec)
     : s(static_cast<size_t>(spec.num_v_heads * spec.head_k_dim * spec.head_v_dim), 0.0f),

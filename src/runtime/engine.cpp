@@ -79,12 +79,6 @@ std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions&
           "in the cached pages); hint: drop --prefix-cache",
           spec.label);
     }
-    if (opts.device == Device::kCuda) {
-      fail(
-          "{}: gated DeltaNet (linear attention) layers run on the CPU backend only so far; hint: "
-          "--device cpu",
-          spec.label);
-    }
   }
   if (opts.device == Device::kCuda) {
 #if defined(EXL3_HAVE_CUDA)

@@ -180,6 +180,109 @@ TEST(CudaEngine, GptOssMatchesCpu) {
   expect_incremental_matches(tmp / "cut", ids, cut, "gpt_oss cut to 96 (padded)");
 }
 
+// Qwen3-Next and Qwen3.5 (MoE and dense) as `exl3 quantize` converts the transformers reference
+// checkpoints: gated DeltaNet layers (both input layouts) beside gated full attention, and
+// Qwen3-Next's sigmoid-gated shared expert. The CUDA engine against the CPU engine in one pass
+// and one token at a time (the state carried through decode graphs).
+TEST(CudaEngine, HybridLinearAttentionMatchesCpu) {
+  EXL3_REQUIRE_GPU();
+  exl3::test::TempDir tmp;
+  quant::ConvertOptions o;
+  o.bits = 4.0;
+  o.head_bits = 6;
+  o.device = quant::Device::kCuda;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 256);
+  for (const char* name : {"qwen3_next", "qwen3_5_moe", "qwen3_5"}) {
+    quant::convert_model(exl3::test::model_data_dir() / name, tmp / name, o);
+    const auto one_pass = expect_matches_cpu(tmp / name, ids, 1e-3, name);
+    expect_incremental_matches(tmp / name, ids, one_pass, name);
+  }
+}
+
+// Each sequence keeps its own state slot: two sequences prefilled in one step and decoded in
+// batched steps give what each gives alone; a third waits for a free slot (a clear error until
+// one is dropped); a rewound sequence cannot continue its state, and restarting it from
+// position 0 gives the first logits again.
+TEST(CudaEngine, HybridStatesPerSequence) {
+  EXL3_REQUIRE_GPU();
+  exl3::test::TempDir tmp;
+  quant::ConvertOptions o;
+  o.bits = 4.0;
+  o.head_bits = 6;
+  o.device = quant::Device::kCuda;
+  quant::convert_model(exl3::test::model_data_dir() / "qwen3_next", tmp / "m", o);
+  EngineOptions eo = cuda_options();
+  eo.recurrent_slots = 2;
+  auto gpu = load_engine(tmp / "m", eo);
+  const size_t vocab = static_cast<size_t>(gpu->spec().vocab_size);
+  std::vector<int32_t> ids[2];
+  for (int i = 0; i < 16; ++i) {
+    ids[0].push_back((i * 37 + 5) % 256);
+    ids[1].push_back((i * 91 + 17) % 256);
+  }
+  const size_t prefill[2] = {5, 9};
+  // Alone: prefill, then one token at a time.
+  std::vector<float> alone[2];
+  for (int q = 0; q < 2; ++q) {
+    const auto seq = gpu->new_sequence();
+    const auto p = prefill[static_cast<size_t>(q)];
+    alone[q] = gpu->forward(seq, std::span(ids[q]).first(p), LogitsMode::kLast);
+    for (size_t t = p; t < ids[q].size(); ++t) {
+      const auto row = gpu->forward(seq, std::span(ids[q]).subspan(t, 1), LogitsMode::kLast);
+      alone[q].insert(alone[q].end(), row.begin(), row.end());
+    }
+    gpu->drop_sequence(seq);
+  }
+  // Together.
+  const Engine::SeqId seqs[2] = {gpu->new_sequence(), gpu->new_sequence()};
+  std::vector<float> together[2];
+  {
+    const Engine::BatchEntry b[2] = {
+        {seqs[0], std::span(ids[0]).first(prefill[0]), LogitsMode::kLast},
+        {seqs[1], std::span(ids[1]).first(prefill[1]), LogitsMode::kLast}};
+    auto rows = gpu->forward_batch(b);
+    for (int q = 0; q < 2; ++q) together[q] = rows[static_cast<size_t>(q)];
+  }
+  for (size_t t = 0;; ++t) {
+    std::vector<Engine::BatchEntry> b;
+    std::vector<int> which;
+    for (int q = 0; q < 2; ++q) {
+      const size_t at = prefill[static_cast<size_t>(q)] + t;
+      if (at >= ids[q].size()) continue;
+      b.push_back({seqs[q], std::span(ids[q]).subspan(at, 1), LogitsMode::kLast});
+      which.push_back(q);
+    }
+    if (b.empty()) break;
+    auto rows = gpu->forward_batch(b);
+    for (size_t i = 0; i < b.size(); ++i)
+      together[which[i]].insert(together[which[i]].end(), rows[i].begin(), rows[i].end());
+  }
+  for (int q = 0; q < 2; ++q) {
+    ASSERT_EQ(together[q].size(), alone[q].size());
+    const double err = exl3::test::rel_l2(together[q], alone[q]);
+    std::printf("qwen3_next sequence %d: batched vs alone rel-L2 %.3e\n", q, err);
+    EXPECT_LE(err, 1e-4);
+  }
+  // Both slots are held: a third sequence is refused until one is dropped.
+  const auto third = gpu->new_sequence();
+  EXPECT_THAT([&] { gpu->forward(third, std::span(ids[0]).first(3)); },
+              ::testing::ThrowsMessage<exl3::Error>(
+                  ::testing::HasSubstr("recurrent-state slots are held")));
+  gpu->drop_sequence(seqs[0]);
+  EXPECT_NO_THROW(gpu->forward(third, std::span(ids[0]).first(3)));
+  // A rewound sequence cannot continue; from position 0 it starts over.
+  gpu->truncate_sequence(seqs[1], 4);
+  EXPECT_THAT([&] { gpu->forward(seqs[1], std::span(ids[1]).subspan(4, 1)); },
+              ::testing::ThrowsMessage<exl3::Error>(::testing::HasSubstr("cannot rewind")));
+  gpu->truncate_sequence(seqs[1], 0);
+  const auto again = gpu->forward(seqs[1], std::span(ids[1]).first(prefill[1]), LogitsMode::kLast);
+  EXPECT_LE(
+      exl3::test::rel_l2(
+          again, std::vector<float>(alone[1].begin(), alone[1].begin() + static_cast<long>(vocab))),
+      1e-5);
+}
+
 // Prefill then one token at a time (decode graphs) equals one pass; graphs off gives the same
 // bits as graphs on; a mixed batch equals separate calls; small chunks equal one chunk.
 TEST(CudaEngine, DecodeBatchGraphsAndChunks) {

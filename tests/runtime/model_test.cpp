@@ -218,6 +218,37 @@ TEST(Engine, SyntheticGptOssLoadsAndDecodes) {
   EXPECT_LE(exl3::test::rel_l2(test::prefill_then_decode(*e, ids, 3), full), 1e-5);
 }
 
+// The synthetic Qwen3-Next geometry `exl3 bench model --synthetic qwen3-next-80b-a3b` writes,
+// small: three gated DeltaNet layers and one gated attention layer, experts beside a gated shared
+// expert. The CPU engine loads it and decodes it as one pass (the state carried).
+TEST(Engine, SyntheticQwen3NextLoadsAndDecodes) {
+  exl3::test::TempDir tmp;
+  SyntheticSpec s;
+  s.hidden_size = 256;
+  s.num_layers = 4;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.head_dim = 64;
+  s.linear_num_key_heads = 2;
+  s.linear_num_value_heads = 4;
+  s.linear_key_head_dim = 32;
+  s.linear_value_head_dim = 32;
+  s.num_experts = 4;
+  s.experts_per_tok = 2;
+  s.moe_intermediate_size = 128;
+  s.shared_expert_intermediate_size = 128;
+  s.vocab_size = 512;
+  s.seed = exl3::test::test_seed();
+  write_synthetic_checkpoint(tmp.path(), s);
+  auto e = load_engine(tmp.path());
+  EXPECT_EQ(e->spec().architecture, Architecture::kQwen3Next);
+  EXPECT_TRUE(e->spec().has_recurrent_layers());
+  const std::vector<int32_t> ids = {5, 17, 99, 3, 250, 8, 41, 77, 12};
+  const auto full = forward_logits(*e, ids);
+  for (const float v : full) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_LE(exl3::test::rel_l2(test::prefill_then_decode(*e, ids, 3), full), 1e-5);
+}
+
 TEST(Engine, ErrorsAreClear) {
   EXL3_REQUIRE_CONFORMANCE(dir);
   const auto model = test::tiny_model(dir);

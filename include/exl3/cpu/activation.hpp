@@ -20,6 +20,16 @@ EXL3_HD float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
 }
 
+// The logistic function (gates: DeltaNet's write strength, attention and shared-expert gates).
+EXL3_HD float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+// torch.nn.functional.softplus with beta 1 and threshold 20 (DeltaNet's decay step).
+EXL3_HD float softplus(float x) {
+  return x > 20.0f ? x : log1pf(expf(x));
+}
+
 // Soft-capping: cap * tanh(x / cap).
 EXL3_HD float softcap(float x, float cap) {
   return cap * tanhf(x / cap);

@@ -39,6 +39,20 @@ struct SyntheticSpec {
   // the clamped SwiGLU, every linear padded to 128 on both sides as the converter pads it.
   bool gpt_oss = false;
   int64_t sliding_window = 128;
+  // Qwen3-Next (Qwen3NextForCausalLM) when linear_num_value_heads > 0: every
+  // full_attention_interval-th layer gated full attention (q_proj writes [query, gate] per head;
+  // q/k norms), the others gated DeltaNet (in_proj_qkvz and out_proj EXL3; in_proj_ba, conv1d,
+  // A_log, dt_bias and the gated norm BF16, as converted), the routed experts beside a shared
+  // expert of shared_expert_intermediate_size scaled by sigmoid(shared_expert_gate(x)); every
+  // RMSNorm outside the DeltaNet scales by (1 + w), so its weights sit around 0.
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;
+  int64_t linear_key_head_dim = 128;
+  int64_t linear_value_head_dim = 128;
+  int64_t linear_conv_kernel = 4;
+  int64_t full_attention_interval = 4;
+  int64_t shared_expert_intermediate_size = 0;
+  double partial_rotary_factor = 0.25;
   int bits = 4;
   int head_bits = 6;
   trellis::Codebook codebook = trellis::Codebook::kMul1;
@@ -56,7 +70,8 @@ struct SyntheticResult {
 
 // Writes config.json, model.safetensors and sample_input.safetensors into `dir` (created if
 // needed). Architecture GptOssForCausalLM when gpt_oss, DeepseekV3ForCausalLM when kv_lora_rank
-// > 0, else Qwen3MoeForCausalLM when num_experts > 0, else Qwen3ForCausalLM.
+// > 0, Qwen3NextForCausalLM when linear_num_value_heads > 0, else Qwen3MoeForCausalLM when
+// num_experts > 0, else Qwen3ForCausalLM.
 SyntheticResult write_synthetic_checkpoint(const std::filesystem::path& dir,
                                            const SyntheticSpec& spec);
 

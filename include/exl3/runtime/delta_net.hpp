@@ -8,6 +8,10 @@
 
 #include "exl3/model/spec.hpp"
 
+namespace exl3 {
+class TensorStore;
+}
+
 namespace exl3::runtime {
 
 // A layer's weights besides its linears, as fp32.
@@ -19,6 +23,11 @@ struct DeltaNetWeights {
   std::vector<float> dt_bias;  // [num_v_heads] (KDA: [key_dim], per channel)
   std::vector<float> norm;     // the gated RMSNorm's weight [head_v_dim] (KDA: o_norm)
 };
+
+// Reads a layer's weights besides its linears from `store` (conv1d, A_log as exp(A_log),
+// dt_bias and the gated norm's weight; KDA: q/k/v_conv1d, A_log, dt_bias, o_norm), shapes
+// checked.
+DeltaNetWeights load_delta_net_weights(const TensorStore& store, const model::GatedDeltaNetSpec& s);
 
 // One sequence's state: S of every value head [num_v_heads, head_k_dim, head_v_dim] and the last
 // conv_kernel - 1 convolution inputs [conv_kernel - 1, conv_dim], oldest first; zero before the

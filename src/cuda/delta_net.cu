@@ -1,0 +1,261 @@
+// Gated DeltaNet kernels (see include/exl3/cuda/delta_net.hpp). Three launches per layer:
+//   1. the causal depthwise convolution + SiLU of every token, reading the inputs before a run's
+//      first token from its slot's window;
+//   2. each run's window advanced to its last conv_kernel - 1 inputs (after 1 has read it);
+//   3. the recurrence: one block per (run, value head) walks the run's tokens in order with S in
+//      registers (thread (j, g) holds column j of rows g, g + G, ... where G = 256 / head_v_dim),
+//      then the gated RMSNorm of the head's output.
+// The recurrence is sequential in the tokens of a run (transformers' recurrent form, as the host
+// reference computes it); a prefill's tokens each cost one pass over S.
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/paged_kv.cuh"
+#include "cuda/pdl.cuh"
+#include "exl3/cpu/activation.hpp"
+#include "exl3/cuda/delta_net.hpp"
+
+namespace exl3::cuda {
+namespace {
+
+using detail::block_sum;
+
+constexpr int kThreads = 256;
+constexpr int kMaxRows = 64;  // key rows of S per thread
+constexpr int kMaxTaps = 8;
+
+// Channel c (< conv_dim) of token t's convolution input [q | k | v]: in Qwen3-Next's layout each
+// key head g owns [q_g, k_g, v of its value heads, z of its value heads] in qkvz.
+__device__ __forceinline__ float conv_input(const DeltaNetShape& s, const float* const* in,
+                                            int64_t t, int c) {
+  if (s.split_inputs) return in[0][t * s.conv_dim() + c];
+  const int dk = s.head_k_dim, kd = s.key_dim(), r = s.num_v_heads / s.num_k_heads;
+  const int group = 2 * dk + 2 * r * s.head_v_dim;
+  int g, off;
+  if (c < kd) {
+    g = c / dk;
+    off = c % dk;
+  } else if (c < 2 * kd) {
+    g = (c - kd) / dk;
+    off = dk + (c - kd) % dk;
+  } else {
+    const int cv = c - 2 * kd, vw = r * s.head_v_dim;
+    g = cv / vw;
+    off = 2 * dk + cv % vw;
+  }
+  const int64_t width = 2 * static_cast<int64_t>(kd) + 2 * s.value_dim();
+  return in[0][t * width + g * group + off];
+}
+
+struct Inputs {
+  const float* p[4];
+};
+
+__global__ void conv_kernel(DeltaNetShape s, Inputs in, DeltaNetWeightsDev w, DeltaNetRuns runs,
+                            DeltaNetStatePool pool, float* conv_out) {
+  pdl_begin();
+  const int64_t t = blockIdx.x;
+  const int c = static_cast<int>(blockIdx.y) * blockDim.x + threadIdx.x;
+  const int cd = s.conv_dim(), taps = s.conv_kernel;
+  if (c >= cd) return;
+  const int run = runs.token_run[t];
+  const int64_t j = t - runs.first[run];  // token t's place in its run
+  const float* window = pool.base + runs.slot[run] * pool.slot_floats + pool.layer_offset +
+                        static_cast<int64_t>(s.num_v_heads) * s.head_k_dim * s.head_v_dim;
+  const float* wc = w.conv + static_cast<int64_t>(c) * taps;
+  float acc = wc[taps - 1] * conv_input(s, in.p, t, c);
+  for (int d = 1; d < taps; ++d) {  // the input d tokens back
+    const float x = j >= d ? conv_input(s, in.p, t - d, c)
+                           : window[static_cast<int64_t>(taps - 1 - (d - j)) * cd + c];
+    acc += wc[taps - 1 - d] * x;
+  }
+  conv_out[t * cd + c] = cpu::silu(acc);
+}
+
+// Row q of the new window is the input taps - 1 - q tokens before the run's end: from the run
+// when it is long enough, else row q + len of the old window (rows are rewritten in increasing
+// order, and each reads a later one).
+__global__ void conv_window_kernel(DeltaNetShape s, Inputs in, DeltaNetRuns runs,
+                                   DeltaNetStatePool pool) {
+  pdl_begin();
+  const int run = blockIdx.x;
+  const int c = static_cast<int>(blockIdx.y) * blockDim.x + threadIdx.x;
+  const int cd = s.conv_dim(), keep = s.conv_kernel - 1;
+  if (c >= cd) return;
+  const int64_t first = runs.first[run], len = runs.len[run];
+  float* window = pool.base + runs.slot[run] * pool.slot_floats + pool.layer_offset +
+                  static_cast<int64_t>(s.num_v_heads) * s.head_k_dim * s.head_v_dim;
+  for (int q = 0; q < keep; ++q) {
+    const int64_t back = keep - q;  // tokens before the run's end
+    window[static_cast<int64_t>(q) * cd + c] =
+        len >= back ? conv_input(s, in.p, first + len - back, c) : window[(q + len) * cd + c];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    scan_kernel(DeltaNetShape s, Inputs in, const float* conv_out, DeltaNetWeightsDev w,
+                DeltaNetRuns runs, DeltaNetStatePool pool, float* out) {
+  pdl_begin();
+  __shared__ float qs[kThreads], ks[kThreads], vs[kThreads], zs[kThreads], red[kThreads],
+      delta[kThreads], scratch[32];
+  const int run = blockIdx.x, h = blockIdx.y;
+  const int dk = s.head_k_dim, dv = s.head_v_dim, kd = s.key_dim(), vd = s.value_dim();
+  const int cd = s.conv_dim(), r = s.num_v_heads / s.num_k_heads, kh = h / r, hj = h % r;
+  const int groups = kThreads / dv, tid = threadIdx.x, col = tid % dv, g = tid / dv;
+  float* S = pool.base + runs.slot[run] * pool.slot_floats + pool.layer_offset +
+             static_cast<int64_t>(h) * dk * dv;
+  float st[kMaxRows];
+#pragma unroll
+  for (int q = 0; q < kMaxRows; ++q) {
+    const int i = g + q * groups;
+    st[q] = i < dk ? S[static_cast<int64_t>(i) * dv + col] : 0.0f;
+  }
+  const float q_scale = rsqrtf(static_cast<float>(dk));
+  const float a = w.a[h], dt_bias = w.dt_bias[h];
+  const int64_t first = runs.first[run], last = first + runs.len[run];
+  const int64_t qkvz_w = 2 * static_cast<int64_t>(kd) + 2 * vd, group = 2 * dk + 2 * r * dv;
+  for (int64_t t = first; t < last; ++t) {
+    const float* x = conv_out + t * cd;
+    float bt, at;
+    if (s.split_inputs) {
+      bt = in.p[2][t * s.num_v_heads + h];
+      at = in.p[3][t * s.num_v_heads + h];
+    } else {
+      bt = in.p[1][t * 2 * s.num_v_heads + kh * 2 * r + hj];
+      at = in.p[1][t * 2 * s.num_v_heads + kh * 2 * r + r + hj];
+    }
+    const float beta = cpu::sigmoid(bt), decay = expf(-a * cpu::softplus(at + dt_bias));
+    float qv = 0.0f, kv = 0.0f;
+    if (tid < dk) {
+      qv = x[kh * dk + tid];
+      kv = x[kd + kh * dk + tid];
+      qs[tid] = qv;
+      ks[tid] = kv;
+    }
+    if (tid < dv) {
+      vs[tid] = x[2 * kd + h * dv + tid];
+      zs[tid] = s.split_inputs ? in.p[1][t * vd + h * dv + tid]
+                               : in.p[0][t * qkvz_w + kh * group + 2 * dk + r * dv + hj * dv + tid];
+    }
+    // L2 norms of q and k over the head (+1e-6 inside the root, as the reference).
+    const float q_inv = rsqrtf(block_sum(qv * qv, scratch) + 1e-6f) * q_scale;
+    const float k_inv = rsqrtf(block_sum(kv * kv, scratch) + 1e-6f);
+    // S decays, then S^T k.
+    float part = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kMaxRows; ++q) {
+      const int i = g + q * groups;
+      if (i < dk) {
+        st[q] *= decay;
+        part += st[q] * ks[i];
+      }
+    }
+    red[tid] = part * k_inv;
+    __syncthreads();
+    if (g == 0) {
+      float sum = 0.0f;
+      for (int gg = 0; gg < groups; ++gg) sum += red[gg * dv + col];
+      delta[col] = (vs[col] - sum) * beta;
+    }
+    __syncthreads();
+    // S += k delta^T, then o = S^T q.
+    const float dj = delta[col] * k_inv;
+    float o = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kMaxRows; ++q) {
+      const int i = g + q * groups;
+      if (i < dk) {
+        st[q] += ks[i] * dj;
+        o += st[q] * qs[i];
+      }
+    }
+    red[tid] = o * q_inv;  // the reads of red above ended before the last barrier
+    __syncthreads();
+    float oj = 0.0f;
+    if (g == 0)
+      for (int gg = 0; gg < groups; ++gg) oj += red[gg * dv + col];
+    // The gated RMSNorm over the head: norm, weight, then silu(z).
+    const float ms = block_sum(g == 0 ? oj * oj : 0.0f, scratch) / static_cast<float>(dv);
+    if (g == 0) {
+      const float inv = rsqrtf(ms + s.norm_eps);
+      out[t * vd + h * dv + col] = oj * inv * w.norm[col] * cpu::silu(zs[col]);
+    }
+    __syncthreads();  // qs / ks / vs / zs are rewritten by the next token
+  }
+#pragma unroll
+  for (int q = 0; q < kMaxRows; ++q) {
+    const int i = g + q * groups;
+    if (i < dk) S[static_cast<int64_t>(i) * dv + col] = st[q];
+  }
+}
+
+__global__ void split_query_gate_kernel(const float* qg, int64_t rows, int64_t heads,
+                                        int64_t head_dim, float* q, float* gate) {
+  pdl_begin();
+  const int64_t width = heads * head_dim;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * width) return;
+  const int64_t row = i / width, h = (i % width) / head_dim, d = i % head_dim;
+  const float* src = qg + row * 2 * width + h * 2 * head_dim;
+  q[i] = src[d];
+  gate[i] = src[head_dim + d];
+}
+
+__global__ void sigmoid_gate_kernel(float* y, const float* gate, int64_t rows, int64_t width,
+                                    int64_t gate_width) {
+  pdl_begin();
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows * width) return;
+  const int64_t row = i / width;
+  y[i] *= cpu::sigmoid(gate[row * gate_width + (gate_width == 1 ? 0 : i % width)]);
+}
+
+}  // namespace
+
+bool delta_net_supports(const DeltaNetShape& s) {
+  if (s.num_k_heads <= 0 || s.num_v_heads <= 0 || s.num_v_heads % s.num_k_heads != 0) return false;
+  if (s.head_v_dim <= 0 || s.head_v_dim > kThreads || kThreads % s.head_v_dim != 0) return false;
+  if (s.head_k_dim <= 0 || s.head_k_dim > kThreads) return false;
+  if (s.head_k_dim > kMaxRows * (kThreads / s.head_v_dim)) return false;
+  return s.conv_kernel >= 1 && s.conv_kernel <= kMaxTaps;
+}
+
+cudaError_t delta_net_forward(const DeltaNetShape& s, const DeltaNetWeightsDev& w,
+                              const float* const in[4], int64_t tokens, const DeltaNetRuns& runs,
+                              const DeltaNetStatePool& pool, float* conv_ws, float* out,
+                              cudaStream_t stream) {
+  if (!delta_net_supports(s)) return cudaErrorInvalidValue;
+  if (tokens <= 0 || runs.runs <= 0) return cudaSuccess;
+  const Inputs x{{in[0], in[1], in[2], in[3]}};
+  const unsigned chunks = static_cast<unsigned>((s.conv_dim() + kThreads - 1) / kThreads);
+  launch_pdl(conv_kernel, dim3(static_cast<unsigned>(tokens), chunks), kThreads, 0, stream, s, x, w,
+             runs, pool, conv_ws);
+  if (s.conv_kernel > 1) {
+    launch_pdl(conv_window_kernel, dim3(static_cast<unsigned>(runs.runs), chunks), kThreads, 0,
+               stream, s, x, runs, pool);
+  }
+  launch_pdl(scan_kernel,
+             dim3(static_cast<unsigned>(runs.runs), static_cast<unsigned>(s.num_v_heads)), kThreads,
+             0, stream, s, x, static_cast<const float*>(conv_ws), w, runs, pool, out);
+  return cudaGetLastError();
+}
+
+cudaError_t split_query_gate(const float* qg, int64_t rows, int64_t heads, int64_t head_dim,
+                             float* q, float* gate, cudaStream_t stream) {
+  const int64_t n = rows * heads * head_dim;
+  if (n <= 0) return cudaSuccess;
+  launch_pdl(split_query_gate_kernel, detail::blocks_for(n, 256), 256, 0, stream, qg, rows, heads,
+             head_dim, q, gate);
+  return cudaGetLastError();
+}
+
+cudaError_t sigmoid_gate(float* y, const float* gate, int64_t rows, int64_t width,
+                         int64_t gate_width, cudaStream_t stream) {
+  const int64_t n = rows * width;
+  if (n <= 0) return cudaSuccess;
+  launch_pdl(sigmoid_gate_kernel, detail::blocks_for(n, 256), 256, 0, stream, y, gate, rows, width,
+             gate_width);
+  return cudaGetLastError();
+}
+
+}  // namespace exl3::cuda
