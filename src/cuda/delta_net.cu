@@ -2,11 +2,10 @@
 //   1. the causal depthwise convolution + SiLU of every token, reading the inputs before a run's
 //      first token from its slot's window;
 //   2. each run's window advanced to its last conv_kernel - 1 inputs (after 1 has read it);
-//   3. the recurrence: one block per (run, value head) walks the run's tokens in order with S in
-//      registers (thread (j, g) holds column j of rows g, g + G, ... where G = 256 / head_v_dim),
-//      then the gated RMSNorm of the head's output.
-// The recurrence is sequential in the tokens of a run (transformers' recurrent form, as the host
-// reference computes it); a prefill's tokens each cost one pass over S.
+//   3. the recurrence, one block per (run, value head), ending in the head's gated RMSNorm: in a
+//      decode step token by token with S in registers (thread (j, g) holds column j of rows g,
+//      g + G, ... where G = 256 / head_v_dim), in a step with longer runs by chunks of 32 tokens
+//      in shared memory (chunk_scan_kernel).
 #include <algorithm>
 #include <cstdint>
 
@@ -189,6 +188,163 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The same recurrence over chunks of up to C tokens of a run (transformers' chunked form, in
+// fp32): with G_i the cumulative log decay of the chunk's tokens up to i and S0 the state before
+// it, the write strengths u_i = beta_i (v_i - e^G_i S0^T k_i) - sum_{j<i} A_ij u_j (A_ij =
+// beta_i e^(G_i - G_j) k_i.k_j) come by forward substitution, the outputs are
+// o_i = e^G_i S0^T q_i + sum_{j<=i} e^(G_i - G_j) (q_i.k_j) u_j, and the state becomes
+// e^G_last S0 + sum_j e^(G_last - G_j) k_j u_j^T. A chunk costs a few small matrix products in
+// shared memory (S, the chunk's q / k / u and the C x C products) and a dozen barriers, where the
+// token-by-token kernel pays a handful of barriers per token.
+template <int C>
+__global__ void __launch_bounds__(kThreads)
+    chunk_scan_kernel(DeltaNetShape s, Inputs in, const float* conv_out, DeltaNetWeightsDev w,
+                      DeltaNetRuns runs, DeltaNetStatePool pool, float* out) {
+  pdl_begin();
+  extern __shared__ float sm[];
+  const int run = blockIdx.x, h = blockIdx.y;
+  const int dk = s.head_k_dim, dv = s.head_v_dim, kd = s.key_dim(), vd = s.value_dim();
+  const int cd = s.conv_dim(), r = s.num_v_heads / s.num_k_heads, kh = h / r, hj = h % r;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, warps = kThreads / 32;
+  float* sS = sm;            // [dk, dv]
+  float* sK = sS + dk * dv;  // [C, dk], L2-normed
+  float* sQ = sK + C * dk;   // [C, dk], L2-normed and scaled
+  float* sU = sQ + C * dk;   // [C, dv]: v, then u
+  float* sW = sU + C * dv;   // [C, dv]: S0^T k, then the outputs
+  float* sA = sW + C * dv;   // [C, C]
+  float* sP = sA + C * C;    // [C, C]
+  float* sG = sP + C * C;    // [C]: cumulative log decay
+  float* sB = sG + C;        // [C]: beta
+  float* sE = sB + C;        // [C]: e^G_i
+  float* sD = sE + C;        // [C]: e^(G_last - G_i)
+  float* S = pool.base + runs.slot[run] * pool.slot_floats + pool.layer_offset +
+             static_cast<int64_t>(h) * dk * dv;
+  for (int i = tid; i < dk * dv; i += kThreads) sS[i] = S[i];
+  const float q_scale = rsqrtf(static_cast<float>(dk));
+  const float a = w.a[h], dt_bias = w.dt_bias[h];
+  const int64_t first = runs.first[run], last = first + runs.len[run];
+  const int64_t qkvz_w = 2 * static_cast<int64_t>(kd) + 2 * vd, group = 2 * dk + 2 * r * dv;
+  for (int64_t c0 = first; c0 < last; c0 += C) {
+    const int L = static_cast<int>(last - c0 < C ? last - c0 : C);
+    __syncthreads();                         // the previous chunk is done with the shared arrays
+    for (int i = warp; i < L; i += warps) {  // a warp per token: q, k normed; v; beta, log decay
+      const int64_t t = c0 + i;
+      const float* x = conv_out + t * cd;
+      float sq = 0.0f, sk = 0.0f;
+      for (int d = lane; d < dk; d += 32) {
+        const float qv = x[kh * dk + d], kv = x[kd + kh * dk + d];
+        sQ[i * dk + d] = qv;
+        sK[i * dk + d] = kv;
+        sq += qv * qv;
+        sk += kv * kv;
+      }
+      sq = detail::warp_sum(sq);
+      sk = detail::warp_sum(sk);
+      const float qi = rsqrtf(sq + 1e-6f) * q_scale, ki = rsqrtf(sk + 1e-6f);
+      for (int d = lane; d < dk; d += 32) {
+        sQ[i * dk + d] *= qi;
+        sK[i * dk + d] *= ki;
+      }
+      for (int d = lane; d < dv; d += 32) sU[i * dv + d] = x[2 * kd + h * dv + d];
+      if (lane == 0) {
+        float bt, at;
+        if (s.split_inputs) {
+          bt = in.p[2][t * s.num_v_heads + h];
+          at = in.p[3][t * s.num_v_heads + h];
+        } else {
+          bt = in.p[1][t * 2 * s.num_v_heads + kh * 2 * r + hj];
+          at = in.p[1][t * 2 * s.num_v_heads + kh * 2 * r + r + hj];
+        }
+        sB[i] = cpu::sigmoid(bt);
+        sG[i] = -a * cpu::softplus(at + dt_bias);
+      }
+    }
+    __syncthreads();
+    if (tid == 0) {
+      for (int i = 1; i < L; ++i) sG[i] += sG[i - 1];
+    }
+    __syncthreads();
+    if (tid < L) {
+      sE[tid] = expf(sG[tid]);
+      sD[tid] = expf(sG[L - 1] - sG[tid]);
+    }
+    // S0^T k_i for every token; a warp per pair (i, j <= i) for k_i.k_j and q_i.k_j.
+    for (int e = tid; e < L * dv; e += kThreads) {
+      const int i = e / dv, j = e % dv;
+      float acc = 0.0f;
+      for (int q = 0; q < dk; ++q) acc += sK[i * dk + q] * sS[q * dv + j];
+      sW[e] = acc;
+    }
+    for (int p = warp; p < L * L; p += warps) {
+      const int i = p / L, j = p % L;
+      if (j > i) continue;
+      float kk = 0.0f, qk = 0.0f;
+      for (int d = lane; d < dk; d += 32) {
+        const float kj = sK[j * dk + d];
+        kk += sK[i * dk + d] * kj;
+        qk += sQ[i * dk + d] * kj;
+      }
+      kk = detail::warp_sum(kk);
+      qk = detail::warp_sum(qk);
+      if (lane == 0) {
+        const float e = expf(sG[i] - sG[j]);
+        sP[i * C + j] = e * qk;
+        if (j < i) sA[i * C + j] = sB[i] * e * kk;
+      }
+    }
+    __syncthreads();
+    // u by forward substitution, one value channel per thread.
+    for (int j = tid; j < dv; j += kThreads) {
+      for (int i = 0; i < L; ++i) {
+        float u = sB[i] * (sU[i * dv + j] - sE[i] * sW[i * dv + j]);
+        for (int m = 0; m < i; ++m) u -= sA[i * C + m] * sU[m * dv + j];
+        sU[i * dv + j] = u;
+      }
+    }
+    __syncthreads();
+    // Outputs into sW.
+    for (int e = tid; e < L * dv; e += kThreads) {
+      const int i = e / dv, j = e % dv;
+      float acc = 0.0f;
+      for (int q = 0; q < dk; ++q) acc += sQ[i * dk + q] * sS[q * dv + j];
+      acc *= sE[i];
+      for (int m = 0; m <= i; ++m) acc += sP[i * C + m] * sU[m * dv + j];
+      sW[e] = acc;
+    }
+    __syncthreads();
+    // The state moves to the chunk's end; the outputs are normed and gated.
+    const float e_last = sE[L - 1];
+    for (int e = tid; e < dk * dv; e += kThreads) {
+      const int q = e / dv, j = e % dv;
+      float acc = e_last * sS[e];
+      for (int m = 0; m < L; ++m) acc += sD[m] * sK[m * dk + q] * sU[m * dv + j];
+      sS[e] = acc;
+    }
+    for (int i = warp; i < L; i += warps) {
+      const int64_t t = c0 + i;
+      float ss = 0.0f;
+      for (int d = lane; d < dv; d += 32) ss += sW[i * dv + d] * sW[i * dv + d];
+      const float inv = rsqrtf(detail::warp_sum(ss) / static_cast<float>(dv) + s.norm_eps);
+      for (int d = lane; d < dv; d += 32) {
+        const float z = s.split_inputs
+                            ? in.p[1][t * vd + h * dv + d]
+                            : in.p[0][t * qkvz_w + kh * group + 2 * dk + r * dv + hj * dv + d];
+        out[t * vd + h * dv + d] = sW[i * dv + d] * inv * w.norm[d] * cpu::silu(z);
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < dk * dv; i += kThreads) S[i] = sS[i];
+}
+
+constexpr int kChunk = 32;
+constexpr size_t kChunkSmemLimit = 200 * 1024;
+
+size_t chunk_smem_bytes(const DeltaNetShape& s) {
+  const size_t dk = static_cast<size_t>(s.head_k_dim), dv = static_cast<size_t>(s.head_v_dim);
+  return (dk * dv + kChunk * (dk + dk + dv + dv) + 2 * kChunk * kChunk + 4 * kChunk) * 4;
+}
+
 __global__ void split_query_gate_kernel(const float* qg, int64_t rows, int64_t heads,
                                         int64_t head_dim, float* q, float* gate) {
   pdl_begin();
@@ -234,9 +390,22 @@ cudaError_t delta_net_forward(const DeltaNetShape& s, const DeltaNetWeightsDev& 
     launch_pdl(conv_window_kernel, dim3(static_cast<unsigned>(runs.runs), chunks), kThreads, 0,
                stream, s, x, runs, pool);
   }
-  launch_pdl(scan_kernel,
-             dim3(static_cast<unsigned>(runs.runs), static_cast<unsigned>(s.num_v_heads)), kThreads,
-             0, stream, s, x, static_cast<const float*>(conv_ws), w, runs, pool, out);
+  const dim3 grid(static_cast<unsigned>(runs.runs), static_cast<unsigned>(s.num_v_heads));
+  const size_t smem = chunk_smem_bytes(s);
+  // Decode steps (one token per run) walk S in registers; a step with a longer run goes by
+  // chunks where the chunk's arrays fit in shared memory. The choice depends on the counts only,
+  // so a graph captured for a step shape replays the same kernel.
+  if (tokens == runs.runs || smem > kChunkSmemLimit) {
+    launch_pdl(scan_kernel, grid, kThreads, 0, stream, s, x, static_cast<const float*>(conv_ws), w,
+               runs, pool, out);
+    return cudaGetLastError();
+  }
+  static const cudaError_t configured =
+      cudaFuncSetAttribute(chunk_scan_kernel<kChunk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kChunkSmemLimit));
+  if (configured != cudaSuccess) return configured;
+  launch_pdl(chunk_scan_kernel<kChunk>, grid, kThreads, smem, stream, s, x,
+             static_cast<const float*>(conv_ws), w, runs, pool, out);
   return cudaGetLastError();
 }
 

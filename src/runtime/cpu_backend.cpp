@@ -315,6 +315,7 @@ ModulePtr CpuBackend::load_gated_delta_net(const model::GatedDeltaNetSpec& s, in
   (void)cache_layer;
   auto d = std::make_unique<CpuDeltaNet>();
   d->w = load_delta_net_weights(ckpt_.store(), s);
+  delta_nets_.push_back(d.get());
   kv_.push_back({0, 0});  // a cache layer index like any layer's, holding nothing per token
   return d;
 }
@@ -682,6 +683,10 @@ void CpuBackend::mla_attention(const Module& attn, Act h, Act q_resid, Act q, Ac
       for (int64_t d = 0; d < vd; ++d) o[d] += w * vv[d];
     }
   });
+}
+
+void CpuBackend::forget_sequence(PagedKvCache::SeqId seq) {
+  for (const Module* m : delta_nets_) static_cast<const CpuDeltaNet*>(m)->seqs.erase(seq);
 }
 
 void CpuBackend::gated_delta_net(const Module& mixer, std::span<const Act> in, Act out) {

@@ -75,6 +75,8 @@ class CpuBackend final : public model::Backend {
   // (calibration) hand it from one layer's backend to the next.
   const std::vector<std::vector<int32_t>>& dsa_selection() const { return dsa_selection_; }
   void set_dsa_selection(std::vector<std::vector<int32_t>> s) { dsa_selection_ = std::move(s); }
+  // A sequence dropped from the cache: its gated DeltaNet states are freed.
+  void forget_sequence(PagedKvCache::SeqId seq);
 
   // ---- the op layer ----
   model::ModulePtr load_embedding() override;
@@ -122,6 +124,7 @@ class CpuBackend final : public model::Backend {
   const ModelSpec& spec_;
   Options opts_;
   std::vector<KvLayerShape> kv_;
+  std::vector<const model::Module*> delta_nets_;  // the gated DeltaNet layers loaded
   Step step_;
   std::vector<float> slots_[static_cast<size_t>(model::Slot::kCount)];
   // DSA: the positions each token of the step attends to, from the last full indexer layer (a

@@ -105,6 +105,7 @@ class CpuEngine final : public PagedEngine {
   void drop_sequence(SeqId seq) override {
     PagedEngine::drop_sequence(seq);
     hidden_.erase(seq);
+    for (Rank& rk : ranks_) rk.backend->forget_sequence(seq);
   }
 
   void keep_hidden_states(SeqId seq, int64_t from) override {

@@ -1,9 +1,10 @@
 // The gated DeltaNet kernels (cuda::delta_net_forward) against the host reference
 // (runtime::delta_net_forward) on random weights and inputs, both input layouts: two sequences
-// in slots out of order, a multi-token run beside a one-token run, then a second step that
-// continues both (the convolution window across steps, runs shorter than the window), outputs
-// and every state float compared; outputs poisoned first. Then the gates of the hybrid stacks
-// (query / gate split, sigmoid gate with a per-channel and a broadcast gate).
+// in slots out of order, a multi-token run beside a one-token run, then steps that continue both
+// (the convolution window across steps, runs shorter than the window, a decode step, runs of
+// several chunks), outputs and every state float compared; outputs poisoned first. Then the gates
+// of the hybrid stacks (query / gate split, sigmoid gate with a per-channel and a broadcast
+// gate).
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -99,8 +100,9 @@ TEST_P(DeltaNetKernel, MatchesTheHostReferenceAcrossSteps) {
   const int slots[2] = {2, 0};
   DeltaNetState ref[2] = {DeltaNetState(s), DeltaNetState(s)};
   // Step 1: 7 tokens of sequence 0, 1 of sequence 1; step 2: 1 token of 0, 2 of 1 (fewer than the
-  // window), step 3: 9 tokens of 1 only.
-  const std::vector<std::vector<int>> steps = {{7, 1}, {1, 2}, {0, 9}};
+  // window), step 3: 9 tokens of 1 only (these by chunks of up to 32 tokens); step 4: one token
+  // each (the decode kernel); step 5: 40 and 70 tokens (several chunks each).
+  const std::vector<std::vector<int>> steps = {{7, 1}, {1, 2}, {0, 9}, {1, 1}, {40, 70}};
   for (size_t step = 0; step < steps.size(); ++step) {
     std::vector<int32_t> token_run, first, len, slot;
     std::vector<int> seqs;
