@@ -196,6 +196,13 @@ __global__ void __launch_bounds__(kThreads)
 // e^G_last S0 + sum_j e^(G_last - G_j) k_j u_j^T. A chunk costs a few small matrix products in
 // shared memory (S, the chunk's q / k / u and the C x C products) and a dozen barriers, where the
 // token-by-token kernel pays a handful of barriers per token.
+constexpr int kChunk = 32;
+constexpr size_t kChunkSmemLimit = 200 * 1024;
+// Rows of a thread's register tile: chunk tokens (kChunk / row_groups is at most 8 for
+// head_v_dim <= 256) and state rows per pass.
+constexpr int kTileRows = 8;
+constexpr int kStateRows = 16;
+
 template <int C>
 __global__ void __launch_bounds__(kThreads)
     chunk_scan_kernel(DeltaNetShape s, Inputs in, const float* conv_out, DeltaNetWeightsDev w,
@@ -206,6 +213,10 @@ __global__ void __launch_bounds__(kThreads)
   const int dk = s.head_k_dim, dv = s.head_v_dim, kd = s.key_dim(), vd = s.value_dim();
   const int cd = s.conv_dim(), r = s.num_v_heads / s.num_k_heads, kh = h / r, hj = h % r;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, warps = kThreads / 32;
+  // Register tiles of the chunk's products: thread (cg, rg) owns value channels cg + jj *
+  // col_groups (jj < 4) of rows rg + ii * row_groups.
+  const int col_groups = dv / 4, row_groups = kThreads / col_groups;
+  const int cg = tid % col_groups, rg = tid / col_groups;
   float* sS = sm;            // [dk, dv]
   float* sK = sS + dk * dv;  // [C, dk], L2-normed
   float* sQ = sK + C * dk;   // [C, dk], L2-normed and scaled
@@ -268,12 +279,32 @@ __global__ void __launch_bounds__(kThreads)
       sE[tid] = expf(sG[tid]);
       sD[tid] = expf(sG[L - 1] - sG[tid]);
     }
-    // S0^T k_i for every token; a warp per pair (i, j <= i) for k_i.k_j and q_i.k_j.
-    for (int e = tid; e < L * dv; e += kThreads) {
-      const int i = e / dv, j = e % dv;
-      float acc = 0.0f;
-      for (int q = 0; q < dk; ++q) acc += sK[i * dk + q] * sS[q * dv + j];
-      sW[e] = acc;
+    // S0^T k_i for every token (register tiles: 4 value channels by up to 8 tokens per thread);
+    // then a warp per pair (i, j <= i) for k_i.k_j and q_i.k_j.
+    {
+      float acc[kTileRows][4] = {};
+      for (int q = 0; q < dk; ++q) {
+        float b[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) b[jj] = sS[q * dv + cg + jj * col_groups];
+#pragma unroll
+        for (int ii = 0; ii < kTileRows; ++ii) {
+          const int i = rg + ii * row_groups;
+          if (i < L) {
+            const float av = sK[i * dk + q];
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) acc[ii][jj] += av * b[jj];
+          }
+        }
+      }
+#pragma unroll
+      for (int ii = 0; ii < kTileRows; ++ii) {
+        const int i = rg + ii * row_groups;
+        if (i < L) {
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) sW[i * dv + cg + jj * col_groups] = acc[ii][jj];
+        }
+      }
     }
     for (int p = warp; p < L * L; p += warps) {
       const int i = p / L, j = p % L;
@@ -302,23 +333,72 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();
-    // Outputs into sW.
-    for (int e = tid; e < L * dv; e += kThreads) {
-      const int i = e / dv, j = e % dv;
-      float acc = 0.0f;
-      for (int q = 0; q < dk; ++q) acc += sQ[i * dk + q] * sS[q * dv + j];
-      acc *= sE[i];
-      for (int m = 0; m <= i; ++m) acc += sP[i * C + m] * sU[m * dv + j];
-      sW[e] = acc;
+    // Outputs into sW (the same tiles).
+    {
+      float acc[kTileRows][4] = {};
+      for (int q = 0; q < dk; ++q) {
+        float b[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) b[jj] = sS[q * dv + cg + jj * col_groups];
+#pragma unroll
+        for (int ii = 0; ii < kTileRows; ++ii) {
+          const int i = rg + ii * row_groups;
+          if (i < L) {
+            const float av = sQ[i * dk + q];
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) acc[ii][jj] += av * b[jj];
+          }
+        }
+      }
+#pragma unroll
+      for (int ii = 0; ii < kTileRows; ++ii) {
+        const int i = rg + ii * row_groups;
+        if (i >= L) continue;
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) acc[ii][jj] *= sE[i];
+        for (int m = 0; m <= i; ++m) {
+          const float pm = sP[i * C + m];
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) acc[ii][jj] += pm * sU[m * dv + cg + jj * col_groups];
+        }
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) sW[i * dv + cg + jj * col_groups] = acc[ii][jj];
+      }
     }
-    __syncthreads();
     // The state moves to the chunk's end; the outputs are normed and gated.
     const float e_last = sE[L - 1];
-    for (int e = tid; e < dk * dv; e += kThreads) {
-      const int q = e / dv, j = e % dv;
-      float acc = e_last * sS[e];
-      for (int m = 0; m < L; ++m) acc += sD[m] * sK[m * dk + q] * sU[m * dv + j];
-      sS[e] = acc;
+    for (int q0 = 0; q0 < dk; q0 += kStateRows * row_groups) {  // rows q0 + rg + ii * row_groups
+      float acc[kStateRows][4];
+#pragma unroll
+      for (int ii = 0; ii < kStateRows; ++ii) {
+        const int q = q0 + rg + ii * row_groups;
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+          acc[ii][jj] = q < dk ? e_last * sS[q * dv + cg + jj * col_groups] : 0.0f;
+      }
+      for (int m = 0; m < L; ++m) {
+        float b[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) b[jj] = sU[m * dv + cg + jj * col_groups];
+        const float dm = sD[m];
+#pragma unroll
+        for (int ii = 0; ii < kStateRows; ++ii) {
+          const int q = q0 + rg + ii * row_groups;
+          if (q < dk) {
+            const float kq = dm * sK[m * dk + q];
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) acc[ii][jj] += kq * b[jj];
+          }
+        }
+      }
+#pragma unroll
+      for (int ii = 0; ii < kStateRows; ++ii) {
+        const int q = q0 + rg + ii * row_groups;
+        if (q < dk) {
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) sS[q * dv + cg + jj * col_groups] = acc[ii][jj];
+        }
+      }
     }
     for (int i = warp; i < L; i += warps) {
       const int64_t t = c0 + i;
@@ -336,9 +416,6 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   for (int i = tid; i < dk * dv; i += kThreads) S[i] = sS[i];
 }
-
-constexpr int kChunk = 32;
-constexpr size_t kChunkSmemLimit = 200 * 1024;
 
 size_t chunk_smem_bytes(const DeltaNetShape& s) {
   const size_t dk = static_cast<size_t>(s.head_k_dim), dv = static_cast<size_t>(s.head_v_dim);
@@ -395,7 +472,7 @@ cudaError_t delta_net_forward(const DeltaNetShape& s, const DeltaNetWeightsDev& 
   // Decode steps (one token per run) walk S in registers; a step with a longer run goes by
   // chunks where the chunk's arrays fit in shared memory. The choice depends on the counts only,
   // so a graph captured for a step shape replays the same kernel.
-  if (tokens == runs.runs || smem > kChunkSmemLimit) {
+  if (tokens == runs.runs || smem > kChunkSmemLimit || s.head_v_dim < 4) {
     launch_pdl(scan_kernel, grid, kThreads, 0, stream, s, x, static_cast<const float*>(conv_ws), w,
                runs, pool, out);
     return cudaGetLastError();
