@@ -183,7 +183,12 @@ TEST(CudaEngine, GptOssMatchesCpu) {
 // Qwen3-Next and Qwen3.5 (MoE and dense) as `exl3 quantize` converts the transformers reference
 // checkpoints: gated DeltaNet layers (both input layouts) beside gated full attention, and
 // Qwen3-Next's sigmoid-gated shared expert. The CUDA engine against the CPU engine in one pass
-// and one token at a time (the state carried through decode graphs).
+// and one token at a time (the state carried through decode graphs). These fixtures amplify small
+// differences (0.5-8% weight noise moves transformers' own logits by 0.2-0.7), and the CUDA
+// engine feeds EXL3 linears fp16 activations where the CPU engine keeps fp32: on an H100 the
+// engines differ by 2.6e-3 to 2.7e-3 with every argmax equal, while the DeltaNet kernels match
+// the host reference to 1.3e-6 (delta_net_test). So the bound is 5e-3 here (the synthetic
+// architectures' is 1e-2).
 TEST(CudaEngine, HybridLinearAttentionMatchesCpu) {
   EXL3_REQUIRE_GPU();
   exl3::test::TempDir tmp;
@@ -195,7 +200,7 @@ TEST(CudaEngine, HybridLinearAttentionMatchesCpu) {
   for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 256);
   for (const char* name : {"qwen3_next", "qwen3_5_moe", "qwen3_5"}) {
     quant::convert_model(exl3::test::model_data_dir() / name, tmp / name, o);
-    const auto one_pass = expect_matches_cpu(tmp / name, ids, 1e-3, name);
+    const auto one_pass = expect_matches_cpu(tmp / name, ids, 5e-3, name);
     expect_incremental_matches(tmp / name, ids, one_pass, name);
   }
 }
