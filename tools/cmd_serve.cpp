@@ -217,7 +217,7 @@ Runner add_serve(CLI::App& app, Common&) {
     }
     eo.prefix_cache = o->prefix_cache;
     // Gated DeltaNet models keep a state slot per running sequence (preempted ones are dropped).
-    eo.recurrent_slots = std::max<int64_t>(eo.recurrent_slots, o->max_seqs);
+    eo.recurrent_slots = std::max(o->max_seqs, 1);
     engine_options_from_env(eo);
     auto engine = runtime::load_engine(ckpt, eo);
     const auto draft = load_draft(o->draft, *engine, ckpt, eo);

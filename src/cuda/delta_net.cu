@@ -477,10 +477,11 @@ cudaError_t delta_net_forward(const DeltaNetShape& s, const DeltaNetWeightsDev& 
                runs, pool, out);
     return cudaGetLastError();
   }
-  static const cudaError_t configured =
+  // Per launch, as the attention kernels do: the attribute belongs to the current device.
+  const cudaError_t e =
       cudaFuncSetAttribute(chunk_scan_kernel<kChunk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(kChunkSmemLimit));
-  if (configured != cudaSuccess) return configured;
+                           static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
   launch_pdl(chunk_scan_kernel<kChunk>, grid, kThreads, smem, stream, s, x,
              static_cast<const float*>(conv_ws), w, runs, pool, out);
   return cudaGetLastError();

@@ -62,9 +62,10 @@ struct EngineOptions {
   // collectives: checks that path on one device).
   bool force_tp_engine = false;
   // CUDA, models with gated DeltaNet layers: sequences that hold a recurrent state at once (one
-  // slot of the device's state pool each, every DeltaNet layer's S and convolution window; a
-  // slot is freed when its sequence is dropped).
-  int64_t recurrent_slots = 64;
+  // slot of the device's state pool each, every DeltaNet layer's S and convolution window: 78 MB
+  // for Qwen3-Next-80B; a slot is freed when its sequence is dropped). `exl3 serve` sets it to
+  // --max-seqs, `exl3 bench model` to its biggest batch.
+  int64_t recurrent_slots = 16;
   OverlayPolicy overlay;  // MXFP8 overlay of unquantized linears (exl3/runtime/overlay.hpp)
   // CUDA tuning of every fused MoE layer, MXFP8 linear and EXL3 linear (exl3/cuda/plan.hpp). The
   // engine reads no environment variable: the exl3 CLI fills these from EXL3_MOE_*,
