@@ -174,8 +174,9 @@ Runner add_bench_model(CLI::App& app, Common&) {
                  "the adaptive count, with the acceptance reached")
       ->check(CLI::Range(1, 16));
   app.add_flag("--profile", o->bench.profile,
-               "After each --batch's timed steps, one more step with every op timed (CUDA, one "
-               "GPU): time per op class (norm, linear, attention, moe, ...) and its share. The "
+               "After each --batch's timed steps and after the timed prefills, one more step "
+               "with every op timed (CUDA, one GPU): time per op class (norm, linear, attention, "
+               "moe, ...) and its share. The "
                "profiled step runs eagerly without programmatic dependent launch, so its total "
                "is longer than a timed step; the shares show where a step's time goes");
   app.add_option("--json", o->json_path, "Also write the results as JSON to this file");
@@ -340,22 +341,33 @@ Runner add_bench_model(CLI::App& app, Common&) {
                                      ? nlohmann::json(static_cast<double>(d.kernels) / layers)
                                      : nlohmann::json(nullptr)}});
     }
-    for (size_t i = 0; i < res.decode.size(); ++i) {
-      const auto& d = res.decode[i];
-      if (d.profile.empty()) continue;
+    // A profiled step's table (what) and its JSON.
+    const auto print_profile = [](const std::vector<runtime::Engine::OpTime>& profile,
+                                  const std::string& what) {
       double total = 0.0;
-      for (const auto& t : d.profile) total += t.ms;
-      std::printf("profiled step, batch %lld (eager, no PDL): %.3f ms\n",
-                  static_cast<long long>(d.batch), total);
+      for (const auto& t : profile) total += t.ms;
+      std::printf("profiled %s (eager, no PDL): %.3f ms\n", what.c_str(), total);
       std::printf("%14s %8s %10s %8s %12s\n", "op", "calls", "ms", "share", "us per call");
       nlohmann::json ops = nlohmann::json::array();
-      for (const auto& t : d.profile) {
+      for (const auto& t : profile) {
         std::printf("%14s %8lld %10.3f %7.1f%% %12.2f\n", t.op.c_str(),
                     static_cast<long long>(t.calls), t.ms, total > 0 ? 100.0 * t.ms / total : 0.0,
                     t.calls > 0 ? 1e3 * t.ms / static_cast<double>(t.calls) : 0.0);
         ops.push_back({{"op", t.op}, {"calls", t.calls}, {"ms", t.ms}});
       }
-      decode[i]["profile"] = {{"total_ms", total}, {"ops", ops}};
+      return nlohmann::json{{"total_ms", total}, {"ops", ops}};
+    };
+    for (size_t i = 0; i < res.decode.size(); ++i) {
+      const auto& d = res.decode[i];
+      if (d.profile.empty()) continue;
+      decode[i]["profile"] =
+          print_profile(d.profile, fmt::format("step, batch {}", static_cast<long long>(d.batch)));
+    }
+    nlohmann::json prefill_profile = nullptr;
+    if (!res.prefill_profile.empty()) {
+      prefill_profile = print_profile(
+          res.prefill_profile,
+          fmt::format("prefill of {} tokens", static_cast<long long>(res.prefill_tokens)));
     }
     if (res.prefill_tokens > 0) {
       std::printf("prefill %lld tokens: %.1f ms, %.0f tok/s",
@@ -460,7 +472,8 @@ Runner add_bench_model(CLI::App& app, Common&) {
             {"tokens_per_second", res.prefill_tokens_per_second},
             {"collectives_ms", 1e3 * res.prefill_collective_seconds},
             {"collectives_share",
-             res.prefill_collective_seconds / std::max(res.prefill_seconds, 1e-12)}}}};
+             res.prefill_collective_seconds / std::max(res.prefill_seconds, 1e-12)},
+            {"profile", prefill_profile}}}};
       write_file_atomic(o->json_path, doc.dump(2) + "\n");
     }
     return 0;

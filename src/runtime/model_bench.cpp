@@ -130,6 +130,17 @@ ModelBenchResult bench_model(Engine& engine, const ModelBenchOptions& opts) {
       if (rep > 0) times.push_back(seconds_since(t0));
       engine.drop_sequence(seq);
     }
+    if (opts.profile) {  // one more prefill, every op timed
+      const auto seq = engine.new_sequence();
+      const Engine::BatchEntry e{seq, ids, LogitsMode::kLast};
+      auto p = engine.profile_step(std::span<const Engine::BatchEntry>(&e, 1));
+      engine.drop_sequence(seq);
+      if (!p) {
+        fail("bench model --profile: the {} engine cannot time its ops (hint: --device cuda)",
+             device_name(engine.device()));
+      }
+      res.prefill_profile = std::move(*p);
+    }
     res.prefill_tokens = opts.prefill_tokens;
     res.prefill_seconds = median(times);
     res.prefill_tokens_per_second = static_cast<double>(opts.prefill_tokens) / res.prefill_seconds;

@@ -30,7 +30,8 @@ struct ModelBenchOptions {
   int64_t prefill_tokens = 2048;
   uint64_t seed = 1;
   // After each batch size's timed steps, one more step with every op timed
-  // (Engine::profile_step); fails on engines that cannot time their ops.
+  // (Engine::profile_step), and after the timed prefills one more prefill likewise; fails on
+  // engines that cannot time their ops.
   bool profile = false;
 };
 
@@ -57,7 +58,8 @@ struct ModelBenchResult {
   int64_t prefill_tokens = 0;
   double prefill_seconds = 0.0;
   double prefill_tokens_per_second = 0.0;
-  double prefill_collective_seconds = 0.0;  // summed over the prefill's chunks
+  double prefill_collective_seconds = 0.0;      // summed over the prefill's chunks
+  std::vector<Engine::OpTime> prefill_profile;  // ModelBenchOptions::profile: a prefill's ops
 };
 
 // Runs the benchmark (token ids are seeded random, sampling excluded). Throws exl3::Error when
