@@ -5,7 +5,8 @@
 //   3. the recurrence, one block per (run, value head), ending in the head's gated RMSNorm: in a
 //      decode step token by token with S in registers (thread (j, g) holds column j of rows g,
 //      g + G, ... where G = 256 / head_v_dim), in a step with longer runs by chunks of 32 tokens
-//      in shared memory (chunk_scan_kernel).
+//      in shared memory, up to 32 value channels per block (chunk_scan_kernel), then the gated
+//      norm (gated_norm_kernel).
 #include <algorithm>
 #include <cstdint>
 
@@ -206,35 +207,37 @@ constexpr int kStateRows = 16;
 template <int C>
 __global__ void __launch_bounds__(kThreads)
     chunk_scan_kernel(DeltaNetShape s, Inputs in, const float* conv_out, DeltaNetWeightsDev w,
-                      DeltaNetRuns runs, DeltaNetStatePool pool, float* out) {
+                      DeltaNetRuns runs, DeltaNetStatePool pool, int cols, float* out) {
   pdl_begin();
   extern __shared__ float sm[];
-  const int run = blockIdx.x, h = blockIdx.y;
+  // Block (run, h, cb) owns value channels c_base .. c_base + cols - 1 of head h: S's columns are
+  // independent (the chunk's k / q products are recomputed by each column block).
+  const int run = blockIdx.x, h = blockIdx.y, c_base = static_cast<int>(blockIdx.z) * cols;
   const int dk = s.head_k_dim, dv = s.head_v_dim, kd = s.key_dim(), vd = s.value_dim();
   const int cd = s.conv_dim(), r = s.num_v_heads / s.num_k_heads, kh = h / r, hj = h % r;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, warps = kThreads / 32;
   // Register tiles of the chunk's products: thread (cg, rg) owns value channels cg + jj *
   // col_groups (jj < 4) of rows rg + ii * row_groups.
-  const int col_groups = dv / 4, row_groups = kThreads / col_groups;
+  const int col_groups = cols / 4, row_groups = kThreads / col_groups;
+  const int dkp = dk + 1;  // q / k rows padded: threads of a warp read several rows at once
   const int cg = tid % col_groups, rg = tid / col_groups;
-  float* sS = sm;            // [dk, dv]
-  float* sK = sS + dk * dv;  // [C, dk], L2-normed
-  float* sQ = sK + C * dk;   // [C, dk], L2-normed and scaled
-  float* sU = sQ + C * dk;   // [C, dv]: v, then u
-  float* sW = sU + C * dv;   // [C, dv]: S0^T k, then the outputs
-  float* sA = sW + C * dv;   // [C, C]
-  float* sP = sA + C * C;    // [C, C]
-  float* sG = sP + C * C;    // [C]: cumulative log decay
-  float* sB = sG + C;        // [C]: beta
-  float* sE = sB + C;        // [C]: e^G_i
-  float* sD = sE + C;        // [C]: e^(G_last - G_i)
+  float* sS = sm;              // [dk, cols]
+  float* sK = sS + dk * cols;  // [C, dkp], L2-normed
+  float* sQ = sK + C * dkp;    // [C, dkp], L2-normed and scaled
+  float* sU = sQ + C * dkp;    // [C, cols]: v, then u
+  float* sW = sU + C * cols;   // [C, cols]: S0^T k, then the outputs
+  float* sA = sW + C * cols;   // [C, C]
+  float* sP = sA + C * C;      // [C, C]
+  float* sG = sP + C * C;      // [C]: cumulative log decay
+  float* sB = sG + C;          // [C]: beta
+  float* sE = sB + C;          // [C]: e^G_i
+  float* sD = sE + C;          // [C]: e^(G_last - G_i)
   float* S = pool.base + runs.slot[run] * pool.slot_floats + pool.layer_offset +
              static_cast<int64_t>(h) * dk * dv;
-  for (int i = tid; i < dk * dv; i += kThreads) sS[i] = S[i];
+  for (int e = tid; e < dk * cols; e += kThreads) sS[e] = S[(e / cols) * dv + c_base + e % cols];
   const float q_scale = rsqrtf(static_cast<float>(dk));
   const float a = w.a[h], dt_bias = w.dt_bias[h];
   const int64_t first = runs.first[run], last = first + runs.len[run];
-  const int64_t qkvz_w = 2 * static_cast<int64_t>(kd) + 2 * vd, group = 2 * dk + 2 * r * dv;
   for (int64_t c0 = first; c0 < last; c0 += C) {
     const int L = static_cast<int>(last - c0 < C ? last - c0 : C);
     __syncthreads();                         // the previous chunk is done with the shared arrays
@@ -244,8 +247,8 @@ __global__ void __launch_bounds__(kThreads)
       float sq = 0.0f, sk = 0.0f;
       for (int d = lane; d < dk; d += 32) {
         const float qv = x[kh * dk + d], kv = x[kd + kh * dk + d];
-        sQ[i * dk + d] = qv;
-        sK[i * dk + d] = kv;
+        sQ[i * dkp + d] = qv;
+        sK[i * dkp + d] = kv;
         sq += qv * qv;
         sk += kv * kv;
       }
@@ -253,10 +256,10 @@ __global__ void __launch_bounds__(kThreads)
       sk = detail::warp_sum(sk);
       const float qi = rsqrtf(sq + 1e-6f) * q_scale, ki = rsqrtf(sk + 1e-6f);
       for (int d = lane; d < dk; d += 32) {
-        sQ[i * dk + d] *= qi;
-        sK[i * dk + d] *= ki;
+        sQ[i * dkp + d] *= qi;
+        sK[i * dkp + d] *= ki;
       }
-      for (int d = lane; d < dv; d += 32) sU[i * dv + d] = x[2 * kd + h * dv + d];
+      for (int d = lane; d < cols; d += 32) sU[i * cols + d] = x[2 * kd + h * dv + c_base + d];
       if (lane == 0) {
         float bt, at;
         if (s.split_inputs) {
@@ -286,12 +289,12 @@ __global__ void __launch_bounds__(kThreads)
       for (int q = 0; q < dk; ++q) {
         float b[4];
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) b[jj] = sS[q * dv + cg + jj * col_groups];
+        for (int jj = 0; jj < 4; ++jj) b[jj] = sS[q * cols + cg + jj * col_groups];
 #pragma unroll
         for (int ii = 0; ii < kTileRows; ++ii) {
           const int i = rg + ii * row_groups;
           if (i < L) {
-            const float av = sK[i * dk + q];
+            const float av = sK[i * dkp + q];
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) acc[ii][jj] += av * b[jj];
           }
@@ -302,7 +305,7 @@ __global__ void __launch_bounds__(kThreads)
         const int i = rg + ii * row_groups;
         if (i < L) {
 #pragma unroll
-          for (int jj = 0; jj < 4; ++jj) sW[i * dv + cg + jj * col_groups] = acc[ii][jj];
+          for (int jj = 0; jj < 4; ++jj) sW[i * cols + cg + jj * col_groups] = acc[ii][jj];
         }
       }
     }
@@ -311,9 +314,9 @@ __global__ void __launch_bounds__(kThreads)
       if (j > i) continue;
       float kk = 0.0f, qk = 0.0f;
       for (int d = lane; d < dk; d += 32) {
-        const float kj = sK[j * dk + d];
-        kk += sK[i * dk + d] * kj;
-        qk += sQ[i * dk + d] * kj;
+        const float kj = sK[j * dkp + d];
+        kk += sK[i * dkp + d] * kj;
+        qk += sQ[i * dkp + d] * kj;
       }
       kk = detail::warp_sum(kk);
       qk = detail::warp_sum(qk);
@@ -325,11 +328,11 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     // u by forward substitution, one value channel per thread.
-    for (int j = tid; j < dv; j += kThreads) {
+    for (int j = tid; j < cols; j += kThreads) {
       for (int i = 0; i < L; ++i) {
-        float u = sB[i] * (sU[i * dv + j] - sE[i] * sW[i * dv + j]);
-        for (int m = 0; m < i; ++m) u -= sA[i * C + m] * sU[m * dv + j];
-        sU[i * dv + j] = u;
+        float u = sB[i] * (sU[i * cols + j] - sE[i] * sW[i * cols + j]);
+        for (int m = 0; m < i; ++m) u -= sA[i * C + m] * sU[m * cols + j];
+        sU[i * cols + j] = u;
       }
     }
     __syncthreads();
@@ -339,12 +342,12 @@ __global__ void __launch_bounds__(kThreads)
       for (int q = 0; q < dk; ++q) {
         float b[4];
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) b[jj] = sS[q * dv + cg + jj * col_groups];
+        for (int jj = 0; jj < 4; ++jj) b[jj] = sS[q * cols + cg + jj * col_groups];
 #pragma unroll
         for (int ii = 0; ii < kTileRows; ++ii) {
           const int i = rg + ii * row_groups;
           if (i < L) {
-            const float av = sQ[i * dk + q];
+            const float av = sQ[i * dkp + q];
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) acc[ii][jj] += av * b[jj];
           }
@@ -359,13 +362,15 @@ __global__ void __launch_bounds__(kThreads)
         for (int m = 0; m <= i; ++m) {
           const float pm = sP[i * C + m];
 #pragma unroll
-          for (int jj = 0; jj < 4; ++jj) acc[ii][jj] += pm * sU[m * dv + cg + jj * col_groups];
+          for (int jj = 0; jj < 4; ++jj) acc[ii][jj] += pm * sU[m * cols + cg + jj * col_groups];
         }
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) sW[i * dv + cg + jj * col_groups] = acc[ii][jj];
+        for (int jj = 0; jj < 4; ++jj) sW[i * cols + cg + jj * col_groups] = acc[ii][jj];
       }
     }
-    // The state moves to the chunk's end; the outputs are normed and gated.
+    // Every thread has read S0 and written its outputs before S moves on and sW is read back.
+    __syncthreads();
+    // The state moves to the chunk's end; the outputs go out.
     const float e_last = sE[L - 1];
     for (int q0 = 0; q0 < dk; q0 += kStateRows * row_groups) {  // rows q0 + rg + ii * row_groups
       float acc[kStateRows][4];
@@ -374,18 +379,18 @@ __global__ void __launch_bounds__(kThreads)
         const int q = q0 + rg + ii * row_groups;
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj)
-          acc[ii][jj] = q < dk ? e_last * sS[q * dv + cg + jj * col_groups] : 0.0f;
+          acc[ii][jj] = q < dk ? e_last * sS[q * cols + cg + jj * col_groups] : 0.0f;
       }
       for (int m = 0; m < L; ++m) {
         float b[4];
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj) b[jj] = sU[m * dv + cg + jj * col_groups];
+        for (int jj = 0; jj < 4; ++jj) b[jj] = sU[m * cols + cg + jj * col_groups];
         const float dm = sD[m];
 #pragma unroll
         for (int ii = 0; ii < kStateRows; ++ii) {
           const int q = q0 + rg + ii * row_groups;
           if (q < dk) {
-            const float kq = dm * sK[m * dk + q];
+            const float kq = dm * sK[m * dkp + q];
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) acc[ii][jj] += kq * b[jj];
           }
@@ -396,30 +401,45 @@ __global__ void __launch_bounds__(kThreads)
         const int q = q0 + rg + ii * row_groups;
         if (q < dk) {
 #pragma unroll
-          for (int jj = 0; jj < 4; ++jj) sS[q * dv + cg + jj * col_groups] = acc[ii][jj];
+          for (int jj = 0; jj < 4; ++jj) sS[q * cols + cg + jj * col_groups] = acc[ii][jj];
         }
       }
     }
-    for (int i = warp; i < L; i += warps) {
-      const int64_t t = c0 + i;
-      float ss = 0.0f;
-      for (int d = lane; d < dv; d += 32) ss += sW[i * dv + d] * sW[i * dv + d];
-      const float inv = rsqrtf(detail::warp_sum(ss) / static_cast<float>(dv) + s.norm_eps);
-      for (int d = lane; d < dv; d += 32) {
-        const float z = s.split_inputs
-                            ? in.p[1][t * vd + h * dv + d]
-                            : in.p[0][t * qkvz_w + kh * group + 2 * dk + r * dv + hj * dv + d];
-        out[t * vd + h * dv + d] = sW[i * dv + d] * inv * w.norm[d] * cpu::silu(z);
-      }
+    for (int e = tid; e < L * cols; e += kThreads) {  // normed and gated by gated_norm_kernel
+      out[(c0 + e / cols) * vd + h * dv + c_base + e % cols] = sW[e];
     }
   }
   __syncthreads();
-  for (int i = tid; i < dk * dv; i += kThreads) S[i] = sS[i];
+  for (int e = tid; e < dk * cols; e += kThreads) S[(e / cols) * dv + c_base + e % cols] = sS[e];
+}
+
+// The gated RMSNorm of the chunked path's outputs, one block per (token, value head): o is normed
+// over the head, weighted, then multiplied by silu(z).
+__global__ void gated_norm_kernel(DeltaNetShape s, Inputs in, DeltaNetWeightsDev w, float* out) {
+  pdl_begin();
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y, j = threadIdx.x, dv = s.head_v_dim, dk = s.head_k_dim;
+  const int kd = s.key_dim(), vd = s.value_dim(), r = s.num_v_heads / s.num_k_heads;
+  const int kh = h / r, hj = h % r;
+  const float o = j < dv ? out[t * vd + h * dv + j] : 0.0f;
+  const float ms = detail::block_sum(o * o, scratch) / static_cast<float>(dv);
+  if (j >= dv) return;
+  const int64_t qkvz_w = 2 * static_cast<int64_t>(kd) + 2 * vd, group = 2 * dk + 2 * r * dv;
+  const float z = s.split_inputs ? in.p[1][t * vd + h * dv + j]
+                                 : in.p[0][t * qkvz_w + kh * group + 2 * dk + r * dv + hj * dv + j];
+  out[t * vd + h * dv + j] = o * rsqrtf(ms + s.norm_eps) * w.norm[j] * cpu::silu(z);
+}
+
+// Value channels per block of the chunked path: 32 where a head has at least 64 (more blocks per
+// head, smaller shared arrays), else the whole head.
+int chunk_cols(const DeltaNetShape& s) {
+  return s.head_v_dim >= 64 && s.head_v_dim % 32 == 0 ? 32 : s.head_v_dim;
 }
 
 size_t chunk_smem_bytes(const DeltaNetShape& s) {
-  const size_t dk = static_cast<size_t>(s.head_k_dim), dv = static_cast<size_t>(s.head_v_dim);
-  return (dk * dv + kChunk * (dk + dk + dv + dv) + 2 * kChunk * kChunk + 4 * kChunk) * 4;
+  const size_t dk = static_cast<size_t>(s.head_k_dim), cols = static_cast<size_t>(chunk_cols(s));
+  return (dk * cols + kChunk * (2 * (dk + 1) + 2 * cols) + 2 * kChunk * kChunk + 4 * kChunk) * 4;
 }
 
 __global__ void split_query_gate_kernel(const float* qg, int64_t rows, int64_t heads,
@@ -482,8 +502,12 @@ cudaError_t delta_net_forward(const DeltaNetShape& s, const DeltaNetWeightsDev& 
       cudaFuncSetAttribute(chunk_scan_kernel<kChunk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem));
   if (e != cudaSuccess) return e;
-  launch_pdl(chunk_scan_kernel<kChunk>, grid, kThreads, smem, stream, s, x,
-             static_cast<const float*>(conv_ws), w, runs, pool, out);
+  const int cols = chunk_cols(s);
+  launch_pdl(chunk_scan_kernel<kChunk>,
+             dim3(grid.x, grid.y, static_cast<unsigned>(s.head_v_dim / cols)), kThreads, smem,
+             stream, s, x, static_cast<const float*>(conv_ws), w, runs, pool, cols, out);
+  launch_pdl(gated_norm_kernel, dim3(static_cast<unsigned>(tokens), grid.y),
+             static_cast<unsigned>((s.head_v_dim + 31) / 32 * 32), 0, stream, s, x, w, out);
   return cudaGetLastError();
 }
 
