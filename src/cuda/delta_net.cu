@@ -1,4 +1,4 @@
-// Gated DeltaNet kernels (see include/exl3/cuda/delta_net.hpp). Three launches per layer:
+// Gated DeltaNet kernels (see include/exl3/cuda/delta_net.hpp). Per layer:
 //   1. the causal depthwise convolution + SiLU of every token, reading the inputs before a run's
 //      first token from its slot's window;
 //   2. each run's window advanced to its last conv_kernel - 1 inputs (after 1 has read it);
