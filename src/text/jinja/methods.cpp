@@ -21,13 +21,15 @@ Value bound(const Value& self, std::string_view name, Value (*fn)(const Value&, 
 std::optional<std::string> chars_arg(std::string_view fn, Args& a) {
   Binder b(fn, a, {"chars"});
   if (!b.has(0) || b[0].is_none()) return std::nullopt;
-  if (!b[0].is_string()) value_error(fmt::format("{}() arg must be None or str", fn));
+  if (!b[0].is_string())
+    value_error(fmt::format("{}(): the characters to strip are {}; expected a string or none", fn,
+                            type_name(b[0])));
   return b[0].str();
 }
 
 const std::string& str_arg(const Value& v, std::string_view fn) {
   if (!v.is_string())
-    value_error(fmt::format("{}() argument must be str, not {}", fn, type_name(v)));
+    value_error(fmt::format("{}(): the argument is {}; expected a string", fn, type_name(v)));
   return v.str();
 }
 
@@ -56,7 +58,7 @@ List split(const std::string& s, const Value& sep, int64_t maxsplit) {
     return out;
   }
   const std::string& d = str_arg(sep, "split");
-  if (d.empty()) value_error("empty separator");
+  if (d.empty()) value_error("split(): the separator is empty");
   size_t pos = 0;
   while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
     const size_t k = s.find(d, pos);
@@ -91,13 +93,14 @@ std::string brace_format(const std::string& f, Args& a) {
       ++i;
       continue;
     }
-    if (c == '}') value_error("single '}' encountered in format string");
+    if (c == '}') value_error("format(): a '}' without its '{' (write '}}' for a literal brace)");
     if (c != '{') {
       out += c;
       continue;
     }
     const size_t end = f.find('}', i);
-    if (end == std::string::npos) value_error("single '{' encountered in format string");
+    if (end == std::string::npos)
+      value_error("format(): a '{' without its '}' (write '{{' for a literal brace)");
     const std::string field = f.substr(i + 1, end - i - 1);
     if (field.find_first_of(":!.[") != std::string::npos) {
       value_error(fmt::format(
@@ -108,7 +111,10 @@ std::string brace_format(const std::string& f, Args& a) {
       if (field.size() > 9)
         value_error(fmt::format("format field '{{{}}}' is out of range", field));
       const size_t k = field.empty() ? auto_index++ : std::stoul(field);
-      if (k >= a.pos.size()) value_error(fmt::format("Replacement index {} out of range", k));
+      if (k >= a.pos.size())
+        value_error(
+            fmt::format("format(): a field asks for positional argument {}, but {} {} given", k,
+                        a.pos.size(), a.pos.size() == 1 ? "was" : "were"));
       v = &a.pos[k];
     } else {
       for (const auto& [name, val] : a.kw) {
