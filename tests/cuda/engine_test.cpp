@@ -55,6 +55,15 @@ std::vector<float> expect_matches_cpu(const std::filesystem::path& model,
   return got;
 }
 
+// How the GPU tests convert a transformers reference checkpoint: 4 bits, a 6-bit head, on CUDA.
+quant::ConvertOptions k4_on_cuda() {
+  quant::ConvertOptions o;
+  o.bits = 4.0;
+  o.head_bits = 6;
+  o.device = quant::Device::kCuda;
+  return o;
+}
+
 TEST(CudaEngine, ConformanceModelMatchesCpu) {
   EXL3_REQUIRE_GPU();
   EXL3_REQUIRE_CONFORMANCE(dir);
@@ -165,10 +174,7 @@ TEST(CudaEngine, MiniMaxM2MatchesCpu) {
 TEST(CudaEngine, GptOssMatchesCpu) {
   EXL3_REQUIRE_GPU();
   exl3::test::TempDir tmp;
-  quant::ConvertOptions o;
-  o.bits = 4.0;
-  o.head_bits = 6;
-  o.device = quant::Device::kCuda;
+  const quant::ConvertOptions o = k4_on_cuda();
   std::vector<int32_t> ids;
   for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 256);
   quant::convert_model(exl3::test::model_data_dir() / "gpt_oss", tmp / "whole", o);
@@ -192,10 +198,7 @@ TEST(CudaEngine, GptOssMatchesCpu) {
 TEST(CudaEngine, HybridLinearAttentionMatchesCpu) {
   EXL3_REQUIRE_GPU();
   exl3::test::TempDir tmp;
-  quant::ConvertOptions o;
-  o.bits = 4.0;
-  o.head_bits = 6;
-  o.device = quant::Device::kCuda;
+  const quant::ConvertOptions o = k4_on_cuda();
   std::vector<int32_t> ids;
   for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % 256);
   for (const char* name : {"qwen3_next", "qwen3_5_moe", "qwen3_5"}) {
@@ -212,10 +215,7 @@ TEST(CudaEngine, HybridLinearAttentionMatchesCpu) {
 TEST(CudaEngine, HybridStatesPerSequence) {
   EXL3_REQUIRE_GPU();
   exl3::test::TempDir tmp;
-  quant::ConvertOptions o;
-  o.bits = 4.0;
-  o.head_bits = 6;
-  o.device = quant::Device::kCuda;
+  const quant::ConvertOptions o = k4_on_cuda();
   quant::convert_model(exl3::test::model_data_dir() / "qwen3_next", tmp / "m", o);
   EngineOptions eo = cuda_options();
   eo.recurrent_slots = 2;
