@@ -387,10 +387,15 @@ TEST(Scheduler, CallGrammarStartsAtTheTriggerAndEndsWithTheCall) {
     g.stop_tokens.clear();
     const auto ref = st::reference_generate(f.model, g.prompt, 8, {});
     // The trigger: the last 3 bytes of the first few tokens' text (so it ends where a token
-    // ends), occurring there first.
+    // ends), occurring there first. The scheduler looks for it in the tokens' bytes and this test
+    // in the streamed text, so only a prefix whose text is its bytes will do (decoding may tidy
+    // them: the tokenizer's clean-up turns " ." into ".").
     std::string trigger, before;
     for (size_t k = 1; k <= ref.tokens.size() && trigger.empty(); ++k) {
       const std::string p = f.tok.decode(std::span(ref.tokens).first(k), true);
+      std::string bytes;
+      for (size_t i = 0; i < k; ++i) bytes += f.tok.token_bytes(ref.tokens[i]).value_or("\x01");
+      if (bytes != p) continue;
       if (p.size() < 3 || p.find("\xef\xbf\xbd") != std::string::npos) continue;
       if (p.find(p.substr(p.size() - 3)) != p.size() - 3) continue;
       trigger = p.substr(p.size() - 3);
