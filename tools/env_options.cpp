@@ -28,11 +28,26 @@ void env_positive_int(const char* name, int64_t& field) {
   field = x;
 }
 
+namespace {
+
+// A 0/1 switch: unset or blank keeps `field`.
+void env_switch(const char* name, bool& field) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return;
+  const std::string_view s(v);
+  if (s != "0" && s != "1")
+    fail("environment variable {}='{}' must be 0 or 1 (unset it or give {}=0)", name, s, name);
+  field = s == "1";
+}
+
+}  // namespace
+
 cuda::MoeOptions moe_options_from_env(cuda::MoeOptions base) {
   env_positive_int("EXL3_MOE_DECODE_MAX_M", base.decode_max_m);
   env_positive_int("EXL3_MOE_PREFILL_CHUNK", base.prefill_chunk);
   env_positive_int("EXL3_MOE_ARENA_MIB", base.arena_budget_mib);
   env_positive_int("EXL3_MOE_MIN_SPLIT_TILES", base.decode_min_split_tiles);
+  env_switch("EXL3_MOE_FUSED_ROTATION", base.fused_rotation);
   if (const char* v = std::getenv("EXL3_MOE_TIERS"); v != nullptr) {
     std::string s(v);
     s.erase(0, s.find_first_not_of(" \t"));
@@ -65,6 +80,7 @@ cuda::LinearOptions linear_options_from_env(cuda::LinearOptions base) {
   v = base.gemv_min_split_tiles;
   env_positive_int("EXL3_GEMV_MIN_SPLIT_TILES", v);
   base.gemv_min_split_tiles = static_cast<int>(std::min<int64_t>(v, 1 << 20));
+  env_switch("EXL3_GEMV_FUSED_ROTATION", base.gemv_fused_rotation);
   return base;
 }
 
@@ -74,11 +90,10 @@ void engine_options_from_env(runtime::EngineOptions& eo) {
   eo.mxfp8 = mxfp8_options_from_env(eo.mxfp8);
   eo.linear = linear_options_from_env(eo.linear);
   if (const char* v = std::getenv("EXL3_PDL"); v != nullptr && *v != '\0') {
-    const std::string_view s(v);
-    if (s != "0" && s != "1")
-      fail("environment variable EXL3_PDL='{}' must be 0 or 1 (unset it or give EXL3_PDL=0)", s);
+    bool on = true;
+    env_switch("EXL3_PDL", on);
 #if defined(EXL3_HAVE_CUDA)
-    cuda::set_programmatic_launch(s == "1");
+    cuda::set_programmatic_launch(on);
 #endif
   }
 }

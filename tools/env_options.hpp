@@ -23,7 +23,8 @@ cuda::MoeOptions moe_options_from_env(cuda::MoeOptions base = {});
 // `base` with EXL3_MXFP8_GEMV_MAX_M (a positive integer; the layer checks its range) applied:
 // the GEMV / cuBLAS crossover. Blank counts as unset; anything else throws naming the variable.
 cuda::Mxfp8Options mxfp8_options_from_env(cuda::Mxfp8Options base = {});
-// EXL3_GEMV_MAX_SPLITS, EXL3_GEMV_MIN_SPLIT_TILES over `base` (the EXL3 GEMV's split-K bounds).
+// EXL3_GEMV_MAX_SPLITS, EXL3_GEMV_MIN_SPLIT_TILES (the EXL3 GEMV's split-K bounds) and
+// EXL3_GEMV_FUSED_ROTATION (0 or 1) over `base`.
 cuda::LinearOptions linear_options_from_env(cuda::LinearOptions base = {});
 
 // For --device cuda: eo.moe, eo.mxfp8 and eo.linear from the environment, as above. The CPU engine

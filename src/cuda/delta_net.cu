@@ -199,12 +199,17 @@ __global__ void __launch_bounds__(kThreads)
 // token-by-token kernel pays a handful of barriers per token.
 constexpr int kChunk = 32;
 constexpr size_t kChunkSmemLimit = 200 * 1024;
-// Rows of a thread's register tile: chunk tokens (kChunk / row_groups is at most 8 for
-// head_v_dim <= 256) and state rows per pass.
-constexpr int kTileRows = 8;
-constexpr int kStateRows = 16;
+// Rows of a thread's register tiles. A block has at most 32 value channels (chunk_cols), so at
+// least kThreads / 8 = 32 row groups: one chunk token per thread, and the state's rows (head_k_dim
+// <= kThreads) in passes of SR rows per thread, SR = 4 when head_k_dim <= 4 row groups (128 at 32
+// channels), else 8. Tiles sized for a whole head (8 x 16 rows) spilled to local memory: 128
+// registers and 0.8 M local requests per launch under Nsight Compute.
+constexpr int kTileRows = 1;
+static_assert(kThreads / (32 / 4) >= kChunk, "one chunk token per thread row");
+constexpr int kMaxStateRows = 8;
+static_assert(kMaxStateRows * (kThreads / (32 / 4)) >= kThreads, "head_k_dim <= kThreads rows");
 
-template <int C>
+template <int C, int kStateRows>
 __global__ void __launch_bounds__(kThreads)
     chunk_scan_kernel(DeltaNetShape s, Inputs in, const float* conv_out, DeltaNetWeightsDev w,
                       DeltaNetRuns runs, DeltaNetStatePool pool, int cols, float* out) {
@@ -497,15 +502,16 @@ cudaError_t delta_net_forward(const DeltaNetShape& s, const DeltaNetWeightsDev& 
                runs, pool, out);
     return cudaGetLastError();
   }
-  // Per launch, as the attention kernels do: the attribute belongs to the current device.
-  const cudaError_t e =
-      cudaFuncSetAttribute(chunk_scan_kernel<kChunk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
   const int cols = chunk_cols(s);
-  launch_pdl(chunk_scan_kernel<kChunk>,
-             dim3(grid.x, grid.y, static_cast<unsigned>(s.head_v_dim / cols)), kThreads, smem,
-             stream, s, x, static_cast<const float*>(conv_ws), w, runs, pool, cols, out);
+  const int row_groups = kThreads / (cols / 4);
+  auto* kernel = s.head_k_dim <= 4 * row_groups ? chunk_scan_kernel<kChunk, 4>
+                                                : chunk_scan_kernel<kChunk, kMaxStateRows>;
+  // Per launch, as the attention kernels do: the attribute belongs to the current device.
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  launch_pdl(kernel, dim3(grid.x, grid.y, static_cast<unsigned>(s.head_v_dim / cols)), kThreads,
+             smem, stream, s, x, static_cast<const float*>(conv_ws), w, runs, pool, cols, out);
   launch_pdl(gated_norm_kernel, dim3(static_cast<unsigned>(tokens), grid.y),
              static_cast<unsigned>((s.head_v_dim + 31) / 32 * 32), 0, stream, s, x, w, out);
   return cudaGetLastError();

@@ -61,11 +61,21 @@ constexpr int kLaneWords = (K <= 2 || K == 4) ? 2 : 3;
 // kSplit: multiply the unrounded half-pair words (3INST/MCG only; two mma per tile, cheapest
 // decode) or the paired fp16 values (one mma per tile, cheaper when many token groups share the
 // decode).
-template <int K, tr::Codebook CB, int NT, bool kSplit = kSplitHalves<CB>>
+//
+// The first kGemvPrefetch k-steps of trellis words are loaded before `prologue()` runs and the
+// activations after it, so a caller may wait for its inputs there (PDL) or stage them: xrow[nt]
+// then points at x' of k-tile x_kt0 (kSharedX: in shared memory, read with plain loads).
+struct NoPrologue {
+  __device__ void operator()() const {}
+};
+
+template <int K, tr::Codebook CB, int NT, bool kSplit = kSplitHalves<CB>, bool kSharedX = false,
+          typename Prologue = NoPrologue>
 __device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, int tiles_n, int j0,
                                                 int kt_begin, int kt_end,
                                                 const uint32_t* const (&xrow)[NT],
-                                                float (&acc)[kGemvTiles][NT][4]) {
+                                                float (&acc)[kGemvTiles][NT][4], int x_kt0 = 0,
+                                                Prologue prologue = {}) {
   const int lane = threadIdx.x & 31;
   constexpr int kWords = 8 * K;
   constexpr int kLW = kLaneWords<K>;
@@ -80,30 +90,41 @@ __device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, 
   if constexpr (kLW == 3) wp[2] = col_base + span.w2;
   const uint32_t* xp[NT];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) xp[nt] = xrow[nt] + 8 * kt_begin;
+  for (int nt = 0; nt < NT; ++nt) xp[nt] = xrow[nt] + 8 * (kt_begin - x_kt0);
 
   struct Stage {
     uint32_t w[kGemvTiles][kLW];
     uint32_t x[NT][2];  // x'[tok][16kt + 2c .. 2c+1] and [.. 2c+8 .. 2c+9] as fp16 pairs
   };
   Stage ring[kGemvPrefetch];
-  auto load = [&](Stage& st) {
+  auto load_w = [&](Stage& st) {
 #pragma unroll
     for (int i = 0; i < kLW; ++i) {
 #pragma unroll
       for (int t = 0; t < kGemvTiles; ++t) st.w[t][i] = ld_stream(wp[i] + t * kWords);
       wp[i] += tile_stride;
     }
+  };
+  auto load_x = [&](Stage& st) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-      st.x[nt][0] = __ldg(xp[nt]);
-      st.x[nt][1] = __ldg(xp[nt] + 4);
+      if constexpr (kSharedX) {
+        st.x[nt][0] = xp[nt][0];
+        st.x[nt][1] = xp[nt][4];
+      } else {
+        st.x[nt][0] = __ldg(xp[nt]);
+        st.x[nt][1] = __ldg(xp[nt] + 4);
+      }
       xp[nt] += 8;
     }
   };
 #pragma unroll
   for (int d = 0; d < kGemvPrefetch; ++d)
-    if (kt_begin + d < kt_end) load(ring[d]);
+    if (kt_begin + d < kt_end) load_w(ring[d]);
+  prologue();
+#pragma unroll
+  for (int d = 0; d < kGemvPrefetch; ++d)
+    if (kt_begin + d < kt_end) load_x(ring[d]);
 
   for (int kt = kt_begin; kt < kt_end; kt += kGemvPrefetch) {
 #pragma unroll
@@ -139,10 +160,54 @@ __device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, 
             }
           }
         }
-        if (step + kGemvPrefetch < kt_end) load(cur);
+        if (step + kGemvPrefetch < kt_end) {
+          load_w(cur);
+          load_x(cur);
+        }
       }
     }
   }
+}
+
+// The fused input rotation of a staged GEMV block (m <= 8 rows, 4 warps): rows row0 .. row0 +
+// m - 1 of x [., k] * suh,
+// rotated per 128-chunk and range-guarded exactly as rotate_input_kernel does it (the guard's
+// divisor from the whole row, so every block of the grid finds the same one), for the chunks
+// c_lo .. c_lo + chunks - 1 only, into s_x [m][row_words] (fp16 pairs); the divisors into
+// s_scale[m]. Ends with the block synchronised.
+// Not inlined: it runs once per block, and the MoE kernel's per-K switch would copy it 8 times.
+static __device__ __noinline__ void stage_rotated_rows(const void* x, DType in_type, int64_t row0,
+                                                       const uint16_t* suh, int m, int k, int c_lo,
+                                                       int chunks, int row_words, uint32_t* s_x,
+                                                       float* s_scale) {
+  __shared__ float s_red[kGemvWarps][8];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int t = 0; t < m; ++t) {
+    float mx = 0.0f;
+#pragma unroll 4
+    for (int64_t i = 4 * threadIdx.x; i < k; i += 4 * 32 * kGemvWarps)
+      mx = guard_max4(x, in_type, (row0 + t) * k + i, suh, i, mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+    if (lane == 0) s_red[warp][t] = mx;
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < m) {
+    float row_max = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kGemvWarps; ++w) row_max = fmaxf(row_max, s_red[w][threadIdx.x]);
+    s_scale[threadIdx.x] = guard_divisor(row_max * kHadGain);
+  }
+  __syncthreads();
+  for (int p = warp; p < m * chunks; p += kGemvWarps) {
+    const int t = p / chunks, ch = c_lo + p % chunks;
+    const int64_t col = static_cast<int64_t>(ch) * 128 + 4 * lane;
+    if (col >= k) continue;  // k is a multiple of 128, so this never splits a warp
+    const float mul = exl3::trellis::kHadScale / s_scale[t];
+    const uint2 v = rotate_chunk_lane4(x, in_type, (row0 + t) * k + col, suh, col, mul, lane);
+    *reinterpret_cast<uint2*>(s_x + t * row_words + (p % chunks) * 64 + 2 * lane) = v;
+  }
+  __syncthreads();
 }
 
 // One launch for up to kGemvGroupMax linears that share their input rows (q/k/v, or one linear
@@ -154,10 +219,17 @@ __device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, 
 // and the rows keep the unfused arithmetic bit for bit.
 static_assert(16 * kGemvWarps * kGemvTiles == 128, "a GEMV column block is one Hadamard chunk");
 
-template <int K, tr::Codebook CB, int NT>
+// kStaged (one token group, m <= 8): the block rotates its rows' k slice itself
+// (stage_rotated_rows) instead of reading xr and row_scale, so the linear is this one kernel,
+// and it loads its first trellis words before waiting for the previous kernel (the weights are
+// constant; see pdl.cuh), so that trip to memory overlaps the previous kernel's tail.
+template <int K, tr::Codebook CB, int NT, bool kStaged>
 __global__ void __launch_bounds__(32 * kGemvWarps)
     gemv_kernel(const __grid_constant__ GemvGroupArgs a) {
-  pdl_begin();
+  static_assert(!kStaged || NT == 1, "staging covers one 8-token group");
+  if constexpr (!kStaged) pdl_begin();
+  extern __shared__ __align__(16) uint32_t s_x[];  // kStaged: [m][staged_chunks * 64] fp16 pairs
+  __shared__ float s_scale[8];
   __shared__ int s_last;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -165,7 +237,10 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
   while (mi + 1 < a.count && static_cast<int>(blockIdx.x) >= a.member[mi + 1].block_begin) ++mi;
   const GemvMember& mem = a.member[mi];
   const int split = blockIdx.y;
-  if (split >= mem.splits) return;
+  if (split >= mem.splits) {
+    if constexpr (kStaged) pdl_begin();  // nothing to do, but the PDL contract stands
+    return;
+  }
   const int m = a.m, k = a.k, n = mem.n;
   const int cb = static_cast<int>(blockIdx.x) - mem.block_begin;
   const int tiles_k = k >> 4;
@@ -176,13 +251,27 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
 
   // B fragments come from x' rows tok0 + 8 nt + g. Lanes of tokens >= m read row 0 instead:
   // B column g only feeds output column (token) g, which is never stored, so no masking.
-  const uint32_t* xr32 = reinterpret_cast<const uint32_t*>(mem.xr);
   const uint32_t* xrow[NT];
+  const int c_lo = kt_begin >> 3;  // first 128-chunk of the slice (8 k-tiles per chunk)
+  const int row_words = a.staged_chunks * 64;
+  if constexpr (kStaged) {
+    xrow[0] = s_x + (g < m ? g : 0) * row_words + c;
+  } else {
+    const uint32_t* xr32 = reinterpret_cast<const uint32_t*>(mem.xr);
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int tok = tok0 + 8 * nt + g;
-    xrow[nt] = xr32 + static_cast<int64_t>(tok < m ? tok : 0) * (k >> 1) + c;
+    for (int nt = 0; nt < NT; ++nt) {
+      const int tok = tok0 + 8 * nt + g;
+      xrow[nt] = xr32 + static_cast<int64_t>(tok < m ? tok : 0) * (k >> 1) + c;
+    }
   }
+  auto prologue = [&] {
+    if constexpr (kStaged) {
+      pdl_begin();
+      stage_rotated_rows(a.x, a.in_type, 0, mem.suh, m, k, c_lo, ((kt_end + 7) >> 3) - c_lo,
+                         row_words, s_x, s_scale);
+    }
+  };
+  auto row_scale = [&](int tok) { return kStaged ? s_scale[tok] : mem.row_scale[tok]; };
 
   float acc[kGemvTiles][NT][4];
 #pragma unroll
@@ -191,7 +280,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[t][nt][i] = 0.0f;
-  gemv_accumulate<K, CB, NT>(mem.trellis, n >> 4, j0, kt_begin, kt_end, xrow, acc);
+  gemv_accumulate<K, CB, NT, kSplitHalves<CB>, kStaged>(
+      mem.trellis, n >> 4, j0, kt_begin, kt_end, xrow, acc, kStaged ? 8 * c_lo : 0, prologue);
 
   // C fragment: c0, c1 = (column g, tokens 2c, 2c+1), c2, c3 = (column g+8, same tokens).
   float* out = mem.partial + static_cast<int64_t>(split) * m * n;
@@ -227,7 +317,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
   const int64_t col0 = static_cast<int64_t>(cb) * 128;
   if (tok_end - tok0 >= kGemvWarps || mem.splits <= kSplitSums) {
     for (int tok = tok0 + warp; tok < tok_end; tok += kGemvWarps) {
-      finish_output_chunk(mem.partial, mem.splits, m, n, tok, col0, mem.row_scale[tok], mem.svh,
+      finish_output_chunk(mem.partial, mem.splits, m, n, tok, col0, row_scale(tok), mem.svh,
                           mem.bias, mem.y, a.out_type, lane);
     }
   } else {
@@ -246,8 +336,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
         for (int j = 0; j < kSplitSums; ++j) p[j] = s_sum[j][lane];
         float v[4];
         add_split_sums(p, v);
-        finish_summed_chunk(v, n, tok, col0, mem.row_scale[tok], mem.svh, mem.bias, mem.y,
-                            a.out_type, lane);
+        finish_summed_chunk(v, n, tok, col0, row_scale(tok), mem.svh, mem.bias, mem.y, a.out_type,
+                            lane);
       }
       __syncthreads();
     }
@@ -255,7 +345,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
   if (mem.splits > 1 && threadIdx.x == 0) *counter = 0;  // ready for the next run
 }
 
-template <int K, tr::Codebook CB, int NT>
+template <int K, tr::Codebook CB, int NT, bool kStaged = false>
 cudaError_t launch_gemv_nt(const GemvGroupArgs& a, cudaStream_t stream) {
   int blocks = 0, splits = 1;
   for (int i = 0; i < a.count; ++i) {
@@ -263,9 +353,10 @@ cudaError_t launch_gemv_nt(const GemvGroupArgs& a, cudaStream_t stream) {
     splits = a.member[i].splits > splits ? a.member[i].splits : splits;
   }
   const unsigned gz = static_cast<unsigned>((a.m + 8 * NT - 1) / (8 * NT));
-  launch_pdl(gemv_kernel<K, CB, NT>,
+  const size_t smem = kStaged ? static_cast<size_t>(a.m) * a.staged_chunks * 256 : 0;
+  launch_pdl(gemv_kernel<K, CB, NT, kStaged>,
              dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(splits), gz),
-             dim3(32 * kGemvWarps), 0, stream, a);
+             dim3(32 * kGemvWarps), smem, stream, a);
   return cudaGetLastError();
 }
 
@@ -273,6 +364,10 @@ cudaError_t launch_gemv_nt(const GemvGroupArgs& a, cudaStream_t stream) {
 // (the grid's z covers any m; the planner keeps this path to small m).
 template <int K, tr::Codebook CB>
 cudaError_t launch_gemv_cb(const GemvGroupArgs& a, cudaStream_t stream) {
+  if (a.staged_chunks > 0) {
+    if (a.m > 8 || a.x == nullptr) return cudaErrorInvalidValue;
+    return launch_gemv_nt<K, CB, 1, true>(a, stream);
+  }
   if (a.m <= 8) return launch_gemv_nt<K, CB, 1>(a, stream);
   if (a.m <= 16) return launch_gemv_nt<K, CB, 2>(a, stream);
   return launch_gemv_nt<K, CB, 4>(a, stream);
@@ -290,7 +385,7 @@ int gemv_blocks_per_sm_k(tr::Codebook cb) {
   int blocks = 0;
   const cudaError_t e = tr::with_codebook(cb, [&](auto c) {
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks, gemv_kernel<K, decltype(c)::value, 1>, 32 * kGemvWarps, 0);
+        &blocks, gemv_kernel<K, decltype(c)::value, 1, false>, 32 * kGemvWarps, 0);
   });
   return e == cudaSuccess && blocks > 0 ? blocks : 1;
 }

@@ -95,6 +95,43 @@ __device__ __forceinline__ void store_act4(void* y, DType t, int64_t idx, const 
   }
 }
 
+// The input rotation's range guard: |had128(v)| <= sqrt(128) max|v|, and the rotated fp16 x'
+// must stay below 2^15, so a row whose bound = max|x * suh| * kHadGain passes kHalfSafe is divided
+// by the smallest power of two that brings it back (exact, undone in the epilogue). Non-finite
+// bounds keep 1, so NaN/inf propagate instead of being scaled away.
+constexpr float kHadGain = 11.3137085f;
+constexpr float kHalfSafe = 32768.0f;
+__device__ __forceinline__ float guard_divisor(float bound) {
+  return bound > kHalfSafe && bound < INFINITY ? exp2f(ceilf(log2f(bound / kHalfSafe))) : 1.0f;
+}
+
+// max |x[idx .. idx + 3] * suh[col .. col + 3]| folded into mx: the guard's row maximum.
+__device__ __forceinline__ float guard_max4(const void* x, DType t, int64_t idx,
+                                            const uint16_t* suh, int64_t col, float mx) {
+  float a[4], s4[4];
+  load_act4(x, t, idx, a);
+  load_half4(suh, col, s4);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) mx = fmaxf(mx, fabsf(a[j] * s4[j]));
+  return mx;
+}
+
+// One warp's 128-chunk of the rotated input: lane's 4 fp16 values of had128(x * suh) * mul
+// (mul = kHadScale / divisor), x at row offset idx (chunk start + 4 lane), suh at col.
+__device__ __forceinline__ uint2 rotate_chunk_lane4(const void* x, DType t, int64_t idx,
+                                                    const uint16_t* suh, int64_t col, float mul,
+                                                    int lane) {
+  float v[4], s4[4];
+  load_act4(x, t, idx, v);
+  load_half4(suh, col, s4);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] *= s4[i];
+  had128_lane4(v, lane);
+  const __half2 lo = __floats2half2_rn(v[0] * mul, v[1] * mul);
+  const __half2 hi = __floats2half2_rn(v[2] * mul, v[3] * mul);
+  return uint2{*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi)};
+}
+
 // Split-K partial sums are added as kSplitSums interleaved running sums (sum j takes splits j,
 // j + kSplitSums, ... in order), then sum 0 + sum 1 + sum 2 + sum 3 in that order. One warp can
 // keep the four sums in registers (four independent load chains instead of one), or four warps

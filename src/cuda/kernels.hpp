@@ -71,7 +71,8 @@ int mma_blocks_per_sm(int K, trellis::Codebook cb);
 constexpr int kGemvGroupMax = kRotateGroupMax;
 struct GemvMember {
   const uint32_t* trellis = nullptr;
-  const __half* xr = nullptr;        // [m, k] rotated input
+  const __half* xr = nullptr;        // [m, k] rotated input (unused when the group stages)
+  const uint16_t* suh = nullptr;     // [k] input signs (read when the group stages)
   const float* row_scale = nullptr;  // [m]
   float* partial = nullptr;          // [splits, m, n]
   const uint16_t* svh = nullptr;     // [n]
@@ -82,12 +83,18 @@ struct GemvMember {
   int splits = 1;
   int block_begin = 0;  // first grid x block of this member (sum of the previous n / 128)
 };
+// staged_chunks > 0 (m <= 8): the kernel rotates x itself, as rotate_input would (the same
+// bits), into shared memory: each block the chunks its slice touches (at most staged_chunks per
+// row), so no xr / row_scale is read. LinearPlan::staged_chunks says when.
 struct GemvGroupArgs {
   GemvMember member[kGemvGroupMax];
   int count = 0;
   int m = 0;
   int k = 0;
   DType out_type = DType::kF32;
+  const void* x = nullptr;  // [m, k] in_type, when staged
+  DType in_type = DType::kF32;
+  int staged_chunks = 0;
 };
 cudaError_t gemv(int K, trellis::Codebook cb, const GemvGroupArgs& args, cudaStream_t stream);
 template <int K>

@@ -157,18 +157,25 @@ cudaError_t Exl3LinearCuda::run(const LinearPlan& plan, const void* x, DType in_
   if (plan.path == LinearPath::kCublas && in_type != DType::kF32)
     return run_folded(x, in_type, y, out_type, m, w_hat, partial, stream);
 
-  cudaError_t e =
-      detail::rotate_input(x, in_type, suh_.as<uint16_t>(), m, in_, xr, row_scale, stream);
-  if (e != cudaSuccess) return e;
-  if (plan.path == LinearPath::kGemv) {
-    detail::GemvGroupArgs args;
+  const bool gemv = plan.path == LinearPath::kGemv;
+  detail::GemvGroupArgs args;
+  if (gemv) {
     args.member[0] = gemv_member(plan, workspace, y, 0);
     args.count = 1;
     args.m = static_cast<int>(m);
     args.k = static_cast<int>(in_);
     args.out_type = out_type;
+  }
+  if (gemv && plan.staged_chunks > 0) {  // the rotation inside the GEMV: one launch
+    args.x = x;
+    args.in_type = in_type;
+    args.staged_chunks = plan.staged_chunks;
     return detail::gemv(K_, cb_, args, stream);
   }
+  cudaError_t e =
+      detail::rotate_input(x, in_type, suh_.as<uint16_t>(), m, in_, xr, row_scale, stream);
+  if (e != cudaSuccess) return e;
+  if (gemv) return detail::gemv(K_, cb_, args, stream);
   if (plan.path == LinearPath::kMma) {
     e = detail::mma_gemm(trellis_.as<uint16_t>(), K_, cb_, xr, m, in_, out_, plan.split_k, partial,
                          stream);
@@ -188,6 +195,7 @@ detail::GemvMember Exl3LinearCuda::gemv_member(const LinearPlan& plan, void* wor
   detail::GemvMember g;
   g.trellis = trellis_.as<uint32_t>();
   g.xr = plan.workspace.xr.in<__half>(workspace);
+  g.suh = suh_.as<uint16_t>();
   g.row_scale = plan.workspace.row_scale.in<float>(workspace);
   g.partial = plan.workspace.partial.in<float>(workspace);
   g.svh = svh_.as<uint16_t>();
@@ -237,6 +245,14 @@ cudaError_t Exl3LinearCuda::run_group(std::span<const Exl3LinearCuda* const> lay
   detail::GemvGroupArgs args;
   auto* base = static_cast<char*>(workspace);
   int blocks = 0;
+  // Staged (no rotation launch) when every member's plan is; the widest slice sizes the rows.
+  int staged_chunks = 0;
+  bool staged = true;
+  for (const Exl3LinearCuda* l : layers) {
+    const int c = l->plan(m).staged_chunks;
+    staged = staged && c > 0;
+    staged_chunks = std::max(staged_chunks, c);
+  }
   for (size_t i = 0; i < layers.size(); ++i) {
     const Exl3LinearCuda& l = *layers[i];
     if (ys[i] == nullptr) return cudaErrorInvalidValue;
@@ -252,8 +268,14 @@ cudaError_t Exl3LinearCuda::run_group(std::span<const Exl3LinearCuda* const> lay
   args.m = static_cast<int>(m);
   args.k = static_cast<int>(layers[0]->in_);
   args.out_type = out_type;
-  const cudaError_t e = detail::rotate_input_group(x, in_type, rot, m, layers[0]->in_, stream);
-  if (e != cudaSuccess) return e;
+  if (staged) {
+    args.x = x;
+    args.in_type = in_type;
+    args.staged_chunks = staged_chunks;
+  } else {
+    const cudaError_t e = detail::rotate_input_group(x, in_type, rot, m, layers[0]->in_, stream);
+    if (e != cudaSuccess) return e;
+  }
   return detail::gemv(layers[0]->K_, layers[0]->cb_, args, stream);
 }
 

@@ -17,9 +17,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr float kHadGain = 11.3137085f;  // |had128(v)| <= sqrt(128) max|v|
-constexpr float kHalfSafe = 32768.0f;    // keep fp16 values below 2^15
-constexpr int kMaxIntermediate = 8192;   // activation row staged in shared memory
+constexpr int kMaxIntermediate = 8192;  // activation row staged in shared memory
 
 __device__ __forceinline__ float h2f(const uint16_t* p, int64_t i) {
   return __half2float(reinterpret_cast<const __half*>(p)[i]);
@@ -37,12 +35,6 @@ __device__ float block_max(float v, float* red) {
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) r = fmaxf(r, red[w]);
   return r;
-}
-
-// Power-of-two divisor that keeps bound / divisor below kHalfSafe (1 for non-finite bounds, so
-// NaN/inf propagate instead of being scaled away).
-__device__ __forceinline__ float guard_scale(float bound) {
-  return bound > kHalfSafe && bound < INFINITY ? exp2f(ceilf(log2f(bound / kHalfSafe))) : 1.0f;
 }
 
 struct Route {
@@ -174,7 +166,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  const float s = guard_scale(block_max(mx, red) * kHadGain);
+  const float s = guard_divisor(block_max(mx, red) * kHadGain);
   if (threadIdx.x == 0) *scale = s;
   const float mul = exl3::trellis::kHadScale / s;
 #pragma unroll
@@ -254,7 +246,7 @@ __global__ void __launch_bounds__(kThreads)
       mx = fmaxf(mx, fabsf(av[i]));
     }
   }
-  const float s = guard_scale(block_max(mx, red));  // block_max syncs: a_row is complete
+  const float s = guard_divisor(block_max(mx, red));  // block_max syncs: a_row is complete
   if (threadIdx.x == 0) act_scale[slot] = s;
   const float inv = 1.0f / s;
   for (int64_t i = threadIdx.x; i < I; i += kThreads) out[i] = __float2half_rn(a_row[i] * inv);

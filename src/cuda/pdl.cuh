@@ -7,8 +7,11 @@
 // The contract, kept by every kernel launched this way: its first statement is pdl_begin(), which
 // waits until the previous grid in the stream has completed and its memory is visible (so the
 // kernel reads its inputs and writes its outputs exactly as with an ordinary launch), and then
-// lets the next kernel be scheduled. Nothing is read or written before it. A kernel launched
-// without the attribute passes the wait at once, so the same kernel may be launched both ways.
+// lets the next kernel be scheduled. Nothing is read or written before it, with one exception:
+// a kernel may load weights (device memory no kernel writes while a model runs) before calling
+// it, so the first trip to memory overlaps the previous kernel's tail (the staged EXL3 GEMV
+// does). A kernel launched without the attribute passes the wait at once, so the same kernel
+// may be launched both ways.
 #pragma once
 
 #include <utility>
@@ -19,12 +22,23 @@
 
 namespace exl3::cuda {
 
-__device__ __forceinline__ void pdl_begin() {
+// The two halves of pdl_begin, for a kernel that issues loads of constant data (weights) first.
+__device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The next kernel may now be scheduled; it waits in its own pdl_begin() for this grid to end.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_release();
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed

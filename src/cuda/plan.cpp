@@ -90,6 +90,16 @@ int linear_splits(const LinearShape& s, const LinearOptions& opts, const LinearT
   return linear_split_k(s.in, s.out, t.sms, t.mma_blocks_per_sm);
 }
 
+int gemv_staged_chunks(int64_t k, int splits) {
+  const int64_t tiles = k / 16;
+  int most = 0;
+  for (int64_t sp = 0; sp < splits; ++sp) {
+    const int64_t begin = tiles * sp / splits, end = tiles * (sp + 1) / splits;
+    most = std::max(most, static_cast<int>((end + 7) / 8 - begin / 8));
+  }
+  return most;
+}
+
 LinearPlan plan_linear(const LinearShape& s, const LinearOptions& opts, const LinearTraits& t,
                        int64_t m) {
   LinearPlan p;
@@ -97,6 +107,11 @@ LinearPlan plan_linear(const LinearShape& s, const LinearOptions& opts, const Li
   p.path = linear_path(opts, m);
   p.split_k = linear_splits(s, opts, t, p.path);
   const int64_t k = s.in, n = s.out;
+  if (p.path == LinearPath::kGemv && opts.gemv_fused_rotation && m <= kGemvStagedMaxRows &&
+      m * k * 4 <= kGemvStagedMaxReadBytes) {
+    const int chunks = gemv_staged_chunks(k, p.split_k);
+    if (m * chunks * 256 <= kGemvStagedMaxSmemBytes) p.staged_chunks = chunks;
+  }
   Carver c;
   p.workspace.xr = c.take(static_cast<size_t>(m * k) * 2);
   p.workspace.row_scale = c.take(static_cast<size_t>(m) * 4);
@@ -304,6 +319,13 @@ MoePlan plan_moe(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t, 
     p.full.split_fc2 = s2;
     p.full.routes = m * s.top_k;
     p.full.max_groups = p.full.routes;
+    // Each FC1 block stages one row (one route per group on this path): the dense GEMV's bounds
+    // for m = 1.
+    const int chunks = gemv_staged_chunks(s.hidden, s1);
+    if (opts.fused_rotation && s.hidden * 4 <= kGemvStagedMaxReadBytes &&
+        chunks * 256 <= kGemvStagedMaxSmemBytes) {
+      p.full.staged_chunks = chunks;
+    }
     return p;
   }
   p.arena = moe_arena(s, MoePath::kPrefill, p.chunk, 1, 1);
@@ -365,8 +387,13 @@ void from_json(const nlohmann::json& j, Span& s) {
 }
 
 void to_json(nlohmann::json& j, const MoePass& p) {
-  j = {{"tokens", p.tokens},       {"count", p.count},   {"split_fc1", p.split_fc1},
-       {"split_fc2", p.split_fc2}, {"routes", p.routes}, {"max_groups", p.max_groups}};
+  j = {{"tokens", p.tokens},
+       {"count", p.count},
+       {"split_fc1", p.split_fc1},
+       {"split_fc2", p.split_fc2},
+       {"routes", p.routes},
+       {"max_groups", p.max_groups},
+       {"staged_chunks", p.staged_chunks}};
 }
 
 void from_json(const nlohmann::json& j, MoePass& p) {
@@ -376,6 +403,7 @@ void from_json(const nlohmann::json& j, MoePass& p) {
   j.at("split_fc2").get_to(p.split_fc2);
   j.at("routes").get_to(p.routes);
   j.at("max_groups").get_to(p.max_groups);
+  j.at("staged_chunks").get_to(p.staged_chunks);
 }
 
 void to_json(nlohmann::json& j, const LinearPlan& p) {
@@ -383,6 +411,7 @@ void to_json(nlohmann::json& j, const LinearPlan& p) {
   j = {{"m", p.m},
        {"path", path_name(p.path)},
        {"split_k", p.split_k},
+       {"staged_chunks", p.staged_chunks},
        {"workspace",
         {{"bytes", w.bytes},
          {"xr", w.xr},
@@ -395,6 +424,7 @@ void from_json(const nlohmann::json& j, LinearPlan& p) {
   j.at("m").get_to(p.m);
   p.path = enum_of(j, "path", kLinearPaths, path_name);
   j.at("split_k").get_to(p.split_k);
+  j.at("staged_chunks").get_to(p.staged_chunks);
   const auto& w = j.at("workspace");
   w.at("bytes").get_to(p.workspace.bytes);
   w.at("xr").get_to(p.workspace.xr);

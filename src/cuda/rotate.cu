@@ -15,9 +15,6 @@ namespace exl3::cuda::detail {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-// |had128(v)| <= sqrt(128) * max|v|; keep the fp16 x' below 2^15.
-constexpr float kHadGain = 11.3137085f;
-constexpr float kHalfSafe = 32768.0f;
 
 // Grid (m, column slices): every block reads its whole row once for the range guard (the row is
 // small and L2-resident, and the guard must be the same for every slice), then rotates its own
@@ -38,13 +35,8 @@ __global__ void rotate_input_kernel(const void* __restrict__ x, DType in_type,
   // flight together.
   float mx = 0.0f;
 #pragma unroll 4
-  for (int64_t i = 4 * threadIdx.x; i < k; i += 4 * blockDim.x) {
-    float a[4], s4[4];
-    load_act4(x, in_type, row * k + i, a);
-    load_half4(suh, i, s4);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) mx = fmaxf(mx, fabsf(a[j] * s4[j]));
-  }
+  for (int64_t i = 4 * threadIdx.x; i < k; i += 4 * blockDim.x)
+    mx = guard_max4(x, in_type, row * k + i, suh, i, mx);
   __shared__ float red[kWarpsPerBlock];
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, m));
@@ -53,28 +45,15 @@ __global__ void rotate_input_kernel(const void* __restrict__ x, DType in_type,
   float row_max = 0.0f;
 #pragma unroll
   for (int w = 0; w < kWarpsPerBlock; ++w) row_max = fmaxf(row_max, red[w]);
-  // Power of two, so dividing here and multiplying in the epilogue is exact. NaN/inf inputs
-  // keep scale 1 and propagate.
-  float scale = 1.0f;
-  const float bound = row_max * kHadGain;
-  if (bound > kHalfSafe && bound < INFINITY) scale = exp2f(ceilf(log2f(bound / kHalfSafe)));
+  // Power of two, so dividing here and multiplying in the epilogue is exact.
+  const float scale = guard_divisor(row_max * kHadGain);
   if (blockIdx.y == 0 && threadIdx.x == 0) row_scale[row] = scale;
   const float mul = exl3::trellis::kHadScale / scale;
 
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kColsPerBlock + warp * 128;
   if (c0 >= k) return;
-  float v[4], s4[4];
-  load_act4(x, in_type, row * k + c0 + 4 * lane, v);
-  load_half4(suh, c0 + 4 * lane, s4);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] *= s4[i];
-  had128_lane4(v, lane);
-  __half2 lo = __floats2half2_rn(v[0] * mul, v[1] * mul);
-  __half2 hi = __floats2half2_rn(v[2] * mul, v[3] * mul);
-  uint2 packed;
-  packed.x = *reinterpret_cast<uint32_t*>(&lo);
-  packed.y = *reinterpret_cast<uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(xr + row * k + c0 + 4 * lane) = packed;
+  *reinterpret_cast<uint2*>(xr + row * k + c0 + 4 * lane) =
+      rotate_chunk_lane4(x, in_type, row * k + c0 + 4 * lane, suh, c0 + 4 * lane, mul, lane);
 }
 
 __global__ void rotate_output_kernel(const float* __restrict__ partial, int splits,

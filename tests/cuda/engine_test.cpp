@@ -426,6 +426,25 @@ TEST(CudaEngine, ProgrammaticLaunchChangesNoBits) {
   EXPECT_EQ(got, want);
 }
 
+// The input rotations fused into the GEMV prologues (the dense linears and the MoE's gate/up)
+// give the bits of the separate rotation launches, through a prefill and graph-replayed decode
+// steps of the tiny Qwen3-MoE.
+TEST(CudaEngine, FusedRotationChangesNoBits) {
+  EXL3_REQUIRE_GPU();
+  EXL3_REQUIRE_CONFORMANCE(dir);
+  const auto model = test::tiny_model(dir);
+  auto rng = exl3::test::make_rng();
+  const auto ids = test::random_ids(rng, 24, 500);
+  auto fused = cuda_options(), plain = cuda_options();
+  fused.linear.gemv_fused_rotation = true;
+  fused.moe.fused_rotation = true;
+  plain.linear.gemv_fused_rotation = false;
+  plain.moe.fused_rotation = false;
+  auto a = load_engine(model, fused);
+  auto b = load_engine(model, plain);
+  EXPECT_EQ(test::prefill_then_decode(*a, ids, 9), test::prefill_then_decode(*b, ids, 9));
+}
+
 // Speculative verification's steps (a few tokens per sequence, every row's logits, beside plain
 // decode tokens) are captured as graphs per shape: replays of one shape with new tokens,
 // positions and page tables, and after the caches are cut back, equal eager steps bit for bit.

@@ -195,6 +195,41 @@ TEST(CudaLinear, BatchInvariantRowsOnMmaPath) {
   expect_batch_invariant(L.gpu(ctx, opts), 512, 384, 77, {1, 5, 20, 40}, rng);
 }
 
+// The GEMV that rotates its own input (one launch) gives the bits of the rotation kernel + GEMV
+// pair, for every K and codebook, fp16 and bf16 rows, rows past the guard (divisor > 1), one
+// slice of many chunks and split-K slices that cut chunks in the middle.
+TEST(CudaLinear, FusedRotationEqualsRotationKernel) {
+  EXL3_REQUIRE_GPU();
+  CudaContext ctx;
+  auto rng = exl3::test::make_rng();
+  for (int K = 1; K <= 8; ++K) {
+    for (auto cb : kAllCb) {
+      const Layer L(384, 256, K, cb, K % 3 == 0, rng);
+      for (int splits : {1, 5}) {
+        exl3::cuda::LinearOptions fused, plain;
+        fused.max_m = plain.max_m = 16;
+        fused.split_k = plain.split_k = splits;  // 24 k-tiles in 5 slices: 4 or 5 tiles each
+        fused.gemv_fused_rotation = true;
+        plain.gemv_fused_rotation = false;
+        const auto gf = L.gpu(ctx, fused), gp = L.gpu(ctx, plain);
+        DeviceBuffer ws(std::max(gf.workspace_bytes(), gp.workspace_bytes()), "ws");
+        for (int64_t m : {1, 2, 3, 8}) {
+          ASSERT_GT(gf.plan(m).staged_chunks, 0) << "m=" << m;
+          ASSERT_EQ(gp.plan(m).staged_chunks, 0);
+          const bool bf16 = m % 2 == 1;
+          const auto x = random_x(m, 384, bf16, rng, m == 3 ? 2.0e4f : 1.0f);
+          const DType t = bf16 ? DType::kBF16 : DType::kF16;
+          const auto a = run_gpu(gf, x, t, m, DType::kF32, ws.get(), ws.bytes());
+          const auto b = run_gpu(gp, x, t, m, DType::kF32, ws.get(), ws.bytes());
+          ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0)
+              << "K=" << K << " cb=" << tr::codebook_name(cb) << " splits=" << splits << " m=" << m;
+          for (float v : a) ASSERT_TRUE(std::isfinite(v)) << "m=" << m;
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaLinear, GraphReplayEqualsEager) {
   EXL3_REQUIRE_GPU();
   CudaContext ctx;  // cuBLAS for the layers of this test

@@ -208,6 +208,52 @@ TEST(LinearPlan, CarvesAreDisjointAndFitForEveryM) {
   }
 }
 
+// The chunks a slice touches, counted tile by tile against the GEMV's own cut.
+int chunks_by_hand(int64_t k, int splits) {
+  const int64_t tiles = k / 16;
+  int most = 0;
+  for (int s = 0; s < splits; ++s) {
+    std::set<int64_t> chunks;
+    for (int64_t t = tiles * s / splits; t < tiles * (s + 1) / splits; ++t) chunks.insert(t / 8);
+    most = std::max(most, static_cast<int>(chunks.size()));
+  }
+  return most;
+}
+
+TEST(LinearPlan, FusedRotationOnlyWhereItStaysSmall) {
+  auto rng = exl3::test::make_rng();
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t k = multiple(rng, 128, 96);
+    const int splits = static_cast<int>(uniform(rng, 1, 16));
+    ASSERT_EQ(gemv_staged_chunks(k, splits), chunks_by_hand(k, splits)) << k << " " << splits;
+  }
+  const LinearTraits t{132, 1, 2};
+  LinearOptions o;
+  EXPECT_EQ(plan_linear({2048, 5120}, o, t, 1).staged_chunks, 0) << "off by default";
+  o.gemv_fused_rotation = true;
+  // 2048 -> 5120 (Qwen3-30B-A3B's q/k/v) at batch 1: fused; one row of 2048 is 8 KiB to read.
+  const LinearPlan p1 = plan_linear({2048, 5120}, o, t, 1);
+  EXPECT_EQ(p1.path, LinearPath::kGemv);
+  EXPECT_EQ(p1.staged_chunks, gemv_staged_chunks(2048, p1.split_k));
+  EXPECT_GT(p1.staged_chunks, 0);
+  // At 4 rows the block reads 32 KiB: still fused; at 5, or at 2 rows of 8192, not.
+  EXPECT_GT(plan_linear({2048, 5120}, o, t, 4).staged_chunks, 0);
+  EXPECT_EQ(plan_linear({2048, 5120}, o, t, 5).staged_chunks, 0);
+  EXPECT_EQ(plan_linear({8192, 1024}, o, t, 2).staged_chunks, 0);
+  // Beyond one 8-token group, off, or off the GEMV path: a rotation launch.
+  EXPECT_EQ(plan_linear({128, 128}, o, t, 9).staged_chunks, 0);
+  EXPECT_EQ(plan_linear({128, 128}, o, t, 200).staged_chunks, 0);
+  o.gemv_fused_rotation = false;
+  EXPECT_EQ(plan_linear({2048, 5120}, o, t, 1).staged_chunks, 0);
+  // One slice of 8192 inputs: 64 chunks, 16 KiB of shared memory and 32 KiB read; one chunk
+  // more is past both bounds.
+  LinearOptions one;
+  one.gemv_fused_rotation = true;
+  one.split_k = 1;
+  EXPECT_EQ(plan_linear({8192, 128}, one, t, 1).staged_chunks, 64);
+  EXPECT_EQ(plan_linear({8192 + 128, 128}, one, t, 1).staged_chunks, 0);
+}
+
 TEST(LinearPlan, JsonRoundTripsWithStableNames) {
   auto rng = exl3::test::make_rng();
   for (int trial = 0; trial < 20; ++trial) {
@@ -215,7 +261,8 @@ TEST(LinearPlan, JsonRoundTripsWithStableNames) {
     const LinearOptions o = random_linear_options(rng);
     const LinearPlan p = plan_linear(s, o, random_linear_traits(rng), uniform(rng, 1, o.max_m));
     const json j = p;
-    EXPECT_EQ(keys(j), (std::set<std::string>{"m", "path", "split_k", "workspace"}));
+    EXPECT_EQ(keys(j),
+              (std::set<std::string>{"m", "path", "split_k", "staged_chunks", "workspace"}));
     EXPECT_EQ(keys(j.at("workspace")),
               (std::set<std::string>{"bytes", "xr", "row_scale", "partial", "w_hat"}));
     EXPECT_EQ(keys(j.at("workspace").at("partial")), (std::set<std::string>{"offset", "bytes"}));
@@ -384,6 +431,29 @@ TEST(MoePlan, DecodeSplitsMatchTheRuleByHand) {
   EXPECT_EQ(moe_split_k(1, 8, 132), 1);         // k_tiles / 8
 }
 
+// Decode FC1 rotates its own rows within the dense GEMV's one-row bounds; prefill never does.
+TEST(MoePlan, FusedRotationOnDecodeOnly) {
+  MoeShape s{2048, 768, 128, 8, true, 1};
+  MoeOptions o;
+  o.capacity = 4096;
+  EXPECT_EQ(plan_moe(s, o, {132}, 1).full.staged_chunks, 0) << "off by default";
+  o.fused_rotation = true;
+  const MoePlan d = plan_moe(s, o, {132}, 1);
+  ASSERT_EQ(d.path, MoePath::kDecode);
+  EXPECT_EQ(d.full.staged_chunks, gemv_staged_chunks(2048, d.full.split_fc1));
+  EXPECT_GT(d.full.staged_chunks, 0);
+  EXPECT_EQ(plan_moe(s, o, {132}, o.decode_max_m).full.staged_chunks, d.full.staged_chunks);
+  const MoePlan pf = plan_moe(s, o, {132}, 1000);
+  ASSERT_EQ(pf.path, MoePath::kPrefill);
+  EXPECT_EQ(pf.full.staged_chunks, 0);
+  EXPECT_EQ(pf.tail.staged_chunks, 0);
+  o.fused_rotation = false;
+  EXPECT_EQ(plan_moe(s, o, {132}, 1).full.staged_chunks, 0);
+  o.fused_rotation = true;
+  s.hidden = 8192 + 128;  // one row past 32 KiB of fp32 activations
+  EXPECT_EQ(plan_moe(s, o, {132}, 1).full.staged_chunks, 0);
+}
+
 TEST(MoePlan, PrefillPassesSplitWithinTheirRoom) {
   // H 1024, I 128, E 4, top-2 on 132 SMs, chunks of 64 tokens.
   const MoeShape s{1024, 128, 4, 2, false, 1};
@@ -546,8 +616,9 @@ TEST(MoePlan, JsonRoundTripsWithStableNames) {
     const json j = p;
     EXPECT_EQ(keys(j), (std::set<std::string>{"m", "path", "tier_passes", "chunk", "full", "tail",
                                               "arena", "arena_bytes"}));
-    EXPECT_EQ(keys(j.at("full")), (std::set<std::string>{"tokens", "count", "split_fc1",
-                                                         "split_fc2", "routes", "max_groups"}));
+    EXPECT_EQ(keys(j.at("full")),
+              (std::set<std::string>{"tokens", "count", "split_fc1", "split_fc2", "routes",
+                                     "max_groups", "staged_chunks"}));
     EXPECT_EQ(keys(j.at("arena")),
               (std::set<std::string>{"bytes", "counts", "fill", "offsets", "num_groups",
                                      "group_expert", "group_begin", "group_count", "slot_of_route",

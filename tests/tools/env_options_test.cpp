@@ -131,6 +131,35 @@ TEST(EnvOptions, EngineOptionsOnCudaOnly) {
               HasSubstr("EXL3_MXFP8_GEMV_MAX_M='garbage'"));
 }
 
+TEST(EnvOptions, LinearOptions) {
+  ScopedEnv splits("EXL3_GEMV_MAX_SPLITS", "6");
+  ScopedEnv tiles("EXL3_GEMV_MIN_SPLIT_TILES", "3");
+  ScopedEnv fused("EXL3_GEMV_FUSED_ROTATION", "0");
+  const auto o = exl3::cli::linear_options_from_env();
+  EXPECT_EQ(o.gemv_max_splits, 6);
+  EXPECT_EQ(o.gemv_min_split_tiles, 3);
+  EXPECT_FALSE(o.gemv_fused_rotation);
+  fused.set("1");
+  EXPECT_TRUE(exl3::cli::linear_options_from_env().gemv_fused_rotation);
+  fused.set("");
+  exl3::cuda::LinearOptions on;
+  on.gemv_fused_rotation = true;
+  EXPECT_TRUE(exl3::cli::linear_options_from_env(on).gemv_fused_rotation) << "blank = unset";
+  fused.set("yes");
+  EXPECT_THAT(error_of([] { exl3::cli::linear_options_from_env(); }),
+              HasSubstr("EXL3_GEMV_FUSED_ROTATION='yes' must be 0 or 1"));
+  splits.set("0");
+  EXPECT_THAT(error_of([] { exl3::cli::linear_options_from_env(); }),
+              HasSubstr("EXL3_GEMV_MAX_SPLITS='0' is not a positive integer"));
+  ScopedEnv moe("EXL3_MOE_FUSED_ROTATION", "1");
+  EXPECT_TRUE(exl3::cli::moe_options_from_env().fused_rotation);
+  moe.set(nullptr);
+  EXPECT_FALSE(exl3::cli::moe_options_from_env().fused_rotation);
+  moe.set("2");
+  EXPECT_THAT(error_of([] { exl3::cli::moe_options_from_env(); }),
+              HasSubstr("EXL3_MOE_FUSED_ROTATION='2' must be 0 or 1"));
+}
+
 TEST(EnvOptions, ProgrammaticLaunchSwitch) {
   ScopedEnv pdl("EXL3_PDL", "maybe");
   exl3::runtime::EngineOptions cpu;

@@ -4,7 +4,8 @@
 //   y = had128(had128(x * suh) @ W_hat) * svh + bias
 //
 // Paths, chosen by the row count m (Exl3LinearCuda::plan, exl3/cuda/plan.hpp):
-//   kGemv   : m <= gemv_max_m. Same prologue and epilogue as kMma around a swap-AB kernel (the
+//   kGemv   : m <= gemv_max_m. Same prologue and epilogue as kMma (the prologue inside the
+//             kernel for small m: LinearPlan::staged_chunks) around a swap-AB kernel (the
 //             weight tile is the mma A operand, up to 8 tokens the B operand) that multiplies
 //             3INST/MCG weights as their unrounded two-half sum (<= 2^-11 relative per weight
 //             from the fp16-rounded W_hat; MUL1 exact). Rows are batch-invariant bit for bit
@@ -96,7 +97,8 @@ class Exl3LinearCuda {
                   size_t workspace_size, cudaStream_t stream) const;
 
   // Linears that read the same x [m, in] (q/k/v; gate/up) in two launches (one input rotation,
-  // one GEMV with the epilogue fused) instead of two per linear: possible when m is on every
+  // one GEMV with the epilogue fused), or one when every member's plan fuses the rotation
+  // (LinearPlan::staged_chunks), instead of two per linear: possible when m is on every
   // layer's GEMV path and they share in_features, K and codebook (at most 4 layers). Each
   // layer's rows are the bits its own run() gives. ys[i]: [m, out_i] in out_type; the workspace
   // holds group_workspace_bytes(layers, m). The same layer may not run on two streams at once

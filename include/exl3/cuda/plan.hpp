@@ -60,6 +60,10 @@ struct LinearOptions {
   // CLI: EXL3_GEMV_MAX_SPLITS, EXL3_GEMV_MIN_SPLIT_TILES.
   int gemv_max_splits = 16;
   int gemv_min_split_tiles = 8;
+  // Decode-sized GEMV runs rotate their input in the kernel's prologue (one launch per linear
+  // instead of two) where that stays cheap: see LinearPlan::staged_chunks. Off until it has been
+  // run and measured on a GPU (docs/cuda-linear.md). CLI: EXL3_GEMV_FUSED_ROTATION=1.
+  bool gemv_fused_rotation = false;
 };
 
 struct LinearShape {
@@ -90,6 +94,10 @@ struct LinearPlan {
   int64_t m = 0;
   LinearPath path = LinearPath::kGemv;
   int split_k = 1;  // split-K slices (1 on the cuBLAS path)
+  // GEMV path only: > 0 when the GEMV rotates its own input (no rotation launch). Every block
+  // then stages the 128-element chunks its k slice touches, rotated, in shared memory: at most
+  // staged_chunks per row (see gemv_staged_chunks), m rows. 0: a rotation kernel writes xr first.
+  int staged_chunks = 0;
   LinearWorkspace workspace;
   bool operator==(const LinearPlan&) const = default;
 };
@@ -108,6 +116,17 @@ int linear_splits(const LinearShape& s, const LinearOptions& opts, const LinearT
                   LinearPath p);
 LinearPlan plan_linear(const LinearShape& s, const LinearOptions& opts, const LinearTraits& t,
                        int64_t m);
+// The fused rotation's bounds. Each GEMV block reads its rows whole for the range guard (the
+// power-of-two divisor depends on the row's maximum) and keeps its slice rotated in shared
+// memory, so the rotation is fused only while both stay small: at most kGemvStagedMaxRows rows
+// (one 8-token B group), m * k * 4 bytes of activations read per block and m * chunks * 256
+// bytes of shared memory.
+inline constexpr int64_t kGemvStagedMaxRows = 8;
+inline constexpr int64_t kGemvStagedMaxReadBytes = 32 * 1024;
+inline constexpr int64_t kGemvStagedMaxSmemBytes = 16 * 1024;
+// The most 128-element chunks one split-K slice of k (k / 16 tiles cut as the GEMV cuts them:
+// slice s is tiles [tiles * s / splits, tiles * (s + 1) / splits)) touches.
+int gemv_staged_chunks(int64_t k, int splits);
 // The workspace every m in 1..max_m fits in (the largest m of each reachable path bounds it,
 // since every carve grows with m inside a path).
 size_t linear_workspace_bytes(const LinearShape& s, const LinearOptions& opts,
@@ -184,6 +203,10 @@ struct MoeOptions {
   Tiers tiers = Tiers::kAuto;
   // EXL3_MOE_MIN_SPLIT_TILES: the fewest k-tiles of 16 a decode split walks (moe_split_k).
   int64_t decode_min_split_tiles = 8;
+  // The decode path's gate/up GEMV rotates its input rows itself (no rotation launch) where the
+  // dense GEMV's bounds allow it for one row (MoePass::staged_chunks). Off until it has been run
+  // and measured on a GPU (docs/moe.md). CLI: EXL3_MOE_FUSED_ROTATION=1.
+  bool fused_rotation = false;
 };
 
 enum class MoePath : uint8_t { kDecode, kPrefill };
@@ -229,6 +252,9 @@ struct MoePass {
   int split_fc1 = 1, split_fc2 = 1;  // split-K of FC1 (gate | up) and FC2 (down)
   int64_t routes = 0;                // tokens * top_k
   int64_t max_groups = 0;            // the grouped GEMV's grid rows (decode: one per route)
+  // Decode only: > 0 when FC1 rotates its input in its prologue, each block staging the chunks
+  // its k slice touches (at most this many; gemv_staged_chunks) of its route's row.
+  int staged_chunks = 0;
   bool operator==(const MoePass&) const = default;
 };
 
