@@ -113,12 +113,6 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
   up_suh_ = upload(rot.up_suh, "up suh");
   down_svh_ = upload(rot.down_svh, "down svh");
   intermediate_ = upload(rot.intermediate, "intermediate rotations");
-  if (opts_.fused_activation) {
-    const auto routes = static_cast<size_t>(std::min(opts_.decode_max_m, opts_.capacity) * k_);
-    act_counters_ = DeviceBuffer(routes * 4, fmt::format("the {} activation counters", where));
-    EXL3_CUDA_CHECK(cudaMemset(act_counters_.get(), 0, act_counters_.bytes()),
-                    "CUDA MoE: zeroing the activation counters");
-  }
   upload_extras(extras, where);
 }
 
@@ -312,42 +306,18 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     a.stage_scale[0] = scale_g;
     a.stage_scale[1] = scale_u;
   }
+  e = gemv_tiers(a, nt, max_groups, plan.tier_passes, stream);
+  if (e != cudaSuccess) return e;
+  a.staged_chunks = 0;  // FC2 reads the activation rows
   detail::MoeActivation fn;
   fn.gate_bias = gate_bias_.as<float>();
   fn.up_bias = up_bias_.as<float>();
   fn.alpha = swiglu_alpha_;
   fn.limit = swiglu_limit_;
   if (valid_intermediate_ > 0) fn.valid = valid_intermediate_;
-  // Decode: the activation may run in each route's last FC1 block (MoePass::fused_activation).
-  const bool fused_act = !prefill && pass.fused_activation;
-  if (fused_act) {
-    if (act_counters_.empty()) return cudaErrorInvalidValue;  // a plan of other options
-    detail::MoeFusedActivation& f = a.act;
-    f.counters = act_counters_.as<int32_t>();
-    f.blocks_per_route = 2 * a.col_blocks * s1;
-    f.partial = partial1;
-    f.splits = s1;
-    f.slots_cap = routes;
-    f.k = k_;
-    f.I = I_;
-    f.shared_h = shared_h_;
-    f.scale_g = scale_g;
-    f.scale_u = scale_u;
-    f.intermediate = intermediate_.as<uint16_t>();
-    f.fn = fn;
-    f.act = act;
-    f.act_scale = act_scale;
-  }
-  e = gemv_tiers(a, nt, max_groups, plan.tier_passes, stream);
+  e = detail::moe_activate(partial1, s1, routes, routes, k_, I_, shared_h_, ids, E_, slots, scale_g,
+                           scale_u, intermediate_.as<uint16_t>(), fn, act, act_scale, stream);
   if (e != cudaSuccess) return e;
-  a.staged_chunks = 0;  // FC2 reads the activation rows
-  a.act = {};
-  if (!fused_act) {
-    e = detail::moe_activate(partial1, s1, routes, routes, k_, I_, shared_h_, ids, E_, slots,
-                             scale_g, scale_u, intermediate_.as<uint16_t>(), fn, act, act_scale,
-                             stream);
-    if (e != cudaSuccess) return e;
-  }
 
   // FC2: B rows are the activation rows (one per slot).
   a.k = static_cast<int>(I_);

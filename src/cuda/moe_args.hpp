@@ -9,37 +9,6 @@
 
 namespace exl3::cuda::detail {
 
-// The expert activation beyond the plain SwiGLU (gpt-oss): biases on gate / up, the clamped
-// SwiGLU, and padded channels. Defaults are the plain SiLU(gate) * up.
-struct MoeActivation {
-  const float* gate_bias = nullptr;  // [E, I] fp32 (zeros past the real channels), or null
-  const float* up_bias = nullptr;
-  // limit > 0: a = min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + 1)
-  float alpha = 0.0f, limit = 0.0f;
-  int64_t valid = INT64_MAX;  // channels >= valid pad a padded expert linear: a = 0 there
-};
-
-// The activation fused into the decode FC1 launch (MoeGemvArgs::act.counters != null): the last
-// of a route's FC1 blocks to finish (a per-route counter, reset by that block) sums the route's
-// split partials and writes its activation row and divisor exactly as moe_activate does. Blocks
-// of a route whose id is invalid write its zero row instead (block x = y = 0).
-struct MoeFusedActivation {
-  int32_t* counters = nullptr;  // [routes], zero between runs
-  int blocks_per_route = 0;     // FC1 blocks of a route: 2 * I / 128 * splits
-  const float* partial = nullptr;
-  int splits = 1;
-  int64_t slots_cap = 0;
-  int k = 1;
-  int64_t I = 0;
-  bool shared_h = false;
-  const float* scale_g = nullptr;
-  const float* scale_u = nullptr;
-  const uint16_t* intermediate = nullptr;
-  MoeActivation fn;
-  __half* act = nullptr;
-  float* act_scale = nullptr;
-};
-
 // Per-projection view of the uploaded experts.
 struct MoeProj {
   const uint32_t* const* trellis = nullptr;  // [E] device pointers to each expert's trellis
@@ -87,7 +56,6 @@ struct MoeGemvArgs {
   bool shared_h = false;
   const uint16_t* stage_suh[2] = {};
   float* stage_scale[2] = {};
-  MoeFusedActivation act;
 };
 
 }  // namespace exl3::cuda::detail

@@ -14,7 +14,6 @@
 #include <cstdint>
 
 #include "cuda/gemv.cuh"
-#include "cuda/moe_activate.cuh"
 #include "cuda/moe_args.hpp"
 #include "cuda/pdl.cuh"
 
@@ -38,13 +37,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
     s0 = a.group_begin[grp];
     count = a.group_count[grp];
   }
-  if (expert < 0 || expert >= a.num_experts) {  // invalid ids are skipped (see moe.hpp)
-    if constexpr (NT == 1) {
-      if (a.act.counters != nullptr && blockIdx.x == 0 && blockIdx.y == 0)
-        zero_slot(a.act.act, a.act.act_scale, s0, a.act.I);
-    }
-    return;
-  }
+  if (expert < 0 || expert >= a.num_experts) return;  // invalid ids are skipped (see moe.hpp)
   const int p = blockIdx.x / a.col_blocks;
   const MoeProj& proj = a.proj[p];
   if (KF != 0 && proj.bits[expert] != KF) return;  // another tier's pass
@@ -138,33 +131,12 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
       }
     }
   }
-  if constexpr (NT == 1) {
-    // The activation fused into decode FC1: the route's last block to finish runs it.
-    const MoeFusedActivation& f = a.act;
-    if (f.counters == nullptr) return;
-    __shared__ int s_last;
-    __shared__ float s_red[kGemvWarps];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(f.counters + s0, 1) == f.blocks_per_route - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    // The staged rows are done with: their shared memory holds the activation row now.
-    activate_slot<kGemvWarps>(f.partial, f.splits, f.slots_cap, f.k, f.I, f.shared_h, s0, s0,
-                              expert, f.scale_g, f.scale_u, f.intermediate, f.fn, f.act,
-                              f.act_scale, reinterpret_cast<float*>(s_x), s_red);
-    if (threadIdx.x == 0) f.counters[s0] = 0;  // ready for the next run
-  }
 }
 
 template <tr::Codebook CB, int KF>
 void launch_moe_gemv_k(const MoeGemvArgs& a, int nt, const dim3& grid, cudaStream_t stream) {
   if (nt == 1) {
-    // Staged rows first, then (fused activation) the route's activation row, in the same bytes.
-    const size_t staged = static_cast<size_t>(a.staged_chunks) * 256;
-    const size_t act_row = a.act.counters != nullptr ? static_cast<size_t>(a.act.I) * 4 : 0;
-    const size_t smem = staged > act_row ? staged : act_row;
+    const size_t smem = static_cast<size_t>(a.staged_chunks) * 256;
     launch_pdl(moe_gemv_kernel<CB, 1, KF>, grid, 32 * kGemvWarps, smem, stream, a);
   } else {
     launch_pdl(moe_gemv_kernel<CB, 4, KF>, grid, 32 * kGemvWarps, 0, stream, a);

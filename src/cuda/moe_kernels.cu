@@ -7,7 +7,6 @@
 #include <cuda_fp16.h>
 
 #include "cuda/had128.cuh"
-#include "cuda/moe_activate.cuh"
 #include "cuda/moe_kernels.hpp"
 #include "cuda/pdl.cuh"
 #include "exl3/trellis/dispatch.hpp"
@@ -18,9 +17,24 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kMaxIntermediate = 8192;  // activation row staged in shared memory
 
 __device__ __forceinline__ float h2f(const uint16_t* p, int64_t i) {
   return __half2float(reinterpret_cast<const __half*>(p)[i]);
+}
+
+// Block-wide max of a per-thread value (kThreads threads).
+__device__ float block_max(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
+  __syncthreads();  // red may still be read by a previous call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) r = fmaxf(r, red[w]);
+  return r;
 }
 
 struct Route {
@@ -152,7 +166,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  const float s = guard_divisor(block_max_of<kWarps>(mx, red) * kHadGain);
+  const float s = guard_divisor(block_max(mx, red) * kHadGain);
   if (threadIdx.x == 0) *scale = s;
   const float mul = exl3::trellis::kHadScale / s;
 #pragma unroll
@@ -176,16 +190,66 @@ __global__ void __launch_bounds__(kThreads)
                     const float* scale_g, const float* scale_u, const uint16_t* intermediate,
                     MoeActivation fn, __half* act, float* act_scale) {
   pdl_begin();
-  __shared__ float a_row[kMoeMaxIntermediate];
+  __shared__ float a_row[kMaxIntermediate];
   __shared__ float red[kWarps];
   const int64_t slot = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const Route rt = route_of(slot, slots, ids, num_experts);
+  __half* out = act + slot * I;
   if (rt.expert < 0) {
-    zero_slot(act, act_scale, slot, I);
+    for (int64_t i = threadIdx.x; i < I; i += kThreads) out[i] = __float2half(0.0f);
+    if (threadIdx.x == 0) act_scale[slot] = 1.0f;
     return;
   }
-  activate_slot<kWarps>(partial, splits, slots_cap, k, I, shared_h, slot, rt.route, rt.expert,
-                        scale_g, scale_u, intermediate, fn, act, act_scale, a_row, red);
+  const int64_t srow = shared_h ? rt.route / k : slot;  // rows of the input rotation
+  const float sg = scale_g[srow] * exl3::trellis::kHadScale,
+              su = scale_u[srow] * exl3::trellis::kHadScale;
+  const uint16_t* tab =
+      intermediate + static_cast<int64_t>(rt.expert) * 3 * I;  // gate svh | up svh | down suh
+  const int64_t row_len = 2 * I;
+  float mx = 0.0f;
+  for (int64_t c0 = static_cast<int64_t>(warp) * 128; c0 < I; c0 += kWarps * 128) {
+    float gv[4] = {0.f, 0.f, 0.f, 0.f}, uv[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {  // fixed order: deterministic
+      const float* p = partial + (s * slots_cap + slot) * row_len + c0 + 4 * lane;
+      const float4 a = *reinterpret_cast<const float4*>(p),
+                   b = *reinterpret_cast<const float4*>(p + I);
+      gv[0] += a.x, gv[1] += a.y, gv[2] += a.z, gv[3] += a.w;
+      uv[0] += b.x, uv[1] += b.y, uv[2] += b.z, uv[3] += b.w;
+    }
+    had128_lane4(gv, lane);
+    had128_lane4(uv, lane);
+    float av[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t col = c0 + 4 * lane + i;
+      float gt = gv[i] * sg * h2f(tab, col), ut = uv[i] * su * h2f(tab, I + col);
+      if (fn.gate_bias != nullptr) gt += fn.gate_bias[rt.expert * I + col];
+      if (fn.up_bias != nullptr) ut += fn.up_bias[rt.expert * I + col];
+      float a;
+      if (col >= fn.valid) {
+        a = 0.0f;
+      } else if (fn.limit > 0.0f) {
+        const float g = fminf(gt, fn.limit), u = fminf(fmaxf(ut, -fn.limit), fn.limit);
+        a = g / (1.0f + __expf(-fn.alpha * g)) * (u + 1.0f);
+      } else {
+        a = gt / (1.0f + __expf(-gt)) * ut;
+      }
+      av[i] = a * h2f(tab, 2 * I + col);
+    }
+    had128_lane4(av, lane);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      av[i] *= exl3::trellis::kHadScale;
+      a_row[c0 + 4 * lane + i] = av[i];
+      mx = fmaxf(mx, fabsf(av[i]));
+    }
+  }
+  const float s = guard_divisor(block_max(mx, red));  // block_max syncs: a_row is complete
+  if (threadIdx.x == 0) act_scale[slot] = s;
+  const float inv = 1.0f / s;
+  for (int64_t i = threadIdx.x; i < I; i += kThreads) out[i] = __float2half_rn(a_row[i] * inv);
 }
 
 // ---- combine --------------------------------------------------------------------------------
@@ -294,7 +358,7 @@ cudaError_t moe_activate(const float* partial, int splits, int64_t slots_cap, in
                          MoeSlots slots, const float* scale_g, const float* scale_u,
                          const uint16_t* intermediate, const MoeActivation& fn, __half* act,
                          float* act_scale, cudaStream_t stream) {
-  if (routes <= 0 || I % 128 != 0 || I > kMoeMaxIntermediate) return cudaErrorInvalidValue;
+  if (routes <= 0 || I % 128 != 0 || I > kMaxIntermediate) return cudaErrorInvalidValue;
   launch_pdl(activate_kernel, static_cast<unsigned>(routes), kThreads, 0, stream, partial, splits,
              slots_cap, k, I, shared_h, topk_ids, num_experts, slots, scale_g, scale_u,
              intermediate, fn, act, act_scale);

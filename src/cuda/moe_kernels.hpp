@@ -42,6 +42,16 @@ cudaError_t moe_rotate_input(const void* x, DType in_type, int64_t m, int k, int
                              __half* xg, __half* xu, float* scale_g, float* scale_u,
                              cudaStream_t stream);
 
+// The expert activation beyond the plain SwiGLU (gpt-oss): biases on gate / up, the clamped
+// SwiGLU, and padded channels. Defaults are the plain SiLU(gate) * up.
+struct MoeActivation {
+  const float* gate_bias = nullptr;  // [E, I] fp32 (zeros past the real channels), or null
+  const float* up_bias = nullptr;
+  // limit > 0: a = min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + 1)
+  float alpha = 0.0f, limit = 0.0f;
+  int64_t valid = INT64_MAX;  // channels >= valid pad a padded expert linear: a = 0 there
+};
+
 // Activation per slot: sum the FC1 split partials ([splits][slots][2I], gate | up), rotate each
 // 128-chunk, apply gate/up svh and the input scales (and the biases), a = SiLU(gate) * up (or
 // `fn`'s form) * down_suh, rotate, and store fp16 with a per-slot power-of-two guard -> act

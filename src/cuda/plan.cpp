@@ -326,7 +326,6 @@ MoePlan plan_moe(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t, 
         chunks * 256 <= kGemvStagedMaxSmemBytes) {
       p.full.staged_chunks = chunks;
     }
-    p.full.fused_activation = opts.fused_activation;
     return p;
   }
   p.arena = moe_arena(s, MoePath::kPrefill, p.chunk, 1, 1);
@@ -394,8 +393,7 @@ void to_json(nlohmann::json& j, const MoePass& p) {
        {"split_fc2", p.split_fc2},
        {"routes", p.routes},
        {"max_groups", p.max_groups},
-       {"staged_chunks", p.staged_chunks},
-       {"fused_activation", p.fused_activation}};
+       {"staged_chunks", p.staged_chunks}};
 }
 
 void from_json(const nlohmann::json& j, MoePass& p) {
@@ -406,7 +404,6 @@ void from_json(const nlohmann::json& j, MoePass& p) {
   j.at("routes").get_to(p.routes);
   j.at("max_groups").get_to(p.max_groups);
   j.at("staged_chunks").get_to(p.staged_chunks);
-  j.at("fused_activation").get_to(p.fused_activation);
 }
 
 void to_json(nlohmann::json& j, const LinearPlan& p) {

@@ -431,9 +431,8 @@ TEST(MoePlan, DecodeSplitsMatchTheRuleByHand) {
   EXPECT_EQ(moe_split_k(1, 8, 132), 1);         // k_tiles / 8
 }
 
-// Decode FC1 rotates its own rows within the dense GEMV's one-row bounds and runs the activation
-// in its last block per route, when asked; prefill never does.
-TEST(MoePlan, FusedRotationAndActivationOnDecodeOnly) {
+// Decode FC1 rotates its own rows within the dense GEMV's one-row bounds; prefill never does.
+TEST(MoePlan, FusedRotationOnDecodeOnly) {
   MoeShape s{2048, 768, 128, 8, true, 1};
   MoeOptions o;
   o.capacity = 4096;
@@ -450,11 +449,6 @@ TEST(MoePlan, FusedRotationAndActivationOnDecodeOnly) {
   EXPECT_EQ(pf.tail.staged_chunks, 0);
   o.fused_rotation = false;
   EXPECT_EQ(plan_moe(s, o, {132}, 1).full.staged_chunks, 0);
-  // The fused activation likewise: decode passes only, when asked for.
-  EXPECT_FALSE(plan_moe(s, o, {132}, 1).full.fused_activation);
-  o.fused_activation = true;
-  EXPECT_TRUE(plan_moe(s, o, {132}, 1).full.fused_activation);
-  EXPECT_FALSE(plan_moe(s, o, {132}, 1000).full.fused_activation);
   o.fused_rotation = true;
   s.hidden = 8192 + 128;  // one row past 32 KiB of fp32 activations
   EXPECT_EQ(plan_moe(s, o, {132}, 1).full.staged_chunks, 0);
@@ -624,7 +618,7 @@ TEST(MoePlan, JsonRoundTripsWithStableNames) {
                                               "arena", "arena_bytes"}));
     EXPECT_EQ(keys(j.at("full")),
               (std::set<std::string>{"tokens", "count", "split_fc1", "split_fc2", "routes",
-                                     "max_groups", "staged_chunks", "fused_activation"}));
+                                     "max_groups", "staged_chunks"}));
     EXPECT_EQ(keys(j.at("arena")),
               (std::set<std::string>{"bytes", "counts", "fill", "offsets", "num_groups",
                                      "group_expert", "group_begin", "group_count", "slot_of_route",

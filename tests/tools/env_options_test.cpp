@@ -158,11 +158,6 @@ TEST(EnvOptions, LinearOptions) {
   moe.set("2");
   EXPECT_THAT(error_of([] { exl3::cli::moe_options_from_env(); }),
               HasSubstr("EXL3_MOE_FUSED_ROTATION='2' must be 0 or 1"));
-  moe.set(nullptr);
-  ScopedEnv act("EXL3_MOE_FUSED_ACTIVATION", "1");
-  EXPECT_TRUE(exl3::cli::moe_options_from_env().fused_activation);
-  act.set("0");
-  EXPECT_FALSE(exl3::cli::moe_options_from_env().fused_activation);
 }
 
 TEST(EnvOptions, ProgrammaticLaunchSwitch) {

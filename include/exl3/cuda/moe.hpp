@@ -133,9 +133,6 @@ class MoeLayerCuda {
   DeviceBuffer up_suh_;        // fp16 [h_rows, H]
   DeviceBuffer down_svh_;      // fp16 [h_rows, H]
   DeviceBuffer intermediate_;  // fp16 [E, 3I]
-  // Per decode route, the FC1 blocks that finished (fused activation only; zero between runs).
-  // So one layer may not run on two streams at once.
-  DeviceBuffer act_counters_;
   // MoeExpertExtras on the device (empty when absent).
   DeviceBuffer gate_bias_, up_bias_;  // fp32 [E, I]
   DeviceBuffer down_bias_;            // fp32 [E, H]

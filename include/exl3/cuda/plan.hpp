@@ -207,10 +207,6 @@ struct MoeOptions {
   // dense GEMV's bounds allow it for one row (MoePass::staged_chunks). Off until it has been run
   // and measured on a GPU (docs/moe.md). CLI: EXL3_MOE_FUSED_ROTATION=1.
   bool fused_rotation = false;
-  // The decode path's activation runs in the last FC1 block of each route instead of a launch of
-  // its own (MoePass::fused_activation). Off until it has been run and measured on a GPU
-  // (docs/moe.md). CLI: EXL3_MOE_FUSED_ACTIVATION=1.
-  bool fused_activation = false;
 };
 
 enum class MoePath : uint8_t { kDecode, kPrefill };
@@ -259,8 +255,6 @@ struct MoePass {
   // Decode only: > 0 when FC1 rotates its input in its prologue, each block staging the chunks
   // its k slice touches (at most this many; gemv_staged_chunks) of its route's row.
   int staged_chunks = 0;
-  // Decode only: the activation runs in each route's last FC1 block (no launch of its own).
-  bool fused_activation = false;
   bool operator==(const MoePass&) const = default;
 };
 
