@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: every bundled GPU test, then decode speed of one Qwen3-30B-A3B-geometry K4
-# synthetic checkpoint with the GEMV input-rotation fusion switched by environment in the same
-# binary, alternating (none, dense linears only, dense + MoE FC1; twice) so drift falls on all
-# three; then the Qwen3-Next 8-layer cut (prefill: the chunked DeltaNet recurrence) and, with
+# synthetic checkpoint with the dense GEMV's fused input rotation off and on
+# (EXL3_GEMV_FUSED_ROTATION, one binary); then the Qwen3-Next 8-layer cut (prefill: the chunked
+# DeltaNet recurrence) and, with
 # PROFILE=1, Nsight Compute kernel times of a 4-layer Qwen3-30B-A3B cut's decode steps.
 # Usage: [PROFILE=1] bash bench/run_fused_rotation_on_device.sh OUT
 set -uo pipefail
@@ -14,18 +14,15 @@ model=/tmp/q30-k4
 start=$(date +%s)
 synthetic $model "$out/prepare_q30.txt" qwen3-30b-a3b --bits 4
 echo "== prepare q30 rc=$? $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
-for round in 1 2; do
-  for cfg in none dense both; do
-    dense=1; moe=1
-    [ "$cfg" = none ] && dense=0 && moe=0
-    [ "$cfg" = dense ] && moe=0
-    EXL3_GEMV_FUSED_ROTATION=$dense EXL3_MOE_FUSED_ROTATION=$moe timeout 200 "$bin/exl3" bench model \
-      $model --batch 1,8,64 --prefill 2048 --json "$out/q30_k4_${cfg}_r$round.json" \
-      > "$out/q30_k4_${cfg}_r$round.txt" 2>&1
-    echo "== q30 $cfg round $round rc=$?: EXL3_GEMV_FUSED_ROTATION=$dense EXL3_MOE_FUSED_ROTATION=$moe exl3 bench model $model --batch 1,8,64 --prefill 2048" \
-      | tee -a "$out/summary.txt"
-    grep -E "^ +[0-9]+ |prefill" "$out/q30_k4_${cfg}_r$round.txt" | tee -a "$out/summary.txt"
-  done
+# The fused rotation off (the default) and on, interleaved so drift falls on both.
+for run in off:1 on:1 off:2 on:2; do
+  cfg=${run%:*}; round=${run#*:}
+  fused=0; [ "$cfg" = on ] && fused=1
+  EXL3_GEMV_FUSED_ROTATION=$fused timeout 200 "$bin/exl3" bench model $model --batch 1,8,64 \
+    --prefill 2048 --json "$out/q30_k4_${cfg}_r$round.json" > "$out/q30_k4_${cfg}_r$round.txt" 2>&1
+  echo "== q30 fused rotation $cfg round $round rc=$?: EXL3_GEMV_FUSED_ROTATION=$fused exl3 bench model $model --batch 1,8,64 --prefill 2048" \
+    | tee -a "$out/summary.txt"
+  grep -E "^ +[0-9]+ |prefill" "$out/q30_k4_${cfg}_r$round.txt" | tee -a "$out/summary.txt"
 done
 m=/tmp/qwen3-next-l8-k4
 start=$(date +%s)

@@ -255,14 +255,10 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     slots.slot_of_route = slot_of_route;
     slots.route_of_slot = route_of_slot;
   }
-  // Decode: FC1 may rotate its rows itself (MoePass::staged_chunks); otherwise one launch here.
-  const bool staged = !prefill && pass.staged_chunks > 0;
-  if (!staged) {
-    e = detail::moe_rotate_input(x, in_type, m, k_, H_, shared_h_, ids, E_, slots,
-                                 gate_suh_.as<uint16_t>(), up_suh_.as<uint16_t>(), xg, xu, scale_g,
-                                 scale_u, stream);
-    if (e != cudaSuccess) return e;
-  }
+  e = detail::moe_rotate_input(x, in_type, m, k_, H_, shared_h_, ids, E_, slots,
+                               gate_suh_.as<uint16_t>(), up_suh_.as<uint16_t>(), xg, xu, scale_g,
+                               scale_u, stream);
+  if (e != cudaSuccess) return e;
 
   const auto* ptrs = ptrs_.as<const uint32_t* const>();
   const auto* bits = bits_.as<const int8_t>();
@@ -295,20 +291,8 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     a.proj[p] = {ptrs + static_cast<size_t>(p) * E_, bits + static_cast<size_t>(p) * E_,
                  static_cast<int>(I_ / 16), static_cast<int>(p * I_), p == 0 ? xg : xu};
   }
-  if (staged) {
-    a.staged_chunks = pass.staged_chunks;
-    a.x = x;
-    a.in_type = in_type;
-    a.top_k = k_;
-    a.shared_h = shared_h_;
-    a.stage_suh[0] = gate_suh_.as<uint16_t>();
-    a.stage_suh[1] = up_suh_.as<uint16_t>();
-    a.stage_scale[0] = scale_g;
-    a.stage_scale[1] = scale_u;
-  }
   e = gemv_tiers(a, nt, max_groups, plan.tier_passes, stream);
   if (e != cudaSuccess) return e;
-  a.staged_chunks = 0;  // FC2 reads the activation rows
   detail::MoeActivation fn;
   fn.gate_bias = gate_bias_.as<float>();
   fn.up_bias = up_bias_.as<float>();

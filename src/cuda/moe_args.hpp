@@ -5,8 +5,6 @@
 
 #include <cuda_fp16.h>
 
-#include "exl3/cuda/dtype.hpp"
-
 namespace exl3::cuda::detail {
 
 // Per-projection view of the uploaded experts.
@@ -44,18 +42,6 @@ struct MoeGemvArgs {
   float* partial = nullptr;
   int64_t out_cols = 0;
   int64_t split_stride = 0;  // elements between splits
-  // Decode FC1 with the input rotation fused (staged_chunks > 0, one slot per group): instead of
-  // proj.x, each block rotates the chunks its k slice touches of its token's row of x (row slot /
-  // top_k, in_type) by proj p's suh (stage_suh[p], the expert's row unless shared_h) into shared
-  // memory, with moe_rotate_input's arithmetic, and stores the row's divisor in
-  // stage_scale[p][shared_h ? token : slot] for the activation.
-  int staged_chunks = 0;
-  const void* x = nullptr;
-  DType in_type = DType::kF32;
-  int top_k = 1;
-  bool shared_h = false;
-  const uint16_t* stage_suh[2] = {};
-  float* stage_scale[2] = {};
 };
 
 }  // namespace exl3::cuda::detail

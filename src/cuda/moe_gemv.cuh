@@ -47,38 +47,15 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
   const int kt_begin = static_cast<int>(static_cast<int64_t>(tiles_k) * split / a.splits);
   const int kt_end = static_cast<int>(static_cast<int64_t>(tiles_k) * (split + 1) / a.splits);
 
-  // Decode (NT = 1) reads B with plain loads, so its rows may sit in global or shared memory.
-  constexpr bool kPlainX = NT == 1;
-  extern __shared__ __align__(16) uint32_t s_x[];  // staged: the slice's chunks of one row
-  __shared__ float s_scale[1];
-  const bool staged = kPlainX && a.staged_chunks > 0;
-  const int c_lo = kt_begin >> 3;
+  const uint32_t* xr32 = reinterpret_cast<const uint32_t*>(proj.x);
   const uint32_t* xrow[NT];  // lanes past the group's slots read slot s0 (unstored columns)
-  if (staged) {
-    xrow[0] = s_x + c;
-  } else {
-    const uint32_t* xr32 = reinterpret_cast<const uint32_t*>(proj.x);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int i = 8 * nt + g;
-      const int slot = s0 + (i < count ? i : 0);
-      const int64_t row = (a.x_row_of_slot != nullptr ? a.x_row_of_slot[slot] : slot) / a.x_row_div;
-      xrow[nt] = xr32 + row * (a.x_stride >> 1) + c;
-    }
+  for (int nt = 0; nt < NT; ++nt) {
+    const int i = 8 * nt + g;
+    const int slot = s0 + (i < count ? i : 0);
+    const int64_t row = (a.x_row_of_slot != nullptr ? a.x_row_of_slot[slot] : slot) / a.x_row_div;
+    xrow[nt] = xr32 + row * (a.x_stride >> 1) + c;
   }
-  // Staged: the route's token row rotated by this projection's suh (the expert's own row unless
-  // shared_h), after the first trellis loads are in flight; one block per (projection, group)
-  // stores the divisor (the other routes of a shared-H token store the same value).
-  auto prologue = [&] {
-    if (!staged) return;
-    const int64_t token = s0 / a.top_k;
-    const uint16_t* suh = a.stage_suh[p] + (a.shared_h ? 0 : static_cast<int64_t>(expert) * a.k);
-    stage_rotated_rows(a.x, a.in_type, token, suh, 1, a.k, c_lo, ((kt_end + 7) >> 3) - c_lo, 0, s_x,
-                       s_scale);
-    if (threadIdx.x == 0 && blockIdx.x % a.col_blocks == 0 && split == 0)
-      a.stage_scale[p][a.shared_h ? token : s0] = s_scale[0];
-  };
-  const int x_kt0 = staged ? 8 * c_lo : 0;
   float acc[kGemvTiles][NT][4];
 #pragma unroll
   for (int t = 0; t < kGemvTiles; ++t)
@@ -89,14 +66,14 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
 
   const uint32_t* w = proj.trellis[expert];
   if constexpr (KF != 0) {
-    gemv_accumulate<KF, CB, NT, kSplitHalves<CB> && NT == 1, kPlainX>(
-        w, proj.tiles_n, j0, kt_begin, kt_end, xrow, acc, x_kt0, prologue);
+    gemv_accumulate<KF, CB, NT, kSplitHalves<CB> && NT == 1>(w, proj.tiles_n, j0, kt_begin, kt_end,
+                                                             xrow, acc);
   } else {
     switch (proj.bits[expert]) {
-#define EXL3_MOE_CASE(KK)                                                   \
-  case KK:                                                                  \
-    gemv_accumulate<KK, CB, NT, kSplitHalves<CB> && NT == 1, kPlainX>(      \
-        w, proj.tiles_n, j0, kt_begin, kt_end, xrow, acc, x_kt0, prologue); \
+#define EXL3_MOE_CASE(KK)                                                                   \
+  case KK:                                                                                  \
+    gemv_accumulate<KK, CB, NT, kSplitHalves<CB> && NT == 1>(w, proj.tiles_n, j0, kt_begin, \
+                                                             kt_end, xrow, acc);            \
     break;
       EXL3_MOE_CASE(1)
       EXL3_MOE_CASE(2)
@@ -136,8 +113,7 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
 template <tr::Codebook CB, int KF>
 void launch_moe_gemv_k(const MoeGemvArgs& a, int nt, const dim3& grid, cudaStream_t stream) {
   if (nt == 1) {
-    const size_t smem = static_cast<size_t>(a.staged_chunks) * 256;
-    launch_pdl(moe_gemv_kernel<CB, 1, KF>, grid, 32 * kGemvWarps, smem, stream, a);
+    launch_pdl(moe_gemv_kernel<CB, 1, KF>, grid, 32 * kGemvWarps, 0, stream, a);
   } else {
     launch_pdl(moe_gemv_kernel<CB, 4, KF>, grid, 32 * kGemvWarps, 0, stream, a);
   }

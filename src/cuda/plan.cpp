@@ -319,13 +319,6 @@ MoePlan plan_moe(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t, 
     p.full.split_fc2 = s2;
     p.full.routes = m * s.top_k;
     p.full.max_groups = p.full.routes;
-    // Each FC1 block stages one row (one route per group on this path): the dense GEMV's bounds
-    // for m = 1.
-    const int chunks = gemv_staged_chunks(s.hidden, s1);
-    if (opts.fused_rotation && s.hidden * 4 <= kGemvStagedMaxReadBytes &&
-        chunks * 256 <= kGemvStagedMaxSmemBytes) {
-      p.full.staged_chunks = chunks;
-    }
     return p;
   }
   p.arena = moe_arena(s, MoePath::kPrefill, p.chunk, 1, 1);
@@ -387,13 +380,8 @@ void from_json(const nlohmann::json& j, Span& s) {
 }
 
 void to_json(nlohmann::json& j, const MoePass& p) {
-  j = {{"tokens", p.tokens},
-       {"count", p.count},
-       {"split_fc1", p.split_fc1},
-       {"split_fc2", p.split_fc2},
-       {"routes", p.routes},
-       {"max_groups", p.max_groups},
-       {"staged_chunks", p.staged_chunks}};
+  j = {{"tokens", p.tokens},       {"count", p.count},   {"split_fc1", p.split_fc1},
+       {"split_fc2", p.split_fc2}, {"routes", p.routes}, {"max_groups", p.max_groups}};
 }
 
 void from_json(const nlohmann::json& j, MoePass& p) {
@@ -403,7 +391,6 @@ void from_json(const nlohmann::json& j, MoePass& p) {
   j.at("split_fc2").get_to(p.split_fc2);
   j.at("routes").get_to(p.routes);
   j.at("max_groups").get_to(p.max_groups);
-  j.at("staged_chunks").get_to(p.staged_chunks);
 }
 
 void to_json(nlohmann::json& j, const LinearPlan& p) {

@@ -426,9 +426,8 @@ TEST(CudaEngine, ProgrammaticLaunchChangesNoBits) {
   EXPECT_EQ(got, want);
 }
 
-// The input rotations fused into the GEMV prologues (the dense linears and the MoE's gate/up)
-// give the bits of the separate rotation launches, through a prefill and graph-replayed decode
-// steps of the tiny Qwen3-MoE.
+// The input rotations fused into the dense linears' GEMV prologues give the bits of the separate
+// rotation launches, through a prefill and graph-replayed decode steps of the tiny Qwen3-MoE.
 TEST(CudaEngine, FusedRotationChangesNoBits) {
   EXL3_REQUIRE_GPU();
   EXL3_REQUIRE_CONFORMANCE(dir);
@@ -437,9 +436,7 @@ TEST(CudaEngine, FusedRotationChangesNoBits) {
   const auto ids = test::random_ids(rng, 24, 500);
   auto fused = cuda_options(), plain = cuda_options();
   fused.linear.gemv_fused_rotation = true;
-  fused.moe.fused_rotation = true;
   plain.linear.gemv_fused_rotation = false;
-  plain.moe.fused_rotation = false;
   auto a = load_engine(model, fused);
   auto b = load_engine(model, plain);
   EXPECT_EQ(test::prefill_then_decode(*a, ids, 9), test::prefill_then_decode(*b, ids, 9));

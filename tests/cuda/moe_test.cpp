@@ -303,38 +303,6 @@ TEST(CudaMoe, GraphReplayBitIdenticalAtEveryDecodeM) {
       << "prefill";
 }
 
-// FC1 rotating its own rows on the decode path gives the bits of the separate rotation launch:
-// both layouts, one K (its own kernel) and mixed tiers (grid and passes), invalid ids, rows past
-// the range guard.
-TEST(CudaMoe, FusedRotationEqualsRotationKernel) {
-  EXL3_REQUIRE_GPU();
-  auto rng = exl3::test::make_rng();
-  for (auto layout : {moe::RotationLayout::kSharedH, moe::RotationLayout::kPerExpert}) {
-    for (const auto& tiers : {std::vector<int>{}, std::vector<int>{3, 4, 4, 3, 3, 4, 3, 4}}) {
-      const auto f = make_layer(layout, tiers, 4, 8, 1, 512, 256);
-      for (auto how : {MoeOptions::Tiers::kGrid, MoeOptions::Tiers::kPasses}) {
-        auto fused = opts_for(64), plain = opts_for(64);
-        fused.tiers = plain.tiers = how;
-        fused.fused_rotation = true;
-        plain.fused_rotation = false;
-        const MoeLayerCuda a(f->w, f->top_k, fused), b(f->w, f->top_k, plain);
-        for (int64_t m : {1, 3, 8, 32}) {
-          ASSERT_GT(a.plan(m).full.staged_chunks, 0) << "m=" << m;
-          ASSERT_EQ(b.plan(m).full.staged_chunks, 0);
-          auto r = random_routes(m, f->top_k, 8, rng);
-          r.ids[static_cast<size_t>(r.ids.size() - 1)] = -1;  // skipped
-          auto x = random_x(m * f->w.hidden, rng);
-          for (int64_t i = 0; i < f->w.hidden; ++i) x[static_cast<size_t>(i)] *= 3.0e4f;  // guard
-          const auto ga = run_gpu(a, x, r), gb = run_gpu(b, x, r);
-          ASSERT_EQ(std::memcmp(ga.data(), gb.data(), ga.size() * 4), 0)
-              << "layout " << static_cast<int>(layout) << " tiers " << tiers.size() << " m=" << m;
-          for (float v : ga) ASSERT_TRUE(std::isfinite(v)) << "m=" << m;
-        }
-      }
-    }
-  }
-}
-
 TEST(CudaMoe, RunRejectsMOutsideThePlan) {
   EXL3_REQUIRE_GPU();
   const auto f = make_layer(moe::RotationLayout::kSharedH, {}, 3, 8);

@@ -431,29 +431,6 @@ TEST(MoePlan, DecodeSplitsMatchTheRuleByHand) {
   EXPECT_EQ(moe_split_k(1, 8, 132), 1);         // k_tiles / 8
 }
 
-// Decode FC1 rotates its own rows within the dense GEMV's one-row bounds; prefill never does.
-TEST(MoePlan, FusedRotationOnDecodeOnly) {
-  MoeShape s{2048, 768, 128, 8, true, 1};
-  MoeOptions o;
-  o.capacity = 4096;
-  EXPECT_EQ(plan_moe(s, o, {132}, 1).full.staged_chunks, 0) << "off by default";
-  o.fused_rotation = true;
-  const MoePlan d = plan_moe(s, o, {132}, 1);
-  ASSERT_EQ(d.path, MoePath::kDecode);
-  EXPECT_EQ(d.full.staged_chunks, gemv_staged_chunks(2048, d.full.split_fc1));
-  EXPECT_GT(d.full.staged_chunks, 0);
-  EXPECT_EQ(plan_moe(s, o, {132}, o.decode_max_m).full.staged_chunks, d.full.staged_chunks);
-  const MoePlan pf = plan_moe(s, o, {132}, 1000);
-  ASSERT_EQ(pf.path, MoePath::kPrefill);
-  EXPECT_EQ(pf.full.staged_chunks, 0);
-  EXPECT_EQ(pf.tail.staged_chunks, 0);
-  o.fused_rotation = false;
-  EXPECT_EQ(plan_moe(s, o, {132}, 1).full.staged_chunks, 0);
-  o.fused_rotation = true;
-  s.hidden = 8192 + 128;  // one row past 32 KiB of fp32 activations
-  EXPECT_EQ(plan_moe(s, o, {132}, 1).full.staged_chunks, 0);
-}
-
 TEST(MoePlan, PrefillPassesSplitWithinTheirRoom) {
   // H 1024, I 128, E 4, top-2 on 132 SMs, chunks of 64 tokens.
   const MoeShape s{1024, 128, 4, 2, false, 1};
@@ -616,9 +593,8 @@ TEST(MoePlan, JsonRoundTripsWithStableNames) {
     const json j = p;
     EXPECT_EQ(keys(j), (std::set<std::string>{"m", "path", "tier_passes", "chunk", "full", "tail",
                                               "arena", "arena_bytes"}));
-    EXPECT_EQ(keys(j.at("full")),
-              (std::set<std::string>{"tokens", "count", "split_fc1", "split_fc2", "routes",
-                                     "max_groups", "staged_chunks"}));
+    EXPECT_EQ(keys(j.at("full")), (std::set<std::string>{"tokens", "count", "split_fc1",
+                                                         "split_fc2", "routes", "max_groups"}));
     EXPECT_EQ(keys(j.at("arena")),
               (std::set<std::string>{"bytes", "counts", "fill", "offsets", "num_groups",
                                      "group_expert", "group_begin", "group_count", "slot_of_route",

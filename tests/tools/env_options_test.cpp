@@ -151,13 +151,6 @@ TEST(EnvOptions, LinearOptions) {
   splits.set("0");
   EXPECT_THAT(error_of([] { exl3::cli::linear_options_from_env(); }),
               HasSubstr("EXL3_GEMV_MAX_SPLITS='0' is not a positive integer"));
-  ScopedEnv moe("EXL3_MOE_FUSED_ROTATION", "1");
-  EXPECT_TRUE(exl3::cli::moe_options_from_env().fused_rotation);
-  moe.set(nullptr);
-  EXPECT_FALSE(exl3::cli::moe_options_from_env().fused_rotation);
-  moe.set("2");
-  EXPECT_THAT(error_of([] { exl3::cli::moe_options_from_env(); }),
-              HasSubstr("EXL3_MOE_FUSED_ROTATION='2' must be 0 or 1"));
 }
 
 TEST(EnvOptions, ProgrammaticLaunchSwitch) {

@@ -203,10 +203,6 @@ struct MoeOptions {
   Tiers tiers = Tiers::kAuto;
   // EXL3_MOE_MIN_SPLIT_TILES: the fewest k-tiles of 16 a decode split walks (moe_split_k).
   int64_t decode_min_split_tiles = 8;
-  // The decode path's gate/up GEMV rotates its input rows itself (no rotation launch) where the
-  // dense GEMV's bounds allow it for one row (MoePass::staged_chunks). Off until it has been run
-  // and measured on a GPU (docs/moe.md). CLI: EXL3_MOE_FUSED_ROTATION=1.
-  bool fused_rotation = false;
 };
 
 enum class MoePath : uint8_t { kDecode, kPrefill };
@@ -252,9 +248,6 @@ struct MoePass {
   int split_fc1 = 1, split_fc2 = 1;  // split-K of FC1 (gate | up) and FC2 (down)
   int64_t routes = 0;                // tokens * top_k
   int64_t max_groups = 0;            // the grouped GEMV's grid rows (decode: one per route)
-  // Decode only: > 0 when FC1 rotates its input in its prologue, each block staging the chunks
-  // its k slice touches (at most this many; gemv_staged_chunks) of its route's row.
-  int staged_chunks = 0;
   bool operator==(const MoePass&) const = default;
 };
 
