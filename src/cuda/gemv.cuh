@@ -173,12 +173,14 @@ __device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, 
 // m - 1 of x [., k] * suh, rotated per 128-chunk and range-guarded exactly as rotate_input_kernel
 // does it (the guard's divisor from the whole row, so every block of the grid finds the same
 // one), for the chunks c_lo .. c_lo + chunks - 1 only, into s_x [m][row_words] (fp16 pairs); the
-// divisors into s_scale[m]. Ends with the block synchronised. Not inlined: it runs once per
-// block, so keeping it out of the k-loop's register allocation costs one call.
-static __device__ __noinline__ void stage_rotated_rows(const void* x, DType in_type, int64_t row0,
-                                                       const uint16_t* suh, int m, int k, int c_lo,
-                                                       int chunks, int row_words, uint32_t* s_x,
-                                                       float* s_scale) {
+// divisors into s_scale[m]. Ends with the block synchronised. Inlined: as a call it held the
+// trellis words already in flight in preserved registers (80 per thread at K4 against 72
+// unstaged, ptxas); inlined, the staged kernels take the unstaged ones' registers at every K.
+static __device__ __forceinline__ void stage_rotated_rows(const void* x, DType in_type,
+                                                          int64_t row0, const uint16_t* suh, int m,
+                                                          int k, int c_lo, int chunks,
+                                                          int row_words, uint32_t* s_x,
+                                                          float* s_scale) {
   __shared__ float s_red[kGemvWarps][8];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int t = 0; t < m; ++t) {
