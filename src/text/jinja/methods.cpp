@@ -33,8 +33,9 @@ const std::string& str_arg(const Value& v, std::string_view fn) {
   return v.str();
 }
 
-// split / rsplit of a string (cut from the left only here): with no separator, the string is cut
-// at runs of white space and empty pieces are dropped; with one, at each occurrence of it.
+// split / rsplit of a string, both cutting from the left here. No separator: every stretch of
+// white space is one cut and the result holds no empty pieces. A separator: a cut at each place
+// it occurs, so neighbouring separators leave an empty piece between them.
 List split(const std::string& s, const Value& sep, int64_t maxsplit) {
   List out;
   if (sep.is_none() || sep.is_undefined()) {
@@ -81,8 +82,10 @@ bool affix(const Value& self, Args& a, bool prefix) {
   return false;
 }
 
-// The string format method: {} takes the next positional argument, {0} one by index, {name} a
-// keyword argument; doubled braces stand for themselves. Conversions and format specs are refused.
+// The string format method. Each {...} field is replaced: an empty one by the next positional
+// argument in turn, a number by that positional argument, a name by that keyword argument. "{{"
+// and "}}" write one brace. Fields with a conversion (!), a spec (:), an attribute (.) or an index
+// ([) are refused.
 std::string brace_format(const std::string& f, Args& a) {
   std::string out;
   size_t auto_index = 0;
