@@ -169,25 +169,24 @@ __device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, 
   }
 }
 
-// The fused input rotation of a staged GEMV block (m <= 8 rows, 4 warps): rows row0 .. row0 +
-// m - 1 of x [., k] * suh, rotated per 128-chunk and range-guarded exactly as rotate_input_kernel
-// does it (the guard's divisor from the whole row, so every block of the grid finds the same
-// one), for the chunks c_lo .. c_lo + chunks - 1 only, into s_x [m][row_words] (fp16 pairs); the
-// divisors into s_scale[m]. Ends with the block synchronised. Inlined: as a call it held the
-// trellis words already in flight in preserved registers (80 per thread at K4 against 72
-// unstaged, ptxas); inlined, the staged kernels take the unstaged ones' registers at every K.
+// The fused input rotation of a staged GEMV block (m <= 8 rows, 4 warps): x [m, k] * suh, rotated
+// per 128-chunk and range-guarded exactly as rotate_input_kernel does it (the guard's divisor from
+// the whole row, so every block of the grid finds the same one), for the chunks c_lo .. c_lo +
+// chunks - 1 only, into s_x [m][row_words] (fp16 pairs); the divisors into s_scale[m]. Ends with
+// the block synchronised. Inlined: as a call it held the trellis words already in flight in
+// preserved registers (80 per thread at K4 against 72 unstaged, ptxas); inlined, the staged kernels
+// take the unstaged ones' registers at every K.
 static __device__ __forceinline__ void stage_rotated_rows(const void* x, DType in_type,
-                                                          int64_t row0, const uint16_t* suh, int m,
-                                                          int k, int c_lo, int chunks,
-                                                          int row_words, uint32_t* s_x,
-                                                          float* s_scale) {
+                                                          const uint16_t* suh, int m, int k,
+                                                          int c_lo, int chunks, int row_words,
+                                                          uint32_t* s_x, float* s_scale) {
   __shared__ float s_red[kGemvWarps][8];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int t = 0; t < m; ++t) {
     float mx = 0.0f;
 #pragma unroll 4
     for (int64_t i = 4 * threadIdx.x; i < k; i += 4 * 32 * kGemvWarps)
-      mx = guard_max4(x, in_type, (row0 + t) * k + i, suh, i, mx);
+      mx = guard_max4(x, in_type, static_cast<int64_t>(t) * k + i, suh, i, mx);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
     if (lane == 0) s_red[warp][t] = mx;
@@ -202,10 +201,11 @@ static __device__ __forceinline__ void stage_rotated_rows(const void* x, DType i
   __syncthreads();
   for (int p = warp; p < m * chunks; p += kGemvWarps) {
     const int t = p / chunks, ch = c_lo + p % chunks;
-    const int64_t col = static_cast<int64_t>(ch) * 128 + 4 * lane;
-    if (col >= k) continue;  // k is a multiple of 128, so this never splits a warp
+    const int64_t col =
+        static_cast<int64_t>(ch) * 128 + 4 * lane;  // ch < ceil(kt_end / 8) <= k / 128
     const float mul = exl3::trellis::kHadScale / s_scale[t];
-    const uint2 v = rotate_chunk_lane4(x, in_type, (row0 + t) * k + col, suh, col, mul, lane);
+    const uint2 v =
+        rotate_chunk_lane4(x, in_type, static_cast<int64_t>(t) * k + col, suh, col, mul, lane);
     *reinterpret_cast<uint2*>(s_x + t * row_words + (p % chunks) * 64 + 2 * lane) = v;
   }
   __syncthreads();
@@ -268,8 +268,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
   auto prologue = [&] {
     if constexpr (kStaged) {
       pdl_begin();
-      stage_rotated_rows(a.x, a.in_type, 0, mem.suh, m, k, c_lo, ((kt_end + 7) >> 3) - c_lo,
-                         row_words, s_x, s_scale);
+      stage_rotated_rows(a.x, a.in_type, mem.suh, m, k, c_lo, ((kt_end + 7) >> 3) - c_lo, row_words,
+                         s_x, s_scale);
     }
   };
   auto row_scale = [&](int tok) { return kStaged ? s_scale[tok] : mem.row_scale[tok]; };
