@@ -46,6 +46,7 @@ Runner add_serve(CLI::App& app, Common&) {
     int64_t cache_tokens = 16384, max_context = 0, step_tokens = 256, page_size = 32;
     bool quiet = false, prefix_cache = true;
     bool prefix_cache_given = false;  // --prefix-cache on the command line, not the default
+    int64_t recurrent_snapshots = 16;
   };
   auto o = std::make_shared<Opts>();
   app.add_option(
@@ -149,6 +150,14 @@ Runner add_serve(CLI::App& app, Common&) {
                "again (a shared system prompt); cached pages are reclaimed when the pool is full. "
                "On by default (off with --device cuda --tp N > 1, which cannot share pages yet)")
       ->each([o](const std::string&) { o->prefix_cache_given = true; });
+  app.add_option("--recurrent-snapshots", o->recurrent_snapshots,
+                 "Models with gated DeltaNet layers (Qwen3-Next, Qwen3.5, Kimi-Linear), with the "
+                 "prefix cache: how many recurrent states to keep where prompts end a page (a "
+                 "new request reuses cached pages only up to such a state). Each is one "
+                 "sequence's whole state (78 MB for Qwen3-Next-80B); the least recently used "
+                 "is replaced first")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
   app.add_flag("--quiet,-q", o->quiet, "Do not log each request to stderr");
   app.footer(
       "Serves the OpenAI API over HTTP: POST /v1/completions, POST /v1/chat/completions "
@@ -208,14 +217,8 @@ Runner add_serve(CLI::App& app, Common&) {
                  o->tp);
     }
     const Checkpoint ckpt = Checkpoint::open(dir);
-    if (o->prefix_cache && !o->prefix_cache_given &&
-        model::describe_model(ckpt).has_recurrent_layers()) {
-      o->prefix_cache = false;  // load_engine refuses it when asked for
-      fmt::print(stderr,
-                 "exl3 serve: prefix cache off (the model's gated DeltaNet layers keep a "
-                 "recurrent state the cached pages do not hold)\n");
-    }
     eo.prefix_cache = o->prefix_cache;
+    eo.recurrent_snapshots = o->recurrent_snapshots;
     // Gated DeltaNet models keep a state slot per running sequence (preempted ones are dropped).
     eo.recurrent_slots = std::max(o->max_seqs, 1);
     engine_options_from_env(eo);

@@ -102,6 +102,7 @@ struct CpuDeltaNet final : Module {
     DeltaNetState state;
   };
   mutable std::unordered_map<PagedKvCache::SeqId, Seq> seqs;
+  mutable std::unordered_map<int64_t, DeltaNetState> snapshots;  // by snapshot slot
 };
 
 // RoPE on the first 2 * half channels of x: pairs (i, i + half), or with `interleave` pairs
@@ -689,6 +690,26 @@ void CpuBackend::forget_sequence(PagedKvCache::SeqId seq) {
   for (const Module* m : delta_nets_) static_cast<const CpuDeltaNet*>(m)->seqs.erase(seq);
 }
 
+void CpuBackend::save_recurrent(PagedKvCache::SeqId seq, int64_t slot) {
+  for (const Module* m : delta_nets_) {
+    const auto& d = *static_cast<const CpuDeltaNet*>(m);
+    const auto it = d.seqs.find(seq);
+    if (it == d.seqs.end())
+      fail("{}: sequence {} has no recurrent state to keep", d.w.spec.prefix, seq);
+    d.snapshots.insert_or_assign(slot, it->second.state);
+  }
+}
+
+void CpuBackend::restore_recurrent(PagedKvCache::SeqId seq, int64_t slot, uint64_t generation,
+                                   int64_t length) {
+  for (const Module* m : delta_nets_) {
+    const auto& d = *static_cast<const CpuDeltaNet*>(m);
+    const auto it = d.snapshots.find(slot);
+    if (it == d.snapshots.end()) fail("{}: no recurrent-state snapshot {}", d.w.spec.prefix, slot);
+    d.seqs.insert_or_assign(seq, CpuDeltaNet::Seq{generation, length, it->second});
+  }
+}
+
 void CpuBackend::gated_delta_net(const Module& mixer, std::span<const Act> in, Act out) {
   const auto& d = static_cast<const CpuDeltaNet&>(mixer);
   const uint64_t generation = step_.cache->generation(step_.seq);
@@ -701,8 +722,9 @@ void CpuBackend::gated_delta_net(const Module& mixer, std::span<const Act> in, A
       it->second.length != step_.start) {
     fail(
         "{}: sequence {} continues at position {}, but this layer's recurrent state {}; a gated "
-        "DeltaNet layer cannot rewind or start from cached pages (hint: prefix caching and "
-        "speculative decoding are off for such models; restart the sequence from position 0)",
+        "DeltaNet layer cannot rewind, and starts from cached pages only where the engine kept "
+        "its state (hint: speculative decoding is off for such models; restart the sequence "
+        "from position 0)",
         d.w.spec.prefix, step_.seq, step_.start,
         it == d.seqs.end() || it->second.generation != generation
             ? std::string("belongs to other tokens")

@@ -77,6 +77,12 @@ class CpuBackend final : public model::Backend {
   void set_dsa_selection(std::vector<std::vector<int32_t>> s) { dsa_selection_ = std::move(s); }
   // A sequence dropped from the cache: its gated DeltaNet states are freed.
   void forget_sequence(PagedKvCache::SeqId seq);
+  // Prefix caching (exl3/runtime/recurrent_snapshots.hpp): copies every gated DeltaNet layer's
+  // state of `seq` into snapshot `slot`, and gives `seq` the copy in `slot` as its state after
+  // `length` tokens of cache generation `generation`.
+  void save_recurrent(PagedKvCache::SeqId seq, int64_t slot);
+  void restore_recurrent(PagedKvCache::SeqId seq, int64_t slot, uint64_t generation,
+                         int64_t length);
 
   // ---- the op layer ----
   model::ModulePtr load_embedding() override;

@@ -69,10 +69,12 @@ class CpuEngine final : public PagedEngine {
     if (opts.cache_tokens <= 0)
       fail("engine: cache size {} tokens must be positive", opts.cache_tokens);
     const int64_t pages = (opts.cache_tokens + opts.page_size - 1) / opts.page_size;
-    cache_ = std::make_unique<PagedKvCache>(std::move(kv), opts.page_size, pages, true,
-                                            opts.kv_format);
+    cache_ =
+        std::make_unique<PagedKvCache>(std::move(kv), opts.page_size, pages, true, opts.kv_format);
     kv_bytes_per_token_ = cache_->bytes_per_token();
     if (opts.prefix_cache) cache_->enable_prefix_cache();
+    if (opts.prefix_cache && spec_.has_recurrent_layers())
+      snapshots_.emplace(opts.recurrent_snapshots);
   }
 
   const ModelSpec& spec() const override { return spec_; }
@@ -83,22 +85,20 @@ class CpuEngine final : public PagedEngine {
     const BatchEntry entry{seq, tokens, mode};
     validate_batch(*this, std::span<const BatchEntry>(&entry, 1));  // ids, KV room
     const auto n = static_cast<int64_t>(tokens.size());
-    const int64_t rows = mode == LogitsMode::kAll ? n : 1;
-    std::vector<float> logits(static_cast<size_t>(rows * spec_.vocab_size));
-    CpuBackend::Step step;
-    step.cache = cache_.get();
-    step.seq = seq;
-    step.start = cache_->length(seq);
-    step.n = n;
-    step.tokens = tokens;
-    step.logit_rows = rows;
-    cache_->reserve(seq, n);  // throws (nothing taken) when full
-    const auto kept = hidden_.find(seq);
-    std::vector<float> hidden;
-    if (kept != hidden_.end()) hidden.resize(static_cast<size_t>(n * spec_.hidden_size));
-    run_ranks(step, logits.data(), hidden.empty() ? nullptr : hidden.data());
-    cache_->advance(seq, tokens);
-    if (kept != hidden_.end()) keep_rows(kept->second, step.start, n, hidden);
+    const int64_t start = cache_->length(seq);
+    // A prefill that crosses a page boundary runs up to the last one first, where its recurrent
+    // state is kept for prefix caching (no cut without snapshots).
+    const int64_t first = run_before_snapshot(start, n);
+    if (first == n) {
+      auto logits = forward_run(seq, tokens, mode);
+      snapshot_if_due(seq, start + n, n > 1);
+      return logits;
+    }
+    auto logits = forward_run(seq, tokens.first(static_cast<size_t>(first)), mode);
+    snapshot_if_due(seq, start + first, true);
+    auto rest = forward_run(seq, tokens.subspan(static_cast<size_t>(first)), mode);
+    if (mode != LogitsMode::kAll) return rest;
+    logits.insert(logits.end(), rest.begin(), rest.end());
     return logits;
   }
 
@@ -127,7 +127,38 @@ class CpuEngine final : public PagedEngine {
     return std::span<const float>(k.rows).subspan(static_cast<size_t>(pos - k.first) * h, h);
   }
 
+ protected:
+  void save_recurrent(SeqId seq, int64_t slot) override {
+    for (Rank& rk : ranks_) rk.backend->save_recurrent(seq, slot);
+  }
+  void restore_recurrent(SeqId seq, int64_t slot, int64_t length) override {
+    const uint64_t generation = cache_->generation(seq);
+    for (Rank& rk : ranks_) rk.backend->restore_recurrent(seq, slot, generation, length);
+  }
+
  private:
+  // forward() of one run (validated): the whole step through every rank.
+  std::vector<float> forward_run(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) {
+    const auto n = static_cast<int64_t>(tokens.size());
+    const int64_t rows = mode == LogitsMode::kAll ? n : 1;
+    std::vector<float> logits(static_cast<size_t>(rows * spec_.vocab_size));
+    CpuBackend::Step step;
+    step.cache = cache_.get();
+    step.seq = seq;
+    step.start = cache_->length(seq);
+    step.n = n;
+    step.tokens = tokens;
+    step.logit_rows = rows;
+    cache_->reserve(seq, n);  // throws (nothing taken) when full
+    const auto kept = hidden_.find(seq);
+    std::vector<float> hidden;
+    if (kept != hidden_.end()) hidden.resize(static_cast<size_t>(n * spec_.hidden_size));
+    run_ranks(step, logits.data(), hidden.empty() ? nullptr : hidden.data());
+    cache_->advance(seq, tokens);
+    if (kept != hidden_.end()) keep_rows(kept->second, step.start, n, hidden);
+    return logits;
+  }
+
   struct Rank {
     std::unique_ptr<CpuBackend> backend;
     model::DecoderModules modules;

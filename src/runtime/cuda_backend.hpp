@@ -80,7 +80,8 @@ class CudaBackend final : public model::Backend {
     const model::TpPlan* plan = nullptr;
     int rank = 0;
     NcclCommunicator* comm = nullptr;
-    // Gated DeltaNet models: sequences that hold a recurrent state at once (slots of the pool).
+    // Gated DeltaNet models: slots of the state pool (the sequences that hold a recurrent state
+    // at once, then the prefix cache's snapshots).
     int64_t recurrent_slots = 0;
   };
 
@@ -131,6 +132,8 @@ class CudaBackend final : public model::Backend {
   // sequence; 0 without such layers), and the slot zeroed on the stream (a sequence starting).
   int64_t recurrent_slot_floats() const { return dn_slot_floats_; }
   void clear_recurrent_slot(int64_t slot);
+  // Copies slot `from`'s state over slot `to` (prefix caching's snapshots), on the stream.
+  void copy_recurrent_slot(int64_t from, int64_t to);
 
   OverlayReport overlay_report() const { return overlay_report_; }
   size_t weight_bytes() const { return weight_bytes_; }

@@ -91,6 +91,20 @@ void CudaBackend::clear_recurrent_slot(int64_t slot) {
       "clearing a sequence's DeltaNet state");
 }
 
+void CudaBackend::copy_recurrent_slot(int64_t from, int64_t to) {
+  for (const int64_t slot : {from, to}) {
+    if (slot < 0 || slot >= opts_.recurrent_slots) {
+      fail("CUDA backend: recurrent-state slot {} of {}", slot, opts_.recurrent_slots);
+    }
+  }
+  if (from == to) return;
+  float* pool = dn_state_.as<float>();
+  EXL3_CUDA_CHECK(
+      cudaMemcpyAsync(pool + to * dn_slot_floats_, pool + from * dn_slot_floats_,
+                      static_cast<size_t>(dn_slot_floats_) * 4, cudaMemcpyDeviceToDevice, stream_),
+      "copying a sequence's DeltaNet state");
+}
+
 void CudaBackend::gated_delta_net(const Module& mixer, std::span<const Act> in, Act out) {
   const auto scope = op_scope("delta_net");
   const auto& d = static_cast<const DeltaNet&>(mixer);

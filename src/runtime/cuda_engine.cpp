@@ -82,6 +82,7 @@ struct Run {
   size_t len = 0;
   int64_t start = 0;  // position of the first token
   bool want_all = false, want_last = false;
+  bool prefill = false;  // part of an entry of more than one token (prefix caching's snapshots)
 };
 
 class CudaEngine final : public PagedEngine {
@@ -133,6 +134,12 @@ class CudaEngine final : public PagedEngine {
         fail("engine: {} recurrent-state slots; at least 1 is needed", opts.recurrent_slots);
       bo.recurrent_slots = opts.recurrent_slots;
       for (int64_t s = opts.recurrent_slots - 1; s >= 0; --s) free_slots_.push_back(s);
+      // Prefix caching keeps its snapshots in the same pool, after the sequences' slots (a
+      // tensor-parallel rank adopts no prefix, so it keeps none).
+      if (opts.prefix_cache && rank == nullptr) {
+        snapshots_.emplace(opts.recurrent_snapshots);
+        bo.recurrent_slots += opts.recurrent_snapshots;
+      }
     }
     if (tp_) {
       bo.plan = tp_->plan;
@@ -188,6 +195,23 @@ class CudaEngine final : public PagedEngine {
     }
   }
 
+ protected:
+  // Snapshot k is pool slot recurrent_slots + k; the copies run on the engine's stream, in
+  // order with the steps that write or read either slot.
+  void save_recurrent(SeqId seq, int64_t slot) override {
+    const auto it = recurrent_.find(seq);
+    if (it == recurrent_.end() || it->second.length < 0)
+      fail("{}: sequence {} has no recurrent state to keep", spec_.label, seq);
+    backend_->copy_recurrent_slot(it->second.slot, opts_.recurrent_slots + slot);
+  }
+  void restore_recurrent(SeqId seq, int64_t slot, int64_t length) override {
+    RecurrentSeq& st = recurrent_state(seq, 0);  // the sequence's slot (taken now if new)
+    backend_->copy_recurrent_slot(opts_.recurrent_slots + slot, st.slot);
+    st.generation = cache_->generation(seq);
+    st.length = length;
+  }
+
+ public:
   std::vector<float> forward(SeqId seq, std::span<const int32_t> tokens, LogitsMode mode) override {
     const BatchEntry e{seq, tokens, mode};
     return std::move(forward_batch(std::span<const BatchEntry>(&e, 1)).front());
@@ -242,15 +266,19 @@ class CudaEngine final : public PagedEngine {
             e.seq, end, max_seq_tokens_);
       }
     }
-    // Cut the batch's tokens into chunks of at most cap_ tokens, entry by entry.
+    // Cut the batch's tokens into chunks of at most cap_ tokens, entry by entry. With prefix
+    // caching's recurrent snapshots, a prefill entry crossing a page boundary also ends a chunk
+    // at the last one it crosses, where its state is kept.
     std::vector<Run> chunk;
     int64_t in_chunk = 0;
     for (size_t b = 0; b < batch.size(); ++b) {
       const auto& e = batch[b];
+      const auto n = static_cast<int64_t>(e.tokens.size());
+      const auto cut = static_cast<size_t>(run_before_snapshot(cache_->length(e.seq), n));
       size_t done = 0;
       while (done < e.tokens.size()) {
-        const size_t len =
-            std::min<size_t>(e.tokens.size() - done, static_cast<size_t>(cap_ - in_chunk));
+        const size_t len = std::min<size_t>((done < cut ? cut : e.tokens.size()) - done,
+                                            static_cast<size_t>(cap_ - in_chunk));
         Run r;
         r.entry = b;
         r.seq = e.seq;
@@ -258,10 +286,11 @@ class CudaEngine final : public PagedEngine {
         r.len = len;
         r.want_all = e.mode == LogitsMode::kAll;
         r.want_last = e.mode == LogitsMode::kLast && done + len == e.tokens.size();
+        r.prefill = n > 1;
         chunk.push_back(r);
         in_chunk += static_cast<int64_t>(len);
         done += len;
-        if (in_chunk == cap_) {
+        if (in_chunk == cap_ || (done == cut && cut < e.tokens.size())) {
           run_chunk(batch, chunk, out);
           chunk.clear();
           in_chunk = 0;
@@ -410,6 +439,7 @@ class CudaEngine final : public PagedEngine {
     }
     for (const Run& r : runs) {
       cache_->advance(r.seq, batch[r.entry].tokens.subspan(r.first, r.len));
+      snapshot_if_due(r.seq, r.start + static_cast<int64_t>(r.len), r.prefill);
       if (!returns_logits) continue;
       const int64_t rows = r.want_all ? static_cast<int64_t>(r.len) : (r.want_last ? 1 : 0);
       if (out.ids_only) {
@@ -476,8 +506,9 @@ class CudaEngine final : public PagedEngine {
         it->second.length != start) {
       fail(
           "{}: sequence {} continues at position {}, but its gated DeltaNet state {}; these "
-          "layers cannot rewind or start from cached pages (hint: prefix caching and "
-          "speculative decoding are off for such models; restart the sequence from position 0)",
+          "layers cannot rewind, and start from cached pages only where the engine kept their "
+          "state (hint: speculative decoding is off for such models; restart the sequence from "
+          "position 0)",
           spec_.label, seq, start,
           it == recurrent_.end() || it->second.generation != generation
               ? std::string("belongs to other tokens")

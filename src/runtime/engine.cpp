@@ -71,14 +71,13 @@ std::unique_ptr<Engine> load_engine(const Checkpoint& ckpt, const EngineOptions&
         "unquantized linears as "
         "BF16 (hint: drop --overlay, or use --tp 1)");
   }
-  if (spec.has_recurrent_layers()) {
-    // Prefix pages hold keys and values, not the recurrent state of the layers between them.
-    if (opts.prefix_cache) {
-      fail(
-          "{}: prefix caching cannot serve a model with gated DeltaNet layers (their state is not "
-          "in the cached pages); hint: drop --prefix-cache",
-          spec.label);
-    }
+  if (spec.has_recurrent_layers() && opts.prefix_cache && opts.recurrent_snapshots < 1) {
+    // Cached pages hold keys and values, not the recurrent state of the layers between them.
+    fail(
+        "{}: prefix caching on a model with gated DeltaNet layers keeps their state at page "
+        "boundaries, and {} snapshots leave no room for one; hint: allow at least 1 "
+        "(--recurrent-snapshots), or drop --prefix-cache",
+        spec.label, opts.recurrent_snapshots);
   }
   if (opts.device == Device::kCuda) {
 #if defined(EXL3_HAVE_CUDA)

@@ -2,6 +2,7 @@
 #include "exl3/runtime/kv_cache.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "exl3/error.hpp"
@@ -107,13 +108,16 @@ void PagedKvCache::unpublish(int32_t page) {
   pub = Published{};
 }
 
-int64_t PagedKvCache::adopt_prefix(SeqId seq, std::span<const int32_t> prompt) {
+int64_t PagedKvCache::adopt_prefix(SeqId seq, std::span<const int32_t> prompt,
+                                   const std::function<bool(uint64_t)>& usable_end) {
   Seq& s = seq_at(seq);
   if (!prefix_cache_ || prompt.empty()) return 0;
   if (s.length != 0 || !s.pages.empty())
     fail("KV cache: sequence {} already holds tokens; a prefix is adopted by a new one", seq);
   const auto page = static_cast<size_t>(page_size_);
   const size_t full = (prompt.size() - 1) / page;  // at least one prompt token stays to compute
+  // The published run of the prompt's pages, then the deepest of them the caller can end at.
+  std::vector<std::pair<int32_t, uint64_t>> run;  // page, chain hash
   uint64_t parent = kRootHash;
   for (size_t i = 0; i < full; ++i) {
     const auto tokens = prompt.subspan(i * page, page);
@@ -123,16 +127,28 @@ int64_t PagedKvCache::adopt_prefix(SeqId seq, std::span<const int32_t> prompt) {
     const int32_t p = it->second;
     const auto& pub = published_[static_cast<size_t>(p)];
     if (pub.parent != parent || !std::ranges::equal(pub.tokens, tokens)) break;
+    run.emplace_back(p, h);
+    parent = h;
+  }
+  if (usable_end) {
+    while (!run.empty() && !usable_end(run.back().second)) run.pop_back();
+  }
+  for (const auto& [p, h] : run) {
     if (refs_[static_cast<size_t>(p)]++ == 0) idle_.erase(idle_pos_[static_cast<size_t>(p)]);
     s.pages.push_back(p);
     s.hashes.push_back(h);
-    parent = h;
   }
   s.length = static_cast<int64_t>(s.pages.size()) * page_size_;
   s.tokens.assign(prompt.begin(), prompt.begin() + s.length);
   hit_tokens_ += s.length;
   if (s.length > 0) s.generation = ++generations_;
   return s.length;
+}
+
+std::optional<uint64_t> PagedKvCache::page_hash(SeqId seq, int64_t page) const {
+  const Seq& s = seq_at(seq);
+  if (page < 0 || static_cast<size_t>(page) >= s.hashes.size()) return std::nullopt;
+  return s.hashes[static_cast<size_t>(page)];
 }
 
 PagedKvCache::SeqId PagedKvCache::add_sequence() {

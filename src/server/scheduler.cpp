@@ -163,6 +163,7 @@ Scheduler::Scheduler(runtime::Engine& engine, Tokenizer tokenizer, const Schedul
   // The page size, measured rather than assumed: one token of a fresh sequence takes one page.
   const auto probe = engine_.new_sequence();
   page_tokens_ = std::max<int64_t>(1, engine_.cache_tokens_needed(probe, 1));
+  align_prefill_ = engine_.spec().has_recurrent_layers();
   engine_.drop_sequence(probe);
   cache_tokens_ = engine_.free_cache_tokens();
   const int64_t model_ctx = engine_.spec().max_position_embeddings;
@@ -411,7 +412,15 @@ void Scheduler::step(std::vector<std::unique_ptr<Active>>& running) {
     if (budget <= 0) break;
     if (a->done || a->decoding()) continue;
     const int64_t left = static_cast<int64_t>(a->context.size() - a->prefilled);
-    const int64_t n = std::min(left, budget);
+    int64_t n = std::min(left, budget);
+    if (align_prefill_ && n < left) {
+      // A chunk that is not the prompt's last ends on a page boundary where it can: there the
+      // engine keeps the recurrent state for prefix caching, and a chunk ending inside a page
+      // would be cut there, costing the engine one more pass.
+      const auto at = static_cast<int64_t>(a->prefilled);
+      const int64_t aligned = (at + n) / page_tokens_ * page_tokens_ - at;
+      if (aligned > 0) n = aligned;
+    }
     batch.push_back(
         {a->seq, std::span<const int32_t>(a->context).subspan(a->prefilled, static_cast<size_t>(n)),
          runtime::LogitsMode::kLast});

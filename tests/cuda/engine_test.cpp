@@ -288,6 +288,51 @@ TEST(CudaEngine, HybridStatesPerSequence) {
       1e-5);
 }
 
+// Prefix caching with gated DeltaNet layers: a prefill crossing page boundaries (batched with
+// another sequence) keeps its state where its last full page ends, in the snapshot part of the
+// state pool; a later prompt adopts those pages with that state and gives the logits of an engine
+// without caching. Other chunkings take other kernel paths, hence 1e-3.
+TEST(CudaEngine, HybridPrefixReuseKeepsTheState) {
+  EXL3_REQUIRE_GPU();
+  exl3::test::TempDir tmp;
+  const quant::ConvertOptions o = k4_on_cuda();
+  quant::convert_model(exl3::test::model_data_dir() / "qwen3_next", tmp / "m", o);
+  EngineOptions eo = cuda_options();
+  eo.page_size = 8;
+  eo.recurrent_slots = 2;
+  auto plain = load_engine(tmp / "m", eo);
+  eo.prefix_cache = true;
+  eo.recurrent_snapshots = 2;
+  auto cached = load_engine(tmp / "m", eo);
+  std::vector<int32_t> ids, other;
+  for (int i = 0; i < 45; ++i) ids.push_back((i * 37 + 5) % 256);
+  for (int i = 0; i < 12; ++i) other.push_back((i * 91 + 17) % 256);
+  const size_t vocab = static_cast<size_t>(plain->spec().vocab_size);
+  const auto want = plain->forward(plain->new_sequence(), ids, LogitsMode::kAll);
+  const auto rows = [&](size_t from, size_t to) {
+    return std::vector<float>(want.begin() + static_cast<std::ptrdiff_t>(from * vocab),
+                              want.begin() + static_cast<std::ptrdiff_t>(to * vocab));
+  };
+  const Engine::SeqId a = cached->new_sequence(), x = cached->new_sequence();
+  const Engine::BatchEntry b[2] = {{x, std::span(other), LogitsMode::kLast},
+                                   {a, std::span(ids).first(37), LogitsMode::kAll}};
+  const auto got = cached->forward_batch(b);
+  const double first = exl3::test::rel_l2(got[1], rows(0, 37));
+  EXPECT_LE(first, 1e-3);
+  cached->drop_sequence(x);  // frees a state slot for the next sequence
+  const auto s = cached->new_sequence();
+  ASSERT_EQ(cached->adopt_prefix(s, ids), 32);
+  const double reused = exl3::test::rel_l2(
+      cached->forward(s, std::span(ids).subspan(32), LogitsMode::kAll), rows(32, ids.size()));
+  std::printf("qwen3_next prefix reuse: prefill (cut at 32) %.3e, after adopting 32 %.3e\n", first,
+              reused);
+  EXPECT_LE(reused, 1e-3);
+  // Pages with no state kept after them are not adopted.
+  const auto t = cached->new_sequence();
+  cached->drop_sequence(a);
+  EXPECT_EQ(cached->adopt_prefix(t, std::span(ids).first(30)), 0);
+}
+
 // Prefill then one token at a time (decode graphs) equals one pass; graphs off gives the same
 // bits as graphs on; a mixed batch equals separate calls; small chunks equal one chunk.
 TEST(CudaEngine, DecodeBatchGraphsAndChunks) {

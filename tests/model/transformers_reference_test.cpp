@@ -532,10 +532,62 @@ TEST_P(Hybrid, MatchesTransformersAndCarriesItsState) {
       rt::test::error_of(
           [&] { (void)rt::SpeculativeDecoder(*engine, *engine, rt::SpeculativeOptions{}); }),
       HasSubstr("the target (" + (dir / "config.json").string() + ") has gated DeltaNet layers"));
-  rt::EngineOptions cached;
-  cached.prefix_cache = true;
-  EXPECT_THAT(rt::test::error_of([&] { (void)rt::load_engine(dir, cached); }),
-              HasSubstr("prefix caching cannot serve a model with gated DeltaNet layers"));
+  rt::EngineOptions none;
+  none.prefix_cache = true;
+  none.recurrent_snapshots = 0;
+  EXPECT_THAT(rt::test::error_of([&] { (void)rt::load_engine(dir, none); }),
+              HasSubstr("snapshots leave no room for one"));
+}
+
+// Prefix caching on the hybrid models: a prompt's prefill keeps the recurrent state where its
+// last full page ends, and a later prompt sharing those pages adopts them with that state and
+// gives the logits of a full pass; without a kept state (a boundary no prefill ended on, or
+// one replaced) nothing is adopted.
+TEST_P(Hybrid, CachedPrefixesCarryTheirRecurrentState) {
+  const auto dir = data_dir(GetParam());
+  const auto ref = load_reference(dir);
+  auto engine = rt::load_engine(dir);
+  const auto want = rt::forward_logits(*engine, ref.ids);
+  const std::span<const int32_t> ids(ref.ids);
+  const auto vocab = static_cast<std::ptrdiff_t>(ref.vocab);
+  const auto rows = [&](size_t from, size_t to) {
+    return std::vector<float>(want.begin() + static_cast<std::ptrdiff_t>(from) * vocab,
+                              want.begin() + static_cast<std::ptrdiff_t>(to) * vocab);
+  };
+  rt::EngineOptions eo;
+  eo.prefix_cache = true;
+  eo.page_size = 8;
+  eo.recurrent_snapshots = 2;
+  auto cached = rt::load_engine(dir, eo);
+  ASSERT_GE(ids.size(), 41u);
+  // 37 tokens: run as 32 (a snapshot after page 3) and 5, every logits row as one pass.
+  const auto a = cached->new_sequence();
+  EXPECT_LE(
+      exl3::test::rel_l2(cached->forward(a, ids.first(37), rt::LogitsMode::kAll), rows(0, 37)),
+      1e-6);
+  // The whole prompt: 32 tokens adopted, the rest computed from the kept state.
+  const auto b = cached->new_sequence();
+  ASSERT_EQ(cached->adopt_prefix(b, ids), 32);
+  EXPECT_LE(exl3::test::rel_l2(cached->forward(b, ids.subspan(32), rt::LogitsMode::kAll),
+                               rows(32, ids.size())),
+            1e-6);
+  // Pages 0..1 match, but no state was kept after them: nothing adopted. Its prefill of 20
+  // tokens keeps one after page 1, in place of the least recently used (the one at 32; b's
+  // prefill kept a newer one at 80).
+  std::vector<int32_t> other(ids.begin(), ids.begin() + 20);
+  other.push_back(ids[3]);
+  const auto c = cached->new_sequence();
+  EXPECT_EQ(cached->adopt_prefix(c, other), 0);
+  EXPECT_LE(exl3::test::rel_l2(
+                cached->forward(c, std::span<const int32_t>(other).first(20), rt::LogitsMode::kAll),
+                rows(0, 20)),
+            1e-6);
+  // The whole prompt again: only 16 tokens now, and the rest from that state.
+  const auto e = cached->new_sequence();
+  ASSERT_EQ(cached->adopt_prefix(e, ids), 16);
+  EXPECT_LE(exl3::test::rel_l2(cached->forward(e, ids.subspan(16), rt::LogitsMode::kAll),
+                               rows(16, ids.size())),
+            1e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(Model, Hybrid,

@@ -13,6 +13,7 @@
 #include "exl3/error.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/kv_cache.hpp"
+#include "exl3/runtime/recurrent_snapshots.hpp"
 #include "runtime_test_util.hpp"
 #include "test_support.hpp"
 
@@ -121,6 +122,63 @@ TEST(PrefixCache, OffByDefault) {
   EXPECT_EQ(c.adopt_prefix(b, iota_tokens(9)), 0);
   c.remove_sequence(a);
   EXPECT_EQ(c.free_pages(), 8);
+}
+
+// An engine that keeps state beside the cache adopts only as far as it has that state: the run
+// ends at the deepest matching page whose hash the caller accepts, and page_hash names each.
+TEST(PrefixCache, AdoptionEndsWhereTheCallerHasState) {
+  PagedKvCache c({{2, 2}}, 4, 8);
+  c.enable_prefix_cache();
+  const auto a = c.add_sequence();
+  fill(c, a, iota_tokens(13));  // three full pages
+  std::vector<uint64_t> hashes;
+  for (int64_t p = 0; p < 3; ++p) hashes.push_back(c.page_hash(a, p).value());
+  EXPECT_FALSE(c.page_hash(a, 3).has_value());  // one token: not full
+  EXPECT_NE(hashes[0], hashes[1]);
+  // State after page 1 only: two pages, though three match.
+  const auto b = c.add_sequence();
+  EXPECT_EQ(c.adopt_prefix(b, iota_tokens(14), [&](uint64_t h) { return h == hashes[1]; }), 8);
+  EXPECT_EQ(c.page_hash(b, 1), hashes[1]);
+  EXPECT_EQ(c.page_table(b)[1], c.page_table(a)[1]);
+  // None usable: nothing adopted, nothing taken.
+  const int64_t free = c.free_pages();
+  const auto d = c.add_sequence();
+  EXPECT_EQ(c.adopt_prefix(d, iota_tokens(14), [](uint64_t) { return false; }), 0);
+  EXPECT_EQ(c.free_pages(), free);
+  EXPECT_EQ(c.length(d), 0);
+  // A usable hash past the matching run is not reached.
+  auto other = iota_tokens(14);
+  other[6] = 1;
+  const auto e = c.add_sequence();
+  EXPECT_EQ(c.adopt_prefix(e, other, [&](uint64_t h) { return h != hashes[0]; }), 0);
+}
+
+// Where snapshots go: a prefill run is cut at the last page boundary strictly inside it; decode
+// steps and runs that end on a boundary are not cut. Slots are reused for their own page and
+// handed over least recently used first.
+TEST(RecurrentSnapshots, CutsAndReplacesLeastRecentlyUsed) {
+  EXPECT_EQ(RecurrentSnapshots::run_before_snapshot(0, 37, 8), 32);
+  EXPECT_EQ(RecurrentSnapshots::run_before_snapshot(0, 32, 8), 32);  // ends on one
+  EXPECT_EQ(RecurrentSnapshots::run_before_snapshot(30, 5, 8), 2);   // crosses 32
+  EXPECT_EQ(RecurrentSnapshots::run_before_snapshot(33, 5, 8), 5);   // crosses none
+  EXPECT_EQ(RecurrentSnapshots::run_before_snapshot(31, 1, 8), 1);   // decode
+  EXPECT_EQ(RecurrentSnapshots::run_before_snapshot(8, 17, 8), 16);  // 16 tokens to 24
+  EXPECT_TRUE(RecurrentSnapshots::snapshot_after(32, true, 8));
+  EXPECT_FALSE(RecurrentSnapshots::snapshot_after(32, false, 8));
+  EXPECT_FALSE(RecurrentSnapshots::snapshot_after(33, true, 8));
+  EXPECT_FALSE(RecurrentSnapshots::snapshot_after(0, true, 8));
+
+  RecurrentSnapshots s(2);
+  EXPECT_FALSE(s.find(10).has_value());
+  const int64_t a = s.slot_for(10), b = s.slot_for(20);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(s.slot_for(10), a);  // its own slot again, and now the most recent
+  EXPECT_EQ(s.slot_for(30), b);  // 20 was the least recently used
+  EXPECT_FALSE(s.contains(20));
+  EXPECT_EQ(s.find(10), a);
+  EXPECT_EQ(s.find(30), b);
+  EXPECT_EQ(s.size(), 2);
+  EXPECT_THROW(RecurrentSnapshots(0), Error);
 }
 
 // The CPU engine: a second prompt sharing a 3-page prefix adopts it and gives the logits of an

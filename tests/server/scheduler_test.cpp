@@ -232,6 +232,43 @@ TEST(Scheduler, PrefixCacheReusesASharedSystemPrompt) {
   }
 }
 
+// Prefix caching on a model with gated DeltaNet layers (the Qwen3-Next reference checkpoint, the
+// conformance tokenizer for text): prefill chunks end on page boundaries, where the engine keeps
+// the recurrent state, and a second request sharing the 30-token system prompt adopts it up to
+// the last state kept inside it (16 tokens: chunks of 20 are cut to 16, and the first prompt's
+// last full page, 32, holds two tokens of its own tail), with the same greedy tokens as
+// generate() alone.
+TEST(Scheduler, PrefixCacheOnAHybridModelReusesKeptStates) {
+  EXL3_REQUIRE_CONFORMANCE(conf);
+  const auto model = exl3::test::model_data_dir() / "qwen3_next";
+  runtime::EngineOptions eo;
+  eo.page_size = 8;
+  eo.cache_tokens = 1024;
+  eo.prefix_cache = true;
+  auto engine = runtime::load_engine(model, eo);
+  Scheduler sched(*engine, Tokenizer::load(st::tiny_model(conf)),
+                  {.max_seqs = 2, .max_queue = 4, .max_context = 0, .step_tokens = 20});
+  auto rng = exl3::test::make_rng();
+  const auto system = random_prompt(rng, 30, 256);
+  int64_t hits = 0;
+  for (int i = 0; i < 2; ++i) {
+    auto prompt = system;
+    const auto tail = random_prompt(rng, 5 + 3 * static_cast<size_t>(i), 256);
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    GenerationRequest g;
+    g.prompt = prompt;
+    g.max_tokens = 6;
+    auto sub = sched.submit(g);
+    ASSERT_TRUE(sub.stream) << sub.message;
+    const auto d = drain(sub.stream);
+    EXPECT_EQ(d.tokens, st::reference_generate(model, g.prompt, g.max_tokens, {}).tokens)
+        << "request " << i;
+    const auto stats = sched.stats();
+    EXPECT_EQ(stats.prefix_hit_tokens - hits, i == 0 ? 0 : 16) << "request " << i;
+    hits = stats.prefix_hit_tokens;
+  }
+}
+
 TEST(Scheduler, ChunkedPrefillGivesTheSameTokens) {
   EXL3_REQUIRE_CONFORMANCE(conf);
   auto rng = exl3::test::make_rng();

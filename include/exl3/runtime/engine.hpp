@@ -48,8 +48,14 @@ struct EngineOptions {
   bool cuda_graphs = true;
   // Automatic prefix caching: full KV pages are kept under a hash of the tokens up to their end,
   // and adopt_prefix() gives a new sequence the cached pages its prompt starts with (single-rank
-  // CPU and CUDA engines, and the CPU engine's tensor-parallel ranks).
+  // CPU and CUDA engines, and the CPU engine's tensor-parallel ranks). Models with gated
+  // DeltaNet layers also keep their recurrent state where prefill runs end on a page boundary
+  // (exl3/runtime/recurrent_snapshots.hpp) and adopt cached pages only up to such a state.
   bool prefix_cache = false;
+  // Prefix caching on a model with gated DeltaNet layers: recurrent states kept for adoption,
+  // each the size of a recurrent slot below (78 MB for Qwen3-Next-80B), the least recently used
+  // replaced first. CUDA allocates them at load beside the recurrent slots.
+  int64_t recurrent_snapshots = 16;
   // KV cache format (exl3/cpu/kv_codec.hpp): kNative keeps the engine's precision (fp32 on the
   // CPU, fp16 on CUDA); fp8 / q8 / q4 store 8.5 / 8.5 / 4.5 bits per channel. Quantized formats
   // need GQA layers with a power-of-two head_dim >= 32 (load_engine refuses others).

@@ -25,7 +25,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -66,8 +68,14 @@ class PagedKvCache {
   bool prefix_cache() const { return prefix_cache_; }
   // On an empty sequence: takes the published pages matching `prompt`'s leading full pages
   // (keeping at least one prompt token to compute) and returns the tokens they hold (0 when
-  // caching is off or nothing matches).
-  int64_t adopt_prefix(SeqId seq, std::span<const int32_t> prompt);
+  // caching is off or nothing matches). With `usable_end`, the adopted run ends at the deepest
+  // matching page whose chain hash it accepts (an engine that keeps state beside the cache
+  // adopts only as far as it has that state).
+  int64_t adopt_prefix(SeqId seq, std::span<const int32_t> prompt,
+                       const std::function<bool(uint64_t)>& usable_end = {});
+  // The chain hash of the sequence's full page `page` (prefix caching), or nullopt for a page
+  // not yet full or out of range.
+  std::optional<uint64_t> page_hash(SeqId seq, int64_t page) const;
   // Pages published (cached) now, and prompt tokens adopt_prefix has given out so far.
   int64_t cached_pages() const { return static_cast<int64_t>(by_hash_.size()); }
   int64_t prefix_hit_tokens() const { return hit_tokens_; }

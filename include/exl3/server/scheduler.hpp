@@ -265,7 +265,10 @@ class Scheduler {
   runtime::Engine& engine_;
   Tokenizer tokenizer_;
   SchedulerOptions opts_;
-  int64_t page_tokens_ = 1;   // KV page size in tokens
+  int64_t page_tokens_ = 1;  // KV page size in tokens
+  // Prefill chunks other than a prompt's last end on page boundaries (models with recurrent
+  // layers, whose engines keep their state there for prefix caching).
+  bool align_prefill_ = false;
   int64_t cache_tokens_ = 0;  // pool capacity
   int64_t max_context_ = 0;
   int64_t reserved_ = 0;  // KV tokens set aside for the running sequences (worker only)
