@@ -310,12 +310,17 @@ Runner add_bench_serve(CLI::App& app, Common&) {
     const Checkpoint ckpt = Checkpoint::open(dir);
     const auto tok = Tokenizer::load(dir);
     const int64_t per_stream = o->prompt_tokens + o->max_tokens;
-    // Ordinary (non-special) ids of the vocabulary, for random prompts.
+    // Ordinary (non-special) ids of the vocabulary, for random prompts: ids the tokenizer and
+    // the model both have (a tokenizer may name more tokens than the model's embedding holds).
+    const int64_t model_vocab = model::describe_model(ckpt).vocab_size;
     std::vector<int32_t> ordinary;
-    for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    for (int32_t id = 0; id < std::min<int64_t>(tok.vocab_size(), model_vocab); ++id) {
       if (!tok.is_special(id)) ordinary.push_back(id);
     }
-    if (ordinary.empty()) fail("the tokenizer of {} has no ordinary tokens", dir.string());
+    if (ordinary.empty()) {
+      fail("the tokenizer of {} has no ordinary tokens below the model's vocabulary size {}",
+           dir.string(), model_vocab);
+    }
     // Refused before anything loads (with "both", the run with the cache off would come first).
     if (o->prefix_cache != "off" && o->tp > 1 && o->device == "cuda") {
       fail(
@@ -339,6 +344,8 @@ Runner add_bench_serve(CLI::App& app, Common&) {
       eo.kv_format = kv_cache_format(o->kv_cache);
       eo.page_size = o->page_size;
       eo.prefix_cache = pc;
+      // Gated DeltaNet models keep a state slot per running stream (as `exl3 serve` sizes it).
+      eo.recurrent_slots = std::max(biggest, 1);
       // Every stream of the largest level at once, plus a page of slack each.
       eo.cache_tokens = o->cache_tokens > 0
                             ? o->cache_tokens

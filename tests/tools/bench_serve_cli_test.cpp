@@ -1,7 +1,8 @@
 // `exl3 bench serve` through the binary, on the conformance model at tiny sizes: the help teaches,
 // bad options fail before anything loads, and a run at 1 and 2 concurrent streams with the prefix
 // cache off and on writes a JSON file whose figures are finite and positive and whose token
-// counts add up.
+// counts add up. On a model with gated DeltaNet layers (a tokenizer larger than its vocabulary
+// beside it), the prefix cache hits through the kept recurrent states.
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -88,6 +89,43 @@ TEST(BenchServeCli, TinyRunWritesConsistentJson) {
           EXPECT_GT(hits, 0);
         }
         EXPECT_LT(hits, requests * prompt);
+      }
+    }
+  }
+}
+
+// Qwen3-Next (the reference checkpoint, a borrowed tokenizer with more ids than the model's 256:
+// prompts use only ids both have): with 64-token prefill steps the recurrent state is kept every
+// 64 tokens, so requests sharing 150 of their 200 prompt tokens reuse 128 of them.
+TEST(BenchServeCli, HybridModelReusesPrefixesThroughKeptStates) {
+  exl3::test::TempDir tmp;
+  const auto src = exl3::test::model_data_dir() / "qwen3_next";
+  const auto tok =
+      exl3::test::model_data_dir().parent_path().parent_path() / "text" / "data" / "qwen2_style";
+  std::filesystem::create_directories(tmp / "m");
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"})
+    std::filesystem::copy_file(src / f, tmp / "m" / f);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    std::filesystem::copy_file(tok / f, tmp / "m" / f);
+  const auto r = run_cli(
+      fmt::format("bench serve {} --device cpu --concurrency 1,4 --requests 6 --prompt-tokens 200 "
+                  "--max-tokens 3 --step-tokens 64 --page-size 16 --shared-fraction 0.75 --json {}",
+                  shell_quote(tmp / "m"), shell_quote(tmp / "s.json")));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto doc = nlohmann::json::parse(exl3::test::read_file(tmp / "s.json"));
+  ASSERT_EQ(doc["runs"].size(), 2u);
+  for (const auto& run : doc["runs"]) {
+    for (const auto& lv : run["levels"]) {
+      EXPECT_EQ(lv["completed"], 6);
+      // Every request after a level's first adopts two 64-token steps' worth (128 of the 150
+      // shared tokens); a request that arrives while the first is still prefilling may find less.
+      const auto hits = lv["prefix_hit_tokens"].get<int64_t>();
+      if (run["prefix_cache"] == false) {
+        EXPECT_EQ(hits, 0);
+      } else {
+        EXPECT_GT(hits, 0);
+        EXPECT_LE(hits, 5 * 128);
+        EXPECT_EQ(hits % 16, 0);
       }
     }
   }
