@@ -80,9 +80,10 @@ Runner add_quantize(CLI::App& app, Common& common) {
                  "Seed of the random sign flips (per tensor, mixed with its name)")
       ->capture_default_str();
   app.add_option("--calibration", o->calibration,
-                 "Calibration text: none (identity Hessian), builtin (the bundled text) or a UTF-8 "
-                 "text file; "
-                 "Hessians are captured layer by layer with the CPU runtime")
+                 "Calibration text: none (identity Hessian), builtin (the bundled calibration "
+                 "corpus: prose, code, fifteen languages, maths, chat; never the text `exl3 eval "
+                 "--text builtin` scores) or a UTF-8 text file; Hessians are captured layer by "
+                 "layer with the CPU runtime")
       ->capture_default_str();
   app.add_option("--calibration-rows", o->conv.calibration_rows, "Calibration sequences")
       ->check(CLI::PositiveNumber)
@@ -162,7 +163,7 @@ Runner add_quantize(CLI::App& app, Common& common) {
       o->conv.calibration = quant::Calibration::kText;
       o->conv.calibration_label = o->calibration;
       o->conv.calibration_text = o->calibration == kBuiltinTextName
-                                     ? std::string(builtin_text())
+                                     ? std::string(builtin_calibration_text())
                                      : read_text_file(o->calibration);
     }
     o->conv.shard_size_bytes = o->shard_mb << 20;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -289,6 +290,31 @@ TEST(Eval, BuiltinTextIsTheBundledFile) {
   const auto dir = write_dense(tmp, "q3", HfArch::kQwen3, 5);
   // Valid UTF-8 that the byte-level tokenizer turns into one token per byte (no merges).
   EXPECT_EQ(Tokenizer::load(dir).encode(builtin_text(), false).size(), builtin_text().size());
+}
+
+// The calibration corpus is the bundled file, large enough for the default calibration (8 rows
+// of 128 tokens) many times over even at a byte per token, valid UTF-8, varied from its first rows
+// on, and disjoint from the evaluation text: no 48-byte window of one occurs in the other.
+TEST(Eval, CalibrationTextIsBundledAndNotTheEvaluationText) {
+  const std::string file = exl3::test::read_file(std::filesystem::path(EXL3_SOURCE_DIR) / "data" /
+                                                 "calibration_text.txt");
+  const std::string_view cal = builtin_calibration_text(), ev = builtin_text();
+  EXPECT_EQ(cal, file);
+  EXPECT_GT(cal.size(), 40000u);
+  exl3::test::TempDir tmp;
+  const auto dir = write_dense(tmp, "q3", HfArch::kQwen3, 5);
+  EXPECT_EQ(Tokenizer::load(dir).encode(cal, false).size(), cal.size());  // UTF-8, byte tokens
+  const size_t w = 48;
+  std::set<std::string_view> windows;
+  for (size_t i = 0; i + w <= ev.size(); ++i) windows.insert(ev.substr(i, w));
+  size_t shared = 0;
+  for (size_t i = 0; i + w <= cal.size(); ++i) shared += windows.contains(cal.substr(i, w));
+  EXPECT_EQ(shared, 0u);
+  // The first 8 x 128 bytes already hold code and prose in more than one script.
+  const std::string_view head = cal.substr(0, 4096);
+  EXPECT_NE(head.find('{'), std::string_view::npos);
+  EXPECT_NE(head.find(". "), std::string_view::npos);
+  EXPECT_TRUE(std::any_of(head.begin(), head.end(), [](char c) { return (c & 0x80) != 0; }));
 }
 
 TEST(Eval, ErrorsAreClear) {
