@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 
+#include "exl3/error.hpp"
 #include "exl3/runtime/engine.hpp"
 #include "exl3/runtime/kv_cache.hpp"
 #include "exl3/runtime/recurrent_snapshots.hpp"
@@ -27,9 +28,11 @@ class PagedEngine : public Engine {
     try {
       const auto page = cache_->page_hash(seq, n / cache_->page_size() - 1);
       restore_recurrent(seq, *snapshots_->find(*page), n);
-    } catch (...) {
-      cache_->truncate(seq, 0);  // no state to continue from: the prompt is computed whole
-      throw;
+    } catch (const Error&) {
+      // No state to continue from (CUDA: every state slot held): the prompt is computed whole,
+      // and its forward reports what it lacks.
+      cache_->truncate(seq, 0);
+      return 0;
     }
     return n;
   }

@@ -319,6 +319,11 @@ TEST(CudaEngine, HybridPrefixReuseKeepsTheState) {
   const auto got = cached->forward_batch(b);
   const double first = exl3::test::rel_l2(got[1], rows(0, 37));
   EXPECT_LE(first, 1e-3);
+  // Both state slots are held: a third sequence adopts nothing (its forward would report why).
+  const auto none = cached->new_sequence();
+  EXPECT_EQ(cached->adopt_prefix(none, ids), 0);
+  EXPECT_EQ(cached->sequence_length(none), 0);
+  cached->drop_sequence(none);
   cached->drop_sequence(x);  // frees a state slot for the next sequence
   const auto s = cached->new_sequence();
   ASSERT_EQ(cached->adopt_prefix(s, ids), 32);
