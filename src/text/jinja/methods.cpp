@@ -84,8 +84,8 @@ bool affix(const Value& self, Args& a, bool prefix) {
 
 // The string format method. Each {...} field is replaced: an empty one by the next positional
 // argument in turn, a number by that positional argument, a name by that keyword argument. "{{"
-// and "}}" write one brace. Fields with a conversion (!), a spec (:), an attribute (.) or an index
-// ([) are refused.
+// and "}}" write one brace. Fields with a conversion (!), layout options after a colon (:), an
+// attribute (.) or an index ([) are refused.
 std::string brace_format(const std::string& f, Args& a) {
   std::string out;
   size_t auto_index = 0;
@@ -107,7 +107,7 @@ std::string brace_format(const std::string& f, Args& a) {
     const std::string field = f.substr(i + 1, end - i - 1);
     if (field.find_first_of(":!.[") != std::string::npos) {
       value_error(fmt::format(
-          "format field '{{{}}}': conversions and format specs are not supported", field));
+          "format field '{{{}}}': conversions and layout options are not supported", field));
     }
     const Value* v = nullptr;
     if (field.empty() || std::all_of(field.begin(), field.end(), ::isdigit)) {

@@ -148,7 +148,8 @@ TEST(Jinja, RuntimeErrorsNameTheConstruct) {
               HasSubstr("nested too deeply"));
   EXPECT_THAT(render_error("{{ 'x'.zfill(3) }}"),
               HasSubstr("'str object' has no attribute 'zfill'"));
-  EXPECT_THAT(render_error("{{ '{:>4}'.format(1) }}"), HasSubstr("format specs are not supported"));
+  EXPECT_THAT(render_error("{{ '{:>4}'.format(1) }}"),
+              HasSubstr("conversions and layout options are not supported"));
   EXPECT_THAT(render_error("{{ 'a' | trim(1, 2) }}"),
               HasSubstr("trim() takes at most 1 arguments"));
   EXPECT_THAT(render_error("{{ [1] | join(sep=',') }}"),
