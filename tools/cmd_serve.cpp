@@ -46,7 +46,7 @@ Runner add_serve(CLI::App& app, Common&) {
     int64_t cache_tokens = 16384, max_context = 0, step_tokens = 256, page_size = 32;
     bool quiet = false, prefix_cache = true;
     bool prefix_cache_given = false;  // --prefix-cache on the command line, not the default
-    int64_t recurrent_snapshots = 16;
+    int64_t recurrent_snapshots = runtime::EngineOptions{}.recurrent_snapshots;
   };
   auto o = std::make_shared<Opts>();
   app.add_option(

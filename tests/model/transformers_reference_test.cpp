@@ -560,20 +560,26 @@ TEST_P(Hybrid, CachedPrefixesCarryTheirRecurrentState) {
   eo.recurrent_snapshots = 2;
   auto cached = rt::load_engine(dir, eo);
   ASSERT_GE(ids.size(), 41u);
+  // A new sequence of the whole prompt adopts `adopted` cached tokens and computes the rest from
+  // the state kept there, giving the rows of one full pass.
+  const auto expect_adopts = [&](int64_t adopted) {
+    const auto s = cached->new_sequence();
+    ASSERT_EQ(cached->adopt_prefix(s, ids), adopted);
+    const auto from = static_cast<size_t>(adopted);
+    EXPECT_LE(exl3::test::rel_l2(cached->forward(s, ids.subspan(from), rt::LogitsMode::kAll),
+                                 rows(from, ids.size())),
+              1e-6);
+  };
   // 37 tokens: run as 32 (a snapshot after page 3) and 5, every logits row as one pass.
   const auto a = cached->new_sequence();
   EXPECT_LE(
       exl3::test::rel_l2(cached->forward(a, ids.first(37), rt::LogitsMode::kAll), rows(0, 37)),
       1e-6);
   // The whole prompt: 32 tokens adopted, the rest computed from the kept state.
-  const auto b = cached->new_sequence();
-  ASSERT_EQ(cached->adopt_prefix(b, ids), 32);
-  EXPECT_LE(exl3::test::rel_l2(cached->forward(b, ids.subspan(32), rt::LogitsMode::kAll),
-                               rows(32, ids.size())),
-            1e-6);
+  expect_adopts(32);
   // Pages 0..1 match, but no state was kept after them: nothing adopted. Its prefill of 20
-  // tokens keeps one after page 1, in place of the least recently used (the one at 32; b's
-  // prefill kept a newer one at 80).
+  // tokens keeps one after page 1, in place of the least recently used (the one at 32; the
+  // whole prompt's prefill above kept a newer one at 80).
   std::vector<int32_t> other(ids.begin(), ids.begin() + 20);
   other.push_back(ids[3]);
   const auto c = cached->new_sequence();
@@ -583,11 +589,7 @@ TEST_P(Hybrid, CachedPrefixesCarryTheirRecurrentState) {
                 rows(0, 20)),
             1e-6);
   // The whole prompt again: only 16 tokens now, and the rest from that state.
-  const auto e = cached->new_sequence();
-  ASSERT_EQ(cached->adopt_prefix(e, ids), 16);
-  EXPECT_LE(exl3::test::rel_l2(cached->forward(e, ids.subspan(16), rt::LogitsMode::kAll),
-                               rows(16, ids.size())),
-            1e-6);
+  expect_adopts(16);
 }
 
 INSTANTIATE_TEST_SUITE_P(Model, Hybrid,
