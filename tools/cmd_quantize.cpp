@@ -92,6 +92,11 @@ Runner add_quantize(CLI::App& app, Common& common) {
                  "Tokens per calibration sequence")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--calibration-random-rows", o->conv.calibration_random_rows,
+                 "Of the calibration sequences, how many are uniformly random token ids instead "
+                 "of text (seeded by --seed)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--shard-size-mb", o->shard_mb,
                  "Maximum shard size in MiB (a module is never split)")
       ->check(CLI::PositiveNumber)

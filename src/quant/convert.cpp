@@ -42,6 +42,11 @@ void validate_options(const ConvertOptions& o) {
     fail("quantize: --calibration-rows {} and --calibration-length {} must be positive",
          o.calibration_rows, o.calibration_length);
   }
+  if (o.calibration == Calibration::kText &&
+      (o.calibration_random_rows < 0 || o.calibration_random_rows > o.calibration_rows)) {
+    fail("quantize: --calibration-random-rows {} must be in 0..{} (--calibration-rows)",
+         o.calibration_random_rows, o.calibration_rows);
+  }
 }
 
 uint64_t fnv1a(std::string_view s) {
@@ -87,10 +92,12 @@ nlohmann::json settings_json(const ConvertOptions& o) {
           {"shard_size_bytes", o.shard_size_bytes}};
 }
 
-// settings_json plus the dense format when it is not the default, so folders written before
-// --dense-format existed are still recognised as finished.
+// settings_json plus the dense format and random calibration rows when they are not the
+// defaults, so folders written before those options existed are still recognised as finished.
 nlohmann::json all_settings(const ConvertOptions& o) {
   nlohmann::json s = settings_json(o);
+  if (o.calibration == Calibration::kText && o.calibration_random_rows > 0)
+    s["calibration"]["random_rows"] = o.calibration_random_rows;
   if (o.dense_format != DenseFormat::kExl3) {
     s["dense_format"] = std::string(dense_format_name(o.dense_format));
     s["dense_ignore"] = o.dense_ignore;

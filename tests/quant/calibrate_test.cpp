@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -345,6 +346,36 @@ void expect_calibrated_better(exl3::HfArch arch, const char* name) {
   for (const auto& r : cal.reports) proxy_cal += r.proxy_err;
   EXPECT_GT(proxy_cal, 0.0);
   EXPECT_GT(proxy_none, 0.0);
+}
+
+TEST(Calibration, RandomRowsFollowTheTextRowsAndRepeatPerSeed) {
+  TempDir tmp;
+  const auto src = tmp / "src";
+  exl3::write_synthetic_hf_model(src, small_model(exl3::HfArch::kLlama, 2, 1));
+  const int64_t rows = 5, len = 32, vocab = 384;
+  const auto text = std::string(exl3::builtin_calibration_text());
+  const auto plain = q::detail::calibration_tokens(src, text, "builtin", rows, len, vocab);
+  const auto mixed = q::detail::calibration_tokens(src, text, "builtin", rows, len, vocab, 2, 7);
+  const auto again = q::detail::calibration_tokens(src, text, "builtin", rows, len, vocab, 2, 7);
+  const auto other = q::detail::calibration_tokens(src, text, "builtin", rows, len, vocab, 2, 8);
+  ASSERT_EQ(mixed.size(), static_cast<size_t>(rows * len));
+  // The text rows come first and are the text's leading tokens, as without random rows.
+  const auto text_tokens = static_cast<size_t>((rows - 2) * len);
+  EXPECT_TRUE(std::equal(plain.begin(), plain.begin() + static_cast<std::ptrdiff_t>(text_tokens),
+                         mixed.begin()));
+  EXPECT_EQ(mixed, again);  // resumable: the same rows for the same seed
+  EXPECT_NE(mixed, other);
+  // The random rows cover the vocabulary, not the text's bytes: many distinct ids, all in range.
+  std::set<int32_t> seen(mixed.begin() + static_cast<std::ptrdiff_t>(text_tokens), mixed.end());
+  EXPECT_GT(seen.size(), 40u);
+  for (const auto id : seen) {
+    EXPECT_GE(id, 0);
+    EXPECT_LT(id, vocab);
+  }
+  EXPECT_THROW(q::detail::calibration_tokens(src, text, "builtin", rows, len, vocab, rows + 1),
+               exl3::Error);
+  EXPECT_THROW(q::detail::calibration_tokens(src, text, "builtin", rows, len, vocab, -1),
+               exl3::Error);
 }
 
 TEST(Calibration, CalibratedBeatsNoneDense) {

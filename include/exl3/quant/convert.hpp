@@ -183,6 +183,9 @@ struct ConvertOptions {
   std::string calibration_label;
   int64_t calibration_rows = 8;
   int64_t calibration_length = 128;
+  // Of the calibration_rows, this many are uniformly random token ids instead of text (they
+  // reach embedding rows and attention patterns the text does not).
+  int64_t calibration_random_rows = 0;
   uint64_t seed = 0;  // per-tensor seeds derive from this and the tensor name
   int threads = 0;    // 0 = the caller's TBB arena
   Device device =
