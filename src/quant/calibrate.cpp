@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <random>
 
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
@@ -111,27 +110,37 @@ std::vector<float> load_states(const fs::path& file, int64_t tokens, int64_t hid
 
 }  // namespace
 
+int64_t calibration_rows_for(const fs::path& in_dir, std::string_view text,
+                             const std::string& label, int64_t length) {
+  if (length <= 0) fail("calibration: rows of {} tokens; must be positive", length);
+  if (text.empty())
+    fail("calibration text '{}' is empty; hint: give a text file with a few KB of text", label);
+  const auto tokens = static_cast<int64_t>(Tokenizer::load(in_dir).encode(text, true).size());
+  if (tokens < length) {
+    fail(
+        "calibration text '{}' gives {} tokens, less than one row of {}; hint: lower "
+        "--calibration-length or give a longer text",
+        label, tokens, length);
+  }
+  return std::min(tokens / length, kMaxAutoCalibrationRows);
+}
+
 std::vector<int32_t> calibration_tokens(const fs::path& in_dir, std::string_view text,
                                         const std::string& label, int64_t rows, int64_t length,
-                                        int64_t vocab_size, int64_t random_rows, uint64_t seed) {
+                                        int64_t vocab_size) {
   if (rows <= 0 || length <= 0) {
     fail("calibration: {} rows x {} tokens; both must be positive", rows, length);
-  }
-  if (random_rows < 0 || random_rows > rows) {
-    fail("calibration: {} random rows of {} rows; must be in 0..{}", random_rows, rows, rows);
   }
   if (text.empty())
     fail("calibration text '{}' is empty; hint: give a text file with a few KB of text", label);
   const auto tok = Tokenizer::load(in_dir);
   std::vector<int32_t> ids = tok.encode(text, true);
-  const int64_t text_rows = rows - random_rows;
-  const int64_t need = text_rows * length;
+  const int64_t need = rows * length;
   if (static_cast<int64_t>(ids.size()) < need) {
     fail(
         "calibration text '{}' gives {} tokens, but {} rows x {} tokens need {}; hint: lower "
-        "--calibration-rows / --calibration-length, raise --calibration-random-rows or give a "
-        "longer text",
-        label, ids.size(), text_rows, length, need);
+        "--calibration-rows / --calibration-length or give a longer text",
+        label, ids.size(), rows, length, need);
   }
   ids.resize(static_cast<size_t>(need));
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -142,11 +151,6 @@ std::vector<int32_t> calibration_tokens(const fs::path& in_dir, std::string_view
           label, i, ids[i], vocab_size - 1);
     }
   }
-  // The generator is spelled out (not std::uniform_int_distribution, whose output differs
-  // between standard libraries) so the rows are the same on every platform.
-  std::mt19937_64 rng(seed ^ 0x6361'6C69'6272'6174ull);  // "calibrat"
-  const auto v = static_cast<uint64_t>(vocab_size);
-  for (int64_t t = 0; t < random_rows * length; ++t) ids.push_back(static_cast<int32_t>(rng() % v));
   return ids;
 }
 
@@ -261,7 +265,7 @@ void run_calibrated(const CalibratedRun& r) {
   }
   if (start == 0) {
     const auto ids = calibration_tokens(r.in_dir, o.calibration_text, o.calibration_label, rows,
-                                        len, spec.vocab_size, o.calibration_random_rows, o.seed);
+                                        len, spec.vocab_size);
     const auto embed = runtime::DenseMatrix::load(src.store(), spec.embed_tokens, 0, hidden);
     // As the runtime's embedding op: Gemma scales the looked-up rows.
     const float scale = model::embedding_scale(spec, src.store().at(spec.embed_tokens).info->dtype);

@@ -17,15 +17,16 @@
 namespace exl3::quant::detail {
 
 // rows * length token ids: `text` tokenized with `in_dir`/tokenizer.json (with its special
-// tokens, e.g. a BOS), cut into consecutive rows, of which the last `random_rows` are instead
-// uniformly random ids in 0..vocab_size-1 (a fixed generator seeded by `seed`, so a resumed run
-// sees the same rows). Random rows reach embeddings and attention patterns no text does.
-// Throws exl3::Error naming the label when the text is empty, not enough tokens, the ids fall
-// outside vocab_size, or random_rows is not in 0..rows.
+// tokens, e.g. a BOS), cut into consecutive rows. Throws exl3::Error naming the label when the
+// text is empty, not enough tokens, or the ids fall outside vocab_size.
 std::vector<int32_t> calibration_tokens(const std::filesystem::path& in_dir, std::string_view text,
                                         const std::string& label, int64_t rows, int64_t length,
-                                        int64_t vocab_size, int64_t random_rows = 0,
-                                        uint64_t seed = 0);
+                                        int64_t vocab_size);
+
+// How many rows of `length` tokens `text` fills (tokenized as calibration_tokens does), at most
+// kMaxAutoCalibrationRows. Throws exl3::Error naming the label when it fills none.
+int64_t calibration_rows_for(const std::filesystem::path& in_dir, std::string_view text,
+                             const std::string& label, int64_t length);
 
 // Sums X^T X (fp64) of every input a layer's linears read; linears that share an input share
 // one accumulator (q/k/v, gate/up). A routed expert accumulates only the rows routed to it.

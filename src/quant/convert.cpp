@@ -38,14 +38,11 @@ void validate_options(const ConvertOptions& o) {
     fail("quantize: g_scale {} must be finite and >= 0 (0 = search per tensor)", o.g_scale);
   }
   if (o.calibration == Calibration::kText &&
-      (o.calibration_rows <= 0 || o.calibration_length <= 0)) {
-    fail("quantize: --calibration-rows {} and --calibration-length {} must be positive",
-         o.calibration_rows, o.calibration_length);
-  }
-  if (o.calibration == Calibration::kText &&
-      (o.calibration_random_rows < 0 || o.calibration_random_rows > o.calibration_rows)) {
-    fail("quantize: --calibration-random-rows {} must be in 0..{} (--calibration-rows)",
-         o.calibration_random_rows, o.calibration_rows);
+      (o.calibration_rows < 0 || o.calibration_length <= 0)) {
+    fail(
+        "quantize: --calibration-rows {} must be >= 0 (0 = as many as the text fills) and "
+        "--calibration-length {} positive",
+        o.calibration_rows, o.calibration_length);
   }
 }
 
@@ -92,12 +89,10 @@ nlohmann::json settings_json(const ConvertOptions& o) {
           {"shard_size_bytes", o.shard_size_bytes}};
 }
 
-// settings_json plus the dense format and random calibration rows when they are not the
-// defaults, so folders written before those options existed are still recognised as finished.
+// settings_json plus the dense format when it is not the default, so folders written before
+// --dense-format existed are still recognised as finished.
 nlohmann::json all_settings(const ConvertOptions& o) {
   nlohmann::json s = settings_json(o);
-  if (o.calibration == Calibration::kText && o.calibration_random_rows > 0)
-    s["calibration"]["random_rows"] = o.calibration_random_rows;
   if (o.dense_format != DenseFormat::kExl3) {
     s["dense_format"] = std::string(dense_format_name(o.dense_format));
     s["dense_ignore"] = o.dense_ignore;
@@ -176,9 +171,9 @@ bool prepare_out_dir(const fs::path& in, const fs::path& out, const ConvertOptio
 }  // namespace
 
 ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
-                            const ConvertOptions& o) {
+                            const ConvertOptions& options) {
   const double t0 = now_seconds();
-  validate_options(o);
+  validate_options(options);
   if (!fs::is_directory(in_dir))
     fail("{}: not a folder (expected a Hugging Face model folder)", in_dir.string());
   const fs::path cfg_path = in_dir / "config.json";
@@ -192,6 +187,13 @@ ConvertResult convert_model(const fs::path& in_dir, const fs::path& out_dir,
       cfg.quantization_config.value("quant_method", "") == "exl3") {
     fail("{}: the source is already an EXL3 model (quantization_config.quant_method = exl3)",
          cfg_path.string());
+  }
+  // From here on the calibration rows are a number (resolved from the text when 0), so the
+  // recorded settings and quantization_config say what ran.
+  ConvertOptions o = options;
+  if (o.calibration == Calibration::kText && o.calibration_rows == 0) {
+    o.calibration_rows = detail::calibration_rows_for(in_dir, o.calibration_text,
+                                                      o.calibration_label, o.calibration_length);
   }
   const TensorStore store = TensorStore::open(in_dir);
   const ConversionPlan plan = plan_conversion(

@@ -8,12 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -348,34 +348,34 @@ void expect_calibrated_better(exl3::HfArch arch, const char* name) {
   EXPECT_GT(proxy_none, 0.0);
 }
 
-TEST(Calibration, RandomRowsFollowTheTextRowsAndRepeatPerSeed) {
+// calibration_rows = 0 (the default) takes every whole row of calibration_length tokens the text
+// fills and records that number; a text shorter than one row is refused, naming it.
+TEST(Calibration, ZeroRowsTakeAllTheTextFills) {
   TempDir tmp;
   const auto src = tmp / "src";
-  exl3::write_synthetic_hf_model(src, small_model(exl3::HfArch::kLlama, 2, 1));
-  const int64_t rows = 5, len = 32, vocab = 384;
-  const auto text = std::string(exl3::builtin_calibration_text());
-  const auto plain = q::detail::calibration_tokens(src, text, "builtin", rows, len, vocab);
-  const auto mixed = q::detail::calibration_tokens(src, text, "builtin", rows, len, vocab, 2, 7);
-  const auto again = q::detail::calibration_tokens(src, text, "builtin", rows, len, vocab, 2, 7);
-  const auto other = q::detail::calibration_tokens(src, text, "builtin", rows, len, vocab, 2, 8);
-  ASSERT_EQ(mixed.size(), static_cast<size_t>(rows * len));
-  // The text rows come first and are the text's leading tokens, as without random rows.
-  const auto text_tokens = static_cast<size_t>((rows - 2) * len);
-  EXPECT_TRUE(std::equal(plain.begin(), plain.begin() + static_cast<std::ptrdiff_t>(text_tokens),
-                         mixed.begin()));
-  EXPECT_EQ(mixed, again);  // resumable: the same rows for the same seed
-  EXPECT_NE(mixed, other);
-  // The random rows cover the vocabulary, not the text's bytes: many distinct ids, all in range.
-  std::set<int32_t> seen(mixed.begin() + static_cast<std::ptrdiff_t>(text_tokens), mixed.end());
-  EXPECT_GT(seen.size(), 40u);
-  for (const auto id : seen) {
-    EXPECT_GE(id, 0);
-    EXPECT_LT(id, vocab);
+  exl3::write_synthetic_hf_model(src, small_model(exl3::HfArch::kLlama, 6, 1));
+  const std::string text(exl3::builtin_calibration_text().substr(0, 3000));
+  const int64_t len = 256;
+  // The synthetic tokenizer is byte-level: 3000 bytes give about 3000 tokens.
+  const int64_t want = q::detail::calibration_rows_for(src, text, "part", len);
+  EXPECT_GE(want, 10);
+  EXPECT_LE(want, 12);
+  EXPECT_EQ(q::detail::calibration_rows_for(src, exl3::builtin_calibration_text(), "builtin", 8),
+            q::kMaxAutoCalibrationRows);  // capped
+  auto o = options(2.0, true, 0, len, 16);
+  o.calibration_text = text;
+  o.calibration_label = "part";
+  const auto r = q::convert_model(src, tmp / "out", o);
+  EXPECT_EQ(r.bits_achieved, 2.0);
+  const auto cfg = nlohmann::json::parse(exl3::test::read_file(tmp / "out" / "config.json"));
+  EXPECT_EQ(cfg["quantization_config"]["calibration"]["rows"], want);
+  EXPECT_EQ(cfg["quantization_config"]["calibration"]["cols"], len);
+  try {
+    q::detail::calibration_rows_for(src, text.substr(0, 100), "tiny", len);
+    ADD_FAILURE() << "a text shorter than one row must be refused";
+  } catch (const exl3::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'tiny'"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(q::detail::calibration_tokens(src, text, "builtin", rows, len, vocab, rows + 1),
-               exl3::Error);
-  EXPECT_THROW(q::detail::calibration_tokens(src, text, "builtin", rows, len, vocab, -1),
-               exl3::Error);
 }
 
 TEST(Calibration, CalibratedBeatsNoneDense) {
@@ -446,12 +446,20 @@ TEST(Calibration, BadInputFailsClearly) {
   } catch (const exl3::Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("is empty"));
   }
-  o = options(2.0, true, 0, 64);
+  o = options(2.0, true, -1, 64);
   try {
     (void)q::convert_model(src, tmp / "c", o);
     ADD_FAILURE();
   } catch (const exl3::Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("--calibration-rows 0"));
+    EXPECT_THAT(e.what(), HasSubstr("--calibration-rows -1"));
+  }
+  o = options(2.0, true, 0, 64);  // as many rows as the text fills: an empty text fills none
+  o.calibration_text.clear();
+  try {
+    (void)q::convert_model(src, tmp / "c", o);
+    ADD_FAILURE();
+  } catch (const exl3::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("is empty"));
   }
   // A tokenizer whose ids exceed the model's vocabulary (the 384-id tokenizer on a 100-id model).
   auto spec = small_model(exl3::HfArch::kLlama, 2, 1);
