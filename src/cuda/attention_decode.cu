@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "cuda/mma.cuh"
 #include "cuda/paged_kv.cuh"
 #include "cuda/pdl.cuh"
 #include "exl3/cuda/model_ops.hpp"
@@ -60,15 +61,6 @@ struct Smem {
   static constexpr int kRegion = kWarps * kWarpTiles > kMerge ? kWarps* kWarpTiles : kMerge;
   static constexpr int kBytes = kQ + kP + kRegion;
 };
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
-}
 
 // Two codes as an fp16 pair, exactly (every E4M3, int8 and q4 value is an fp16 value): fp8 by
 // the hardware's E4M3x2 conversion; q8 / q4 by placing the biased code in the mantissa of 1024

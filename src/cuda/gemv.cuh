@@ -23,6 +23,7 @@
 
 #include "cuda/had128.cuh"
 #include "cuda/kernels.hpp"
+#include "cuda/mma.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/trellis_decode.cuh"
 #include "exl3/trellis/dispatch.hpp"
@@ -37,15 +38,6 @@ constexpr int kGemvPrefetch = 4;
 
 template <tr::Codebook CB>
 constexpr bool kSplitHalves = CB != tr::Codebook::kMul1;
-
-__device__ __forceinline__ void mma16816_ab(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                            uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // Words of the tile a lane's window span touches: K <= 2 spans at most 30 bits (two words at any
 // offset), K = 4 starts at the lane-invariant offset 20 (exactly two), the rest need three.
@@ -145,8 +137,8 @@ __device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, 
               const uint32_t sel = s == 0 ? 0x1010u : 0x3232u;  // duplicate the low / high half
 #pragma unroll
               for (int nt = 0; nt < NT; ++nt) {
-                mma16816_ab(acc[t][nt], y[s], y[s + 4], y[s + 2], y[s + 6],
-                            __byte_perm(cur.x[nt][0], 0u, sel), __byte_perm(cur.x[nt][1], 0u, sel));
+                mma16816(acc[t][nt], y[s], y[s + 4], y[s + 2], y[s + 6],
+                         __byte_perm(cur.x[nt][0], 0u, sel), __byte_perm(cur.x[nt][1], 0u, sel));
               }
             }
           } else {
@@ -156,7 +148,7 @@ __device__ __forceinline__ void gemv_accumulate(const uint32_t* __restrict__ w, 
             // g+8: ...).
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-              mma16816_ab(acc[t][nt], b[0], b[2], b[1], b[3], cur.x[nt][0], cur.x[nt][1]);
+              mma16816(acc[t][nt], b[0], b[2], b[1], b[3], cur.x[nt][0], cur.x[nt][1]);
             }
           }
         }

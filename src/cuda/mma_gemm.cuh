@@ -17,6 +17,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda/kernels.hpp"
+#include "cuda/mma.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/trellis_decode.cuh"
 #include "exl3/trellis/bitstream.hpp"
@@ -35,15 +36,6 @@ constexpr int kTilesPerWarp = 2;
 // dominate), so it keeps 8 steps in flight and trades occupancy for them.
 template <int MT>
 constexpr int kPrefetchFor = MT >= 4 ? 2 : (MT == 2 ? 4 : 8);
-
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 template <int K, tr::Codebook CB, int MT>
 __global__ void __launch_bounds__(32 * kMmaWarps, MT == 1 ? 4 : 1)

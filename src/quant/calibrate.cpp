@@ -108,14 +108,21 @@ std::vector<float> load_states(const fs::path& file, int64_t tokens, int64_t hid
   return copy_tensor<float>(*ref);
 }
 
+// `text` as token ids of in_dir/tokenizer.json (with its special tokens, e.g. a BOS); an empty
+// text is refused, naming it.
+std::vector<int32_t> encode_calibration_text(const fs::path& in_dir, std::string_view text,
+                                             const std::string& label) {
+  if (text.empty())
+    fail("calibration text '{}' is empty; hint: give a text file with a few KB of text", label);
+  return Tokenizer::load(in_dir).encode(text, true);
+}
+
 }  // namespace
 
 int64_t calibration_rows_for(const fs::path& in_dir, std::string_view text,
                              const std::string& label, int64_t length) {
   if (length <= 0) fail("calibration: rows of {} tokens; must be positive", length);
-  if (text.empty())
-    fail("calibration text '{}' is empty; hint: give a text file with a few KB of text", label);
-  const auto tokens = static_cast<int64_t>(Tokenizer::load(in_dir).encode(text, true).size());
+  const auto tokens = static_cast<int64_t>(encode_calibration_text(in_dir, text, label).size());
   if (tokens < length) {
     fail(
         "calibration text '{}' gives {} tokens, less than one row of {}; hint: lower "
@@ -131,10 +138,7 @@ std::vector<int32_t> calibration_tokens(const fs::path& in_dir, std::string_view
   if (rows <= 0 || length <= 0) {
     fail("calibration: {} rows x {} tokens; both must be positive", rows, length);
   }
-  if (text.empty())
-    fail("calibration text '{}' is empty; hint: give a text file with a few KB of text", label);
-  const auto tok = Tokenizer::load(in_dir);
-  std::vector<int32_t> ids = tok.encode(text, true);
+  std::vector<int32_t> ids = encode_calibration_text(in_dir, text, label);
   const int64_t need = rows * length;
   if (static_cast<int64_t>(ids.size()) < need) {
     fail(

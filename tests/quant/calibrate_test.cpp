@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <map>
 #include <random>
 #include <string>
@@ -430,49 +431,33 @@ TEST(Calibration, BadInputFailsClearly) {
   const auto src = tmp / "src";
   exl3::write_synthetic_hf_model(src, small_model(exl3::HfArch::kLlama, 2, 1));
   auto o = options(2.0, true, 4, 64);
+  // convert_model(from, into, options) must refuse with a message holding every `parts`.
+  const auto expect_refused = [&](const fs::path& from, const char* into,
+                                  const q::ConvertOptions& opts,
+                                  std::initializer_list<const char*> parts) {
+    try {
+      (void)q::convert_model(from, tmp / into, opts);
+      ADD_FAILURE() << "converted into " << into;
+    } catch (const exl3::Error& e) {
+      for (const char* p : parts) EXPECT_THAT(e.what(), HasSubstr(p)) << into;
+    }
+  };
   o.calibration_text = "too short";
   o.calibration_label = "short.txt";
-  try {
-    (void)q::convert_model(src, tmp / "a", o);
-    ADD_FAILURE();
-  } catch (const exl3::Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("short.txt"));
-    EXPECT_THAT(e.what(), HasSubstr("need 256"));
-  }
+  expect_refused(src, "a", o, {"short.txt", "need 256"});
   o.calibration_text.clear();
-  try {
-    (void)q::convert_model(src, tmp / "b", o);
-    ADD_FAILURE();
-  } catch (const exl3::Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("is empty"));
-  }
-  o = options(2.0, true, -1, 64);
-  try {
-    (void)q::convert_model(src, tmp / "c", o);
-    ADD_FAILURE();
-  } catch (const exl3::Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("--calibration-rows -1"));
-  }
+  expect_refused(src, "b", o, {"is empty"});
+  expect_refused(src, "c", options(2.0, true, -1, 64), {"--calibration-rows -1"});
   o = options(2.0, true, 0, 64);  // as many rows as the text fills: an empty text fills none
   o.calibration_text.clear();
-  try {
-    (void)q::convert_model(src, tmp / "c", o);
-    ADD_FAILURE();
-  } catch (const exl3::Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("is empty"));
-  }
+  expect_refused(src, "c", o, {"is empty"});
   // A tokenizer whose ids exceed the model's vocabulary (the 384-id tokenizer on a 100-id model).
   auto spec = small_model(exl3::HfArch::kLlama, 2, 1);
   spec.vocab_size = 100;
   exl3::write_synthetic_hf_model(tmp / "small_vocab", spec);
   fs::copy_file(src / "tokenizer.json", tmp / "small_vocab" / "tokenizer.json",
                 fs::copy_options::overwrite_existing);
-  try {
-    (void)q::convert_model(tmp / "small_vocab", tmp / "d", options(2.0, true, 1, 32));
-    ADD_FAILURE();
-  } catch (const exl3::Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("outside"));
-  }
+  expect_refused(tmp / "small_vocab", "d", options(2.0, true, 1, 32), {"outside"});
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Device kernels of the CUDA model runtime (src/cuda/model_ops.cu): embeddings, RMSNorm, per-head
-// q/k norm + RoPE + paged-KV write, paged attention (decode and prefill), SwiGLU, MoE routers.
+// Device kernels of the CUDA model runtime (src/cuda/model_ops.cu, attention_decode.cu,
+// attention_prefill.cu, router.cu): embeddings, RMSNorm, per-head q/k norm + RoPE + paged-KV
+// write, paged attention (decode and prefill), SwiGLU, MoE routers.
 // Activations are fp32; the KV cache is fp16 or one of the quantized formats. Every launcher is
 // asynchronous on `stream`, never allocates and never synchronises, so a decode step made of them
 // can be captured in a CUDA graph; each returns the launch's cudaError_t. The CPU engine
@@ -88,8 +89,11 @@ cudaError_t qk_norm_rope_store(float* q, const float* k, const float* v, const f
 //            and the cache's keys per sequence, never on the batch, so a token's output is the
 //            same bits at every batch size up to kAttentionSplitMaxTokens.
 //   prefill: `count` tiles of up to 32 consecutive tokens of one sequence, tile i = tokens
-//            tile_first[i] .. tile_first[i] + tile_len[i] - 1 at consecutive positions; a block per
-//            tile and head walks the keys in shared-memory chunks.
+//            tile_first[i] .. tile_first[i] + tile_len[i] - 1 at consecutive positions; their keys
+//            include any context already in the cache (chunked prefill). The fp16 cache runs on
+//            tensor cores, a block per tile and group of query heads sharing a kv head, with q and
+//            the softmax weights split into two fp16 halves each so the result keeps fp32-level
+//            accuracy (src/cuda/attention_prefill.cu); quantized caches run a CUDA-core kernel.
 constexpr int64_t kAttentionSplitMaxTokens = 64;
 int attention_decode_splits(const PagedKv& kv);
 size_t attention_decode_workspace_bytes(int64_t count, const AttnShape& shape, const PagedKv& kv);
