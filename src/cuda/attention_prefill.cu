@@ -75,7 +75,10 @@ __global__ void __launch_bounds__(32 * PrefillConfig<HD>::kWarps, 1)
   const int gi = (blockIdx.y % head_blocks) * C::kHeads + warp / 2;  // head within the group
   const int h = kvh * group + gi;
   const int half = warp & 1;  // rows 16 half .. 16 half + 15 of the tile
-  const int first = tile_first[blockIdx.x], len = tile_len[blockIdx.x];
+  // Blocks start roughly in index order, and a sequence's later tiles walk more keys: taking the
+  // tiles last to first starts the longest blocks first, so the short ones fill the last wave.
+  const int tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+  const int first = tile_first[tile], len = tile_len[tile];
   const int32_t pos0 = meta.pos[first];
   const int32_t last_pos = pos0 + len - 1;
   const int32_t row = meta.seq_row[first];

@@ -60,23 +60,28 @@ struct Prefill {
     return Fixture(c, rng, std::move(qs));
   }
 
-  // The launch of tiles [from, to) on `stream` (outputs not poisoned or synchronised).
-  cudaError_t launch(size_t from, size_t to, cudaStream_t stream) {
-    const std::vector<int32_t> f(first.begin() + static_cast<std::ptrdiff_t>(from),
-                                 first.begin() + static_cast<std::ptrdiff_t>(to));
-    const std::vector<int32_t> l(len.begin() + static_cast<std::ptrdiff_t>(from),
-                                 len.begin() + static_cast<std::ptrdiff_t>(to));
-    dfirst = DeviceBuffer::upload(f, "tile_first");
-    dlen = DeviceBuffer::upload(l, "tile_len");
-    return cu::attention_prefill(fixture.q(), dfirst.as<int32_t>(), dlen.as<int32_t>(),
-                                 static_cast<int64_t>(f.size()), fixture.meta(), fixture.shape(),
-                                 fixture.scale(), fixture.kv(), fixture.out(), stream);
+  // Tiles [from, to) to the device: what launch() runs (uploaded before any graph capture, which
+  // may not allocate).
+  void select(size_t from, size_t to) {
+    const auto a = static_cast<std::ptrdiff_t>(from), b = static_cast<std::ptrdiff_t>(to);
+    selected = static_cast<int64_t>(to - from);
+    dfirst = DeviceBuffer::upload(std::vector<int32_t>(first.begin() + a, first.begin() + b),
+                                  "tile_first");
+    dlen = DeviceBuffer::upload(std::vector<int32_t>(len.begin() + a, len.begin() + b), "tile_len");
+  }
+
+  // The selected tiles on `stream` (outputs neither poisoned nor synchronised).
+  cudaError_t launch(cudaStream_t stream) {
+    return cu::attention_prefill(fixture.q(), dfirst.as<int32_t>(), dlen.as<int32_t>(), selected,
+                                 fixture.meta(), fixture.shape(), fixture.scale(), fixture.kv(),
+                                 fixture.out(), stream);
   }
 
   // Poisoned output, tiles [from, to), downloaded.
   std::vector<float> run(size_t from, size_t to) {
+    select(from, to);
     fixture.poison();
-    EXL3_CUDA_CHECK(launch(from, to, nullptr), "attention_prefill");
+    EXL3_CUDA_CHECK(launch(nullptr), "attention_prefill");
     EXL3_CUDA_CHECK(cudaDeviceSynchronize(), "sync");
     return fixture.download();
   }
@@ -85,6 +90,7 @@ struct Prefill {
   Fixture fixture;
   std::vector<int32_t> first, len;
   int queries = 0;
+  int64_t selected = 0;
   DeviceBuffer dfirst, dlen;
 };
 
@@ -153,8 +159,9 @@ TEST(CudaAttentionPrefill, TileBitsDoNotDependOnTheLaunchAndGraphsReplayThem) {
   EXL3_CUDA_CHECK(cudaStreamCreate(&stream), "stream");
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
+  p.select(0, p.first.size());
   EXL3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
-  EXL3_CUDA_CHECK(p.launch(0, p.first.size(), stream), "captured launch");
+  EXL3_CUDA_CHECK(p.launch(stream), "captured launch");
   EXL3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph), "end capture");
   EXL3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   for (int rep = 0; rep < 2; ++rep) {
