@@ -41,11 +41,6 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
         "max batched tokens",
         where, opts_.capacity);
   }
-  if (opts_.prefill_group != 0 && opts_.prefill_group != kMoePrefillGroup &&
-      opts_.prefill_group != kMoePrefillGroupLarge) {
-    fail("{}: prefill_group {} is not 0 (automatic), {} or {}", where, opts_.prefill_group,
-         kMoePrefillGroup, kMoePrefillGroupLarge);
-  }
   if (opts_.decode_max_m < 1 || opts_.prefill_chunk < 0 || opts_.arena_budget_mib < 1 ||
       opts_.decode_min_split_tiles < 1) {
     fail(
@@ -253,9 +248,9 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     // Slots past the valid routes (ids outside [0, E) get none) must read as empty (-1).
     e = cudaMemsetAsync(route_of_slot, 0xFF, 4 * static_cast<size_t>(routes), stream);
     if (e != cudaSuccess) return e;
-    e = detail::moe_pack_routes(ids, routes, E_, pass.group, counts, fill, offsets, group_expert,
-                                group_begin, group_count, num_groups, slot_of_route, route_of_slot,
-                                stream);
+    e = detail::moe_pack_routes(ids, routes, E_, kMoePrefillGroup, counts, fill, offsets,
+                                group_expert, group_begin, group_count, num_groups, slot_of_route,
+                                route_of_slot, stream);
     if (e != cudaSuccess) return e;
     slots.slot_of_route = slot_of_route;
     slots.route_of_slot = route_of_slot;
@@ -276,7 +271,7 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     a.group_count = group_count;
     a.num_groups = num_groups;
   }
-  const int nt = prefill ? pass.group / 8 : 1;  // B groups of 8 slots
+  const int nt = prefill ? 4 : 1;
   const int max_groups = static_cast<int>(pass.max_groups);
 
   // FC1: gate and up in one grid (column blocks of gate, then of up). B rows are the rotated

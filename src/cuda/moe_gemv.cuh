@@ -6,10 +6,9 @@
 //
 // A group is one expert and up to 8 * NT consecutive route slots; the decode plan uses one
 // group per route (slot = route, expert = topk_ids[route]), the prefill plan the expert-packed
-// groups of the route-pack kernels (32 or 64 slots: the paired decode, one mma per 8 slots, since
-// the decode is shared by four or eight token groups). The B operand rows are gathered per slot
-// (token rows of the shared-H input rotation, or per-slot rows), so no activation is copied per
-// expert.
+// groups of the route-pack kernels (32 slots: the paired decode, one mma per 8 slots, since the
+// decode is shared by four token groups). The B operand rows are gathered per slot (token rows of
+// the shared-H input rotation, or per-slot rows), so no activation is copied per expert.
 #pragma once
 
 #include <cstdint>
@@ -115,10 +114,8 @@ template <tr::Codebook CB, int KF>
 void launch_moe_gemv_k(const MoeGemvArgs& a, int nt, const dim3& grid, cudaStream_t stream) {
   if (nt == 1) {
     launch_pdl(moe_gemv_kernel<CB, 1, KF>, grid, 32 * kGemvWarps, 0, stream, a);
-  } else if (nt == 4) {
-    launch_pdl(moe_gemv_kernel<CB, 4, KF>, grid, 32 * kGemvWarps, 0, stream, a);
   } else {
-    launch_pdl(moe_gemv_kernel<CB, 8, KF>, grid, 32 * kGemvWarps, 0, stream, a);
+    launch_pdl(moe_gemv_kernel<CB, 4, KF>, grid, 32 * kGemvWarps, 0, stream, a);
   }
 }
 

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include <gmock/gmock.h>
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "../format/format_test_util.hpp"
@@ -191,21 +190,6 @@ TEST(CudaMoe, MixedK3K4TiersBothLayouts) {
   }
 }
 
-// Prefill groups of 32 and of 64 slots (the automatic choice takes 64 only where experts average
-// 64 routes, so force each), mixed tiers, both layouts.
-TEST(CudaMoe, PrefillGroupsOf32And64) {
-  EXL3_REQUIRE_GPU();
-  for (auto layout : {moe::RotationLayout::kPerExpert, moe::RotationLayout::kSharedH}) {
-    const auto f = make_layer(layout, {3, 4, 4, 3, 3, 4, 3, 4}, 3, 8);
-    for (const int64_t group : {32, 64}) {
-      auto o = opts_for(3072, 1000);
-      o.prefill_group = group;
-      expect_matches(*f, o, {33, 100, 3072},
-                     fmt::format("{} group {}", moe::rotation_layout_name(layout), group).c_str());
-    }
-  }
-}
-
 TEST(CudaMoe, RankSlicedTp2Rank0AndPlainCheckpoint) {
   EXL3_REQUIRE_GPU();
   // Rank 0 of a TP-2 slice (I_loc = 128) and a plain exllamav3-style layer.
@@ -345,10 +329,6 @@ TEST(CudaMoe, OptionsFailClosed) {
               testing::HasSubstr("refusing to guess a capacity"));
   EXPECT_THAT(exl3::test::error_of([&] { MoeLayerCuda L(f->w, 9, opts_for(4)); }),
               testing::HasSubstr("top_k 9"));
-  auto o = opts_for(64);
-  o.prefill_group = 48;
-  EXPECT_THAT(exl3::test::error_of([&] { MoeLayerCuda L(f->w, 2, o); }),
-              testing::HasSubstr("prefill_group 48"));
 }
 
 TEST(CudaMoe, SharedHStaysOneRowOnTheDevice) {
