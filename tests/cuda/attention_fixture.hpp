@@ -192,6 +192,45 @@ class Fixture {
   DeviceBuffer dk_, dv_, dq_, dtables_, dpos_, drows_, dout_, dsinks_;
 };
 
+// One launch captured on a stream of its own and instantiated; replay() runs the graph and waits.
+// `launch(stream)` returns the launch's cudaError_t. The capture is ended before a failed
+// launch is reported, so no capture is left open behind the test.
+class CapturedGraph {
+ public:
+  template <typename Launch>
+  explicit CapturedGraph(Launch&& launch) {
+    EXL3_CUDA_CHECK(cudaStreamCreate(&stream_), "stream");
+    EXL3_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "capture");
+    const cudaError_t launched = launch(stream_);
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph_);
+    EXL3_CUDA_CHECK(launched, "captured launch");
+    EXL3_CUDA_CHECK(ended, "end capture");
+    EXL3_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0), "instantiate");
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    if (exec_ != nullptr) {
+      EXPECT_EQ(cudaGraphExecDestroy(exec_), cudaSuccess) << "destroy exec";
+    }
+    if (graph_ != nullptr) {
+      EXPECT_EQ(cudaGraphDestroy(graph_), cudaSuccess) << "destroy graph";
+    }
+    if (stream_ != nullptr) {
+      EXPECT_EQ(cudaStreamDestroy(stream_), cudaSuccess) << "destroy stream";
+    }
+  }
+  void replay() {
+    EXL3_CUDA_CHECK(cudaGraphLaunch(exec_, stream_), "replay");
+    EXL3_CUDA_CHECK(cudaStreamSynchronize(stream_), "sync");
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 inline std::vector<float> token_rows(const std::vector<float>& all, size_t per, int i) {
   return {all.begin() + static_cast<std::ptrdiff_t>(per * static_cast<size_t>(i)),
           all.begin() + static_cast<std::ptrdiff_t>(per * static_cast<size_t>(i + 1))};

@@ -155,24 +155,13 @@ TEST(CudaAttentionPrefill, TileBitsDoNotDependOnTheLaunchAndGraphsReplayThem) {
   for (int t = p.first[last]; t < p.first[last] + p.len[last]; ++t)
     EXPECT_EQ(token_rows(alone, per, t), token_rows(all, per, t)) << "token " << t;
 
-  cudaStream_t stream = nullptr;
-  EXL3_CUDA_CHECK(cudaStreamCreate(&stream), "stream");
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
   p.select(0, p.first.size());
-  EXL3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
-  EXL3_CUDA_CHECK(p.launch(stream), "captured launch");
-  EXL3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph), "end capture");
-  EXL3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  CapturedGraph graph([&](cudaStream_t stream) { return p.launch(stream); });
   for (int rep = 0; rep < 2; ++rep) {
     p.fixture.poison();
-    EXL3_CUDA_CHECK(cudaGraphLaunch(exec, stream), "replay");
-    EXL3_CUDA_CHECK(cudaStreamSynchronize(stream), "sync");
+    graph.replay();
     EXPECT_EQ(p.fixture.download(), all) << "replay " << rep;
   }
-  EXL3_CUDA_CHECK(cudaGraphExecDestroy(exec), "destroy exec");
-  EXL3_CUDA_CHECK(cudaGraphDestroy(graph), "destroy graph");
-  EXL3_CUDA_CHECK(cudaStreamDestroy(stream), "destroy stream");
 }
 
 TEST(CudaAttentionPrefill, RejectsBadShapes) {

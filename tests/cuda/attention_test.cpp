@@ -95,25 +95,15 @@ TEST(CudaAttention, DecodeGraphReplayEqualsEager) {
   ASSERT_GT(ws_bytes, 0u) << "this case must take the split path";
   DeviceBuffer ws(ws_bytes, "ws");
   EXL3_CUDA_CHECK(cudaMemset(ws.get(), 0, ws_bytes), "zero");
-  cudaStream_t stream = nullptr;
-  EXL3_CUDA_CHECK(cudaStreamCreate(&stream), "stream");
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  EXL3_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
-  EXL3_CUDA_CHECK(f.launch(dlist.as<int32_t>(), count, ws.get(), ws_bytes, stream),
-                  "captured launch");
-  EXL3_CUDA_CHECK(cudaStreamEndCapture(stream, &graph), "end capture");
-  EXL3_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  CapturedGraph graph([&](cudaStream_t stream) {
+    return f.launch(dlist.as<int32_t>(), count, ws.get(), ws_bytes, stream);
+  });
   for (int rep = 0; rep < 3; ++rep) {
     f.poison();
-    EXL3_CUDA_CHECK(cudaGraphLaunch(exec, stream), "replay");
-    EXL3_CUDA_CHECK(cudaStreamSynchronize(stream), "sync");
+    graph.replay();
     EXPECT_EQ(f.download(), eager) << "replay " << rep;
     Fixture::expect_counters_zero(ws, f.counter_bytes());
   }
-  EXL3_CUDA_CHECK(cudaGraphExecDestroy(exec), "destroy exec");
-  EXL3_CUDA_CHECK(cudaGraphDestroy(graph), "destroy graph");
-  EXL3_CUDA_CHECK(cudaStreamDestroy(stream), "destroy stream");
 }
 
 TEST(CudaAttention, DecodeRejectsBadShapes) {
