@@ -15,9 +15,10 @@ namespace exl3::cli {
 // it. Anything else throws exl3::Error naming the variable and its value.
 void env_positive_int(const char* name, int64_t& field);
 
-// `base` with EXL3_MOE_DECODE_MAX_M, EXL3_MOE_PREFILL_CHUNK, EXL3_MOE_ARENA_MIB (positive
-// integers) and EXL3_MOE_TIERS (auto | grid | passes) applied. Blank values count as unset;
-// anything else throws exl3::Error naming the variable.
+// `base` with EXL3_MOE_DECODE_MAX_M, EXL3_MOE_PREFILL_CHUNK, EXL3_MOE_ARENA_MIB,
+// EXL3_MOE_MIN_SPLIT_TILES (positive integers), EXL3_MOE_PREFILL_GROUP (32 or 128) and
+// EXL3_MOE_TIERS (auto | grid | passes) applied. Blank values count as unset; anything else throws
+// exl3::Error naming the variable.
 cuda::MoeOptions moe_options_from_env(cuda::MoeOptions base = {});
 
 // `base` with EXL3_MXFP8_GEMV_MAX_M (a positive integer; the layer checks its range) applied:

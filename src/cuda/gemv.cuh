@@ -39,11 +39,6 @@ constexpr int kGemvPrefetch = 4;
 template <tr::Codebook CB>
 constexpr bool kSplitHalves = CB != tr::Codebook::kMul1;
 
-// Words of the tile a lane's window span touches: K <= 2 spans at most 30 bits (two words at any
-// offset), K = 4 starts at the lane-invariant offset 20 (exactly two), the rest need three.
-template <int K>
-constexpr int kLaneWords = (K <= 2 || K == 4) ? 2 : 3;
-
 // One warp's share of a trellis GEMV: acc[t][nt] += x'[tokens of group nt] . W_hat[k-tiles
 // kt_begin..kt_end, tile column j0 + t]. `w` is the projection's trellis as uint32 words
 // ([k/16][n/16][8K]); xrow[nt] points at x' word c of the lane's token row (fp16 pairs); a lane

@@ -41,6 +41,11 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
         "max batched tokens",
         where, opts_.capacity);
   }
+  if (opts_.prefill_group != 0 && opts_.prefill_group != kMoePrefillGroup &&
+      opts_.prefill_group != kMoePrefillGroupGemm) {
+    fail("{}: prefill_group {} is not 0 (automatic), {} or {}", where, opts_.prefill_group,
+         kMoePrefillGroup, kMoePrefillGroupGemm);
+  }
   if (opts_.decode_max_m < 1 || opts_.prefill_chunk < 0 || opts_.arena_budget_mib < 1 ||
       opts_.decode_min_split_tiles < 1) {
     fail(
@@ -200,17 +205,22 @@ cudaError_t MoeLayerCuda::run(const MoePlan& plan, const void* x, DType in_type,
   return cudaSuccess;
 }
 
-// The grouped GEMV as one grid over every tier, or one homogeneous pass per K (each block of a
-// pass whose expert has another K exits; the passes write disjoint slot rows).
-cudaError_t MoeLayerCuda::gemv_tiers(detail::MoeGemvArgs& a, int nt, int max_groups,
+// The grouped GEMV (groups of 1 or 32 slots) or the decode-once grouped GEMM (128), as one grid
+// over every tier or one homogeneous pass per K (each block of a pass whose expert has another K
+// exits; the passes write disjoint slot rows).
+cudaError_t MoeLayerCuda::gemv_tiers(detail::MoeGemvArgs& a, int group, int max_groups,
                                      bool per_k_passes, cudaStream_t stream) const {
+  auto launch = [&] {
+    if (group == kMoePrefillGroupGemm) return detail::moe_gemm(cb_, a, max_groups, stream);
+    return detail::moe_gemv(cb_, a, group == 1 ? 1 : kMoePrefillGroup / 8, max_groups, stream);
+  };
   if (!per_k_passes) {
     a.fixed_k = 0;
-    return detail::moe_gemv(cb_, a, nt, max_groups, stream);
+    return launch();
   }
   for (const int k : tiers_) {
     a.fixed_k = k;
-    const cudaError_t e = detail::moe_gemv(cb_, a, nt, max_groups, stream);
+    const cudaError_t e = launch();
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -248,9 +258,9 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     // Slots past the valid routes (ids outside [0, E) get none) must read as empty (-1).
     e = cudaMemsetAsync(route_of_slot, 0xFF, 4 * static_cast<size_t>(routes), stream);
     if (e != cudaSuccess) return e;
-    e = detail::moe_pack_routes(ids, routes, E_, kMoePrefillGroup, counts, fill, offsets,
-                                group_expert, group_begin, group_count, num_groups, slot_of_route,
-                                route_of_slot, stream);
+    e = detail::moe_pack_routes(ids, routes, E_, pass.group, counts, fill, offsets, group_expert,
+                                group_begin, group_count, num_groups, slot_of_route, route_of_slot,
+                                stream);
     if (e != cudaSuccess) return e;
     slots.slot_of_route = slot_of_route;
     slots.route_of_slot = route_of_slot;
@@ -271,7 +281,7 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     a.group_count = group_count;
     a.num_groups = num_groups;
   }
-  const int nt = prefill ? 4 : 1;
+  const int group = prefill ? pass.group : 1;
   const int max_groups = static_cast<int>(pass.max_groups);
 
   // FC1: gate and up in one grid (column blocks of gate, then of up). B rows are the rotated
@@ -291,7 +301,7 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     a.proj[p] = {ptrs + static_cast<size_t>(p) * E_, bits + static_cast<size_t>(p) * E_,
                  static_cast<int>(I_ / 16), static_cast<int>(p * I_), p == 0 ? xg : xu};
   }
-  e = gemv_tiers(a, nt, max_groups, plan.tier_passes, stream);
+  e = gemv_tiers(a, group, max_groups, plan.tier_passes, stream);
   if (e != cudaSuccess) return e;
   detail::MoeActivation fn;
   fn.gate_bias = gate_bias_.as<float>();
@@ -316,7 +326,7 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
   a.nproj = 1;
   a.proj[0] = {ptrs + 2 * static_cast<size_t>(E_), bits + 2 * static_cast<size_t>(E_),
                static_cast<int>(H_ / 16), 0, act};
-  e = gemv_tiers(a, nt, max_groups, plan.tier_passes, stream);
+  e = gemv_tiers(a, group, max_groups, plan.tier_passes, stream);
   if (e != cudaSuccess) return e;
   return detail::moe_combine(partial2, s2, routes, m, k_, H_, shared_h_, ids, weights, E_, slots,
                              act_scale, down_svh_.as<uint16_t>(), down_bias_.as<float>(), out,

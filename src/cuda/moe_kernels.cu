@@ -387,4 +387,14 @@ cudaError_t moe_gemv(trellis::Codebook cb, const MoeGemvArgs& a, int nt, int max
   });
 }
 
+cudaError_t moe_gemm(trellis::Codebook cb, const MoeGemvArgs& a, int max_groups,
+                     cudaStream_t stream) {
+  if (max_groups <= 0 || a.col_blocks <= 0 || a.splits <= 0 || a.group_expert == nullptr)
+    return cudaErrorInvalidValue;
+  // One instance per codebook, each in its own generated translation unit (moe_gemm_cb.cu.in).
+  return trellis::with_codebook(cb, [&](auto c) {
+    return launch_moe_gemm_cb<decltype(c)::value>(a, max_groups, stream);
+  });
+}
+
 }  // namespace exl3::cuda::detail

@@ -72,6 +72,13 @@ cudaError_t moe_combine(const float* partial, int splits, int64_t slots_cap, int
                         const float* act_scale, const uint16_t* down_svh, const float* down_bias,
                         float* out, cudaStream_t stream);
 
+// The decode-once grouped GEMM (moe_gemm.cuh): the grouped GEMV's arguments, groups of up to
+// kMoeGemmSlots (128) slots.
+cudaError_t moe_gemm(trellis::Codebook cb, const MoeGemvArgs& a, int max_groups,
+                     cudaStream_t stream);
+template <trellis::Codebook CB>
+cudaError_t launch_moe_gemm_cb(const MoeGemvArgs& a, int max_groups, cudaStream_t stream);
+
 // The grouped GEMV (moe_gemv.cuh); nt = 1 (groups of one slot) or 4 (groups of up to 32).
 // max_groups is the grid's group extent; blocks past the live group count exit.
 cudaError_t moe_gemv(trellis::Codebook cb, const MoeGemvArgs& a, int nt, int max_groups,

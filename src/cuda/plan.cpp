@@ -284,13 +284,14 @@ size_t arena_bytes_with(const MoeShape& s, const MoeOptions& opts, const MoeTrai
 
 // A prefill pass of `tokens` live tokens: split-K from its grid, within the arena (partials hold
 // chunk * top_k routes per split).
-MoePass prefill_pass(const MoeShape& s, const MoeTraits& t, int64_t chunk, int64_t tokens,
-                     int64_t count) {
+MoePass prefill_pass(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t, int64_t chunk,
+                     int64_t tokens, int64_t count) {
   MoePass p;
   p.tokens = tokens;
   p.count = count;
   p.routes = tokens * s.top_k;
-  p.max_groups = p.routes / kMoePrefillGroup + std::min<int64_t>(s.experts, p.routes);
+  p.group = moe_prefill_group(s, opts, p.routes);
+  p.max_groups = p.routes / p.group + std::min<int64_t>(s.experts, p.routes);
   const int64_t room = std::max<int64_t>(1, chunk / tokens);
   p.split_fc1 = moe_split_k(2 * (s.intermediate / 128) * p.max_groups, s.hidden / 16, t.sms, room);
   p.split_fc2 = moe_split_k((s.hidden / 128) * p.max_groups, s.intermediate / 16, t.sms, room);
@@ -298,6 +299,16 @@ MoePass prefill_pass(const MoeShape& s, const MoeTraits& t, int64_t chunk, int64
 }
 
 }  // namespace
+
+int moe_prefill_group(const MoeShape& s, const MoeOptions& opts, int64_t routes) {
+  if (opts.prefill_group == kMoePrefillGroup || opts.prefill_group == kMoePrefillGroupGemm)
+    return static_cast<int>(opts.prefill_group);
+  if (opts.prefill_group != 0) {
+    fail("MoE options: prefill_group {} is not 0 (automatic), {} or {}", opts.prefill_group,
+         kMoePrefillGroup, kMoePrefillGroupGemm);
+  }
+  return routes >= kMoeGemmMinRoutesPerExpert * s.experts ? kMoePrefillGroupGemm : kMoePrefillGroup;
+}
 
 size_t moe_arena_bytes(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t) {
   return arena_bytes_with(s, opts, t, moe_prefill_chunk(s, opts));
@@ -323,8 +334,8 @@ MoePlan plan_moe(const MoeShape& s, const MoeOptions& opts, const MoeTraits& t, 
   }
   p.arena = moe_arena(s, MoePath::kPrefill, p.chunk, 1, 1);
   if (p.chunk < 1 || m < 1) return p;  // no prefill path here: run() refuses this m
-  if (m / p.chunk > 0) p.full = prefill_pass(s, t, p.chunk, p.chunk, m / p.chunk);
-  if (m % p.chunk > 0) p.tail = prefill_pass(s, t, p.chunk, m % p.chunk, 1);
+  if (m / p.chunk > 0) p.full = prefill_pass(s, opts, t, p.chunk, p.chunk, m / p.chunk);
+  if (m % p.chunk > 0) p.tail = prefill_pass(s, opts, t, p.chunk, m % p.chunk, 1);
   return p;
 }
 
@@ -381,7 +392,8 @@ void from_json(const nlohmann::json& j, Span& s) {
 
 void to_json(nlohmann::json& j, const MoePass& p) {
   j = {{"tokens", p.tokens},       {"count", p.count},   {"split_fc1", p.split_fc1},
-       {"split_fc2", p.split_fc2}, {"routes", p.routes}, {"max_groups", p.max_groups}};
+       {"split_fc2", p.split_fc2}, {"routes", p.routes}, {"max_groups", p.max_groups},
+       {"group", p.group}};
 }
 
 void from_json(const nlohmann::json& j, MoePass& p) {
@@ -391,6 +403,7 @@ void from_json(const nlohmann::json& j, MoePass& p) {
   j.at("split_fc2").get_to(p.split_fc2);
   j.at("routes").get_to(p.routes);
   j.at("max_groups").get_to(p.max_groups);
+  j.at("group").get_to(p.group);
 }
 
 void to_json(nlohmann::json& j, const LinearPlan& p) {

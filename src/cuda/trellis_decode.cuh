@@ -35,6 +35,11 @@ struct LaneSpan {
   }
 };
 
+// Words of the tile a lane's window span touches: K <= 2 spans at most 30 bits (two words at any
+// offset), K = 4 starts at the lane-invariant offset 20 (exactly two), the rest need three.
+template <int K>
+constexpr int kLaneWords = (K <= 2 || K == 4) ? 2 : 3;
+
 // Streaming load of trellis words: read once per kernel, so keep them out of L1 and leave it to
 // the activations.
 __device__ __forceinline__ uint32_t ld_stream(const uint32_t* p) {

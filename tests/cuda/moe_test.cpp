@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -46,7 +47,8 @@ struct Fixture {
 // A one-layer synthetic checkpoint (layer 1), loaded for rank 0.
 std::unique_ptr<Fixture> make_layer(moe::RotationLayout layout, std::vector<int> expert_bits,
                                     int bits, int experts, int tp = 1, int64_t H = 256,
-                                    int64_t I = 256) {
+                                    int64_t I = 256,
+                                    exl3::trellis::Codebook cb = exl3::trellis::Codebook::kMcg) {
   auto f = std::make_unique<Fixture>();
   moe::SyntheticMoeSpec spec;
   spec.hidden_size = H;
@@ -57,6 +59,7 @@ std::unique_ptr<Fixture> make_layer(moe::RotationLayout layout, std::vector<int>
   spec.rotation = layout;
   spec.bits = bits;
   spec.expert_bits = std::move(expert_bits);
+  spec.codebook = cb;
   spec.seed = exl3::test::make_rng()();
   moe::write_synthetic_moe(f->dir.path(), spec);
   const auto ckpt = exl3::Checkpoint::open(f->dir.path());
@@ -188,6 +191,66 @@ TEST(CudaMoe, MixedK3K4TiersBothLayouts) {
       expect_matches(*f, o, {1, 3, 8, 33, 3072}, moe::rotation_layout_name(layout).data());
     }
   }
+}
+
+// Prefill groups of 32 slots (the grouped GEMV) and of 128 (the decode-once grouped GEMM; the
+// automatic choice takes it only where experts average many routes, so force each): mixed tiers
+// in one grid and in per-K passes, both rank-sliced layouts; groups of 1..128 slots and experts
+// with several groups (m = 3072, top-2 of 8: ~768 routes per expert).
+TEST(CudaMoe, PrefillGroupsOf32And128) {
+  EXL3_REQUIRE_GPU();
+  for (auto layout : {moe::RotationLayout::kPerExpert, moe::RotationLayout::kSharedH}) {
+    const auto f = make_layer(layout, {3, 4, 4, 3, 3, 4, 3, 4}, 3, 8);
+    for (const int64_t group : {32, 128}) {
+      for (const auto tiers : {MoeOptions::Tiers::kGrid, MoeOptions::Tiers::kPasses}) {
+        auto o = opts_for(3072, 1000);
+        o.prefill_group = group;
+        o.tiers = tiers;
+        expect_matches(*f, o, {9, 33, 100, 3072},
+                       fmt::format("{} group {} tiers {}", moe::rotation_layout_name(layout), group,
+                                   static_cast<int>(tiers))
+                           .c_str());
+      }
+    }
+  }
+}
+
+// The grouped GEMM at every K and codebook (plain layout: any codebook), against the reference.
+TEST(CudaMoe, PrefillGemmEveryKAndCodebook) {
+  EXL3_REQUIRE_GPU();
+  namespace tr = exl3::trellis;
+  for (const auto cb : {tr::Codebook::k3Inst, tr::Codebook::kMcg, tr::Codebook::kMul1}) {
+    for (const int K : {1, 2, 3, 4, 5, 6, 7, 8}) {
+      const auto f = make_layer(moe::RotationLayout::kPlain, {}, K, 4, 1, 256, 256, cb);
+      auto o = opts_for(600);
+      o.prefill_group = 128;
+      expect_matches(*f, o, {40, 600},
+                     fmt::format("plain K{} {}", K, tr::codebook_name(cb)).c_str());
+    }
+  }
+}
+
+// Same split plan, same bits: the GEMM's sums are the GEMV's, product for product, per slot.
+TEST(CudaMoe, PrefillGemmMatchesTheGemvBitForBit) {
+  EXL3_REQUIRE_GPU();
+  const auto f = make_layer(moe::RotationLayout::kSharedH, {3, 4, 4, 3, 3, 4, 3, 4}, 3, 8);
+  auto rng = exl3::test::make_rng();
+  const int64_t m = 2000;  // two full passes of 1000 tokens: one split each, whatever the group
+  const auto r = random_routes(m, f->top_k, f->w.num_experts(), rng);
+  const auto x = random_x(m * f->w.hidden, rng);
+  std::vector<std::vector<float>> outs;
+  for (const int64_t group : {32, 128}) {
+    auto o = opts_for(2000, 1000);
+    o.prefill_group = group;
+    const MoeLayerCuda L(f->w, f->top_k, o);
+    const auto plan = L.plan(m);
+    ASSERT_EQ(plan.full.count, 2);
+    ASSERT_EQ(plan.full.group, group);
+    ASSERT_EQ(plan.full.split_fc1, 1);
+    ASSERT_EQ(plan.full.split_fc2, 1);
+    outs.push_back(run_gpu(L, x, r));
+  }
+  EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4), 0);
 }
 
 TEST(CudaMoe, RankSlicedTp2Rank0AndPlainCheckpoint) {
@@ -329,6 +392,10 @@ TEST(CudaMoe, OptionsFailClosed) {
               testing::HasSubstr("refusing to guess a capacity"));
   EXPECT_THAT(exl3::test::error_of([&] { MoeLayerCuda L(f->w, 9, opts_for(4)); }),
               testing::HasSubstr("top_k 9"));
+  auto o = opts_for(64);
+  o.prefill_group = 64;
+  EXPECT_THAT(exl3::test::error_of([&] { MoeLayerCuda L(f->w, 2, o); }),
+              testing::HasSubstr("prefill_group 64"));
 }
 
 TEST(CudaMoe, SharedHStaysOneRowOnTheDevice) {

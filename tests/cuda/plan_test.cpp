@@ -391,6 +391,8 @@ MoeOptions random_moe_options(std::mt19937_64& rng) {
   o.prefill_chunk = uniform(rng, 0, 1) == 1 ? uniform(rng, 1, 300) : 0;
   o.arena_budget_mib = uniform(rng, 1, 64);
   o.tiers = static_cast<MoeOptions::Tiers>(uniform(rng, 0, 2));
+  const int64_t groups[] = {0, 32, 128};
+  o.prefill_group = groups[uniform(rng, 0, 2)];
   return o;
 }
 
@@ -455,6 +457,35 @@ TEST(MoePlan, PrefillPassesSplitWithinTheirRoom) {
   EXPECT_EQ(p.tail.max_groups, 4);
   EXPECT_EQ(p.tail.split_fc1, 8);
   EXPECT_EQ(p.tail.split_fc2, 1);
+}
+
+TEST(MoePlan, PrefillGroupsGrowWhereExpertsGetManyRoutes) {
+  // Qwen3-30B-A3B's layer: 128 experts, top-8, chunks of 2048 tokens.
+  const MoeShape s{2048, 768, 128, 8, false, 1};
+  MoeOptions o;
+  o.capacity = 4096;
+  o.prefill_chunk = 2048;
+  // The grouped GEMM from kMoeGemmMinRoutesPerExpert routes per expert on average.
+  const int64_t from = kMoeGemmMinRoutesPerExpert * 128;
+  EXPECT_EQ(moe_prefill_group(s, o, from - 1), kMoePrefillGroup);
+  EXPECT_EQ(moe_prefill_group(s, o, from), kMoePrefillGroupGemm);
+  const MoePlan big = plan_moe(s, o, {132}, 2048), small = plan_moe(s, o, {132}, 256);
+  EXPECT_EQ(big.full.group, 128);
+  EXPECT_EQ(big.full.max_groups, 16384 / 128 + 128);
+  EXPECT_EQ(small.tail.group, 32);
+  EXPECT_EQ(small.tail.max_groups, 2048 / 32 + 128);
+  // A fixed group size holds at every m; the arena's group tables fit either.
+  for (const int64_t g : {32, 128}) {
+    o.prefill_group = g;
+    for (const int64_t m : {33, 256, 2048, 4096}) {
+      const MoePlan p = plan_moe(s, o, {132}, m);
+      const MoePass& pass = p.full.count > 0 ? p.full : p.tail;
+      EXPECT_EQ(pass.group, g) << m;
+      EXPECT_LE(4 * pass.max_groups, static_cast<int64_t>(p.arena.group_expert.bytes)) << m;
+    }
+  }
+  o.prefill_group = 64;
+  EXPECT_THROW((void)plan_moe(s, o, {132}, 2048), exl3::Error);
 }
 
 TEST(MoePlan, DecodeArenaByHand) {
@@ -569,8 +600,8 @@ TEST(MoePlan, PassesCoverMAndCarvesFitEveryPass) {
         ASSERT_GE(a.act.bytes, static_cast<size_t>(routes * I * 2)) << where;
         ASSERT_GE(a.partial2.bytes, static_cast<size_t>(pass->split_fc2 * routes * H * 4)) << where;
         if (prefill) {
-          ASSERT_EQ(pass->max_groups,
-                    routes / kMoePrefillGroup + std::min<int64_t>(s.experts, routes))
+          ASSERT_EQ(pass->group, moe_prefill_group(s, o, routes)) << where;
+          ASSERT_EQ(pass->max_groups, routes / pass->group + std::min<int64_t>(s.experts, routes))
               << where;
           ASSERT_GE(a.group_expert.bytes, static_cast<size_t>(pass->max_groups * 4)) << where;
           ASSERT_GE(a.route_of_slot.bytes, static_cast<size_t>(routes * 4)) << where;
@@ -593,8 +624,9 @@ TEST(MoePlan, JsonRoundTripsWithStableNames) {
     const json j = p;
     EXPECT_EQ(keys(j), (std::set<std::string>{"m", "path", "tier_passes", "chunk", "full", "tail",
                                               "arena", "arena_bytes"}));
-    EXPECT_EQ(keys(j.at("full")), (std::set<std::string>{"tokens", "count", "split_fc1",
-                                                         "split_fc2", "routes", "max_groups"}));
+    EXPECT_EQ(keys(j.at("full")),
+              (std::set<std::string>{"tokens", "count", "split_fc1", "split_fc2", "routes",
+                                     "max_groups", "group"}));
     EXPECT_EQ(keys(j.at("arena")),
               (std::set<std::string>{"bytes", "counts", "fill", "offsets", "num_groups",
                                      "group_expert", "group_begin", "group_count", "slot_of_route",

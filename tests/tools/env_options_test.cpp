@@ -95,6 +95,18 @@ TEST(EnvOptions, MoeTiersAreOneOfThreeWords) {
               HasSubstr("EXL3_MOE_TIERS='fast' is not one of auto, grid, passes"));
 }
 
+TEST(EnvOptions, MoePrefillGroupIs32Or128) {
+  ScopedEnv group("EXL3_MOE_PREFILL_GROUP", "128");
+  EXPECT_EQ(exl3::cli::moe_options_from_env().prefill_group, 128);
+  group.set(" 32 ");
+  EXPECT_EQ(exl3::cli::moe_options_from_env().prefill_group, 32);
+  group.set(nullptr);
+  EXPECT_EQ(exl3::cli::moe_options_from_env().prefill_group, 0);  // automatic
+  group.set("64");
+  EXPECT_THAT(error_of([] { exl3::cli::moe_options_from_env(); }),
+              HasSubstr("EXL3_MOE_PREFILL_GROUP=64 must be 32 or 128"));
+}
+
 TEST(EnvOptions, Mxfp8GemvCrossover) {
   ScopedEnv gemv("EXL3_MXFP8_GEMV_MAX_M", "8");
   Mxfp8Options base;

@@ -203,6 +203,11 @@ struct MoeOptions {
   Tiers tiers = Tiers::kAuto;
   // EXL3_MOE_MIN_SPLIT_TILES: the fewest k-tiles of 16 a decode split walks (moe_split_k).
   int64_t decode_min_split_tiles = 8;
+  // EXL3_MOE_PREFILL_GROUP: route slots per prefill group, 32 (the grouped GEMV) or 128 (the
+  // decode-once grouped GEMM). Each group's blocks decode their expert's tiles once for all its
+  // slots, so larger groups decode less where experts get many routes, and leave tensor-core
+  // columns idle where they get few; 0 = moe_prefill_group.
+  int64_t prefill_group = 0;
 };
 
 enum class MoePath : uint8_t { kDecode, kPrefill };
@@ -219,8 +224,12 @@ struct MoeTraits {
   int sms = 132;
 };
 
-// Slots per prefill group (the grouped GEMV's 4 x 8-token B groups).
+// Slots per prefill group: the grouped GEMV's 4 B groups of 8 tokens, or the decode-once grouped
+// GEMM's 128 (src/cuda/moe_gemm.cuh). The arena's group tables are sized for the smaller (more
+// groups).
 inline constexpr int kMoePrefillGroup = 32;
+inline constexpr int kMoePrefillGroupGemm = 128;
+inline constexpr int64_t kMoeGemmMinRoutesPerExpert = 64;
 
 // The arena of one path, laid out for the path's capacity in tokens (min(decode_max_m,
 // capacity) on decode, the chunk on prefill) so that a pass of any live size fits, including a
@@ -248,6 +257,7 @@ struct MoePass {
   int split_fc1 = 1, split_fc2 = 1;  // split-K of FC1 (gate | up) and FC2 (down)
   int64_t routes = 0;                // tokens * top_k
   int64_t max_groups = 0;            // the grouped GEMV's grid rows (decode: one per route)
+  int group = 1;                     // route slots per group (decode 1; prefill 32 or 128)
   bool operator==(const MoePass&) const = default;
 };
 
@@ -264,6 +274,10 @@ struct MoePlan {
 };
 
 MoePath moe_path(const MoeOptions& opts, int64_t m);
+// Slots per group of a prefill pass of `routes` routes: opts.prefill_group when set (32 or 128,
+// anything else is refused), else 128 (the grouped GEMM) where the pass averages at least
+// kMoeGemmMinRoutesPerExpert routes per expert.
+int moe_prefill_group(const MoeShape& s, const MoeOptions& opts, int64_t routes);
 // Split-K for about 8 blocks (32 warps) per SM: each warp's k-chain is a serial sequence of
 // decode -> mma steps, so short chains on many warps beat long ones on few (more splits cost the
 // activation and combine kernels more partials to sum). ceil(8 * sms / base_blocks), clamped to
