@@ -76,7 +76,10 @@ TEST(BenchServeCli, TinyRunWritesConsistentJson) {
       }
       for (const char* k : {"ttft_ms", "itl_ms"}) {
         const double p50 = lv[k]["p50"].get<double>(), p99 = lv[k]["p99"].get<double>();
-        EXPECT_TRUE(std::isfinite(p50) && p50 > 0.0) << k;
+        // A gap can be 0: SSE events that arrive in one read share their arrival time (a loaded
+        // CI machine coalesces a tiny model's chunks), so only the first token must take time.
+        EXPECT_TRUE(std::isfinite(p50) && (p50 > 0.0 || (k == std::string("itl_ms") && p50 == 0.0)))
+            << k << " " << p50;
         EXPECT_GE(p99, p50) << k;
       }
       const auto hits = lv["prefix_hit_tokens"].get<int64_t>();
