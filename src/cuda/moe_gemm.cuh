@@ -11,9 +11,9 @@
 //     past the group's count are zero-filled) and read back with ldmatrix;
 //   - mma: warp (w % 2, w / 2) multiplies 4 tile columns (64 outputs) by 32 slots, skipping slot
 //     quarters the group does not reach.
-// Stages of 4 k-tiles, one barrier each: the trellis words and activation rows of a stage are
-// copied with cp.async two stages ahead (a ring of three), its tiles decoded from shared memory one
-// stage ahead (two A slots), so a stage's HBM trips hide behind two stages of decode and mma.
+// Stages of 4 k-tiles are double-buffered, one barrier each: while a stage is multiplied, the next
+// one's activations are in flight and its tiles are decoded from trellis words loaded a stage
+// earlier.
 //
 // Per slot, every output is the same sum of the same mma products in the same k order as the
 // grouped GEMV's paired decode for the same split plan, so the two kernels give the same bits.
@@ -38,15 +38,9 @@ constexpr int kMoeGemmStageTiles = 4;  // k-tiles per pipeline stage (64 inputs)
 // ldmatrix reads (144 bytes apart) fall in distinct banks.
 constexpr int kMoeGemmRowHalves = 16 * kMoeGemmStageTiles + 8;
 
-// Stages in flight: trellis words and activation rows are copied (cp.async) two stages ahead of
-// the mma that uses them, so each HBM trip has two stages of work to hide behind.
-constexpr int kMoeGemmRing = 3;
-constexpr int kMoeGemmMaxTileWords = 8 * 8;  // a tile's trellis words at K = 8
-
 struct MoeGemmSmem {
-  uint4 a[2][kMoeGemmStageTiles][kMoeGemmTileCols][32];  // decoded A fragments, per lane
-  __half x[kMoeGemmRing][kMoeGemmSlots][kMoeGemmRowHalves];
-  uint32_t words[kMoeGemmRing][kMoeGemmStageTiles][kMoeGemmTileCols][kMoeGemmMaxTileWords];
+  uint4 w[2][kMoeGemmStageTiles][kMoeGemmTileCols][32];  // decoded A fragments, per lane
+  __half x[2][kMoeGemmSlots][kMoeGemmRowHalves];
   const __half* rows[kMoeGemmSlots];  // B row of each slot (zero-fill source past the count)
 };
 
@@ -57,80 +51,66 @@ __device__ __forceinline__ void moe_gemm_block(const MoeGemvArgs& a, const MoePr
   constexpr int kWords = 8 * K;
   constexpr int kLW = kLaneWords<K>;
   constexpr int kST = kMoeGemmStageTiles;
-  constexpr int kThreads = 32 * kMoeGemmWarps;
-  static_assert(kWords <= kMoeGemmMaxTileWords, "K above 8");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
   const LaneSpan<K> span(lane);
   const int64_t tile_stride = static_cast<int64_t>(proj.tiles_n) * kWords;
-  const uint32_t* block_base = w + static_cast<int64_t>(cb * kMoeGemmTileCols) * kWords;
+  // This warp decodes tile column cb * 8 + warp.
+  const uint32_t* col_base = w + static_cast<int64_t>(cb * kMoeGemmTileCols + warp) * kWords;
   const int stages = (kt_end - kt_begin + kST - 1) / kST;
 
-  // Stage st's trellis words: the block's 8 tile columns x kST k-tiles, each tile 8K contiguous
-  // words, copied in 16-byte pieces (K = 1: 8 words, two pieces) into ring slot st % 3.
-  auto copy_words = [&](int st) {
-    if (st >= stages) return;
-    constexpr int kPieces = kWords / 4;  // per tile
+  uint32_t words[kST][kLW];
+  auto load_words = [&](int st) {
     const int kt0 = kt_begin + st * kST;
-    const int nkt = min(kST, kt_end - kt0);
-    for (int p = threadIdx.x; p < kST * kMoeGemmTileCols * kPieces; p += kThreads) {
-      const int kt = p / (kMoeGemmTileCols * kPieces);
-      const int col = (p / kPieces) % kMoeGemmTileCols, piece = p % kPieces;
-      if (kt < nkt) {
-        cp_async16(&s.words[st % kMoeGemmRing][kt][col][4 * piece],
-                   block_base + (kt0 + kt) * tile_stride + col * kWords + 4 * piece);
+#pragma unroll
+    for (int kt = 0; kt < kST; ++kt) {
+      if (kt0 + kt < kt_end) {
+        const uint32_t* t = col_base + (kt0 + kt) * tile_stride;
+        words[kt][0] = ld_stream(t + span.w0);
+        words[kt][1] = ld_stream(t + span.w1);
+        if constexpr (kLW == 3) words[kt][2] = ld_stream(t + span.w2);
       }
     }
   };
-  // Stage st's activation rows (slots past the count zero-filled) into ring slot st % 3.
-  auto copy_x = [&](int st) {
-    if (st >= stages) return;
-    const int kt0 = kt_begin + st * kST;
-    const int pieces = 2 * min(kST, kt_end - kt0);  // 16-byte pieces (8 inputs) per row
-    for (int p = threadIdx.x; p < kMoeGemmSlots * 2 * kST; p += kThreads) {
-      const int slot = p / (2 * kST), piece = p % (2 * kST);
-      if (piece < pieces) {
-        const __half* src = s.rows[slot];
-        const bool live = slot < count;
-        cp_async16_or_zero(&s.x[st % kMoeGemmRing][slot][8 * piece],
-                           live ? src + 16 * kt0 + 8 * piece : src, live);
-      }
-    }
-  };
-  // Warp w decodes tile column w of stage st from shared memory into A slot st % 2.
   auto decode = [&](int st) {
     const int kt0 = kt_begin + st * kST;
 #pragma unroll
     for (int kt = 0; kt < kST; ++kt) {
       if (kt0 + kt < kt_end) {
-        const uint32_t* t = s.words[st % kMoeGemmRing][kt][warp];
         uint32_t b[4];
-        decode_lane<K, CB>(t[span.w0], t[span.w1], kLW == 3 ? t[span.w2] : 0u, span.off, b);
+        decode_lane<K, CB>(words[kt][0], words[kt][1], kLW == 3 ? words[kt][kLW - 1] : 0u, span.off,
+                           b);
         // A of the swap-AB form: (col g: rows 2c, 2c+1), (col g+8), (col g: rows 2c+8, 2c+9), ...
-        s.a[st & 1][kt][warp][lane] = make_uint4(b[0], b[2], b[1], b[3]);
+        s.w[st & 1][kt][warp][lane] = make_uint4(b[0], b[2], b[1], b[3]);
       }
     }
   };
+  auto stage_x = [&](int st) {
+    const int kt0 = kt_begin + st * kST;
+    const int pieces = 2 * min(kST, kt_end - kt0);  // 16-byte pieces (8 inputs) per row
+    for (int p = threadIdx.x; p < kMoeGemmSlots * 2 * kST; p += 32 * kMoeGemmWarps) {
+      const int slot = p / (2 * kST), piece = p % (2 * kST);
+      if (piece < pieces) {
+        const __half* src = s.rows[slot];
+        const bool live = slot < count;
+        cp_async16_or_zero(&s.x[st & 1][slot][8 * piece], live ? src + 16 * kt0 + 8 * piece : src,
+                           live);
+      }
+    }
+    cp_async_commit();
+  };
 
   // B rows of the group's slots (token rows of the shared input rotation, or per-slot rows).
-  for (int i = threadIdx.x; i < kMoeGemmSlots; i += kThreads) {
+  for (int i = threadIdx.x; i < kMoeGemmSlots; i += 32 * kMoeGemmWarps) {
     const int slot = s0 + (i < count ? i : 0);
     const int64_t row = (a.x_row_of_slot != nullptr ? a.x_row_of_slot[slot] : slot) / a.x_row_div;
     s.rows[i] = proj.x + row * a.x_stride;
   }
+  load_words(0);
   __syncthreads();  // rows
-  // Copy groups: P0 = words 0, 1 and x 0; P1 = words 2 and x 1; then, in iteration st, words
-  // st + 3 and x st + 2. So iteration st finds words st + 1 and x st in groups at least two old.
-  copy_words(0);
-  copy_words(1);
-  copy_x(0);
-  cp_async_commit();
-  copy_words(2);
-  copy_x(1);
-  cp_async_commit();
-  cp_async_wait<1>();
-  __syncthreads();
+  stage_x(0);
   decode(0);
+  if (stages > 1) load_words(1);
 
   const int wc = warp & 1, ws = warp >> 1;  // tile columns 4 wc .. 4 wc + 3, slots 32 ws ..
   float acc[4][4][4];
@@ -145,38 +125,38 @@ __device__ __forceinline__ void moe_gemm_block(const MoeGemvArgs& a, const MoePr
   const int lm_col = 8 * ((lane >> 3) & 1);
 
   for (int st = 0; st < stages; ++st) {
-    cp_async_wait<1>();  // the group two iterations old: words st + 1, x st
-    __syncthreads();     // ... visible to all; iteration st - 1's readers are done
-    copy_words(st + 3);  // into the slot words st was decoded from
-    copy_x(st + 2);      // into the slot x st - 1 was read from
-    cp_async_commit();
-    if (st + 1 < stages) decode(st + 1);
+    cp_async_wait<0>();
+    __syncthreads();  // stage st's tiles and rows are in; stage st - 1's readers are done
+    if (st + 1 < stages) {
+      stage_x(st + 1);
+      decode(st + 1);
+      if (st + 2 < stages) load_words(st + 2);
+    }
     if (32 * ws < count) {
       const int nkt = min(kST, kt_end - (kt_begin + st * kST));
-      const int buf = st & 1, xb = st % kMoeGemmRing;
+      const int buf = st & 1;
 #pragma unroll
       for (int kt = 0; kt < kST; ++kt) {
         if (kt < nkt) {
-          // Both slot pairs' B fragments, then one tile's A at a time (fewer live registers).
-          const bool hi = 32 * ws + 16 < count;
-          uint32_t bf[2][4];
-          ldmatrix_x4(bf[0], &s.x[xb][lm_slot][16 * kt + lm_col]);
-          if (hi) ldmatrix_x4(bf[1], &s.x[xb][lm_slot + 16][16 * kt + lm_col]);
+          uint4 af[4];
 #pragma unroll
-          for (int t = 0; t < 4; ++t) {
-            const uint4 af = s.a[buf][kt][4 * wc + t][lane];
-            mma16816(acc[t][0], af.x, af.y, af.z, af.w, bf[0][0], bf[0][1]);
-            mma16816(acc[t][1], af.x, af.y, af.z, af.w, bf[0][2], bf[0][3]);
-            if (hi) {
-              mma16816(acc[t][2], af.x, af.y, af.z, af.w, bf[1][0], bf[1][1]);
-              mma16816(acc[t][3], af.x, af.y, af.z, af.w, bf[1][2], bf[1][3]);
+          for (int t = 0; t < 4; ++t) af[t] = s.w[buf][kt][4 * wc + t][lane];
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            if (32 * ws + 16 * p < count) {
+              uint32_t bf[4];
+              ldmatrix_x4(bf, &s.x[buf][lm_slot + 16 * p][16 * kt + lm_col]);
+#pragma unroll
+              for (int t = 0; t < 4; ++t) {
+                mma16816(acc[t][2 * p], af[t].x, af[t].y, af[t].z, af[t].w, bf[0], bf[1]);
+                mma16816(acc[t][2 * p + 1], af[t].x, af[t].y, af[t].z, af[t].w, bf[2], bf[3]);
+              }
             }
           }
         }
       }
     }
   }
-  cp_async_wait<0>();  // no copy outlives the block
 
   // C of the swap-AB form: c0, c1 = (output column g, slots 2c, 2c+1), c2, c3 = (column g + 8).
   float* out = a.partial + blockIdx.y * a.split_stride + proj.col_offset;
@@ -200,7 +180,7 @@ __device__ __forceinline__ void moe_gemm_block(const MoeGemvArgs& a, const MoePr
   }
 }
 
-// Two blocks per SM: 64 accumulators per thread, 111 KB of shared memory per block.
+// Two blocks per SM: 64 accumulators per thread, 70 KB of shared memory per block.
 template <tr::Codebook CB>
 __global__ void __launch_bounds__(32 * kMoeGemmWarps, 2)
     moe_gemm_kernel(const __grid_constant__ MoeGemvArgs a) {
