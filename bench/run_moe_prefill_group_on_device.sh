@@ -8,8 +8,9 @@
 #   3. `exl3 bench model` on the Qwen3-30B-A3B-geometry K4 synthetic checkpoint: a 2k prefill with
 #      --profile, groups 32 / automatic alternating, two rounds; then one 32k prompt in 2k chunks
 #      (automatic groups).
-# Usage: bash bench/run_moe_prefill_group_on_device.sh OUT BUNDLE [kernels|model|all]
-# (kernels: steps 1-2, model: step 3; so each fits one device call)
+# Usage: bash bench/run_moe_prefill_group_on_device.sh OUT BUNDLE [kernels|model|all|quick]
+# (kernels: steps 1-2, model: step 3, so each fits one device call; quick: the tests, the Qwen3
+# layer and one 2k prefill per group size, in one call)
 set -uo pipefail
 out="$1"; bundle="$2"; phase="${3:-all}"
 mkdir -p "$out"
@@ -17,7 +18,9 @@ source bench/device_env.sh "$bundle" || exit 1
 if [ "$phase" != model ]; then
 gpu_tests "$out/gpu_tests.log" "$out/summary.txt"
 ms=256,512,1024,2048,3072
-for geo in qwen3-30b-a3b:4:per_expert glm52:3:shared_h; do
+geos="qwen3-30b-a3b:4:per_expert glm52:3:shared_h"
+[ "$phase" = quick ] && geos=qwen3-30b-a3b:4:per_expert
+for geo in $geos; do
   IFS=: read -r name tiers layout <<< "$geo"
   for g in 32 128; do
     tag=moe_${name}_k${tiers}_group$g
@@ -34,7 +37,9 @@ model=/tmp/q30-k4
 start=$(date +%s)
 synthetic $model "$out/prepare_q30.txt" qwen3-30b-a3b --bits 4
 echo "== prepare q30 rc=$? $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
-for run in 32:1 auto:1 32:2 auto:2; do
+runs="32:1 auto:1 32:2 auto:2"
+[ "$phase" = quick ] && runs="32:1 auto:1"
+for run in $runs; do
   g=${run%:*}; round=${run#*:}
   env_g=$g; [ "$g" = auto ] && env_g=
   EXL3_MOE_PREFILL_GROUP=$env_g timeout 200 "$bin/exl3" bench model $model --batch 1 --prefill 2048 \
@@ -43,6 +48,7 @@ for run in 32:1 auto:1 32:2 auto:2; do
     | tee -a "$out/summary.txt"
   grep -E "prefill|attention|moe" "$out/q30_prefill2k_group${g}_r$round.txt" | tee -a "$out/summary.txt"
 done
+[ "$phase" = quick ] && exit 0
 timeout 280 "$bin/exl3" bench model $model --batch 1 --steps 4 --prefill 32768 --max-batch-tokens 2048 \
   --json "$out/q30_prefill32k.json" > "$out/q30_prefill32k.txt" 2>&1
 echo "== prefill 32k rc=$?: exl3 bench model $model --batch 1 --steps 4 --prefill 32768 --max-batch-tokens 2048" \
