@@ -208,8 +208,8 @@ cudaError_t MoeLayerCuda::run(const MoePlan& plan, const void* x, DType in_type,
 // The grouped GEMV (groups of 1 or 32 slots) or the decode-once grouped GEMM (128), as one grid
 // over every tier or one homogeneous pass per K (each block of a pass whose expert has another K
 // exits; the passes write disjoint slot rows).
-cudaError_t MoeLayerCuda::gemv_tiers(detail::MoeGemvArgs& a, int group, int max_groups,
-                                     bool per_k_passes, cudaStream_t stream) const {
+cudaError_t MoeLayerCuda::grouped_matmul(detail::MoeGemvArgs& a, int group, int max_groups,
+                                         bool per_k_passes, cudaStream_t stream) const {
   auto launch = [&] {
     if (group == kMoePrefillGroupGemm) return detail::moe_gemm(cb_, a, max_groups, stream);
     return detail::moe_gemv(cb_, a, group == 1 ? 1 : kMoePrefillGroup / 8, max_groups, stream);
@@ -301,7 +301,7 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
     a.proj[p] = {ptrs + static_cast<size_t>(p) * E_, bits + static_cast<size_t>(p) * E_,
                  static_cast<int>(I_ / 16), static_cast<int>(p * I_), p == 0 ? xg : xu};
   }
-  e = gemv_tiers(a, group, max_groups, plan.tier_passes, stream);
+  e = grouped_matmul(a, group, max_groups, plan.tier_passes, stream);
   if (e != cudaSuccess) return e;
   detail::MoeActivation fn;
   fn.gate_bias = gate_bias_.as<float>();
@@ -326,7 +326,7 @@ cudaError_t MoeLayerCuda::run_pass(const void* x, DType in_type, const int32_t* 
   a.nproj = 1;
   a.proj[0] = {ptrs + 2 * static_cast<size_t>(E_), bits + 2 * static_cast<size_t>(E_),
                static_cast<int>(H_ / 16), 0, act};
-  e = gemv_tiers(a, group, max_groups, plan.tier_passes, stream);
+  e = grouped_matmul(a, group, max_groups, plan.tier_passes, stream);
   if (e != cudaSuccess) return e;
   return detail::moe_combine(partial2, s2, routes, m, k_, H_, shared_h_, ids, weights, E_, slots,
                              act_scale, down_svh_.as<uint16_t>(), down_bias_.as<float>(), out,

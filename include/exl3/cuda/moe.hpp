@@ -110,8 +110,8 @@ class MoeLayerCuda {
 
  private:
   void upload_extras(const MoeExpertExtras& x, const std::string& where);
-  cudaError_t gemv_tiers(detail::MoeGemvArgs& a, int group, int max_groups, bool per_k_passes,
-                         cudaStream_t stream) const;
+  cudaError_t grouped_matmul(detail::MoeGemvArgs& a, int group, int max_groups, bool per_k_passes,
+                             cudaStream_t stream) const;
   cudaError_t run_pass(const void* x, DType in_type, const int32_t* ids, const float* weights,
                        float* out, const MoePlan& plan, const MoePass& pass, void* arena,
                        cudaStream_t stream) const;
