@@ -48,8 +48,7 @@ cuda::MoeOptions moe_options_from_env(cuda::MoeOptions base) {
   env_positive_int("EXL3_MOE_ARENA_MIB", base.arena_budget_mib);
   env_positive_int("EXL3_MOE_MIN_SPLIT_TILES", base.decode_min_split_tiles);
   env_positive_int("EXL3_MOE_PREFILL_GROUP", base.prefill_group);
-  if (base.prefill_group != 0 && base.prefill_group != cuda::kMoePrefillGroup &&
-      base.prefill_group != cuda::kMoePrefillGroupGemm) {
+  if (!cuda::moe_prefill_group_valid(base.prefill_group)) {
     fail("environment variable EXL3_MOE_PREFILL_GROUP={} must be {} or {} (unset it for automatic)",
          base.prefill_group, cuda::kMoePrefillGroup, cuda::kMoePrefillGroupGemm);
   }

@@ -41,8 +41,7 @@ MoeLayerCuda::MoeLayerCuda(const moe::MoeLayerWeights& w, int top_k, const MoeOp
         "max batched tokens",
         where, opts_.capacity);
   }
-  if (opts_.prefill_group != 0 && opts_.prefill_group != kMoePrefillGroup &&
-      opts_.prefill_group != kMoePrefillGroupGemm) {
+  if (!moe_prefill_group_valid(opts_.prefill_group)) {
     fail("{}: prefill_group {} is not 0 (automatic), {} or {}", where, opts_.prefill_group,
          kMoePrefillGroup, kMoePrefillGroupGemm);
   }

@@ -301,12 +301,11 @@ MoePass prefill_pass(const MoeShape& s, const MoeOptions& opts, const MoeTraits&
 }  // namespace
 
 int moe_prefill_group(const MoeShape& s, const MoeOptions& opts, int64_t routes) {
-  if (opts.prefill_group == kMoePrefillGroup || opts.prefill_group == kMoePrefillGroupGemm)
-    return static_cast<int>(opts.prefill_group);
-  if (opts.prefill_group != 0) {
+  if (!moe_prefill_group_valid(opts.prefill_group)) {
     fail("MoE options: prefill_group {} is not 0 (automatic), {} or {}", opts.prefill_group,
          kMoePrefillGroup, kMoePrefillGroupGemm);
   }
+  if (opts.prefill_group != 0) return static_cast<int>(opts.prefill_group);
   return routes >= kMoeGemmMinRoutesPerExpert * s.experts ? kMoePrefillGroupGemm : kMoePrefillGroup;
 }
 

@@ -230,6 +230,10 @@ struct MoeTraits {
 inline constexpr int kMoePrefillGroup = 32;
 inline constexpr int kMoePrefillGroupGemm = 128;
 inline constexpr int64_t kMoeGemmMinRoutesPerExpert = 64;
+// The values MoeOptions::prefill_group takes: 0 (automatic) or one of the two group sizes.
+constexpr bool moe_prefill_group_valid(int64_t v) {
+  return v == 0 || v == kMoePrefillGroup || v == kMoePrefillGroupGemm;
+}
 
 // The arena of one path, laid out for the path's capacity in tokens (min(decode_max_m,
 // capacity) on decode, the chunk on prefill) so that a pass of any live size fits, including a
