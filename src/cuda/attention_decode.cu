@@ -1,25 +1,27 @@
-// Split-KV decode attention (flash-decoding) over the paged KV cache (fp16 or quantized); see
-// include/exl3/cuda/model_ops.hpp for the contract.
+// Split-KV decode attention (flash-decoding) over the paged KV cache; see
+// include/exl3/cuda/model_ops.hpp for the contract. The fp16 cache runs on tensor cores
+// (attention_decode_mma.cu); this file's CUDA-core kernel serves the quantized caches (fp8, q8,
+// q4), whose codes it decodes to fp16 rows as it stages them.
 //
 // Grid (listed token, head group, split). A head group is G query heads of one kv head, so the
 // K/V rows a block reads serve G heads. A split is a range of the token's keys: the keys 0..pos
 // (pos - window + 1..pos in a sliding-window layer) are cut into `splits` ranges of equal length (a
 // multiple of 32, at least kMinChunk), so short contexts run in one block and long ones spread over
 // up to kMaxSplits blocks. Inside a block, warp w walks the 32-key tiles w, w + 4, ... of its
-// range: the tile's K and V rows are copied to shared memory with cp.async (every load of the tile
-// in flight at once), lane j scores key j against the G heads from there, the tile updates a
-// running max / sum per head, and the lanes, each owning HD/32 output channels, accumulate p * V.
-// The warps' states merge in shared memory; with one active split that is the output, otherwise the
-// block stores its state and the last of the token's blocks to finish (an atomic counter, reset by
-// that block) merges the splits in split order, so the result is deterministic. Sinks (gpt-oss)
-// join the final state only, once per head, after every split is merged.
+// range: the tile's K and V codes are decoded into shared memory, lane j scores key j against the G
+// heads from there, the tile updates a running max / sum per head, and the lanes, each owning HD/32
+// output channels, accumulate p * V. The warps' states merge in shared memory; with one active
+// split that is the output, otherwise the block stores its state and the last of the token's blocks
+// to finish (an atomic counter, reset by that block) merges the splits in split order, so the
+// result is deterministic. Sinks (gpt-oss) join the final state only, once per head, after every
+// split is merged.
 #include <algorithm>
 #include <cstdint>
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include "cuda/mma.cuh"
+#include "cuda/attention_kernels.hpp"
 #include "cuda/paged_kv.cuh"
 #include "cuda/pdl.cuh"
 #include "exl3/cuda/model_ops.hpp"
@@ -144,10 +146,8 @@ __device__ __forceinline__ void load_quantized_tile(const PagedKv& kv, int64_t m
   }
 }
 
-// kQuantized: the cache holds codes (kv.format says which), decoded by load_quantized_tile; a
-// separate instantiation, so the fp16 path keeps its registers (the decoder's batch of loads
-// would raise every instantiation's count otherwise).
-template <int HD, int G, bool kQuantized>
+// The cache holds codes (kv.format says which), decoded by load_quantized_tile.
+template <int HD, int G>
 __global__ void __launch_bounds__(32 * kWarps)
     attention_decode_kernel(const float* __restrict__ q, const int32_t* __restrict__ tokens,
                             TokenMeta meta, AttnShape s, float scale, PagedKv kv, int splits,
@@ -181,7 +181,6 @@ __global__ void __launch_bounds__(32 * kWarps)
     sq[i] = q[(t * s.num_heads + h0) * HD + i] * scale;
   __syncthreads();
 
-  const int64_t kv_stride = static_cast<int64_t>(s.num_kv_heads) * HD;
   unsigned char* kt = region + warp * L::kWarpTiles;
   unsigned char* vt = kt + kTile * L::kKRow;
   float* wp = sp + warp * G * kTile;
@@ -197,22 +196,8 @@ __global__ void __launch_bounds__(32 * kWarps)
     const int n_here = min(kTile, k1 - c0);
     const bool valid = lane < n_here;
     const int64_t my_slot = valid ? kv_slot(kv, row, c0 + lane) : 0;
-    if constexpr (!kQuantized) {
-#pragma unroll
-      for (int it = 0; it < kVec; ++it) {
-        const int i = it * 32 + lane, r = i / kVec, c = i % kVec;
-        const int64_t slot = __shfl_sync(0xffffffffu, my_slot, r);
-        if (r < n_here) {
-          const int64_t off = slot * kv_stride + static_cast<int64_t>(kvh) * HD + 8 * c;
-          cp_async16(kt + r * L::kKRow + 16 * c, kv.k + off);
-          cp_async16(vt + r * L::kVRow + 16 * c, kv.v + off);
-        }
-      }
-      cp_async_wait_all();
-    } else {
-      load_quantized_tile<HD, L::kKRow, L::kVRow>(kv, my_slot, n_here, kvh, s.num_kv_heads, kt, vt,
-                                                  lane);
-    }
+    load_quantized_tile<HD, L::kKRow, L::kVRow>(kv, my_slot, n_here, kvh, s.num_kv_heads, kt, vt,
+                                                lane);
     __syncwarp();
 
     float sc[G];
@@ -342,12 +327,12 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (threadIdx.x == 0) counters[pair] = 0;  // ready for the next launch
 }
 
-template <int HD, int G, bool kQuantized>
-cudaError_t launch_format(const float* q, const int32_t* tokens, int64_t count, TokenMeta meta,
-                          const AttnShape& s, float scale, const PagedKv& kv, int splits,
-                          int32_t* counters, float* partial, float* out, cudaStream_t stream) {
+template <int HD, int G>
+cudaError_t launch(const float* q, const int32_t* tokens, int64_t count, TokenMeta meta,
+                   const AttnShape& s, float scale, const PagedKv& kv, int splits,
+                   int32_t* counters, float* partial, float* out, cudaStream_t stream) {
   constexpr int bytes = Smem<HD, G>::kBytes;
-  const auto kernel = attention_decode_kernel<HD, G, kQuantized>;
+  const auto kernel = attention_decode_kernel<HD, G>;
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (e != cudaSuccess) return e;
@@ -356,18 +341,6 @@ cudaError_t launch_format(const float* q, const int32_t* tokens, int64_t count, 
   launch_pdl(kernel, grid, 32 * kWarps, bytes, stream, q, tokens, meta, s, scale, kv, splits,
              counters, partial, out);
   return cudaGetLastError();
-}
-
-template <int HD, int G>
-cudaError_t launch(const float* q, const int32_t* tokens, int64_t count, TokenMeta meta,
-                   const AttnShape& s, float scale, const PagedKv& kv, int splits,
-                   int32_t* counters, float* partial, float* out, cudaStream_t stream) {
-  if (cpu::kv_quantized(kv.format)) {
-    return launch_format<HD, G, true>(q, tokens, count, meta, s, scale, kv, splits, counters,
-                                      partial, out, stream);
-  }
-  return launch_format<HD, G, false>(q, tokens, count, meta, s, scale, kv, splits, counters,
-                                     partial, out, stream);
 }
 
 template <int HD>
@@ -389,10 +362,18 @@ cudaError_t launch_hd(const float* q, const int32_t* tokens, int64_t count, Toke
 
 // The completion counters come first and cover kAttentionSplitMaxTokens tokens whatever the
 // launch's count, so a smaller launch's states never overwrite a counter a larger one relies on
-// being zero.
+// being zero; they serve either kernel's blocks per token.
 size_t counter_bytes(const AttnShape& s) {
-  return align_up(static_cast<size_t>(kAttentionSplitMaxTokens * (s.num_heads / group_size(s))) *
-                  4);
+  const int64_t per_token =
+      std::max<int64_t>(s.num_heads / group_size(s), decode_mma_row_blocks(s));
+  return align_up(static_cast<size_t>(kAttentionSplitMaxTokens * per_token) * 4);
+}
+
+// Softmax-state rows per token and split, for either cache format: the CUDA-core kernel stores one
+// per query head, the tensor-core kernel a padded set per row block, which is never fewer (so a
+// workspace sized without knowing the cache's format serves both).
+int64_t state_rows(const AttnShape& s) {
+  return std::max<int64_t>(s.num_heads, decode_mma_state_rows(s));
 }
 
 bool valid_shape(const AttnShape& s) {
@@ -412,10 +393,8 @@ size_t attention_decode_workspace_bytes(int64_t count, const AttnShape& shape, c
   if (!valid_shape(shape) || count <= 0 || count > kAttentionSplitMaxTokens) return 0;
   const int splits = attention_decode_splits(kv);
   if (splits == 1) return 0;
-  const auto groups = static_cast<size_t>(shape.num_heads / group_size(shape));
   return counter_bytes(shape) +
-         static_cast<size_t>(count) * groups *
-             static_cast<size_t>(splits * group_size(shape) * (shape.head_dim + 2)) * 4;
+         static_cast<size_t>(count * state_rows(shape) * splits * (shape.head_dim + 2)) * 4;
 }
 
 cudaError_t attention_decode(const float* q, const int32_t* tokens, int64_t count, TokenMeta meta,
@@ -432,6 +411,10 @@ cudaError_t attention_decode(const float* q, const int32_t* tokens, int64_t coun
     splits = attention_decode_splits(kv);
     counters = static_cast<int32_t*>(workspace);
     partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + counter_bytes(shape));
+  }
+  if (!cpu::kv_quantized(kv.format)) {
+    return detail::attention_decode_mma(q, tokens, count, meta, shape, scale, kv, splits, counters,
+                                        partial, out, stream);
   }
   return with_head_dim(shape.head_dim, [&](auto hd) {
     return launch_hd<decltype(hd)::value>(q, tokens, count, meta, shape, scale, kv, splits,

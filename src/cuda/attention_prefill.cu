@@ -45,18 +45,6 @@ struct PrefillConfig {
   static constexpr size_t kBytes = (2 * kKvStage + kWarps * kQWarp) * sizeof(__half);
 };
 
-__device__ __forceinline__ uint32_t half2_bits(__half2 h) {
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
-// x = hi + lo with hi = fp16(x) and lo = fp16(x - hi), as half2 pairs of (a, b).
-__device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint32_t& lo) {
-  const __half2 h = __floats2half2_rn(a, b);
-  const float2 hf = __half22float2(h);
-  hi = half2_bits(h);
-  lo = half2_bits(__floats2half2_rn(a - hf.x, b - hf.y));
-}
-
 template <int HD>
 __global__ void __launch_bounds__(32 * PrefillConfig<HD>::kWarps, 1)
     attention_prefill_mma_kernel(const float* __restrict__ q, const int32_t* tile_first,

@@ -10,7 +10,23 @@
 
 #include <cstdint>
 
+#include <cuda_fp16.h>
+
 namespace exl3::cuda::detail {
+
+__device__ __forceinline__ uint32_t half2_bits(__half2 h) {
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// x = hi + lo with hi = fp16(x) and lo = fp16(x - hi), as half2 pairs of (a, b): an fp32 operand
+// of an fp16 mma as two fp16 operands, keeping about 22 bits of it (the attention kernels' q and
+// softmax weights).
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 hf = __half22float2(h);
+  hi = half2_bits(h);
+  lo = half2_bits(__floats2half2_rn(a - hf.x, b - hf.y));
+}
 
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {

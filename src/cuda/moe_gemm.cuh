@@ -25,6 +25,7 @@
 
 #include "cuda/mma.cuh"
 #include "cuda/moe_args.hpp"
+#include "cuda/moe_store.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/trellis_decode.cuh"
 
@@ -164,19 +165,8 @@ __device__ __forceinline__ void moe_gemm_block(const MoeGemvArgs& a, const MoePr
   for (int t = 0; t < 4; ++t) {
     const int col = 16 * (cb * kMoeGemmTileCols + 4 * wc + t) + g;
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      const int ia = 32 * ws + 8 * n + 2 * c, ib = ia + 1;
-      if (ia < count) {
-        float* r = out + static_cast<int64_t>(s0 + ia) * a.out_cols;
-        r[col] = acc[t][n][0];
-        r[col + 8] = acc[t][n][2];
-      }
-      if (ib < count) {
-        float* r = out + static_cast<int64_t>(s0 + ib) * a.out_cols;
-        r[col] = acc[t][n][1];
-        r[col + 8] = acc[t][n][3];
-      }
-    }
+    for (int n = 0; n < 4; ++n)
+      store_slot_pair(out, a.out_cols, s0, 32 * ws + 8 * n + 2 * c, count, col, acc[t][n]);
   }
 }
 

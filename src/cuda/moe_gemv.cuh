@@ -15,6 +15,7 @@
 
 #include "cuda/gemv.cuh"
 #include "cuda/moe_args.hpp"
+#include "cuda/moe_store.cuh"
 #include "cuda/pdl.cuh"
 
 namespace exl3::cuda::detail {
@@ -94,19 +95,8 @@ __global__ void __launch_bounds__(32 * kGemvWarps)
   for (int t = 0; t < kGemvTiles; ++t) {
     const int col = 16 * (j0 + t) + g;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int ia = 8 * nt + 2 * c, ib = ia + 1;
-      if (ia < count) {
-        float* r = out + static_cast<int64_t>(s0 + ia) * a.out_cols;
-        r[col] = acc[t][nt][0];
-        r[col + 8] = acc[t][nt][2];
-      }
-      if (ib < count) {
-        float* r = out + static_cast<int64_t>(s0 + ib) * a.out_cols;
-        r[col] = acc[t][nt][1];
-        r[col + 8] = acc[t][nt][3];
-      }
-    }
+    for (int nt = 0; nt < NT; ++nt)
+      store_slot_pair(out, a.out_cols, s0, 8 * nt + 2 * c, count, col, acc[t][nt]);
   }
 }
 

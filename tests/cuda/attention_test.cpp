@@ -1,8 +1,9 @@
-// Paged decode attention (cuda::attention_decode) against an fp64 CPU softmax(q K^T) V over the
-// same fp16 cache: GQA head groups of 4, 2 and 1, head dims 64 and 128, contexts from 1 key to
-// many splits (pages shuffled so no sequence is contiguous), NaN-poisoned outputs; the split-KV
-// path equal to the one-block path within rounding; every token's output bit-identical whether
-// it runs alone or in a batch; a captured graph replayed (counters left zero) equal to eager.
+// Paged decode attention (cuda::attention_decode, the fp16 cache's tensor-core kernel) against an
+// fp64 CPU softmax(q K^T) V over the same fp16 cache: 1 to 24 query heads per kv head (one row
+// block of up to 16 heads, or two), head dims 32 to 256, contexts from 1 key to many splits (pages
+// shuffled so no sequence is contiguous), NaN-poisoned outputs; the split-KV path equal to the
+// one-block path within rounding; every token's output bit-identical whether it runs alone or in a
+// batch; a captured graph replayed (counters left zero) equal to eager.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -36,6 +37,10 @@ const std::vector<Case>& cases() {
       {8, 2, 64, {0, 31, 700, 2047}, 0, true},
       {4, 2, 64, {5, 257, 1500}, 128, true},
       {4, 2, 32, {3, 90}, 8, true},
+      // 8 query heads per kv head (Qwen3-30B-A3B), and 24: row blocks of 16 and 8 heads.
+      {16, 2, 128, {3, 200, 1900}},
+      {24, 1, 64, {10, 700, 1300}},
+      {24, 1, 64, {5, 900}, 300, true},
   };
   return c;
 }

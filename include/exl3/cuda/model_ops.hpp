@@ -87,7 +87,12 @@ cudaError_t qk_norm_rope_store(float* q, const float* k, const float* v, const f
 //            kernel leaves it zeroed); with less, or count > kAttentionSplitMaxTokens, every
 //            (token, head group) runs as one block. The split count depends only on the shape
 //            and the cache's keys per sequence, never on the batch, so a token's output is the
-//            same bits at every batch size up to kAttentionSplitMaxTokens.
+//            same bits at every batch size up to kAttentionSplitMaxTokens. The fp16 cache runs on
+//            tensor cores, a block per (token, up to 16 query heads of one kv head, key range),
+//            so every staged K/V row serves all the kv head's query heads, with q and the
+//            softmax weights split into two fp16 halves each (src/cuda/attention_decode_mma.cu);
+//            quantized caches run a CUDA-core kernel that decodes codes as it stages them
+//            (src/cuda/attention_decode.cu).
 //   prefill: `count` tiles of up to 32 consecutive tokens of one sequence, tile i = tokens
 //            tile_first[i] .. tile_first[i] + tile_len[i] - 1 at consecutive positions; their keys
 //            include any context already in the cache (chunked prefill). The fp16 cache runs on
