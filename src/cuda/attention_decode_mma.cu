@@ -4,16 +4,17 @@
 //
 // Grid (listed token, row block, split). A row block is up to 16 query heads of one kv head: the
 // M rows of mma.m16n8k16, so each K/V row a block stages serves every query head of its kv head
-// (GQA) and the heads never re-read a key. A split is a range of the token's keys (a multiple of
-// kChunk keys), staged kChunk keys at a time by cp.async into double-buffered shared memory; warp
-// w takes keys 16 w .. 16 w + 15 of each chunk: S = q K^T on two 8-key n-tiles, a running max and
-// sum per row, then O += p V over its 16 keys. As in the prefill kernel, q and the softmax weights
-// are each split into fp16 hi + lo and both halves multiplied, which keeps fp32-level accuracy,
-// and scores are in log2 units (q pre-scaled by scale * log2 e). The warps' states merge in shared
-// memory; with one active split that is the output, otherwise each block stores its state and the
-// last of the (token, row block)'s blocks to finish (an atomic counter, reset by that block)
-// merges the splits in split order, so the result is deterministic and, the split plan depending
-// only on the cache's capacity, the same bits at every batch size.
+// (GQA): with up to 16 query heads per kv head, a token reads each key once. A split is a range of
+// the token's keys (a multiple of kChunk keys), staged kChunk keys at a time by cp.async into
+// double-buffered shared memory; warp w takes keys 16 w .. 16 w + 15 of each chunk: S = q K^T on
+// two 8-key n-tiles, a running max and sum per row, then O += p V over its 16 keys. As in the
+// prefill kernel, q and the softmax weights are each split into fp16 hi + lo and both halves
+// multiplied, which keeps fp32-level accuracy, and scores are in log2 units (q pre-scaled by scale
+// * log2 e). The warps' states merge in shared memory; with one active split that is the output,
+// otherwise each block stores its state and the last of the (token, row block)'s blocks to finish
+// (an atomic counter, reset by that block) merges the splits in split order, so the result is
+// deterministic and, the split plan depending only on the cache's capacity, the same bits at every
+// batch size.
 #include <cstdint>
 
 #include <cuda_fp16.h>
