@@ -7,7 +7,7 @@
 // K/V rows a block reads serve G heads. A split is a range of the token's keys: the keys 0..pos
 // (pos - window + 1..pos in a sliding-window layer) are cut into `splits` ranges of equal length (a
 // multiple of 32, at least kMinChunk), so short contexts run in one block and long ones spread over
-// up to kMaxSplits blocks. Inside a block, warp w walks the 32-key tiles w, w + 4, ... of its
+// up to kDecodeMaxSplits blocks. Inside a block, warp w walks the 32-key tiles w, w + 4, ... of its
 // range: the tile's K and V codes are decoded into shared memory, lane j scores key j against the G
 // heads from there, the tile updates a running max / sum per head, and the lanes, each owning HD/32
 // output channels, accumulate p * V. The warps' states merge in shared memory; with one active
@@ -22,6 +22,7 @@
 #include <cuda_fp8.h>
 
 #include "cuda/attention_kernels.hpp"
+#include "cuda/attention_merge.cuh"
 #include "cuda/paged_kv.cuh"
 #include "cuda/pdl.cuh"
 #include "exl3/cuda/model_ops.hpp"
@@ -32,9 +33,8 @@ namespace {
 using namespace detail;  // kNegBig, kv_slot, warp_max, warp_sum, softmax_output (paged_kv.cuh)
 
 constexpr int kWarps = 4;
-constexpr int kTile = 32;       // keys per warp step (one per lane)
-constexpr int kMinChunk = 64;   // keys per split at least
-constexpr int kMaxSplits = 32;  // splits per (token, head group) at most
+constexpr int kTile = 32;      // keys per warp step (one per lane)
+constexpr int kMinChunk = 64;  // keys per split at least
 constexpr size_t kAlign = 256;
 
 size_t align_up(size_t v) {
@@ -62,6 +62,8 @@ struct Smem {
   static constexpr int kMerge = kWarps * G * (HD + 2) * 4;
   static constexpr int kRegion = kWarps * kWarpTiles > kMerge ? kWarps* kWarpTiles : kMerge;
   static constexpr int kBytes = kQ + kP + kRegion;
+  static_assert(split_merge_floats(G, kDecodeMaxSplits) * 4 <= kRegion,
+                "the split merge's weights fit in the dead tiles");
 };
 
 // Two codes as an fp16 pair, exactly (every E4M3, int8 and q4 value is an fp16 value): fp8 by
@@ -276,30 +278,11 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
   __syncthreads();
   const int64_t pair = static_cast<int64_t>(ti) * groups + grp;
-  float* mine = partial + (pair * splits + split) * G * (HD + 2);
-  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-    const int g = i / HD, d = i % HD;
-    float mx = kNegBig;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w * G + g]);
-    float num = 0.0f, den = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float f = expf(wm[w * G + g] - mx);
-      num += wo[(w * G + g) * HD + d] * f;
-      den += wl[w * G + g] * f;
-    }
-    if (active == 1) {
-      out[(t * s.num_heads + h0 + g) * HD + d] = softmax_output(mx, den, num, s.sinks, h0 + g);
-    } else {
-      float* st = mine + g * (HD + 2);
-      if (d == 0) {
-        st[0] = mx;
-        st[1] = den;
-      }
-      st[2 + d] = num;
-    }
-  }
+  const int64_t split_floats = static_cast<int64_t>(G) * (HD + 2);
+  float* const out_rows = out + (t * s.num_heads + h0) * HD;
+  store_block_state<HD, kWarps, false>(wm, wl, wo, G, G, active == 1, out_rows,
+                                       partial + (pair * splits + split) * split_floats, s.sinks,
+                                       h0);
   if (active == 1) return;
 
   // The last block of this (token, head group) merges every split's state.
@@ -309,21 +292,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  const float* all = partial + pair * splits * G * (HD + 2);
-  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-    const int g = i / HD, d = i % HD;
-    float mx = kNegBig;
-    for (int sp_i = 0; sp_i < active; ++sp_i)
-      mx = fmaxf(mx, __ldcg(all + (sp_i * G + g) * (HD + 2)));
-    float num = 0.0f, den = 0.0f;
-    for (int sp_i = 0; sp_i < active; ++sp_i) {
-      const float* st = all + (sp_i * G + g) * (HD + 2);
-      const float f = expf(__ldcg(st) - mx);
-      num += __ldcg(st + 2 + d) * f;
-      den += __ldcg(st + 1) * f;
-    }
-    out[(t * s.num_heads + h0 + g) * HD + d] = softmax_output(mx, den, num, s.sinks, h0 + g);
-  }
+  merge_split_states<HD, false>(partial + pair * splits * split_floats, split_floats, G, active, wm,
+                                out_rows, s.sinks, h0);
   if (threadIdx.x == 0) counters[pair] = 0;  // ready for the next launch
 }
 
@@ -386,7 +356,7 @@ bool valid_shape(const AttnShape& s) {
 int attention_decode_splits(const PagedKv& kv) {
   const int64_t max_keys = static_cast<int64_t>(kv.max_pages) * kv.page_size;
   return static_cast<int>(
-      std::clamp<int64_t>((max_keys + kMinChunk - 1) / kMinChunk, 1, kMaxSplits));
+      std::clamp<int64_t>((max_keys + kMinChunk - 1) / kMinChunk, 1, kDecodeMaxSplits));
 }
 
 size_t attention_decode_workspace_bytes(int64_t count, const AttnShape& shape, const PagedKv& kv) {

@@ -20,6 +20,8 @@
 #include <cuda_fp16.h>
 
 #include "cuda/attention_kernels.hpp"
+#include "cuda/attention_merge.cuh"
+#include "cuda/attention_mma.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/paged_kv.cuh"
 #include "cuda/pdl.cuh"
@@ -27,7 +29,6 @@
 namespace exl3::cuda::detail {
 namespace {
 
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2e = 1.4426950408889634f;
 
 template <int HD>
@@ -44,6 +45,8 @@ struct DecodeMmaConfig {
   // [warps][rows][HD] (fp32).
   static_assert(static_cast<size_t>(kWarps) * kRows * (HD + 2) * 4 <= 2 * kStage * sizeof(__half),
                 "the warps' states fit in the dead stages");
+  static_assert(split_merge_floats(kRows, kDecodeMaxSplits) * 4 <= 2 * kStage * sizeof(__half),
+                "the split merge's weights fit in the dead stages");
 };
 
 template <int HD>
@@ -140,62 +143,16 @@ __global__ void __launch_bounds__(32 * DecodeMmaConfig<HD>::kWarps)
         mma16816(sc[1], qh, kb[2], kb[3]);
         mma16816(sc[1], ql, kb[2], kb[3]);
       }
-      // Keys past the range, then the running max of rows g and g + 8 (a quad holds a row).
-      float xa = kNegBig, xb = kNegBig;
+      // Keys past the range are masked; the online-softmax step, then O += p V over the keys.
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           if (kw + 8 * n + 2 * c + e >= k1) sc[n][e] = sc[n][2 + e] = kNegBig;
-          xa = fmaxf(xa, sc[n][e]);
-          xb = fmaxf(xb, sc[n][2 + e]);
         }
       }
-#pragma unroll
-      for (int sh = 1; sh <= 2; sh <<= 1) {
-        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, sh));
-        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, sh));
-      }
-      const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
-      const float fa = exp2f(ma - na), fb = exp2f(mb - nb);
-      ma = na;
-      mb = nb;
-      la *= fa;
-      lb *= fb;
-#pragma unroll
-      for (int n = 0; n < HD / 8; ++n) {
-        o[n][0] *= fa;
-        o[n][1] *= fa;
-        o[n][2] *= fb;
-        o[n][3] *= fb;
-      }
-      // p = exp2(s - max) (0 past the range); the two n-tiles' S fragments are the A fragment
-      // of one 16-key step of O += p V.
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          sc[n][e] = sc[n][e] == kNegBig ? 0.0f : exp2f(sc[n][e] - na);
-          sc[n][2 + e] = sc[n][2 + e] == kNegBig ? 0.0f : exp2f(sc[n][2 + e] - nb);
-          la += sc[n][e];
-          lb += sc[n][2 + e];
-        }
-      }
-      uint32_t ph[4], pl[4];
-      split_pair(sc[0][0], sc[0][1], ph[0], pl[0]);
-      split_pair(sc[0][2], sc[0][3], ph[1], pl[1]);
-      split_pair(sc[1][0], sc[1][1], ph[2], pl[2]);
-      split_pair(sc[1][2], sc[1][3], ph[3], pl[3]);
-#pragma unroll
-      for (int x0 = 0; x0 < HD; x0 += 16) {
-        uint32_t vb[4];  // b0, b1 of channels x0 .. x0 + 7, then of x0 + 8 .. x0 + 15
-        ldmatrix_x4_trans(vb,
-                          sv + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + x0 + 8 * (lane >> 4));
-        mma16816(o[x0 / 8], ph, vb[0], vb[1]);
-        mma16816(o[x0 / 8], pl, vb[0], vb[1]);
-        mma16816(o[x0 / 8 + 1], ph, vb[2], vb[3]);
-        mma16816(o[x0 / 8 + 1], pl, vb[2], vb[3]);
-      }
+      online_softmax_step<HD, 2>(sc, o, ma, mb, la, lb);
+      accumulate_pv<HD, 2, LD>(sc, o, sv, lane);
     }
     __syncthreads();  // every warp is done with buffer b before it is staged again
   }
@@ -222,34 +179,12 @@ __global__ void __launch_bounds__(32 * DecodeMmaConfig<HD>::kWarps)
     *reinterpret_cast<float2*>(wo + (warp * R + g + 8) * HD + x) = make_float2(o[n][2], o[n][3]);
   }
   __syncthreads();
-  // States go out per head: [pair][split][row][m, l, O[HD]], rows of the widest row block.
   const int64_t pair = static_cast<int64_t>(ti) * gridDim.y + rb;
   const int stride_rows = min(R, group);
-  float* mine = partial + (pair * splits + split) * stride_rows * (HD + 2);
-  for (int i = threadIdx.x; i < rows * HD; i += 32 * W) {
-    const int r = i / HD, d = i % HD;
-    float mx = kNegBig;
-#pragma unroll
-    for (int w = 0; w < W; ++w) mx = fmaxf(mx, wm[w * R + r]);
-    float num = 0.0f, den = 0.0f;
-#pragma unroll
-    for (int w = 0; w < W; ++w) {
-      const float f = exp2f(wm[w * R + r] - mx);
-      num += wo[(w * R + r) * HD + d] * f;
-      den += wl[w * R + r] * f;
-    }
-    if (active == 1) {
-      out[(t * s.num_heads + h0 + r) * HD + d] =
-          softmax_output(mx * kLn2, den, num, s.sinks, h0 + r);
-    } else {
-      float* st = mine + r * (HD + 2);
-      if (d == 0) {
-        st[0] = mx;
-        st[1] = den;
-      }
-      st[2 + d] = num;
-    }
-  }
+  const int64_t split_floats = static_cast<int64_t>(stride_rows) * (HD + 2);
+  float* const out_rows = out + (t * s.num_heads + h0) * HD;
+  store_block_state<HD, W, true>(wm, wl, wo, R, rows, active == 1, out_rows,
+                                 partial + (pair * splits + split) * split_floats, s.sinks, h0);
   if (active == 1) return;
 
   // The last block of this (token, row block) merges every split's state, in split order.
@@ -259,22 +194,8 @@ __global__ void __launch_bounds__(32 * DecodeMmaConfig<HD>::kWarps)
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  const float* all = partial + pair * splits * stride_rows * (HD + 2);
-  const int64_t split_floats = static_cast<int64_t>(stride_rows) * (HD + 2);
-  for (int i = threadIdx.x; i < rows * HD; i += 32 * W) {
-    const int r = i / HD, d = i % HD;
-    float mx = kNegBig;
-    for (int sp = 0; sp < active; ++sp)
-      mx = fmaxf(mx, __ldcg(all + sp * split_floats + r * (HD + 2)));
-    float num = 0.0f, den = 0.0f;
-    for (int sp = 0; sp < active; ++sp) {
-      const float* st = all + sp * split_floats + r * (HD + 2);
-      const float f = exp2f(__ldcg(st) - mx);
-      num += __ldcg(st + 2 + d) * f;
-      den += __ldcg(st + 1) * f;
-    }
-    out[(t * s.num_heads + h0 + r) * HD + d] = softmax_output(mx * kLn2, den, num, s.sinks, h0 + r);
-  }
+  merge_split_states<HD, true>(partial + pair * splits * split_floats, split_floats, rows, active,
+                               wm, out_rows, s.sinks, h0);
   if (threadIdx.x == 0) counters[pair] = 0;  // ready for the next launch
 }
 

@@ -10,6 +10,10 @@
 
 namespace exl3::cuda::detail {
 
+// Splits per (token, head block) at most: the split plan of both decode kernels (a split's state
+// merge in shared memory is sized for it).
+constexpr int kDecodeMaxSplits = 32;
+
 // Keys per split of the tensor-core kernel: a token's `keys` cut into `splits` ranges of equal
 // length, rounded up to whole 64-key chunks (the block's staging unit).
 __host__ __device__ inline int decode_mma_split_keys(int keys, int splits) {

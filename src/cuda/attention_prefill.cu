@@ -16,6 +16,7 @@
 
 #include <cuda_fp16.h>
 
+#include "cuda/attention_mma.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/paged_kv.cuh"
 #include "cuda/pdl.cuh"
@@ -26,7 +27,8 @@
 namespace exl3::cuda {
 namespace {
 
-using namespace detail;  // kNegBig, kv_slot, softmax_output, mma / ldmatrix / cp.async
+using namespace detail;  // kNegBig, kv_slot, softmax_output, mma / ldmatrix / cp.async, the
+                         // online-softmax step
 
 // ---- fp16 cache: tensor cores --------------------------------------------------------------
 
@@ -155,8 +157,7 @@ __global__ void __launch_bounds__(32 * PrefillConfig<HD>::kWarps, 1)
           mma16816(sc[n0 / 8 + 1], ql, kb[2], kb[3]);
         }
       }
-      // Mask (causal, window) and the running max of rows g and g + 8.
-      float xa = kNegBig, xb = kNegBig;
+      // Mask (causal, window), the online-softmax step, then O += p V.
 #pragma unroll
       for (int n = 0; n < BC / 8; ++n) {
 #pragma unroll
@@ -164,58 +165,10 @@ __global__ void __launch_bounds__(32 * PrefillConfig<HD>::kWarps, 1)
           const int32_t key = c0 + 8 * n + 2 * c + e;
           if (key > pa || key < loa) sc[n][e] = kNegBig;
           if (key > pb || key < lob) sc[n][2 + e] = kNegBig;
-          xa = fmaxf(xa, sc[n][e]);
-          xb = fmaxf(xb, sc[n][2 + e]);
         }
       }
-#pragma unroll
-      for (int sh = 1; sh <= 2; sh <<= 1) {
-        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, sh));
-        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, sh));
-      }
-      const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
-      const float fa = exp2f(ma - na), fb = exp2f(mb - nb);
-      ma = na;
-      mb = nb;
-      la *= fa;
-      lb *= fb;
-#pragma unroll
-      for (int n = 0; n < HD / 8; ++n) {
-        o[n][0] *= fa;
-        o[n][1] *= fa;
-        o[n][2] *= fb;
-        o[n][3] *= fb;
-      }
-      // p = exp2(s - max) (0 where masked), then O += p V sixteen keys at a time: the S
-      // fragments of two n-tiles are the A fragment of one k-step.
-#pragma unroll
-      for (int n = 0; n < BC / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          sc[n][e] = sc[n][e] == kNegBig ? 0.0f : exp2f(sc[n][e] - na);
-          sc[n][2 + e] = sc[n][2 + e] == kNegBig ? 0.0f : exp2f(sc[n][2 + e] - nb);
-          la += sc[n][e];
-          lb += sc[n][2 + e];
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) {
-        uint32_t ph[4], pl[4];
-        split_pair(sc[2 * kk][0], sc[2 * kk][1], ph[0], pl[0]);
-        split_pair(sc[2 * kk][2], sc[2 * kk][3], ph[1], pl[1]);
-        split_pair(sc[2 * kk + 1][0], sc[2 * kk + 1][1], ph[2], pl[2]);
-        split_pair(sc[2 * kk + 1][2], sc[2 * kk + 1][3], ph[3], pl[3]);
-#pragma unroll
-        for (int x0 = 0; x0 < HD; x0 += 16) {
-          uint32_t vb[4];  // b0, b1 of channels x0 .. x0 + 7, then of x0 + 8 .. x0 + 15
-          ldmatrix_x4_trans(
-              vb, sv + (16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + x0 + 8 * (lane >> 4));
-          mma16816(o[x0 / 8], ph, vb[0], vb[1]);
-          mma16816(o[x0 / 8], pl, vb[0], vb[1]);
-          mma16816(o[x0 / 8 + 1], ph, vb[2], vb[3]);
-          mma16816(o[x0 / 8 + 1], pl, vb[2], vb[3]);
-        }
-      }
+      online_softmax_step<HD, BC / 8>(sc, o, ma, mb, la, lb);
+      accumulate_pv<HD, BC / 8, LD>(sc, o, sv, lane);
     }
     __syncthreads();  // every warp is done with buffer b before it is staged again
   }
